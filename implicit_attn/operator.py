@@ -1,0 +1,290 @@
+"""ImplicitOperator: the per-channel linear operator ``H(x)`` a token-mixing block applies.
+
+An operator holds the block's factors (a *core*), never the dense ``(B, C, L, L)``
+array. ``materialize`` builds dense matrices for a set of channels; ``reduce``
+summarises all channels into ``(B, L, L)`` by accumulating over blocks of channels,
+so it fits at lengths where the dense array cannot exist.
+
+A core is any pytree with ``num_channels`` and ``dense(idx) -> (B, len(idx), L, L)``
+(the full ``H`` of the channels ``idx``, float32). The generic cores below cover the
+recurrent families; a family with a different shape (RWKV's row softmax) adds its own.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .ops import conv_right, scalar_decay_kernel, state_decay_kernel
+
+# Elements of one block's dense output in ``reduce`` and in blocked ``materialize``.
+_BLOCK_BUDGET = 1 << 24
+_IMPLS = ("auto", "xla", "pallas")
+_REDUCTIONS = ("mean", "abs_mean", "pos_mean", "weighted")
+
+
+def _dataclass_pytree(cls=None, *, static=()):
+    """Frozen dataclass registered as a pytree; ``static`` names are metadata."""
+
+    def wrap(c):
+        c = dataclasses.dataclass(frozen=True)(c)
+        names = [f.name for f in dataclasses.fields(c)]
+        data = [n for n in names if n not in static]
+        return jax.tree_util.register_dataclass(c, data_fields=data, meta_fields=list(static))
+
+    return wrap if cls is None else wrap(cls)
+
+
+def _take(x, idx, axis=1):
+    return None if x is None else jnp.take(x, idx, axis=axis)
+
+
+def _diag_embed(d):
+    """``(..., L) -> (..., L, L)`` diagonal matrices."""
+    L = d.shape[-1]
+    return d[..., :, None] * jnp.eye(L, dtype=d.dtype)
+
+
+def _sandwich(K, left, right, diag, conv_w):
+    """``(diag(left) K diag(right) + diag(diag)) M`` for a block of channels."""
+    H = K
+    if left is not None:
+        H = left[..., :, None] * H
+    if right is not None:
+        H = H * right[..., None, :]
+    if diag is not None:
+        H = H + _diag_embed(diag)
+    if conv_w is not None:
+        H = conv_right(H, conv_w)
+    return H
+
+
+@_dataclass_pytree(static=("chunk",))
+class StateDecayCore:
+    """``H_c = (diag(left_c) K_c diag(right_c) + diag(diag_c)) M_c`` with
+    ``K_c = state_decay_kernel(q, k, A_c, dt_c)`` (Mamba-1's S6 with its wrappers).
+
+    Shapes: ``q, k (B, L, N)``, ``A (C, N)``, ``dt, left, right, diag (B, C, L)``
+    (each of ``left, right, diag`` may be None), ``conv_w (C, K)`` or None.
+    """
+
+    q: Any
+    k: Any
+    A: Any
+    dt: Any
+    left: Any = None
+    right: Any = None
+    diag: Any = None
+    conv_w: Any = None
+    chunk: int = 16
+
+    @property
+    def num_channels(self) -> int:
+        return self.A.shape[0]
+
+    def dense(self, idx):
+        K = state_decay_kernel(self.q, self.k, self.A[idx], _take(self.dt, idx), self.chunk)
+        return _sandwich(K, _take(self.left, idx), _take(self.right, idx),
+                         _take(self.diag, idx), _take(self.conv_w, idx, 0))
+
+
+@_dataclass_pytree
+class ScalarDecayCore:
+    """``H_c = (diag(left_c) K_g(c) diag(right_c) + diag(diag_c)) M_c`` with one decay
+    per group ``g`` (a Mamba-2 head; a Griffin channel is its own group) and
+    ``K_g = scalar_decay_kernel(log_a_g, q_g, k_g)``.
+
+    Shapes: ``log_a (B, G, L)``, ``q, k (B, G, L, N)`` or None (rank one),
+    ``group (C,)`` int channel -> group, ``left, right, diag (B, C, L)`` or None,
+    ``conv_w (C, K)`` or None.
+    """
+
+    log_a: Any
+    group: Any
+    q: Any = None
+    k: Any = None
+    left: Any = None
+    right: Any = None
+    diag: Any = None
+    conv_w: Any = None
+
+    @property
+    def num_channels(self) -> int:
+        return self.group.shape[0]
+
+    def dense(self, idx):
+        g = self.group[idx]
+        K = scalar_decay_kernel(_take(self.log_a, g), _take(self.q, g), _take(self.k, g))
+        return _sandwich(K, _take(self.left, idx), _take(self.right, idx),
+                         _take(self.diag, idx), _take(self.conv_w, idx, 0))
+
+
+def _check_impl(impl: str) -> str:
+    if impl not in _IMPLS:
+        raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
+    if impl == "pallas":
+        raise ValueError("impl='pallas' is not available in this version; use impl='xla'")
+    return "xla"
+
+
+def _channel_index(channels, C: int):
+    if channels is None:
+        return np.arange(C)
+    if isinstance(channels, slice):
+        return np.arange(C)[channels]
+    if isinstance(channels, (int, np.integer)):
+        channels = [channels]
+    if isinstance(channels, jax.core.Tracer):
+        return channels
+    idx = np.asarray(channels)
+    if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
+        raise ValueError(f"channels must be an int, a slice or a 1-D list of ints, got {channels!r}")
+    if idx.size == 0:
+        raise ValueError("channels is empty")
+    if idx.min() < -C or idx.max() >= C:
+        raise ValueError(f"channels out of range for an operator with {C} channels: {idx.tolist()}")
+    return idx % C
+
+
+def _block_size(n: int, B: int, L: int, block_channels: int | None) -> int:
+    if block_channels is not None:
+        if block_channels < 1:
+            raise ValueError(f"block_channels must be >= 1, got {block_channels}")
+        return min(block_channels, n)
+    return max(1, min(n, _BLOCK_BUDGET // max(1, B * L * L)))
+
+
+def _channel_weights(w, name: str, B: int, C: int, L: int):
+    """Broadcast ``(C,)``, ``(B, C)`` or ``(B, C, L)`` weights to ``(B, C, L)``."""
+    w = jnp.asarray(w, jnp.float32)
+    if w.shape == (C,):
+        w = w[None, :, None]
+    elif w.shape == (B, C):
+        w = w[:, :, None]
+    elif w.shape != (B, C, L):
+        raise ValueError(f"{name} must have shape (C,), (B, C) or (B, C, L) = "
+                         f"({C},), ({B}, {C}) or ({B}, {C}, {L}); got {w.shape}")
+    return jnp.broadcast_to(w, (B, C, L))
+
+
+@_dataclass_pytree
+class ImplicitOperator:
+    """The operator a token-mixing block applies, per channel.
+
+    ``output == einsum("bcij,bcj->bci", materialize(), values) + offset`` (for the
+    block's ``variant="full"``).
+
+    Attributes:
+      values: ``(B, C, L)`` the vectors ``H`` acts on.
+      offset: ``(B, C, L)`` the affine part (conv bias through the block), zeros if none.
+      output: ``(B, C, L)`` the block's own token-mixing output from its scan forward.
+      core: the factors of ``H`` (see module docstring).
+    """
+
+    values: Any
+    offset: Any
+    output: Any
+    core: Any
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """``(B, C, L, L)`` of the dense operator (never allocated by this call)."""
+        B, C, L = self.values.shape
+        return (B, C, L, L)
+
+    def materialize(self, channels=None, impl: str = "auto", block_channels: int | None = None):
+        """Dense operator matrices.
+
+        Args:
+          channels: None (all), an int, a slice or a list of channel indices.
+          impl: "auto" | "xla" | "pallas".
+          block_channels: channels computed per step (bounds intermediate memory).
+        Returns:
+          ``(B, C', L, L)`` float32, ``H[b, c, i, j]`` = weight of value ``j`` in output ``i``.
+        """
+        _check_impl(impl)
+        B, C, L, _ = self.shape
+        idx = _channel_index(channels, C)
+        n = idx.shape[0]
+        bc = _block_size(n, B, L, block_channels)
+        if bc >= n:
+            return self.core.dense(jnp.asarray(idx))
+        nb = -(-n // bc)
+        padded = jnp.pad(jnp.asarray(idx), (0, nb * bc - n))
+        blocks = jax.lax.map(self.core.dense, padded.reshape(nb, bc))  # (nb, B, bc, L, L)
+        out = jnp.moveaxis(blocks, 0, 1).reshape(B, nb * bc, L, L)
+        return out[:, :n]
+
+    def reduce(self, how: str = "mean", weights=None, key_weights=None, channels=None,
+               impl: str = "auto", block_channels: int | None = None):
+        """Summarise all (or the selected) channels into one ``(B, L, L)`` map.
+
+        ``"mean"``: mean of H over channels; ``"abs_mean"``: mean of ``|H|``;
+        ``"pos_mean"``: mean of ``max(H, 0)``; ``"weighted"``:
+        ``sum_c weights[b,c,i] * H[b,c,i,j] * key_weights[b,c,j]``
+        (``weights`` required, ``key_weights`` optional; each ``(C',)``, ``(B, C')``
+        or ``(B, C', L)`` over the selected channels).
+
+        Works in blocks of channels (``lax.scan`` with rematerialisation), so memory is
+        ``O(B L^2 * block)`` in the forward and backward pass.
+        Returns:
+          ``(B, L, L)`` float32.
+        """
+        _check_impl(impl)
+        if how not in _REDUCTIONS:
+            raise ValueError(f"how must be one of {_REDUCTIONS}, got {how!r}")
+        if how == "weighted" and weights is None:
+            raise ValueError("how='weighted' needs weights of shape (C,), (B, C) or (B, C, L)")
+        if how != "weighted" and (weights is not None or key_weights is not None):
+            raise ValueError(f"weights are only used with how='weighted', not how={how!r}")
+        B, C, L, _ = self.shape
+        idx = jnp.asarray(_channel_index(channels, C))
+        n = idx.shape[0]
+        if how == "weighted":
+            qw = _channel_weights(weights, "weights", B, n, L)
+            kw = (jnp.ones((B, n, L), jnp.float32) if key_weights is None
+                  else _channel_weights(key_weights, "key_weights", B, n, L))
+        else:
+            qw = jnp.full((B, n, L), 1.0 / n, jnp.float32)
+            kw = jnp.ones((B, n, L), jnp.float32)
+        bc = _block_size(n, B, L, block_channels)
+        nb = -(-n // bc)
+        pad = nb * bc - n
+        # Padded channels carry zero weight, so they add nothing.
+        idx_b = jnp.pad(idx, (0, pad)).reshape(nb, bc)
+        qw_b = jnp.moveaxis(jnp.pad(qw, ((0, 0), (0, pad), (0, 0))).reshape(B, nb, bc, L), 1, 0)
+        kw_b = jnp.moveaxis(jnp.pad(kw, ((0, 0), (0, pad), (0, 0))).reshape(B, nb, bc, L), 1, 0)
+
+        def body(acc, xs):
+            ib, qb, kb = xs
+            H = self.core.dense(ib)
+            if how == "abs_mean":
+                H = jnp.abs(H)
+            elif how == "pos_mean":
+                H = jnp.maximum(H, 0.0)
+            return acc + jnp.einsum("bcij,bci,bcj->bij", H, qb, kb), None
+
+        acc0 = jnp.zeros((B, L, L), jnp.float32)
+        out, _ = jax.lax.scan(jax.checkpoint(body), acc0, (idx_b, qw_b, kw_b))
+        return out
+
+    def apply(self, channels=None):
+        """``H @ values + offset`` for the selected channels: ``(B, C', L)``.
+
+        Equals ``output`` for an exact (``variant="full"``) operator.
+        """
+        idx = _channel_index(channels, self.values.shape[1])
+        H = self.materialize(idx)
+        v = jnp.take(self.values, jnp.asarray(idx), axis=1).astype(jnp.float32)
+        return jnp.einsum("bcij,bcj->bci", H, v) + jnp.take(self.offset, jnp.asarray(idx), axis=1)
+
+    def relative_error(self) -> float:
+        """``max |apply() - output| / max |output|`` over all channels (a self-check)."""
+        err = jnp.max(jnp.abs(self.apply() - self.output))
+        return float(err / jnp.maximum(jnp.max(jnp.abs(self.output)), 1e-30))
+
+
+__all__ = ["ImplicitOperator", "StateDecayCore", "ScalarDecayCore"]

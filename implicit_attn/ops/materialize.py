@@ -1,0 +1,90 @@
+"""Dense causal decayed kernels, the inner factor of every gated linear RNN operator.
+
+Two shapes of decay cover the recurrent blocks:
+
+* ``state_decay_kernel``: a decay per (channel, state) pair, as in Mamba-1
+  (``exp(A[c, n] * dt[c, t])``), contracted over the state with shared ``q, k``.
+  Materialized with the chunked factorization: for ``i`` in chunk I and ``j`` in
+  an earlier chunk J the segment sum splits into three non-negative parts, so each
+  exponential is ``<= 1`` and the state sum becomes a small matmul.
+* ``scalar_decay_kernel``: one decay per group (a Mamba-2 head, a Griffin channel),
+  times an optional low-rank ``q k^T``.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from .segsum import causal_mask, segment_sum
+
+
+def _pad_time(x, axis: int, Lp: int):
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, Lp - x.shape[axis])
+    return jnp.pad(x, pad)
+
+
+def state_decay_kernel(q, k, A, dt, chunk: int = 16):
+    """``K[b, c, i, j] = sum_n q[b,i,n] k[b,j,n] exp(A[c,n] * sum_{t=j+1..i} dt[b,c,t])``.
+
+    Lower-triangular (``i >= j``), exact zeros above. Requires ``A <= 0`` and
+    ``dt >= 0`` (a contracting recurrence), which makes every exponential <= 1.
+
+    Args:
+      q, k: ``(B, L, N)`` read-out and write-in vectors (Mamba's C and B).
+      A: ``(c, N)`` per-channel, per-state rates (negative).
+      dt: ``(B, c, L)`` per-channel step sizes (non-negative).
+      chunk: chunk length Q; memory grows as ``c * L * Q * N``.
+    Returns:
+      ``(B, c, L, L)`` float32.
+    """
+    f32 = jnp.float32
+    q, k, A, dt = (x.astype(f32) for x in (q, k, A, dt))
+    Bn, L, N = q.shape
+    c = A.shape[0]
+    Q = max(1, min(chunk, L))
+    nc = -(-L // Q)
+    Lp = nc * Q
+    # Padding with dt = 0 and q = k = 0 adds rows/columns that are sliced away.
+    qc = _pad_time(q, 1, Lp).reshape(Bn, nc, Q, N)
+    kc = _pad_time(k, 1, Lp).reshape(Bn, nc, Q, N)
+    dtc = _pad_time(dt, 2, Lp).reshape(Bn, c, nc, Q)
+    An = A[None, :, None, None, :]  # (1, c, 1, 1, N)
+
+    # Blocks on the diagonal: stable segment sums inside each chunk.
+    seg = segment_sum(dtc)  # (B, c, nc, Q, Q), -inf above the diagonal
+    lower = causal_mask(Q)
+    seg0 = jnp.where(lower, seg, 0.0)[..., None]  # (B, c, nc, Q, Q, 1)
+    dec = jnp.where(lower[..., None], jnp.exp(An[:, :, :, :, None, :] * seg0), 0.0)
+    diag_blocks = jnp.einsum("bcIijn,bIin,bIjn->bcIij", dec, qc, kc)
+
+    # Blocks below the diagonal: (S_i - S_I0) + (S_I0 - S_Jend) + (S_Jend - S_j).
+    s = jnp.cumsum(dtc, axis=-1)  # chunk-local inclusive sums
+    tot = s[..., -1]  # (B, c, nc)
+    qd = qc[:, None] * jnp.exp(An * s[..., None])
+    kd = kc[:, None] * jnp.exp(An * (tot[..., None] - s)[..., None])
+    between = segment_sum(tot)  # (B, c, nc, nc): sum over chunks J+1..I
+    # sum over chunks J+1..I-1 is between[I-1, J]; shift rows down by one.
+    between = jnp.pad(between, ((0, 0), (0, 0), (1, 0), (0, 0)))[:, :, :nc, :]
+    strict = causal_mask(nc, strict=True)
+    between = jnp.where(strict, between, 0.0)
+    mid = jnp.where(strict[..., None], jnp.exp(A[None, :, None, None, :] * between[..., None]), 0.0)
+    off = jnp.einsum("bcIin,bcIJn,bcJjn->bcIiJj", qd, mid, kd)
+
+    eye = jnp.eye(nc, dtype=f32)
+    full = off + diag_blocks[:, :, :, :, None, :] * eye[:, None, :, None]
+    return full.reshape(Bn, c, Lp, Lp)[:, :, :L, :L]
+
+
+def scalar_decay_kernel(log_a, q=None, k=None):
+    """``K[b, g, i, j] = (q[b,g,i] . k[b,g,j]) * exp(sum_{t=j+1..i} log_a[b,g,t])``.
+
+    Args:
+      log_a: ``(B, G, L)`` per-group log decays (``-inf`` allowed: a full reset).
+      q, k: optional ``(B, G, L, N)``; omitted means rank one with ``q = k = 1``.
+    Returns:
+      ``(B, G, L, L)`` float32, exact zeros above the diagonal.
+    """
+    K = jnp.exp(segment_sum(log_a.astype(jnp.float32)))
+    if q is not None:
+        K = K * jnp.einsum("bgin,bgjn->bgij", q.astype(jnp.float32), k.astype(jnp.float32))
+    return K

@@ -1,0 +1,31 @@
+"""Shared fixtures: tiny random Hugging Face models built in torch and saved locally."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+
+import numpy as np
+import pytest
+
+
+def torch_or_skip():
+    """torch and transformers are test-time references (the ``test`` extra)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    return torch, transformers
+
+
+def perturb_(model, torch, scale: float = 0.05, seed: int = 0):
+    """Add noise to every parameter so that nothing is left at a trivial init (zeros, ones)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return model
+
+
+@pytest.fixture(scope="session")
+def rng():
+    return np.random.default_rng(0)
