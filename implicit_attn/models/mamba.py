@@ -127,9 +127,16 @@ def mixer_inner(p: dict, h, cfg: Config):
     return y * jax.nn.silu(q["z"].astype(f32))
 
 
-def mixer_forward(p: dict, h, cfg: Config):
-    """HF ``MambaMixer.forward``: ``(B, L, d_model) -> (B, L, d_model)``."""
-    y = mixer_inner(p, h, cfg).astype(h.dtype)
+def mixer_forward(p: dict, h, cfg: Config, tap=None):
+    """HF ``MambaMixer.forward``: ``(B, L, d_model) -> (B, L, d_model)``.
+
+    ``tap``: optional ``(B, C, L)`` float32 added to the inner output (the operator's
+    ``output`` layout) before ``out_proj``; its gradient is the gradient w.r.t. ``output``.
+    """
+    y = mixer_inner(p, h, cfg)
+    if tap is not None:
+        y = y + jnp.swapaxes(tap, 1, 2)
+    y = y.astype(h.dtype)
     return _linear(y, p["out_proj.weight"], p.get("out_proj.bias"))
 
 
@@ -183,12 +190,15 @@ def mixer_operator(p: dict, h, cfg: Config, variant: str = "full", chunk: int = 
     return ImplicitOperator(values=values, offset=offset, output=T(output), core=core)
 
 
-def lm_forward(params: dict, ids, cfg: Config, capture: tuple[int, ...] = ()):
+def lm_forward(params: dict, ids, cfg: Config, capture: tuple[int, ...] = (), taps=None):
     """Full LM: ``ids (B, L) -> logits (B, L, vocab)`` float32.
 
     Also returns the mixer inputs of the layers in ``capture`` (a list of
-    ``(B, L, d_model)`` arrays, in order).
+    ``(B, L, d_model)`` arrays, in order). ``taps``: optional ``{layer: (B, C, L)}``
+    added to those layers' operator outputs (zeros give the same logits; their
+    gradients are d target / d op.output).
     """
+    taps = taps or {}
     h = params["embeddings"][ids]
     captured = []
     for i, layer in enumerate(params["layers"]):
@@ -196,7 +206,7 @@ def lm_forward(params: dict, ids, cfg: Config, capture: tuple[int, ...] = ()):
         hn = rms_norm(h.astype(layer["norm"].dtype), layer["norm"], cfg.layer_norm_epsilon)
         if i in capture:
             captured.append(hn)
-        h = residual + mixer_forward(layer["mixer"], hn, cfg)
+        h = residual + mixer_forward(layer["mixer"], hn, cfg, taps.get(i))
     h = rms_norm(h, params["norm_f"], cfg.layer_norm_epsilon)
     head = params["embeddings"] if params.get("lm_head") is None else params["lm_head"]
     logits = (h.astype(head.dtype) @ head.T).astype(f32)
@@ -305,6 +315,12 @@ class LM(nnx.Module):
         """``(B, L)`` int token ids -> ``(B, L, vocab)`` float32 logits."""
         ids = check_input_ids(input_ids, self.config.vocab_size)
         return _lm_forward(self.params(), ids, cfg=self.config)[0]
+
+    def tapped_logits(self, input_ids, taps: dict):
+        """Logits with ``taps = {layer: (B, C, L)}`` added to those layers' operator
+        outputs; differentiable in ``taps`` (for gradient-weighted attribution)."""
+        ids = check_input_ids(input_ids, self.config.vocab_size)
+        return _lm_forward(self.params(), ids, cfg=self.config, taps=taps)[0]
 
     def mixer_inputs(self, input_ids, layers=None) -> dict[int, jax.Array]:
         """``{layer: (B, L, d_model)}`` inputs of the selected layers' mixers."""

@@ -1,0 +1,1 @@
+"""Speed and memory benchmarks. Run the suite with ``python -m benchmarks.run``."""

@@ -1,0 +1,124 @@
+"""Benchmark plumbing: timing, peak memory of one case in a fresh process, JSON + table.
+
+Peak memory is measured per case in a child process (``VmHWM`` of /proc minus the
+resident size just before the measured call), so cases do not pollute each other.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def _status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def block(x):
+    """Wait for every array in a pytree."""
+    import jax
+
+    return jax.block_until_ready(x)
+
+
+def timeit(fn, repeat: int = 3, warmup: int = 1) -> float:
+    """Median wall seconds of ``fn()`` (its result is blocked on) after ``warmup`` calls."""
+    for _ in range(warmup):
+        block(fn())
+    ts = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        block(fn())
+        ts.append(time.perf_counter() - t)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def peak_mb_of(fn) -> float:
+    """Peak extra resident memory (MiB) of one ``fn()`` call in *this* process.
+
+    Only meaningful in a fresh process (see ``isolated``): the high-water mark is
+    process-wide."""
+    before = _status_kb("VmRSS")
+    block(fn())
+    return max(0, _status_kb("VmHWM") - before) / 1024
+
+
+def isolated(target: str, timeout: float = 1800, **kwargs) -> dict:
+    """Run ``module:function(**kwargs)`` in a fresh Python process; returns its dict.
+
+    The function should build its inputs, then call ``peak_mb_of``/``timeit`` itself.
+    """
+    code = ("import json,sys,importlib;m,f=sys.argv[1].split(':');"
+            "r=getattr(importlib.import_module(m),f)(**json.loads(sys.argv[2]));"
+            "print('@@RESULT@@'+json.dumps(r))")
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", code, target, json.dumps(kwargs)], capture_output=True,
+                       text=True, timeout=timeout, env=env, cwd=root)
+    for line in p.stdout.splitlines():
+        if line.startswith("@@RESULT@@"):
+            return json.loads(line[len("@@RESULT@@"):])
+    raise RuntimeError(f"benchmark case {target} {kwargs} failed:\n{p.stderr[-3000:]}")
+
+
+def machine() -> dict:
+    """What the numbers were measured on."""
+    import jax
+
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count(),
+            "jax": jax.__version__, "backend": jax.default_backend(),
+            "devices": [str(d) for d in jax.devices()],
+            "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+
+
+def markdown_table(rows: list[dict], columns: list[str] | None = None) -> str:
+    """Rows of dicts as a GitHub markdown table."""
+    if not rows:
+        return "(no rows)\n"
+    cols = columns or list(dict.fromkeys(k for r in rows for k in r))
+
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return "" if v is None else str(v)
+
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    out += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def write_results(name: str, rows: list[dict], meta: dict | None = None, columns=None) -> Path:
+    """Write ``results/<name>.json`` and ``results/<name>.md``; returns the JSON path."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    info = {"machine": machine(), **(meta or {})}
+    (RESULTS / f"{name}.json").write_text(json.dumps({"meta": info, "rows": rows}, indent=2))
+    md = f"# {name}\n\nMachine: {info['machine']['cpu']} ({info['machine']['cores']} cores), " \
+         f"jax {info['machine']['jax']} on {info['machine']['backend']}, {info['machine']['date']} UTC\n\n"
+    md += markdown_table(rows, columns)
+    (RESULTS / f"{name}.md").write_text(md)
+    print(md)
+    return RESULTS / f"{name}.json"
+
+
+def import_case(target: str):
+    m, f = target.split(":")
+    return getattr(importlib.import_module(m), f)
