@@ -1,0 +1,129 @@
+"""The shared pure functions against float64 brute force and torch."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from implicit_attn.ops import (causal_conv, conv_matrix, conv_right, decay_matrix, linear_scan,
+                               scalar_decay_kernel, segment_sum, state_decay_kernel)
+
+
+def brute_segsum(t):
+    L = t.shape[-1]
+    out = np.full(t.shape + (L,), -np.inf)
+    for i in range(L):
+        for j in range(i + 1):
+            out[..., i, j] = t[..., j + 1:i + 1].sum(-1)
+    return out
+
+
+def test_segment_sum_matches_brute_force(rng):
+    t = rng.normal(size=(2, 3, 11))
+    got = np.asarray(segment_sum(jnp.asarray(t, jnp.float32)))
+    ref = brute_segsum(t)
+    assert np.array_equal(np.isinf(got), np.isinf(ref))
+    fin = np.isfinite(ref)
+    np.testing.assert_allclose(got[fin], ref[fin], rtol=1e-5, atol=1e-5)
+
+
+def test_decay_matrix_is_exactly_causal_and_handles_reset():
+    log_a = jnp.array([-0.1, -0.2, -jnp.inf, -0.3, -0.4])
+    d = np.asarray(decay_matrix(log_a))
+    assert np.all(np.triu(d, 1) == 0)
+    assert np.allclose(np.diag(d), 1.0)
+    # The reset at position 2 cuts every path that crosses it, exactly.
+    assert np.all(d[2:, :2] == 0)
+    assert np.isclose(d[4, 2], np.exp(-0.7), rtol=1e-6)
+    assert not np.any(np.isnan(d))
+
+
+def test_segment_sum_precise_at_long_length():
+    # A global cumsum difference loses ~eps*|S| here; the masked cumsum does not.
+    L = 4096
+    t = np.full(L, 0.37)
+    got = np.asarray(segment_sum(jnp.asarray(t, jnp.float32))[-1, -2])
+    assert abs(got - 0.37) < 1e-6
+
+
+@pytest.mark.parametrize("K", [1, 2, 4])
+def test_causal_conv_matches_torch_and_matrix(rng, K):
+    torch = pytest.importorskip("torch")
+    B, L, C = 2, 9, 5
+    x = rng.normal(size=(B, L, C)).astype(np.float32)
+    w = rng.normal(size=(C, K)).astype(np.float32)
+    b = rng.normal(size=(C,)).astype(np.float32)
+    conv = torch.nn.Conv1d(C, C, K, groups=C, padding=K - 1)
+    with torch.no_grad():
+        conv.weight.copy_(torch.tensor(w[:, None, :]))
+        conv.bias.copy_(torch.tensor(b))
+        ref = conv(torch.tensor(x).transpose(1, 2))[..., :L].transpose(1, 2).numpy()
+    np.testing.assert_allclose(np.asarray(causal_conv(x, w, b)), ref, rtol=1e-5, atol=1e-5)
+    M = np.asarray(conv_matrix(w, L))
+    np.testing.assert_allclose(np.einsum("cij,bjc->bic", M, x) + b, ref, rtol=1e-5, atol=1e-5)
+    H = rng.normal(size=(B, C, L, L)).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(conv_right(H, w)), H @ M[None], rtol=1e-5, atol=1e-5)
+
+
+def test_linear_scan_matches_loop(rng):
+    a = rng.uniform(0, 1, size=(2, 17, 3)).astype(np.float32)
+    b = rng.normal(size=(2, 17, 3)).astype(np.float32)
+    h0 = rng.normal(size=(2, 3)).astype(np.float32)
+    got = np.asarray(linear_scan(a, b, axis=1, h0=h0))
+    h, ref = h0.astype(np.float64), []
+    for t in range(17):
+        h = a[:, t] * h + b[:, t]
+        ref.append(h)
+    np.testing.assert_allclose(got, np.stack(ref, 1), rtol=1e-5, atol=1e-5)
+
+
+def brute_state_kernel(q, k, A, dt):
+    S = np.cumsum(dt.astype(np.float64), -1)
+    B, c, L = dt.shape
+    out = np.zeros((B, c, L, L))
+    for i in range(L):
+        for j in range(i + 1):
+            T = S[:, :, i] - S[:, :, j]
+            out[:, :, i, j] = np.einsum("bn,bn,bcn->bc", q[:, i], k[:, j], np.exp(A[None] * T[..., None]))
+    return out
+
+
+@pytest.mark.parametrize("L,chunk", [(1, 16), (7, 16), (37, 8), (48, 16)])
+def test_state_decay_kernel_matches_brute_force(rng, L, chunk):
+    B, N, c = 2, 4, 3
+    q = rng.normal(size=(B, L, N)).astype(np.float32)
+    k = rng.normal(size=(B, L, N)).astype(np.float32)
+    A = -np.exp(rng.normal(size=(c, N))).astype(np.float32)
+    dt = np.log1p(np.exp(rng.normal(size=(B, c, L)))).astype(np.float32)
+    got = np.asarray(state_decay_kernel(q, k, A, dt, chunk=chunk))
+    ref = brute_state_kernel(q, k, A, dt)
+    assert np.all(np.triu(got, 1) == 0)
+    np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-6 * np.abs(ref).max())
+
+
+def test_scalar_decay_kernel_matches_brute_force(rng):
+    B, G, L, N = 2, 3, 13, 5
+    log_a = -rng.uniform(0, 1, size=(B, G, L))
+    q = rng.normal(size=(B, G, L, N))
+    k = rng.normal(size=(B, G, L, N))
+    got = np.asarray(scalar_decay_kernel(jnp.asarray(log_a, jnp.float32), q.astype(np.float32),
+                                         k.astype(np.float32)))
+    ref = np.exp(brute_segsum(log_a)) * np.einsum("bgin,bgjn->bgij", q, k)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    rank1 = np.asarray(scalar_decay_kernel(jnp.asarray(log_a, jnp.float32)))
+    np.testing.assert_allclose(rank1, np.exp(brute_segsum(log_a)), rtol=1e-5, atol=1e-6)
+
+
+def test_state_decay_kernel_differentiable(rng):
+    B, L, N, c = 1, 10, 3, 2
+    q = jnp.asarray(rng.normal(size=(B, L, N)), jnp.float32)
+    k = jnp.asarray(rng.normal(size=(B, L, N)), jnp.float32)
+    A = -jnp.exp(jnp.asarray(rng.normal(size=(c, N)), jnp.float32))
+    dt = jnp.asarray(rng.uniform(0.1, 1.0, size=(B, c, L)), jnp.float32)
+    W = jnp.asarray(rng.normal(size=(B, c, L, L)), jnp.float32)
+    f = lambda d: jnp.sum(W * state_decay_kernel(q, k, A, d, chunk=4))
+    g = jax.grad(f)(dt)
+    v = jnp.asarray(rng.normal(size=dt.shape), jnp.float32)
+    eps = 1e-2
+    fd = (f(dt + eps * v) - f(dt - eps * v)) / (2 * eps)
+    assert np.isfinite(np.asarray(g)).all()
+    np.testing.assert_allclose(float(jnp.sum(g * v)), float(fd), rtol=2e-2)
