@@ -1,0 +1,442 @@
+"""Mamba-2: logits and per-layer parity with HF torch, exactness of every operator, variants,
+per-head matrices, long inputs and the chunked SSD against float64, the converter's checks."""
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import implicit_attn as ia
+from implicit_attn.models import mamba2
+from implicit_attn.ops import conv_matrix
+from hf_mamba2 import mamba2_hf
+from weights_convert import CheckpointError, read_hf_dir, write_hf_dir
+
+CONFIGS = {
+    "g1": dict(),
+    "g2_limit_bias_k3": dict(n_groups=2, time_step_limit=(0.0, 0.05), use_bias=True, conv_kernel=3),
+}
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def pair(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    tm = mamba2_hf(path, **CONFIGS[request.param])
+    return tm, ia.load(path), path
+
+
+@pytest.fixture(scope="module")
+def one(tmp_path_factory):
+    """A single configuration (2 groups), for tests whose cost is mostly compilation."""
+    path = tmp_path_factory.mktemp("one")
+    tm = mamba2_hf(path, n_groups=2, state_size=6, seed=3)
+    return tm, ia.load(path), path
+
+
+def torch_run(tm, ids):
+    import torch
+
+    io = {}
+    hooks = [layer.mixer.register_forward_hook(
+        lambda mod, inp, out, i=i: io.__setitem__(i, (inp[0].numpy(), out.numpy())))
+        for i, layer in enumerate(tm.backbone.layers)]
+    with torch.no_grad():
+        logits = tm(torch.tensor(ids)).logits.numpy()
+    for h in hooks:
+        h.remove()
+    return logits, io
+
+
+# ----------------------------------------------------------------------------- float64 references
+
+def silu64(x):
+    return x / (1 + np.exp(-x))
+
+
+def np_parts(p, h, cfg):
+    """The mixer's intermediates in float64 numpy, written from the HF / mamba_ssm definitions."""
+    p = {k: np.asarray(v, np.float64) for k, v in p.items()}
+    h = np.asarray(h, np.float64)
+    m, C, G, N, H, K = cfg.d_mlp, cfg.d_ssm, cfg.n_groups, cfg.state_size, cfg.num_heads, cfg.conv_kernel
+    proj = h @ p["in_proj.weight"].T + p.get("in_proj.bias", 0.0)
+    z0, x0, z = proj[..., :m], proj[..., m:2 * m], proj[..., 2 * m:2 * m + C]
+    xbc = proj[..., 2 * m + C:2 * m + C + cfg.conv_dim]
+    dt_in = proj[..., 2 * m + C + cfg.conv_dim:]
+    w = p["conv1d.weight"][:, 0, :]
+    L = h.shape[1]
+    xp = np.pad(xbc, ((0, 0), (K - 1, 0), (0, 0)))
+    pre = sum(xp[:, k:k + L] * w[:, k] for k in range(K)) + p.get("conv1d.bias", 0.0)
+    act = silu64(pre)
+    Bsz = h.shape[0]
+    dt = np.clip(np.log1p(np.exp(dt_in + p["dt_bias"])), *cfg.time_step_limit)
+    return dict(z0=z0, x0=x0, z=z, x=xbc[..., :C], pre=pre[..., :C], u=act[..., :C],
+                Bm=act[..., C:C + G * N].reshape(Bsz, L, G, N), Cm=act[..., C + G * N:].reshape(Bsz, L, G, N),
+                dt=dt, A=-np.exp(p["A_log"]), D=p["D"], w=w[:C], b=p.get("conv1d.bias", np.zeros(cfg.conv_dim))[:C],
+                nw=p["norm.weight"], p=p)
+
+
+def np_scan(q, cfg, v):
+    """SSD by the sequential recurrence, float64: ``(B, L, C)``."""
+    Bsz, L, C = v.shape
+    H, P, hg = cfg.num_heads, cfg.head_dim, cfg.num_heads // cfg.n_groups
+    vh = v.reshape(Bsz, L, H, P)
+    g = np.arange(H) // hg
+    s = np.zeros((Bsz, H, P, cfg.state_size))
+    y = np.zeros_like(vh)
+    for t in range(L):
+        a = np.exp(q["dt"][:, t] * q["A"])  # (B, H)
+        s = a[..., None, None] * s + (q["dt"][:, t][..., None] * vh[:, t])[..., None] * q["Bm"][:, t, g][:, :, None]
+        y[:, t] = np.einsum("bhpn,bhn->bhp", s, q["Cm"][:, t, g]) + q["D"][:, None] * vh[:, t]
+    return y.reshape(Bsz, L, C)
+
+
+def np_mixer(p, h, cfg):
+    """Whole mixer in float64 (incl. the optional gated-MLP part of mamba_ssm)."""
+    q = np_parts(p, h, cfg)
+    y = np_scan(q, cfg, q["u"])
+    gq = y * silu64(q["z"])
+    B, L, C = gq.shape
+    gg = gq.reshape(B, L, cfg.n_groups, -1)
+    normed = (gg / np.sqrt((gg ** 2).mean(-1, keepdims=True) + cfg.layer_norm_epsilon)).reshape(B, L, C) * q["nw"]
+    if cfg.d_mlp:
+        normed = np.concatenate([silu64(q["z0"]) * q["x0"], normed], -1)
+    return normed @ q["p"]["out_proj.weight"].T + q["p"].get("out_proj.bias", 0.0), normed[..., cfg.d_mlp:]
+
+
+def np_alpha(q, cfg, b, h, with_D=True):
+    """``alpha_h`` of head h in float64 ``(L, L)``."""
+    g = h // (cfg.num_heads // cfg.n_groups)
+    dt = q["dt"][b, :, h]
+    S = np.cumsum(dt)
+    L = len(dt)
+    low = np.tril(np.ones((L, L), bool))
+    E = np.where(low, np.exp(q["A"][h] * np.where(low, S[:, None] - S[None, :], 0)), 0)
+    al = (q["Cm"][b, :, g] @ q["Bm"][b, :, g].T) * E * dt[None, :]
+    return al + (q["D"][h] * np.eye(L) if with_D else 0)
+
+
+def np_norm_scale(q, cfg, b):
+    """``w / rms`` of the gated norm, float64 ``(L, C)``."""
+    y = np_scan(q, cfg, q["u"])[b]
+    gq = y * silu64(q["z"][b])
+    gg = gq.reshape(len(gq), cfg.n_groups, -1)
+    inv = 1 / np.sqrt((gg ** 2).mean(-1, keepdims=True) + cfg.layer_norm_epsilon)
+    return np.broadcast_to(inv, gg.shape).reshape(gq.shape) * q["nw"]
+
+
+# ----------------------------------------------------------------------------- parity with torch
+
+@pytest.mark.parametrize("L", [1, 19])
+def test_logits_and_mixers_match_torch(pair, rng, L):
+    tm, model, _ = pair
+    ids = rng.integers(0, model.config.vocab_size, (2, L))
+    ref, io = torch_run(tm, ids)
+    logits = np.asarray(model(ids))
+    assert logits.shape == ref.shape and logits.dtype == np.float32
+    assert np.abs(logits - ref).max() <= 1e-4
+    xs = model.mixer_inputs(ids)
+    for i, layer in enumerate(model.layers):
+        tin, tout = io[i]
+        np.testing.assert_allclose(np.asarray(xs[i]), tin, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(layer.mixer(tin)), tout, atol=1e-5)
+
+
+@pytest.mark.parametrize("L", [1, 13])
+def test_every_operator_is_exact(pair, rng, L):
+    _, model, _ = pair
+    cfg = model.config
+    ids = rng.integers(0, cfg.vocab_size, (2, L))
+    for i, op in enumerate(model.operators(ids)):
+        assert op.shape == (2, cfg.num_heads * cfg.head_dim, L, L)
+        H = np.asarray(op.materialize())
+        assert np.all(np.triu(H, 1) == 0)
+        y = np.einsum("bcij,bcj->bci", H, np.asarray(op.values)) + np.asarray(op.offset)
+        out = np.asarray(op.output)
+        assert np.abs(y - out).max() <= 1e-5 * np.abs(out).max(), f"layer {i}"
+        assert op.relative_error() <= 1e-5
+        assert np.abs(op.offset).max() > 1e-3  # the conv bias matters
+
+
+def test_operator_output_is_the_torch_mixer(pair, rng):
+    """op.output through out_proj is the torch mixer output: the operator describes the real block."""
+    tm, model, _ = pair
+    ids = rng.integers(0, model.config.vocab_size, (1, 11))
+    _, io = torch_run(tm, ids)
+    for i, op in enumerate(model.operators(ids)):
+        p = model.layers[i].mixer.arrays()
+        y = np.einsum("bcl,dc->bld", np.asarray(op.output), np.asarray(p["out_proj.weight"]))
+        y = y + np.asarray(p.get("out_proj.bias", 0.0))
+        np.testing.assert_allclose(y, io[i][1], atol=2e-5)
+
+
+def test_variants_against_float64_formulas(pair, rng):
+    _, model, _ = pair
+    cfg = model.config
+    L = 12
+    ids = rng.integers(0, cfg.vocab_size, (2, L))
+    x = model.mixer_inputs(ids, [1])[1]
+    p = model.layers[1].mixer.arrays()
+    q = np_parts(p, x, cfg)
+    b, c = 1, cfg.head_dim + 3  # a channel of head 1
+    h = c // cfg.head_dim
+    M = np.asarray(conv_matrix(jnp.asarray(q["w"][c:c + 1]), L), np.float64)[0]
+    al, al0 = np_alpha(q, cfg, b, h), np_alpha(q, cfg, b, h, with_D=False)
+    gate = silu64(q["z"][b, :, c])
+    norm = np_norm_scale(q, cfg, b)[:, c]
+    sig = 1 / (1 + np.exp(-q["pre"][b, :, c]))
+    want = {
+        "full": ((norm * gate)[:, None] * al * sig[None, :]) @ M,
+        "s6_only": al0,
+        "no_conv": (norm * gate)[:, None] * al * sig[None, :],
+        "no_gate": (norm[:, None] * al * sig[None, :]) @ M,
+        "no_norm": (gate[:, None] * al * sig[None, :]) @ M,
+        "no_act": ((norm * gate)[:, None] * al) @ M,
+    }
+    values = {"s6_only": q["u"], "no_conv": q["pre"]}
+    for v, ref in want.items():
+        op = model.layers[1].mixer.as_operator(x, variant=v)
+        got = np.asarray(op.materialize(channels=[c]))[b, 0]
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max(), err_msg=v)
+        np.testing.assert_allclose(np.asarray(op.values)[b, c], values.get(v, q["x"])[b, :, c],
+                                   rtol=1e-5, atol=1e-5, err_msg=v)
+        # offsets: the same factors applied to the conv bias (none without a conv)
+        bvec = np.full(L, q["b"][c])
+        want_off = {"no_act": (norm * gate) * (al @ bvec), "full": (norm * gate) * (al @ (sig * bvec)),
+                    "no_gate": norm * (al @ (sig * bvec)), "no_norm": gate * (al @ (sig * bvec))}
+        off = want_off.get(v, np.zeros(L))
+        np.testing.assert_allclose(np.asarray(op.offset)[b, c], off, rtol=1e-4, atol=1e-6, err_msg=v)
+        # only "full" and "no_conv" reproduce the block's output
+        err = float(np.abs(np.asarray(op.apply()) - np.asarray(op.output)).max() / np.abs(op.output).max())
+        assert (err <= 1e-5) == (v in ("full", "no_conv")), (v, err)
+
+
+# ----------------------------------------------------------------------------- per-head matrices
+
+def test_head_matrices(one, rng):
+    _, model, _ = one
+    cfg = model.config
+    L = 10
+    ids = rng.integers(0, cfg.vocab_size, (2, L))
+    x = model.mixer_inputs(ids, [0])[0]
+    q = np_parts(model.layers[0].mixer.arrays(), x, cfg)
+    for variant in ("full", "no_act", "s6_only", "no_conv"):
+        op = model.layers[0].mixer.as_operator(x, variant)
+        A = np.asarray(op.head_matrices("alpha"))
+        assert A.shape == (2, cfg.num_heads, L, L)
+        for b in range(2):
+            for h in range(cfg.num_heads):
+                ref = np_alpha(q, cfg, b, h, with_D=variant != "s6_only")
+                np.testing.assert_allclose(A[b, h], ref, rtol=1e-4, atol=1e-6 * np.abs(ref).max())
+        Hd = np.asarray(op.materialize()).reshape(2, cfg.num_heads, cfg.head_dim, L, L)
+        mean = np.asarray(op.head_matrices("mean"))
+        np.testing.assert_allclose(mean, Hd.mean(2), rtol=1e-4, atol=1e-6 * np.abs(Hd).max())
+        np.testing.assert_allclose(np.asarray(op.head_matrices("mean", heads=[3, 0])), mean[:, [3, 0]],
+                                   rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(mamba2.head_matrices(op, "alpha", heads=-1)), A[:, -1:], rtol=1e-6)
+    with pytest.raises(ValueError, match="how must be"):
+        op.head_matrices("max")
+    with pytest.raises(ValueError, match="heads must be"):
+        op.head_matrices(heads=[cfg.num_heads])
+
+
+def test_reduce_matches_materialize(one, rng):
+    _, model, _ = one
+    ids = rng.integers(0, model.config.vocab_size, (2, 9))
+    op = model.operators(ids, layers=[-1])[0]
+    H = np.asarray(op.materialize())
+    C = H.shape[1]
+    for bc in (None, 5):
+        np.testing.assert_allclose(np.asarray(op.reduce("mean", block_channels=bc)), H.mean(1),
+                                   rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(np.asarray(op.reduce("abs_mean", block_channels=bc)), np.abs(H).mean(1),
+                                   rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(op.materialize(block_channels=7)), H, rtol=1e-6, atol=1e-9)
+    w = rng.normal(size=(2, C, 9)).astype(np.float32)
+    got = np.asarray(op.reduce("weighted", weights=w, block_channels=6))
+    np.testing.assert_allclose(got, np.einsum("bcij,bci->bij", H, w), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(op.materialize(channels=[17, 2])), H[:, [17, 2]], rtol=1e-6, atol=1e-9)
+
+
+# ----------------------------------------------------------------------------- SSD, long inputs, d_mlp
+
+def test_ssd_any_chunk_matches_float64_recurrence(rng):
+    Bsz, H, P, G, N = 2, 4, 3, 2, 5
+    for L, chunk in [(1, 4), (7, 4), (16, 4), (23, 8), (23, 64)]:
+        x = rng.normal(size=(Bsz, L, H, P)).astype(np.float32)
+        dt = rng.uniform(0.01, 1.0, (Bsz, L, H)).astype(np.float32)
+        A = -rng.uniform(0.5, 4.0, H).astype(np.float32)
+        Bm, Cm = (rng.normal(size=(Bsz, L, G, N)).astype(np.float32) for _ in range(2))
+        D = rng.normal(size=H).astype(np.float32)
+        got = np.asarray(mamba2.ssd(x, dt, A, Bm, Cm, chunk, D))
+        cfg = mamba2.Config(vocab_size=2, hidden_size=H * P, num_heads=H, head_dim=P, state_size=N,
+                            n_groups=G, expand=1)
+        q = dict(dt=dt.astype(np.float64), A=A.astype(np.float64), Bm=Bm.astype(np.float64),
+                 Cm=Cm.astype(np.float64), D=D.astype(np.float64))
+        ref = np_scan(q, cfg, x.reshape(Bsz, L, H * P).astype(np.float64)).reshape(got.shape)
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max(), err_msg=f"L={L}")
+
+
+def test_long_input_rows_match_float64():
+    """L = 8192: forward and operator finite; operator rows and the block output match float64."""
+    cfg = mamba2.Config(vocab_size=32, hidden_size=8, num_heads=2, head_dim=8, state_size=8, n_groups=1,
+                        expand=2, chunk_size=64)
+    params = mamba2.init_params(cfg, jax.random.PRNGKey(1))
+    # Larger steps than the default init: strong decays stress under/overflow.
+    params["layers"][0]["mixer"]["dt_bias"] = params["layers"][0]["mixer"]["dt_bias"] + 2.0
+    model = mamba2.LM(cfg, params)
+    L = 8192
+    ids = np.random.default_rng(3).integers(0, 32, (1, L))
+    assert np.isfinite(np.asarray(model(ids))).all()
+    x = model.mixer_inputs(ids, [0])[0]
+    p = model.layers[0].mixer.arrays()
+    op = model.layers[0].mixer.as_operator(x)
+    chans = [0, 13]
+    H = np.asarray(op.materialize(channels=chans))
+    assert np.isfinite(H).all() and np.isfinite(np.asarray(op.output)).all()
+    q = np_parts(p, x, cfg)
+    _, normed = np_mixer(p, x, cfg)
+    np.testing.assert_allclose(np.asarray(op.output)[0].T, normed[0], rtol=1e-4, atol=1e-4 * np.abs(normed).max())
+    norm = np_norm_scale(q, cfg, 0)
+    dt = q["dt"][0]
+    Kc = cfg.conv_kernel
+    for ci, c in enumerate(chans):
+        h = c // cfg.head_dim
+        S = np.cumsum(dt[:, h])
+        for i in (5, 4097, L - 1):
+            row = q["Bm"][0, :i + 1, 0] @ q["Cm"][0, i, 0]
+            row = row * np.exp(q["A"][h] * (S[i] - S[:i + 1])) * dt[:i + 1, h]
+            row[i] += q["D"][h]
+            row *= norm[i, c] * silu64(q["z"][0, i, c]) / (1 + np.exp(-q["pre"][0, :i + 1, c]))
+            full = np.zeros(L)
+            full[:i + 1] = row
+            ref = sum(np.pad(full, (0, Kc))[s:s + L] * q["w"][c, Kc - 1 - s] for s in range(Kc))
+            rel = np.linalg.norm(H[0, ci, i] - ref) / np.linalg.norm(ref)
+            assert rel <= 1e-4, (c, i, rel)
+
+
+def test_mlp_part_and_float64_mixer(rng):
+    """num_heads * head_dim < expand * hidden_size: mamba_ssm's extra gated MLP in in_proj."""
+    cfg = mamba2.Config(vocab_size=16, hidden_size=12, num_heads=2, head_dim=8, state_size=4, n_groups=2,
+                        expand=2, chunk_size=4, use_bias=True)
+    assert cfg.d_mlp == 8 and cfg.proj_size == 2 * 8 + 16 + (16 + 16) + 2
+    params = mamba2.init_params(cfg, jax.random.PRNGKey(0))
+    model = mamba2.LM(cfg, params)
+    x = rng.normal(size=(2, 9, 12)).astype(np.float32)
+    p = model.layers[0].mixer.arrays()
+    ref, normed = np_mixer(p, x, cfg)
+    np.testing.assert_allclose(np.asarray(model.layers[0].mixer(x)), ref, rtol=1e-4, atol=1e-5)
+    op = model.layers[0].mixer.as_operator(x)
+    assert op.shape == (2, 16, 9, 9)
+    np.testing.assert_allclose(np.asarray(op.output), normed.transpose(0, 2, 1), rtol=1e-4, atol=1e-5)
+    assert op.relative_error() <= 1e-5
+
+
+# ----------------------------------------------------------------------------- jit, grad, taps
+
+def test_jit_vmap_grad(one, rng):
+    _, model, _ = one
+    cfg = model.config
+    p = model.layers[0].mixer.arrays()
+    x = jnp.asarray(rng.normal(size=(1, 7, cfg.hidden_size)), jnp.float32)
+    W = jnp.asarray(rng.normal(size=(1, 7, 7)), jnp.float32)
+
+    def f(x):
+        op = mamba2.mixer_operator(p, x, cfg)
+        return (jnp.sum(op.reduce("abs_mean") * W) + jnp.sum(op.materialize(channels=[0, 9]) ** 2)
+                + jnp.sum(op.head_matrices("mean") * W[:, None]))
+
+    g = jax.jit(jax.grad(f))(x)
+    v = jnp.asarray(rng.normal(size=x.shape), jnp.float32)
+    eps = 1e-3
+    fd = (f(x + eps * v) - f(x - eps * v)) / (2 * eps)
+    np.testing.assert_allclose(float(jnp.sum(g * v)), float(fd), rtol=2e-2)
+    xs = jnp.asarray(rng.normal(size=(3, 1, 5, cfg.hidden_size)), jnp.float32)
+    red = jax.vmap(lambda x: mamba2.mixer_operator(p, x, cfg).head_matrices("alpha"))(xs)
+    for k in range(3):
+        np.testing.assert_allclose(red[k], mamba2.mixer_operator(p, xs[k], cfg).head_matrices("alpha"),
+                                   rtol=1e-5, atol=1e-7)
+
+
+def test_tapped_logits_give_gradients(one, rng):
+    _, model, _ = one
+    ids = rng.integers(0, model.config.vocab_size, (1, 7))
+    C = model.config.d_ssm
+    taps = {1: jnp.zeros((1, C, 7))}
+    np.testing.assert_allclose(model.tapped_logits(ids, taps), model(ids), atol=1e-6)
+    g = jax.grad(lambda t: model.tapped_logits(ids, t)[0, 3, 0])(taps)[1]
+    assert g.shape == (1, C, 7) and float(jnp.abs(g[:, :, 3]).max()) > 0
+    assert float(jnp.abs(g[:, :, 4:]).max()) == 0  # causal
+
+
+# ----------------------------------------------------------------------------- converter, bad input
+
+def test_save_roundtrip_and_torch_reads_ours(one, tmp_path, rng):
+    tm, model, _ = one
+    ia.save(model, tmp_path / "out")
+    again = ia.load(tmp_path / "out")
+    ids = rng.integers(0, model.config.vocab_size, (1, 10))
+    np.testing.assert_array_equal(np.asarray(again(ids)), np.asarray(model(ids)))
+    assert again.info()["family"] == "mamba2" and again.num_params == model.num_params
+    import torch
+    import transformers
+
+    t2 = transformers.Mamba2ForCausalLM.from_pretrained(tmp_path / "out").eval()
+    with torch.no_grad():
+        ref = t2(torch.tensor(ids)).logits.numpy()
+    assert np.abs(np.asarray(model(ids)) - ref).max() <= 1e-4
+
+
+def _broken(src, dst, config=None, drop=(), add=None, reshape=None):
+    config_, tensors = read_hf_dir(src)
+    config_.update(config or {})
+    tensors = {k: v for k, v in tensors.items() if k not in drop}
+    tensors.update(add or {})
+    for k, shape in (reshape or {}).items():
+        tensors[k] = np.zeros(shape, tensors[k].dtype)
+    write_hf_dir(dst, config_, tensors)
+    return dst
+
+
+def test_converter_errors(one, tmp_path):
+    _, _, src = one
+    m = "backbone.layers.1.mixer."
+    cases = [
+        (dict(drop=[m + "D"]), "missing tensors: " + m + "D"),
+        (dict(add={m + "extra": np.zeros(3, np.float32)}), "unexpected tensors: " + m + "extra"),
+        (dict(reshape={m + "conv1d.weight": (5, 1, 4)}), "conv1d.weight has shape"),
+        # same num_heads * head_dim (32) as the tensors but 8 heads: A_log/D/dt_bias/in_proj disagree
+        (dict(config=dict(num_heads=8, head_dim=4)), "A_log has shape (4,), expected (8,)"),
+        (dict(config=dict(num_heads=8, head_dim=8)), "exceeds expand * hidden_size"),
+        (dict(config=dict(n_groups=3)), "multiple of n_groups"),
+        (dict(config=dict(hidden_act="gelu")), "hidden_act"),
+        (dict(drop=["lm_head.weight"]), "missing tensors: lm_head.weight"),
+    ]
+    for k, (kw, msg) in enumerate(cases):
+        path = _broken(src, tmp_path / f"b{k}", **kw)
+        with pytest.raises(CheckpointError) as e:
+            ia.load(path)
+        assert msg in str(e.value), (kw, str(e.value))
+    # tied config with a stored head: HF ignores the head, so do we (embeddings are the head)
+    tied = ia.load(_broken(src, tmp_path / "tied", config=dict(tie_word_embeddings=True)))
+    assert tied.lm_head is None
+    assert json.loads((tmp_path / "tied" / "config.json").read_text())["tie_word_embeddings"] is True
+
+
+def test_bad_inputs(one):
+    _, model, _ = one
+    cfg = model.config
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model(np.array([[0, cfg.vocab_size]]))
+    with pytest.raises(ValueError, match="batch, length"):
+        model(np.array([1, 2]))
+    with pytest.raises(ValueError, match="mixer input must have shape"):
+        model.layers[0].mixer.as_operator(np.zeros((1, 4, cfg.hidden_size + 1), np.float32))
+    with pytest.raises(ValueError, match="variant must be one of"):
+        model.layers[0].mixer.as_operator(np.zeros((1, 4, cfg.hidden_size), np.float32), "no_softmax")
+    with pytest.raises(ValueError, match="variant must be one of"):
+        model.operators(np.array([[1, 2]]), variant="bogus")
+    with pytest.raises(ValueError, match="out of range"):
+        model.operators(np.array([[1, 2]]), layers=[5])
+    with pytest.raises(ValueError, match="time_step_limit"):
+        mamba2.Config(vocab_size=4, hidden_size=4, num_heads=1, head_dim=8, time_step_limit=(1.0, 0.5))
