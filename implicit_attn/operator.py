@@ -86,9 +86,9 @@ class StateDecayCore:
         return self.A.shape[0]
 
     def dense(self, idx):
-        K = state_decay_kernel(self.q, self.k, self.A[idx], _take(self.dt, idx), self.chunk)
-        return _sandwich(K, _take(self.left, idx), _take(self.right, idx),
-                         _take(self.diag, idx), _take(self.conv_w, idx, 0))
+        H = state_decay_kernel(self.q, self.k, self.A[idx], _take(self.dt, idx), self.chunk,
+                               _take(self.left, idx), _take(self.right, idx), _take(self.diag, idx))
+        return H if self.conv_w is None else conv_right(H, _take(self.conv_w, idx, 0))
 
 
 @_dataclass_pytree
@@ -213,10 +213,17 @@ class ImplicitOperator:
         if bc >= n:
             return self.core.dense(jnp.asarray(idx))
         nb = -(-n // bc)
-        padded = jnp.pad(jnp.asarray(idx), (0, nb * bc - n))
-        blocks = jax.lax.map(self.core.dense, padded.reshape(nb, bc))  # (nb, B, bc, L, L)
-        out = jnp.moveaxis(blocks, 0, 1).reshape(B, nb * bc, L, L)
-        return out[:, :n]
+        idx = jnp.asarray(idx)
+        # The last block is shifted back to end at n (it recomputes a few channels)
+        # so every block is full and is written in place.
+        starts = jnp.minimum(jnp.arange(nb) * bc, n - bc)
+
+        def body(k, out):
+            s = starts[k]
+            block = self.core.dense(jax.lax.dynamic_slice_in_dim(idx, s, bc))
+            return jax.lax.dynamic_update_slice_in_dim(out, block, s, axis=1)
+
+        return jax.lax.fori_loop(0, nb, body, jnp.zeros((B, n, L, L), jnp.float32))
 
     def reduce(self, how: str = "mean", weights=None, key_weights=None, channels=None,
                impl: str = "auto", block_channels: int | None = None):

@@ -235,3 +235,18 @@ def test_tapped_logits_give_gradients(one, rng):
     assert g.shape == (1, C, 7) and float(jnp.abs(g).max()) > 0
     # causal: the last logit cannot depend on nothing after it, and does depend on the last position
     assert float(jnp.abs(g[:, :, -1]).max()) > 0
+
+
+def test_parallel_and_sequential_scans_agree(rng):
+    B, L, C, N = 2, 33, 6, 4
+    u = jnp.asarray(rng.normal(size=(B, L, C)), jnp.float32)
+    dt = jnp.asarray(rng.uniform(0.01, 2.0, size=(B, L, C)), jnp.float32)
+    A = -jnp.asarray(rng.uniform(0.5, 8, size=(C, N)), jnp.float32)
+    Bm = jnp.asarray(rng.normal(size=(B, L, N)), jnp.float32)
+    Cm = jnp.asarray(rng.normal(size=(B, L, N)), jnp.float32)
+    D = jnp.asarray(rng.normal(size=(C,)), jnp.float32)
+    par = mamba.selective_scan(u, dt, A, Bm, Cm, D, method="parallel")
+    seq = mamba.selective_scan(u, dt, A, Bm, Cm, D, method="sequential")
+    np.testing.assert_allclose(np.asarray(par), np.asarray(seq), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="scan method"):
+        mamba.selective_scan(u, dt, A, Bm, Cm, D, method="fast")

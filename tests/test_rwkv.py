@@ -64,6 +64,8 @@ def test_logits_and_blocks_match_torch(pair, rng, L):
     logits = np.asarray(model(ids))
     assert logits.shape == ref.shape and logits.dtype == np.float32
     assert np.abs(logits - ref).max() <= 1e-4, np.abs(logits - ref).max()
+    if L == 1:
+        return  # per-block checks once per config (compile time)
     xs = model.mixer_inputs(ids)
     for i, layer in enumerate(model.layers):
         ain, aout = io[i]["att"]
@@ -149,7 +151,7 @@ def float64_wkv(w, u, k, v):
 def test_operator_and_forward_match_float64(one, rng):
     _, model, _ = one
     cfg = model.config
-    L = 15
+    L = 13
     ids = rng.integers(0, cfg.vocab_size, (1, L))
     x = model.mixer_inputs(ids, [1])[1]
     p = model.layers[1].attention.arrays()
@@ -165,6 +167,21 @@ def test_operator_and_forward_match_float64(one, rng):
         np.testing.assert_allclose(H[c], ref / (1 + np.exp(-r[:, c]))[:, None], rtol=1e-5, atol=1e-7)
         y = float64_wkv(w[c], u[c], k[:, c], v[:, c]) / (1 + np.exp(-r[:, c]))
         np.testing.assert_allclose(np.asarray(op.output)[0, c], y, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 5])
+def test_wkv_chunks_carry_the_state(rng, chunk):
+    """Cross-chunk state (the path long inputs take) against float64, with large keys."""
+    A, L = 3, 13
+    w = -np.exp(np.array([-6.0, 0.0, 1.5]))
+    u = rng.normal(size=A)
+    k = rng.uniform(-60, 60, size=(1, L, A))
+    v = rng.normal(size=(1, L, A))
+    f = jax.jit(rwkv.wkv, static_argnames="chunk")
+    got = np.asarray(f(*(jnp.asarray(a, jnp.float32) for a in (w, u, k, v)), chunk=chunk))[0]
+    for c in range(A):
+        ref = float64_wkv(w[c], u[c], k[0, :, c].astype(np.float32), v[0, :, c].astype(np.float32))
+        np.testing.assert_allclose(got[:, c], ref, rtol=1e-5, atol=1e-6)
 
 
 def test_long_input_with_large_keys_matches_float64():
@@ -204,17 +221,16 @@ def test_long_input_with_large_keys_matches_float64():
 
 def test_reduce_matches_materialize(one, rng):
     _, model, _ = one
-    ids = rng.integers(0, model.config.vocab_size, (2, 10))
+    ids = rng.integers(0, model.config.vocab_size, (2, 13))
     op = model.operators(ids, layers=[-1])[0]
     H = np.asarray(op.materialize())
-    for how, f in [("mean", lambda h: h), ("abs_mean", np.abs)]:
-        for bc in (None, 5):
-            np.testing.assert_allclose(np.asarray(op.reduce(how, block_channels=bc)), f(H).mean(1),
-                                       rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(op.reduce("mean")), H.mean(1), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(op.reduce("abs_mean", block_channels=5)), np.abs(H).mean(1),
+                               rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(np.asarray(op.materialize(channels=[3, 0], block_channels=1)), H[:, [3, 0]],
                                rtol=1e-6, atol=1e-9)
     C = H.shape[1]
-    wts = rng.normal(size=(2, C, 10)).astype(np.float32)
+    wts = rng.normal(size=(2, C, 13)).astype(np.float32)
     np.testing.assert_allclose(np.asarray(op.reduce("weighted", weights=wts, block_channels=5)),
                                np.einsum("bcij,bci->bij", H, wts), rtol=1e-4, atol=1e-5)
 
@@ -226,6 +242,7 @@ def test_jit_vmap_grad(one, rng):
     x = jnp.asarray(rng.normal(size=(1, 8, cfg.hidden_size)), jnp.float32)
     W = jnp.asarray(rng.normal(size=(1, 8, 8)), jnp.float32)
 
+    @jax.jit
     def f(x):
         op = rwkv.time_mix_operator(p, x, cfg)
         return jnp.sum(op.reduce("mean") * W) + jnp.sum(op.materialize(channels=[0, 2]) ** 2)
@@ -236,21 +253,22 @@ def test_jit_vmap_grad(one, rng):
     eps = 1e-2
     fd = (f(x + eps * v) - f(x - eps * v)) / (2 * eps)
     np.testing.assert_allclose(float(jnp.sum(g * v)), float(fd), rtol=2e-2)
-    xs = jnp.asarray(rng.normal(size=(3, 1, 5, cfg.hidden_size)), jnp.float32)
-    red = jax.vmap(lambda x: rwkv.time_mix_operator(p, x, cfg).reduce("mean"))(xs)
+    one_red = lambda x: rwkv.time_mix_operator(p, x, cfg).reduce("mean")
+    xs = jnp.asarray(rng.normal(size=(3, 1, 8, cfg.hidden_size)), jnp.float32)
+    red = jax.jit(jax.vmap(one_red))(xs)
+    single = jax.jit(one_red)
     for k in range(3):
-        np.testing.assert_allclose(red[k], rwkv.time_mix_operator(p, xs[k], cfg).reduce("mean"),
-                                   rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(red[k], single(xs[k]), rtol=1e-5, atol=1e-7)
 
 
 def test_tapped_logits_give_gradients(one, rng):
     _, model, _ = one
-    ids = rng.integers(0, model.config.vocab_size, (1, 7))
+    ids = rng.integers(0, model.config.vocab_size, (2, 13))
     A = model.config.attention_hidden_size
-    taps = {1: jnp.zeros((1, A, 7))}
+    taps = {1: jnp.zeros((2, A, 13))}
     np.testing.assert_allclose(model.tapped_logits(ids, taps), model(ids), atol=1e-6)
     g = jax.grad(lambda t: model.tapped_logits(ids, t)[0, 3, 0])(taps)[1]
-    assert g.shape == (1, A, 7)
+    assert g.shape == (2, A, 13) and float(jnp.abs(g[1]).max()) == 0
     assert float(jnp.abs(g[:, :, 3]).max()) > 0
     assert float(jnp.abs(g[:, :, 4:]).max()) == 0  # causal
 
@@ -259,7 +277,7 @@ def test_save_load_round_trip(one, tmp_path, rng):
     _, model, path = one
     ia.save(model, tmp_path / "rt")
     again = ia.load(tmp_path / "rt")
-    ids = rng.integers(0, model.config.vocab_size, (1, 6))
+    ids = rng.integers(0, model.config.vocab_size, (2, 13))
     np.testing.assert_array_equal(np.asarray(again(ids)), np.asarray(model(ids)))
     _, a = read_hf_dir(path)
     _, b = read_hf_dir(tmp_path / "rt")

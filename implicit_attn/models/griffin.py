@@ -29,7 +29,7 @@ from flax import nnx
 
 from ..attention_operator import AttentionCore, AttentionOperator, attention_probs
 from ..operator import ImplicitOperator, ScalarDecayCore, _dataclass_pytree
-from ..ops import causal_conv, linear_scan
+from ..ops import causal_conv
 from .base import Weights, check_input_ids, check_layers, count_params
 
 VARIANTS = ("full", "no_conv", "no_gate")
@@ -229,8 +229,18 @@ def recurrent_parts(p: dict, h, pos, cfg: Config) -> dict:
 
 
 def rglru_scan(a, u):
-    """``h_t = a_t h_{t-1} + u_t`` over axis 1 in float32. ``(B, L, C) -> (B, L, C)``."""
-    return linear_scan(a.astype(f32), u.astype(f32), axis=1)
+    """``h_t = a_t h_{t-1} + u_t`` (``h_{-1} = 0``) over axis 1 in float32. ``(B, L, C) -> (B, L, C)``.
+
+    A sequential ``lax.scan``: the same accumulation order as the reference loop, and it
+    compiles in a fraction of the time of an associative scan (3x at L = 1024, 13x at 8192).
+    """
+    def step(h, au):
+        h = au[0] * h + au[1]
+        return h, h
+
+    a, u = (jnp.swapaxes(t.astype(f32), 0, 1) for t in (a, u))
+    _, hs = jax.lax.scan(step, jnp.zeros_like(u[0]), (a, u))
+    return jnp.swapaxes(hs, 0, 1)
 
 
 def recurrent_inner(p: dict, h, pos, cfg: Config):

@@ -101,8 +101,26 @@ def mixer_parts(p: dict, h, cfg: Config) -> dict:
     return dict(x=x, z=z, xc=xc, u=u, dt=dt, Bm=Bm.astype(f32), Cm=Cm.astype(f32), A=A)
 
 
-def selective_scan(u, dt, A, Bm, Cm, D=None):
-    """S6: ``y_i = sum_j alpha[i, j] u_j`` by a parallel scan.
+SCAN_METHODS = ("auto", "parallel", "sequential")
+
+
+def _scan_method(method: str) -> str:
+    if method not in SCAN_METHODS:
+        raise ValueError(f"scan method must be one of {SCAN_METHODS}, got {method!r}")
+    if method == "auto":
+        # Measured on CPU: the fused sequential scan is ~15x faster than the
+        # associative scan at d_inner 1536, L 512 (it never writes (B, L, C, N)).
+        return "sequential" if jax.default_backend() == "cpu" else "parallel"
+    return method
+
+
+def selective_scan(u, dt, A, Bm, Cm, D=None, method: str = "auto"):
+    """S6: ``y_i = sum_j alpha[i, j] u_j``.
+
+    ``method="parallel"``: ``jax.lax.associative_scan`` over all states
+    ``(B, L, C, N)`` (O(log L) depth; for accelerators). ``"sequential"``: one
+    ``lax.scan`` whose step forms the decay and input on the fly and keeps only the
+    ``(B, C, N)`` state (fastest on CPU). ``"auto"`` picks by backend. Same numbers.
 
     Args:
       u: ``(B, L, C)`` inputs; dt: ``(B, L, C)`` step sizes; A: ``(C, N)``;
@@ -111,10 +129,19 @@ def selective_scan(u, dt, A, Bm, Cm, D=None):
       ``(B, L, C)`` float32.
     """
     u = u.astype(f32)
-    a = jnp.exp(dt[..., None] * A)  # (B, L, C, N)
-    b = (dt * u)[..., None] * Bm[:, :, None, :]
-    h = linear_scan(a, b, axis=1)
-    y = jnp.einsum("blcn,bln->blc", h, Cm)
+    if _scan_method(method) == "parallel":
+        a = jnp.exp(dt[..., None] * A)  # (B, L, C, N)
+        b = (dt * u)[..., None] * Bm[:, :, None, :]
+        y = jnp.einsum("blcn,bln->blc", linear_scan(a, b, axis=1), Cm)
+    else:
+        def step(h, xs):
+            d, uu, bb, cc = xs
+            h = jnp.exp(d[..., None] * A) * h + (d * uu)[..., None] * bb[:, None, :]
+            return h, jnp.einsum("bcn,bn->bc", h, cc)
+
+        xs = tuple(jnp.moveaxis(v, 1, 0) for v in (dt, u, Bm, Cm))
+        h0 = jnp.zeros((u.shape[0], u.shape[2], A.shape[1]), f32)
+        y = jnp.moveaxis(jax.lax.scan(step, h0, xs)[1], 0, 1)
     if D is not None:
         y = y + u * D.astype(f32)
     return y

@@ -23,17 +23,21 @@ def _pad_time(x, axis: int, Lp: int):
     return jnp.pad(x, pad)
 
 
-def state_decay_kernel(q, k, A, dt, chunk: int = 16):
-    """``K[b, c, i, j] = sum_n q[b,i,n] k[b,j,n] exp(A[c,n] * sum_{t=j+1..i} dt[b,c,t])``.
+def state_decay_kernel(q, k, A, dt, chunk: int = 16, left=None, right=None, diag=None):
+    """``K[b,c,i,j] = l[b,c,i] (sum_n q[b,i,n] k[b,j,n] exp(A[c,n] T[b,c,i,j])) r[b,c,j] + d[b,c,i] [i=j]``
+    with ``T[b,c,i,j] = sum_{t=j+1..i} dt[b,c,t]``.
 
     Lower-triangular (``i >= j``), exact zeros above. Requires ``A <= 0`` and
     ``dt >= 0`` (a contracting recurrence), which makes every exponential <= 1.
+    The diagonal scalings are folded into the chunk factors, so they cost nothing
+    at the ``L x L`` level.
 
     Args:
       q, k: ``(B, L, N)`` read-out and write-in vectors (Mamba's C and B).
       A: ``(c, N)`` per-channel, per-state rates (negative).
       dt: ``(B, c, L)`` per-channel step sizes (non-negative).
       chunk: chunk length Q; memory grows as ``c * L * Q * N``.
+      left, right, diag: optional ``(B, c, L)`` row scale, column scale, diagonal term.
     Returns:
       ``(B, c, L, L)`` float32.
     """
@@ -45,9 +49,15 @@ def state_decay_kernel(q, k, A, dt, chunk: int = 16):
     nc = -(-L // Q)
     Lp = nc * Q
     # Padding with dt = 0 and q = k = 0 adds rows/columns that are sliced away.
-    qc = _pad_time(q, 1, Lp).reshape(Bn, nc, Q, N)
-    kc = _pad_time(k, 1, Lp).reshape(Bn, nc, Q, N)
+    qc = _pad_time(q, 1, Lp).reshape(Bn, 1, nc, Q, N)
+    kc = _pad_time(k, 1, Lp).reshape(Bn, 1, nc, Q, N)
     dtc = _pad_time(dt, 2, Lp).reshape(Bn, c, nc, Q)
+    if left is not None:
+        qc = qc * _pad_time(left.astype(f32), 2, Lp).reshape(Bn, c, nc, Q, 1)
+    if right is not None:
+        kc = kc * _pad_time(right.astype(f32), 2, Lp).reshape(Bn, c, nc, Q, 1)
+    qc = jnp.broadcast_to(qc, (Bn, c, nc, Q, N))
+    kc = jnp.broadcast_to(kc, (Bn, c, nc, Q, N))
     An = A[None, :, None, None, :]  # (1, c, 1, 1, N)
 
     # Blocks on the diagonal: stable segment sums inside each chunk.
@@ -55,24 +65,30 @@ def state_decay_kernel(q, k, A, dt, chunk: int = 16):
     lower = causal_mask(Q)
     seg0 = jnp.where(lower, seg, 0.0)[..., None]  # (B, c, nc, Q, Q, 1)
     dec = jnp.where(lower[..., None], jnp.exp(An[:, :, :, :, None, :] * seg0), 0.0)
-    diag_blocks = jnp.einsum("bcIijn,bIin,bIjn->bcIij", dec, qc, kc)
+    diag_blocks = jnp.einsum("bcIijn,bcIin,bcIjn->bcIij", dec, qc, kc)
+    if diag is not None:
+        d = _pad_time(diag.astype(f32), 2, Lp).reshape(Bn, c, nc, Q)
+        diag_blocks = diag_blocks + d[..., :, None] * jnp.eye(Q, dtype=f32)
 
     # Blocks below the diagonal: (S_i - S_I0) + (S_I0 - S_Jend) + (S_Jend - S_j).
     s = jnp.cumsum(dtc, axis=-1)  # chunk-local inclusive sums
     tot = s[..., -1]  # (B, c, nc)
-    qd = qc[:, None] * jnp.exp(An * s[..., None])
-    kd = kc[:, None] * jnp.exp(An * (tot[..., None] - s)[..., None])
+    qd = qc * jnp.exp(An * s[..., None])
+    kd = kc * jnp.exp(An * (tot[..., None] - s)[..., None])
     between = segment_sum(tot)  # (B, c, nc, nc): sum over chunks J+1..I
     # sum over chunks J+1..I-1 is between[I-1, J]; shift rows down by one.
     between = jnp.pad(between, ((0, 0), (0, 0), (1, 0), (0, 0)))[:, :, :nc, :]
     strict = causal_mask(nc, strict=True)
     between = jnp.where(strict, between, 0.0)
     mid = jnp.where(strict[..., None], jnp.exp(A[None, :, None, None, :] * between[..., None]), 0.0)
-    off = jnp.einsum("bcIin,bcIJn,bcJjn->bcIiJj", qd, mid, kd)
-
-    eye = jnp.eye(nc, dtype=f32)
-    full = off + diag_blocks[:, :, :, :, None, :] * eye[:, None, :, None]
-    return full.reshape(Bn, c, Lp, Lp)[:, :, :L, :L]
+    # Batch over the query chunk I so the matmul writes rows of the output in place.
+    kdm = mid[:, :, :, :, None, :] * kd[:, :, None]  # (B, c, I, J, Q, N)
+    full = jnp.einsum("bcIin,bcIJjn->bcIiJj", qd, kdm)
+    ar = jnp.arange(nc)
+    # Diagonal blocks are written in place (mid is 0 there).
+    full = full.at[:, :, ar, :, ar, :].set(jnp.moveaxis(diag_blocks, 2, 0))
+    full = full.reshape(Bn, c, Lp, Lp)
+    return full if Lp == L else full[:, :, :L, :L]
 
 
 def scalar_decay_kernel(log_a, q=None, k=None):

@@ -1,0 +1,165 @@
+"""Mamba benchmarks on a random model of mamba-130m's shape (d_model 768, d_inner 1536,
+N 16, 24 layers; small vocabulary), every case in a fresh process:
+
+* full-model forward tokens/s at L = 512: ours (jit) vs the HF torch model on the same weights;
+* ``materialize`` of all 1536 channels of one layer at L = 512 vs a dense baseline that
+  builds the ``(c, N, L, L)`` tensor for blocks of c channels and contracts over N;
+* ``reduce("mean")`` of one layer at L = 4096: time and peak memory.
+
+    python -m benchmarks.mamba [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from benchmarks.common import isolated, peak_mb_of, timeit, write_results
+
+SHAPE = dict(vocab_size=1024, hidden_size=768, state_size=16, num_hidden_layers=24, conv_kernel=4)
+QUICK = dict(vocab_size=256, hidden_size=128, state_size=16, num_hidden_layers=2, conv_kernel=4)
+
+
+def _model(shape: dict, layers: int | None = None, seed: int = 0):
+    import jax
+
+    from implicit_attn.models import mamba
+
+    shape = dict(shape, num_hidden_layers=layers or shape["num_hidden_layers"])
+    cfg = mamba.Config(**shape)
+    return mamba.LM(cfg, mamba.init_params(cfg, jax.random.PRNGKey(seed)))
+
+
+def write_checkpoint(path: str, shape: dict) -> str:
+    import implicit_attn as ia
+
+    ia.save(_model(shape), path)
+    return path
+
+
+def case_forward_jax(ckpt: str, L: int) -> dict:
+    import numpy as np
+
+    import implicit_attn as ia
+
+    model = ia.load(ckpt)
+    ids = np.random.default_rng(0).integers(0, model.config.vocab_size, (1, L))
+    t = timeit(lambda: model(ids), repeat=3)
+    return {"seconds": t, "tokens_per_s": L / t}
+
+
+def case_forward_torch(ckpt: str, L: int) -> dict:
+    import numpy as np
+    import torch
+    import transformers
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    model = transformers.MambaForCausalLM.from_pretrained(ckpt).eval()
+    ids = torch.tensor(np.random.default_rng(0).integers(0, model.config.vocab_size, (1, L)))
+
+    def run():
+        with torch.no_grad():
+            return model(ids).logits
+
+    run()
+    import time
+
+    ts = []
+    for _ in range(2):
+        t = time.perf_counter()
+        run()
+        ts.append(time.perf_counter() - t)
+    t = min(ts)
+    return {"seconds": t, "tokens_per_s": L / t}
+
+
+def _layer_operator(shape: dict, L: int):
+    import numpy as np
+
+    model = _model(shape, layers=1)
+    ids = np.random.default_rng(0).integers(0, model.config.vocab_size, (1, L))
+    x = model.mixer_inputs(ids, [0])[0]
+    return model.layers[0].mixer.as_operator(x)
+
+
+def dense_materialize(core, block: int = 32):
+    """The straightforward dense computation: per block of c channels build
+    ``E[c, n, i, j] = exp(A[c, n] * T_c[i, j])`` (c, N, L, L) and contract over n."""
+    import jax
+    import jax.numpy as jnp
+
+    from implicit_attn.ops import conv_right, segment_sum
+
+    @jax.jit
+    def one(A, dt, left, right, diag, w):
+        T = segment_sum(dt)  # (B, c, L, L)
+        low = jnp.isfinite(T)
+        E = jnp.where(low[:, :, None], jnp.exp(A[None, :, :, None, None] * jnp.where(low, T, 0)[:, :, None]), 0)
+        K = jnp.einsum("bin,bcnij,bjn->bcij", core.q, E, core.k)
+        H = left[..., :, None] * K * right[..., None, :] + diag[..., :, None] * jnp.eye(T.shape[-1])
+        return conv_right(H, w)
+
+    C = core.num_channels
+    outs = [one(core.A[s:s + block], core.dt[:, s:s + block], core.left[:, s:s + block],
+                core.right[:, s:s + block], core.diag[:, s:s + block], core.conv_w[s:s + block])
+            for s in range(0, C, block)]
+    return jnp.concatenate(outs, axis=1)
+
+
+def case_materialize(shape: dict, L: int, impl: str) -> dict:
+    import numpy as np
+
+    op = _layer_operator(shape, L)
+    if impl == "ours":
+        fn = lambda: op.materialize()
+    else:
+        fn = lambda: dense_materialize(op.core)
+    peak = peak_mb_of(fn)
+    t = timeit(fn, repeat=2, warmup=0)
+    out = np.asarray(fn()[0, :4])
+    return {"seconds": t, "peak_mb": peak, "out_mb": op.shape[1] * L * L * 4 / 2**20,
+            "checksum": float(np.abs(out).sum())}
+
+
+def case_reduce(shape: dict, L: int) -> dict:
+    op = _layer_operator(shape, L)
+    fn = lambda: op.reduce("mean")
+    peak = peak_mb_of(fn)
+    t = timeit(fn, repeat=1, warmup=0)
+    return {"seconds": t, "peak_mb": peak}
+
+
+def main(quick: bool = False) -> list[dict]:
+    shape = QUICK if quick else SHAPE
+    L_fwd, L_mat, L_red = (128, 128, 512) if quick else (512, 512, 4096)
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        ckpt = isolated("benchmarks.mamba:write_checkpoint", path=str(Path(d) / "m"), shape=shape)
+        jx = isolated("benchmarks.mamba:case_forward_jax", ckpt=ckpt, L=L_fwd)
+        th = isolated("benchmarks.mamba:case_forward_torch", ckpt=ckpt, L=L_fwd)
+    rows.append({"case": f"forward, {shape['num_hidden_layers']} layers, L={L_fwd}", "ours_s": jx["seconds"],
+                 "baseline": "HF torch (CPU)", "baseline_s": th["seconds"],
+                 "speedup": th["seconds"] / jx["seconds"], "target": ">= 3x",
+                 "note": f"{jx['tokens_per_s']:.0f} vs {th['tokens_per_s']:.0f} tokens/s"})
+    ours = isolated("benchmarks.mamba:case_materialize", shape=shape, L=L_mat, impl="ours")
+    dense = isolated("benchmarks.mamba:case_materialize", shape=shape, L=L_mat, impl="dense")
+    agree = abs(ours["checksum"] - dense["checksum"]) <= 1e-4 * abs(dense["checksum"])
+    rows.append({"case": f"materialize {2 * shape['hidden_size']} ch, L={L_mat}", "ours_s": ours["seconds"],
+                 "ours_peak_mb": ours["peak_mb"], "baseline": "dense (c,N,L,L) blocks of 32",
+                 "baseline_s": dense["seconds"], "baseline_peak_mb": dense["peak_mb"],
+                 "speedup": dense["seconds"] / ours["seconds"], "target": ">= 5x",
+                 "note": f"output {ours['out_mb']:.0f} MiB; results agree: {agree}"})
+    red = isolated("benchmarks.mamba:case_reduce", shape=shape, L=L_red)
+    rows.append({"case": f"reduce('mean') {2 * shape['hidden_size']} ch, L={L_red}", "ours_s": red["seconds"],
+                 "ours_peak_mb": red["peak_mb"], "target": "peak < 2048 MiB",
+                 "note": f"(B,C,L,L) would be {2 * shape['hidden_size'] * L_red ** 2 * 4 / 2**30:.0f} GiB"})
+    write_results("mamba_quick" if quick else "mamba", rows,
+                  columns=["case", "ours_s", "ours_peak_mb", "baseline", "baseline_s", "baseline_peak_mb",
+                           "speedup", "target", "note"])
+    return rows
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="small shapes, under a minute")
+    main(ap.parse_args().quick)

@@ -1,0 +1,25 @@
+"""Explanations built on the operators: per-layer maps, raw attention, rollout,
+Mamba-Attribution (Eq. 23), gradient-weighted contributions, faithfulness metrics,
+figures, an HTML report, viewer adapters and the ``explain`` command.
+
+    from implicit_attn.explain import explain, faithfulness
+    ex = explain(model, ids, method="rollout", variant="full")   # ex.relevance (B, L)
+    curves = faithfulness(model, ids, ex.relevance)               # {"auac": Curve, ...}
+"""
+from .adapters import circuitsvis_kwargs, to_bertviz, to_circuitsvis
+from .maps import (channel_maps, iter_operators, minmax_normalize, model_maps, operator_map,
+                   position_mean)
+from .methods import (METHODS, Explanation, attribution_maps, contribution_map, explain,
+                      output_gradients, raw_attention, resolve_target, rollout)
+from .metrics import (Curve, activation, comprehensiveness, faithfulness, negative_perturbation,
+                      perturbation_curve, positive_perturbation, pruning, random_relevance, sufficiency)
+from .report import render_html, write_html
+from .viz import curves_plot, heatmap_grid, operator_grid, relevance_strip
+
+__all__ = ["explain", "Explanation", "METHODS", "raw_attention", "rollout", "attribution_maps",
+           "contribution_map", "output_gradients", "resolve_target", "operator_map", "channel_maps",
+           "model_maps", "iter_operators", "minmax_normalize", "position_mean", "Curve", "activation",
+           "pruning", "positive_perturbation", "negative_perturbation", "comprehensiveness",
+           "sufficiency", "faithfulness", "perturbation_curve", "random_relevance", "heatmap_grid",
+           "relevance_strip", "operator_grid", "curves_plot", "render_html", "write_html",
+           "to_circuitsvis", "circuitsvis_kwargs", "to_bertviz"]

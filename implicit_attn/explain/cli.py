@@ -1,0 +1,148 @@
+"""``implicit-attn explain CKPT (--text TEXT | --ids IDS) [--method ...] --out DIR``.
+
+Loads the checkpoint, tokenizes with its ``tokenizer.json`` when present (the ``tokenizers``
+package), computes the per-layer operators one layer at a time under a progress bar,
+and writes: ``<method>_layers.png`` (grid of the per-layer maps the method combines),
+``<method>_matrix.png`` (raw mean / rollout matrix), ``relevance.png`` (token strips),
+``relevance.json`` (tokens, ids, relevance per method, metrics), ``curves.png`` with
+``--metrics``, and the self-contained ``report.html``.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .maps import HOWS
+from .methods import METHODS
+
+
+def _int_list(text: str, what: str) -> list[int]:
+    try:
+        vals = [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise ValueError(f"{what} must be integers separated by commas or spaces, got {text!r}")
+    if not vals:
+        raise ValueError(f"{what} is empty")
+    return vals
+
+
+def add_parser(subparsers):
+    """Add the ``explain`` subcommand to an ``argparse`` subparsers object."""
+    s = subparsers.add_parser("explain", help="token relevance maps, plots and an HTML report",
+                              description=__doc__.split("\n\n")[1] if __doc__ else None)
+    s.add_argument("ckpt", metavar="CKPT", help="Hugging Face checkpoint directory")
+    src = s.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", help="input text (needs CKPT/tokenizer.json)")
+    src.add_argument("--ids", help="token ids, e.g. '1,2,3'")
+    s.add_argument("--method", default="rollout", choices=list(METHODS) + ["all"])
+    s.add_argument("--variant", default="full", help="operator variant (full, s6_only, no_conv, ...)")
+    s.add_argument("--layers", default=None, help="layer indices, e.g. '0,2' (default: all)")
+    s.add_argument("--query", type=int, default=-1, help="query position (default: last)")
+    s.add_argument("--target", type=int, default=None, help="target token id (default: argmax at query)")
+    s.add_argument("--how", default="mean", choices=list(HOWS), help="channel aggregation of H")
+    s.add_argument("--start-layer", type=int, default=0)
+    s.add_argument("--normalize-rows", action="store_true", help="row-normalise I + A in rollout")
+    s.add_argument("--exclude", default=None, help="positions to exclude (sink/BOS), e.g. '0'")
+    s.add_argument("--metrics", action="store_true", help="also compute faithfulness metrics")
+    s.add_argument("--baseline-id", type=int, default=0, help="replacement token for the metrics")
+    s.add_argument("--out", default="explain_out", help="output directory")
+    s.set_defaults(func=run)
+    return s
+
+
+def load_tokenizer(ckpt):
+    """``tokenizers.Tokenizer`` from ``CKPT/tokenizer.json``, or None if absent."""
+    p = Path(ckpt) / "tokenizer.json"
+    if not p.exists():
+        return None
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(p))
+
+
+def _inputs(args, tok):
+    if args.text is not None:
+        if tok is None:
+            raise ValueError(f"--text needs {Path(args.ckpt) / 'tokenizer.json'}; pass --ids instead")
+        enc = tok.encode(args.text)
+        if not enc.ids:
+            raise ValueError("--text tokenizes to nothing")
+        return np.asarray(enc.ids, np.int64)[None], list(enc.tokens)
+    ids = np.asarray(_int_list(args.ids, "--ids"), np.int64)[None]
+    if tok is not None:
+        toks = [tok.id_to_token(int(i)) for i in ids[0]]
+        return ids, [t if t is not None else str(i) for t, i in zip(toks, ids[0])]
+    return ids, [str(i) for i in ids[0]]
+
+
+def run(args) -> int:
+    """Run ``explain``; returns the exit code (0)."""
+    from tqdm import tqdm
+
+    import implicit_attn as ia
+    from . import metrics as M
+    from .methods import explain
+    from .report import write_html
+    from .viz import curves_plot, heatmap_grid, relevance_strip
+
+    model = ia.load(args.ckpt)
+    ids, tokens = _inputs(args, load_tokenizer(args.ckpt))
+    layers = None if args.layers is None else _int_list(args.layers, "--layers")
+    exclude = () if args.exclude is None else tuple(_int_list(args.exclude, "--exclude"))
+    methods = list(METHODS) if args.method == "all" else [args.method]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rel, images, results, written = {}, {}, {}, []
+    ex = None
+    for m in methods:
+        def bar(it, m=m):
+            n = len(model.layers) if layers is None else len(layers)
+            return tqdm(it, total=n, desc=f"{m} ({args.variant})", unit="layer", file=sys.stderr)
+
+        ex = explain(model, ids, m, variant=args.variant, layers=layers, query=args.query,
+                     target=args.target, how=args.how, start_layer=args.start_layer,
+                     normalize_rows=args.normalize_rows, exclude=exclude, progress=bar)
+        rel[m] = ex.relevance[0]
+        what = {"raw": f"{args.how} of H", "rollout": f"{args.how} of H",
+                "attribution": "(mean grad x mean H)^+", "contributions": "R_l = g H v"}[m]
+        p = heatmap_grid(ex.layer_maps[:, 0], out / f"{m}_layers.png",
+                         [f"layer {l}" for l in ex.layers], tokens,
+                         suptitle=f"{model.family} {m}: per-layer {what} ({args.variant})")
+        images[f"{m}: per-layer maps"] = p
+        written.append(p)
+        if ex.matrix is not None:
+            p = heatmap_grid(ex.matrix[0], out / f"{m}_matrix.png", [f"{m} matrix"], tokens)
+            images[f"{m}: combined matrix"] = p
+            written.append(p)
+        if args.metrics:
+            curves = M.faithfulness(model, ids, ex.relevance, query=ex.query, target=ex.target,
+                                    baseline_id=args.baseline_id)
+            results[m] = {k: c.mean_area for k, c in curves.items()}
+            p = curves_plot(curves, out / f"{m}_curves.png")
+            images[f"{m}: faithfulness curves"] = p
+            written.append(p)
+    p = relevance_strip(np.stack(list(rel.values())), out / "relevance.png", tokens, list(rel),
+                        title=f"relevance for query position {ex.query}")
+    images = {"token relevance": p, **images}
+    written.append(p)
+    meta = {"checkpoint": args.ckpt, "family": model.family, "variant": args.variant,
+            "layers": ex.layers, "query position": ex.query,
+            "target token": f"{int(ex.target[0])}", "channel aggregation": args.how,
+            "exclude": list(exclude)}
+    report = write_html(out / "report.html", tokens, rel, title=f"{model.family} explanation",
+                        query=ex.query, images=images, metrics=results or None, meta=meta)
+    js = out / "relevance.json"
+    js.write_text(json.dumps({"tokens": tokens, "ids": ids[0].tolist(), "query": ex.query,
+                              "target": int(ex.target[0]), "variant": args.variant,
+                              "relevance": {k: np.asarray(v).tolist() for k, v in rel.items()},
+                              "metrics": results}, indent=1))
+    for p in written + [js]:
+        print(f"wrote {p}")
+    print(f"report: {report}")
+    return 0
+
+
+__all__ = ["add_parser", "run", "load_tokenizer"]
