@@ -103,10 +103,17 @@ def channel_maps(op, channels, absolute: bool = False, normalize=None):
     """Dense maps of selected channels/heads: ``(B, C', L, L)`` float32, optionally ``|H|``
     and min-max normalised per ``(b, c)``."""
     check_normalize(normalize)
-    H = op.materialize(channels)
+    return _channel_maps(op, channel_tuple(channels, op.shape[1]), absolute, normalize)
+
+
+def _channel_maps_impl(op, channels, absolute, normalize):
+    H = op.materialize(None if channels is None else list(channels))
     if absolute:
         H = jnp.abs(H)
     return minmax_normalize(H) if normalize == "minmax" else H
+
+
+_channel_maps = jax.jit(_channel_maps_impl, static_argnums=(1, 2, 3))
 
 
 def iter_operators(model, ids, layers=None, variant: str = "full") -> Iterator[tuple[int, object]]:
