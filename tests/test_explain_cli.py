@@ -1,0 +1,89 @@
+"""``implicit-attn explain`` end to end on a small saved checkpoint with a tokenizer.json."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import jax
+import numpy as np
+import pytest
+
+import implicit_attn as ia
+from implicit_attn.cli import main
+from implicit_attn.explain import activation, explain
+from implicit_attn.explain import cli as explain_cli
+from implicit_attn.models import mamba
+
+WORDS = ["[UNK]", "the", "cat", "sat", "on", "mat", "<script>", "a&b", "dog", "ran"]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    root = tmp_path_factory.mktemp("explain_cli")
+    cfg = mamba.Config(vocab_size=len(WORDS) + 6, hidden_size=8, state_size=4, num_hidden_layers=2)
+    model = mamba.LM(cfg, mamba.init_params(cfg, jax.random.PRNGKey(2)))
+    ia.save(model, root / "with_tok")
+    ia.save(model, root / "no_tok")
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(root / "with_tok" / "tokenizer.json"))
+    return root, model
+
+
+def test_parser_options():
+    p = argparse.ArgumentParser()
+    explain_cli.add_parser(p.add_subparsers(dest="command"))
+    a = p.parse_args(["explain", "ck", "--ids", "1,2", "--method", "attribution", "--variant", "s6_only",
+                      "--layers", "0,1", "--query", "-2", "--out", "o"])
+    assert (a.ckpt, a.method, a.variant, a.layers, a.query, a.out) == ("ck", "attribution", "s6_only", "0,1", -2, "o")
+    assert a.func is explain_cli.run
+    with pytest.raises(SystemExit):  # --text and --ids are exclusive
+        p.parse_args(["explain", "ck", "--ids", "1", "--text", "x"])
+
+
+def test_explain_cli_text_with_tokenizer(ckpt, capsys):
+    root, model = ckpt
+    out = root / "out_text"
+    text = "the cat <script> sat on the a&b mat"
+    assert main(["explain", str(root / "with_tok"), "--text", text, "--method", "all", "--out", str(out)]) == 0
+    cap = capsys.readouterr()
+    assert "report:" in cap.out and str(out / "report.html") in cap.out
+    assert "layer" in cap.err and "2/2" in cap.err  # the progress bar over layers
+    res = json.loads((out / "relevance.json").read_text())
+    assert res["tokens"] == text.split()
+    ids = np.array([[WORDS.index(w) for w in text.split()]])
+    assert res["ids"] == ids[0].tolist()
+    for m in ("raw", "rollout", "attribution", "contributions"):
+        ref = explain(model, ids, m).relevance[0]
+        np.testing.assert_allclose(res["relevance"][m], ref, rtol=1e-5, atol=1e-7)
+        assert (out / f"{m}_layers.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "relevance.png").exists() and (out / "rollout_matrix.png").exists()
+    html = (out / "report.html").read_text()
+    assert "&lt;script&gt;" in html and "<script>" not in html and "a&amp;b" in html
+    assert html.count("data:image/png;base64,") == 8  # strip, 4 layer grids, 3 matrices
+
+
+def test_explain_cli_ids_and_errors(ckpt, capsys):
+    root, model = ckpt
+    out = root / "out_ids"
+    assert main(["explain", str(root / "no_tok"), "--ids", "1 2 3 4 5", "--method", "rollout",
+                 "--variant", "s6_only", "--layers", "1", "--query", "3", "--metrics", "--out", str(out)]) == 0
+    res = json.loads((out / "relevance.json").read_text())
+    assert res["tokens"] == ["1", "2", "3", "4", "5"] and res["query"] == 3
+    ids = np.array([[1, 2, 3, 4, 5]])
+    ref = explain(model, ids, "rollout", variant="s6_only", layers=[1], query=3)
+    np.testing.assert_allclose(res["relevance"]["rollout"], ref.relevance[0], rtol=1e-5, atol=1e-7)
+    assert set(res["metrics"]["rollout"]) == {"auac", "au_mse", "positive_auc", "negative_auc",
+                                              "comprehensiveness", "sufficiency"}
+    np.testing.assert_allclose(res["metrics"]["rollout"]["auac"],
+                               activation(model, ids, ref.relevance, query=3).mean_area, rtol=1e-6)
+    assert "faithfulness" in (out / "report.html").read_text().lower()
+    capsys.readouterr()
+    assert main(["explain", str(root / "no_tok"), "--text", "the cat", "--out", str(out)]) == 2
+    assert "tokenizer.json" in capsys.readouterr().err
+    assert main(["explain", str(root / "no_tok"), "--ids", "1,99", "--out", str(out)]) == 2
+    assert "outside the vocabulary" in capsys.readouterr().err
+    assert main(["explain", str(root / "no_tok"), "--ids", "1,2", "--variant", "bad", "--out", str(out)]) == 2
+    assert "variant" in capsys.readouterr().err
