@@ -95,10 +95,10 @@ def test_rescaling_is_what_torch_does(pair, rng):
         assert np.abs(np.asarray(off(ids)) - ref).max() > 1e-2
 
 
-@pytest.mark.parametrize("L", [1, 13])
-def test_operator_is_exact(pair, rng, L):
+def test_operator_is_exact(pair, rng):
     tm, model, _ = pair
     cfg = model.config
+    L = 13
     ids = rng.integers(0, cfg.vocab_size, (2, L))
     _, io = torch_run(tm, ids)
     ops = model.operators(ids)
@@ -124,6 +124,22 @@ def test_operator_is_exact(pair, rng, L):
         # the operator's output through the (rescaled) output projection is torch's block output
         wo = np.asarray(model.layers[i].attention.arrays()["output.weight"]) / cfg.rescale(i)
         np.testing.assert_allclose(np.einsum("bcl,dc->bld", out, wo), io[i]["att"][1], atol=2e-5)
+
+
+def test_operator_single_token(one, rng):
+    """L = 1, batch 2: H = sigmoid(r_0) (the softmax of one entry is 1), values = v."""
+    _, model, _ = one
+    att = model.layers[0].attention
+    x = jnp.asarray(rng.normal(size=(2, 1, model.config.hidden_size)), jnp.float32)
+    q = rwkv.time_mix_parts(att.arrays(), x, model.config)
+    for variant, want in [("full", jax.nn.sigmoid(q["r"])), ("no_gate", jnp.ones_like(q["r"]))]:
+        op = att.as_operator(x, variant)
+        H = np.asarray(op.materialize())
+        assert H.shape == (2, model.config.attention_hidden_size, 1, 1)
+        np.testing.assert_allclose(H[..., 0, 0], np.swapaxes(np.asarray(want), 1, 2)[..., 0], rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(op.values), np.swapaxes(np.asarray(q["v"]), 1, 2), rtol=1e-6)
+        if variant == "full":
+            assert op.relative_error() <= 1e-6
 
 
 def float64_rows(k, w, u):
@@ -266,8 +282,14 @@ def test_tapped_logits_give_gradients(one, rng):
     ids = rng.integers(0, model.config.vocab_size, (2, 13))
     A = model.config.attention_hidden_size
     taps = {1: jnp.zeros((2, A, 13))}
-    np.testing.assert_allclose(model.tapped_logits(ids, taps), model(ids), atol=1e-6)
-    g = jax.grad(lambda t: model.tapped_logits(ids, t)[0, 3, 0])(taps)[1]
+
+    def target(t):
+        logits = model.tapped_logits(ids, t)
+        return logits[0, 3, 0], logits
+
+    (_, logits), g = jax.jit(jax.value_and_grad(target, has_aux=True))(taps)
+    np.testing.assert_allclose(logits, model(ids), atol=1e-6)
+    g = g[1]
     assert g.shape == (2, A, 13) and float(jnp.abs(g[1]).max()) == 0
     assert float(jnp.abs(g[:, :, 3]).max()) > 0
     assert float(jnp.abs(g[:, :, 4:]).max()) == 0  # causal

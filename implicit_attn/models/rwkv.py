@@ -22,6 +22,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from ..operator import ImplicitOperator, _dataclass_pytree
@@ -323,17 +324,25 @@ _channel_mix_forward = jax.jit(channel_mix_forward, static_argnames=("cfg",))
 
 def init_params(cfg: Config, key, dtype=jnp.float32) -> dict:
     """Random parameters in the layout of ``LM`` (roughly HF's scales, decays spread
-    over fast and slow channels). For demos, benchmarks and torch-free tests."""
+    over fast and slow channels). For demos, benchmarks and torch-free tests.
+
+    ``key``: a JAX PRNG key or an int seed (drawn with numpy: no per-shape compiles).
+    """
+    if isinstance(key, (int, np.integer)):
+        seed = int(key)
+    else:
+        seed = int(np.asarray(jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+                              else key).astype(np.uint64).sum())
+    g = np.random.default_rng(seed)
     D, A, F, V = cfg.hidden_size, cfg.attention_hidden_size, cfg.intermediate_size, cfg.vocab_size
-    keys = iter(jax.random.split(key, 32 * cfg.num_hidden_layers + 8))
-    nrm = lambda shape, s: (s * jax.random.normal(next(keys), shape)).astype(dtype)
-    uni = lambda shape: jax.random.uniform(next(keys), shape).astype(dtype)
-    ln = lambda: {"weight": (1 + 0.1 * jax.random.normal(next(keys), (D,))).astype(dtype),
-                  "bias": nrm((D,), 0.1)}
+    cast = lambda a: jnp.asarray(np.asarray(a, np.float32), dtype)
+    nrm = lambda shape, s: cast(s * g.standard_normal(shape))
+    uni = lambda shape: cast(g.uniform(size=shape))
+    ln = lambda: {"weight": cast(1 + 0.1 * g.standard_normal(D)), "bias": nrm((D,), 0.1)}
     layers = []
     for i in range(cfg.num_hidden_layers):
-        att = {"time_decay": (jnp.linspace(-5.0, 3.0, A) + 0.1 * jax.random.normal(next(keys), (A,))).astype(dtype),
-               "time_first": (jnp.log(0.3) + nrm((A,), 0.5)).astype(dtype),
+        att = {"time_decay": cast(np.linspace(-5.0, 3.0, A) + 0.1 * g.standard_normal(A)),
+               "time_first": cast(np.log(0.3) + 0.5 * g.standard_normal(A)),
                "time_mix_key": uni((1, 1, D)), "time_mix_value": uni((1, 1, D)),
                "time_mix_receptance": uni((1, 1, D)),
                "key.weight": nrm((A, D), D ** -0.5), "value.weight": nrm((A, D), D ** -0.5),
