@@ -87,8 +87,8 @@ def perturbed_ids(ids, order, k, n, baseline_id: int, keep: bool) -> np.ndarray:
 
 
 class _Scorer:
-    """Batched model calls at the query position. Batches are padded to a power of two
-    (at most ``batch_size``) so that few shapes are compiled."""
+    """Batched model calls at the query position. Every batch is padded to exactly
+    ``batch_size`` rows so that a single input shape is compiled."""
 
     def __init__(self, model, q: int, batch_size: int):
         if batch_size < 1:
@@ -101,9 +101,8 @@ class _Scorer:
         for s in range(0, ids.shape[0], self.bs):
             chunk = ids[s:s + self.bs]
             m = chunk.shape[0]
-            size = min(self.bs, 1 << (m - 1).bit_length())
-            if size > m:
-                chunk = np.concatenate([chunk, np.repeat(chunk[-1:], size - m, 0)])
+            if m < self.bs:
+                chunk = np.concatenate([chunk, np.repeat(chunk[-1:], self.bs - m, 0)])
             out.append(np.asarray(self.model(chunk)[:, self.q], np.float64)[:m])
         return np.concatenate(out)
 
@@ -154,7 +153,7 @@ def _check_baseline(model, baseline_id):
 
 def perturbation_curve(model, ids, relevance, fractions, *, most_relevant_first: bool, keep: bool,
                        query: int = -1, target=None, baseline_id: int = 0, order_by: str = "value",
-                       score: str = "prob", candidates=None, batch_size: int = 32, name: str = "curve",
+                       score: str = "prob", candidates=None, batch_size: int = 16, name: str = "curve",
                        mse: bool = False) -> Curve:
     """The generic curve behind every metric (see module doc).
 
