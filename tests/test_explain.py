@@ -164,6 +164,9 @@ def test_operator_map_matches_float64_reductions(mm_ops, mm_dense):
     hi = np.array([x[tri].max() for x in m])[:, None, None]
     np.testing.assert_allclose(operator_map(op, "abs_mean", normalize="minmax"),
                                np.where(tri, (m - lo) / (hi - lo), 0), rtol=1e-5, atol=1e-6)
+    # inside a user's jit as well
+    jm = jax.jit(lambda o: operator_map(o, "abs_mean", channels=[0, 5, 15]))(op)
+    np.testing.assert_allclose(jm, np.abs(H[:, sel]).mean(1), rtol=1e-5, atol=1e-6)
     cm = np.asarray(channel_maps(op, [2, 3], absolute=True, normalize="minmax"))
     assert cm.shape == (2, 2, 7, 7) and cm.min() == 0 and np.allclose(cm.max(axis=(2, 3)), 1)
 
