@@ -417,6 +417,13 @@ def test_curves_endpoints_and_areas(toy):
     x = ids.copy()
     x[0, top] = 0
     np.testing.assert_allclose(c.values[0, 0], np.asarray(model(x)[0, 4, 2]), rtol=1e-6)
+    cand = np.ones(L_TOY, bool)
+    cand[top] = False  # a protected position is never perturbed: the next most relevant goes
+    c = positive_perturbation(model, ids, rel, query=4, score="logit", fractions=[0.2], candidates=cand)
+    nxt = [j for j in np.argsort(-rel[0, :5], kind="stable") if j != top][0]
+    x = ids.copy()
+    x[0, nxt] = 0
+    np.testing.assert_allclose(c.values[0, 0], np.asarray(model(x)[0, 4, 2]), rtol=1e-6)
     comp = comprehensiveness(model, ids, rel, bins=(0.5,), score="logit")
     x = ids.copy()
     x[0, np.argsort(-rel[0], kind="stable")[:4]] = 0
@@ -474,6 +481,10 @@ def test_bad_inputs(mm, mm_ops, toy):
         explain(model, ids, query=7)
     with pytest.raises(ValueError, match="vocabulary"):
         explain(model, ids, target=32)
+    with pytest.raises(ValueError, match="one per example"):
+        explain(model, ids, target=[1, 2, 3])
+    with pytest.raises(ValueError, match="one per example"):
+        explain(model, ids, target=2.5)
     with pytest.raises(ValueError, match="start_layer"):
         explain(model, ids, start_layer=2)
     with pytest.raises(ValueError, match="exclude position"):
@@ -495,5 +506,7 @@ def test_bad_inputs(mm, mm_ops, toy):
         pruning(tm, tids, rho[-1], baseline_id=6)
     with pytest.raises(ValueError, match="fractions"):
         activation(tm, tids, rho[-1], fractions=[0.5, 1.5])
+    with pytest.raises(ValueError, match="candidates"):
+        activation(tm, tids, rho[-1], candidates=[1, 0])
     with pytest.raises(ValueError, match="order_by"):
         activation(tm, tids, rho[-1], order_by="rank")

@@ -178,9 +178,10 @@ def resolve_target(model, ids, query: int, target=None, logits=None) -> np.ndarr
     if target is None:
         lg = model(ids) if logits is None else logits
         return np.asarray(jnp.argmax(lg[:, query], axis=-1)).astype(np.int64)
-    t = np.broadcast_to(np.asarray(target), (B,)).astype(np.int64) if np.ndim(target) <= 1 else None
-    if t is None or t.shape != (B,):
-        raise ValueError(f"target must be an int or {B} ints, got {target!r}")
+    t = np.asarray(target)
+    if t.ndim > 1 or t.size not in (1, B) or t.dtype == object or not np.issubdtype(t.dtype, np.integer):
+        raise ValueError(f"target must be an int or {B} ints (one per example), got {target!r}")
+    t = np.broadcast_to(t.reshape(-1), (B,)).astype(np.int64)
     if t.min() < 0 or t.max() >= V:
         raise ValueError(f"target token {int(t.max() if t.max() >= V else t.min())} is outside "
                          f"the vocabulary [0, {V})")

@@ -133,9 +133,10 @@ def _setup(model, ids, relevance, query, target, candidates):
         raise ValueError(f"relevance must have shape {(B, L)} like ids, got {rel.shape}")
     cand = np.arange(L)[None, :] <= q
     if candidates is not None:
-        c = np.broadcast_to(np.asarray(candidates, bool), (B, L)) if np.ndim(candidates) in (1, 2) else None
-        if c is None:
-            raise ValueError("candidates must be a (L,) or (B, L) boolean mask")
+        c = np.asarray(candidates)
+        if c.dtype != bool or c.shape not in ((L,), (B, L)):
+            raise ValueError(f"candidates must be a boolean mask of shape ({L},) or ({B}, {L}), "
+                             f"got {c.dtype} {c.shape}")
         cand = cand & c
     cand = np.broadcast_to(cand, (B, L))
     n = cand.sum(axis=1)
