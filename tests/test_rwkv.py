@@ -1,7 +1,6 @@
 """RWKV-4: logits and per-block parity with HF torch in eval mode (rescale_every active),
 exactness of the time-mix operator, float64 references, stability at L = 8192 with
 large keys, converter checks and bad input."""
-import json
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +25,7 @@ CONFIGS = {
 def pair(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     tm = rwkv_hf(path, **CONFIGS[request.param])
-    return tm, ia.load(path), path
+    return tm, ia.load(path), path, request.param
 
 
 @pytest.fixture(scope="module")
@@ -56,16 +55,15 @@ def torch_run(tm, ids):
     return logits, io
 
 
-@pytest.mark.parametrize("L", [1, 13])
-def test_logits_and_blocks_match_torch(pair, rng, L):
-    tm, model, _ = pair
-    ids = rng.integers(0, model.config.vocab_size, (2, L))
-    ref, io = torch_run(tm, ids)
-    logits = np.asarray(model(ids))
-    assert logits.shape == ref.shape and logits.dtype == np.float32
-    assert np.abs(logits - ref).max() <= 1e-4, np.abs(logits - ref).max()
-    if L == 1:
-        return  # per-block checks once per config (compile time)
+def test_logits_and_blocks_match_torch(pair, rng):
+    tm, model, _, name = pair
+    # L = 1 on one configuration only (each length is a new compilation)
+    for L in ([1, 13] if name == "untied_R2" else [13]):
+        ids = rng.integers(0, model.config.vocab_size, (2, L))
+        ref, io = torch_run(tm, ids)
+        logits = np.asarray(model(ids))
+        assert logits.shape == ref.shape and logits.dtype == np.float32
+        assert np.abs(logits - ref).max() <= 1e-4, (L, np.abs(logits - ref).max())
     xs = model.mixer_inputs(ids)
     for i, layer in enumerate(model.layers):
         ain, aout = io[i]["att"]
@@ -80,7 +78,7 @@ def test_rescaling_is_what_torch_does(pair, rng):
     large LayerNorm eps it changes the logits too: the parity test above can fail."""
     import dataclasses
 
-    tm, model, _ = pair
+    tm, model, _, _ = pair
     cfg = model.config
     ids = rng.integers(0, cfg.vocab_size, (1, 13))
     ref, io = torch_run(tm, ids)
@@ -96,7 +94,7 @@ def test_rescaling_is_what_torch_does(pair, rng):
 
 
 def test_operator_is_exact(pair, rng):
-    tm, model, _ = pair
+    tm, model, _, _ = pair
     cfg = model.config
     L = 13
     ids = rng.integers(0, cfg.vocab_size, (2, L))
@@ -278,7 +276,7 @@ def test_jit_vmap_grad(one, rng):
 
 
 def test_tapped_logits_give_gradients(one, rng):
-    _, model, _ = one
+    tm, model, _ = one
     ids = rng.integers(0, model.config.vocab_size, (2, 13))
     A = model.config.attention_hidden_size
     taps = {1: jnp.zeros((2, A, 13))}
@@ -288,7 +286,7 @@ def test_tapped_logits_give_gradients(one, rng):
         return logits[0, 3, 0], logits
 
     (_, logits), g = jax.jit(jax.value_and_grad(target, has_aux=True))(taps)
-    np.testing.assert_allclose(logits, model(ids), atol=1e-6)
+    np.testing.assert_allclose(logits, torch_run(tm, ids)[0], atol=1e-4)  # zero taps: same logits
     g = g[1]
     assert g.shape == (2, A, 13) and float(jnp.abs(g[1]).max()) == 0
     assert float(jnp.abs(g[:, :, 3]).max()) > 0
