@@ -499,7 +499,13 @@ _mixer_forward = jax.jit(mixer_forward, static_argnames=("cfg",))
 
 
 def init_params(cfg: Config, key, dtype=jnp.float32) -> dict:
-    """Random parameters in the layout of ``LM`` (HF-like initialisation scales)."""
+    """Random parameters in the layout of ``LM`` (HF-like initialisation scales).
+
+    Compiled as one program (eager random ops would compile one by one)."""
+    return _init_params(cfg, key, jnp.dtype(dtype))
+
+
+def _init_params_impl(cfg: Config, key, dtype) -> dict:
     D, H, K = cfg.hidden_size, cfg.num_heads, cfg.conv_kernel
     keys = iter(jax.random.split(key, 10 * cfg.num_hidden_layers + 4))
     nrm = lambda shape, s: (s * jax.random.normal(next(keys), shape)).astype(dtype)
@@ -526,6 +532,9 @@ def init_params(cfg: Config, key, dtype=jnp.float32) -> dict:
     if not cfg.tie_word_embeddings:
         params["lm_head"] = nrm((cfg.vocab_size, D), D ** -0.5)
     return params
+
+
+_init_params = jax.jit(_init_params_impl, static_argnums=(0, 2))
 
 
 # ----------------------------------------------------------------------------- modules
