@@ -174,6 +174,11 @@ def test_layer_types_follow_block_types(pair):
     ours = [l.temporal_block.kind for l in model.layers]
     assert ours == ["recurrent" if k.endswith("RecurrentBlock") else "attention" for k in kinds]
     assert set(ours) == {"recurrent", "attention"}
+    # the embedding scale is sqrt(hidden_size) rounded to bfloat16, as torch's buffer
+    assert float(griffin.embed_scale(model.config, jnp.float32)) == float(tm.model.normalizer.float())
+    big = griffin.Config(vocab_size=8, hidden_size=2560, intermediate_size=8, num_hidden_layers=1,
+                         num_attention_heads=10)
+    assert float(griffin.embed_scale(big, jnp.float32)) == 50.5  # sqrt(2560) = 50.596...
 
 
 # ----------------------------------------------------------------------------- operators
