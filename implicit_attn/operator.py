@@ -122,12 +122,29 @@ class ScalarDecayCore:
                          _take(self.diag, idx), _take(self.conv_w, idx, 0))
 
 
-def _check_impl(impl: str) -> str:
+def _check_impl(impl: str, core=None) -> str:
+    """Resolve ``impl``: "auto" is "pallas" on GPU/TPU (for cores with a kernel), else "xla".
+    "pallas" for a core without a kernel raises ``TypeError`` naming the core."""
     if impl not in _IMPLS:
         raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
+    if impl == "xla":
+        return "xla"
+    from . import kernels  # lazily: kernels import the family cores, which import this module
+
     if impl == "pallas":
-        raise ValueError("impl='pallas' is not available in this version; use impl='xla'")
-    return "xla"
+        if core is not None:
+            kernels.check_core(core)
+        return "pallas"
+    return "pallas" if kernels.on_accelerator() and core is not None and kernels.has_kernel(core) else "xla"
+
+
+def _dense_fn(core, impl: str):
+    """``idx -> (B, len(idx), L, L)`` for the resolved ``impl``."""
+    if impl == "pallas":
+        from . import kernels
+
+        return lambda idx: kernels.pallas_dense(core, idx)
+    return core.dense
 
 
 def _channel_index(channels, C: int):
@@ -205,13 +222,13 @@ class ImplicitOperator:
         Returns:
           ``(B, C', L, L)`` float32, ``H[b, c, i, j]`` = weight of value ``j`` in output ``i``.
         """
-        _check_impl(impl)
+        dense = _dense_fn(self.core, _check_impl(impl, self.core))
         B, C, L, _ = self.shape
         idx = _channel_index(channels, C)
         n = idx.shape[0]
         bc = _block_size(n, B, L, block_channels)
         if bc >= n:
-            return self.core.dense(jnp.asarray(idx))
+            return dense(jnp.asarray(idx))
         nb = -(-n // bc)
         idx = jnp.asarray(idx)
         # The last block is shifted back to end at n (it recomputes a few channels)
@@ -220,7 +237,7 @@ class ImplicitOperator:
 
         def body(k, out):
             s = starts[k]
-            block = self.core.dense(jax.lax.dynamic_slice_in_dim(idx, s, bc))
+            block = dense(jax.lax.dynamic_slice_in_dim(idx, s, bc))
             return jax.lax.dynamic_update_slice_in_dim(out, block, s, axis=1)
 
         return jax.lax.fori_loop(0, nb, body, jnp.zeros((B, n, L, L), jnp.float32))
@@ -240,7 +257,7 @@ class ImplicitOperator:
         Returns:
           ``(B, L, L)`` float32.
         """
-        _check_impl(impl)
+        impl = _check_impl(impl, self.core)
         if how not in _REDUCTIONS:
             raise ValueError(f"how must be one of {_REDUCTIONS}, got {how!r}")
         if how == "weighted" and weights is None:
@@ -257,6 +274,11 @@ class ImplicitOperator:
         else:
             qw = jnp.full((B, n, L), 1.0 / n, jnp.float32)
             kw = jnp.ones((B, n, L), jnp.float32)
+        if impl == "pallas":
+            from . import kernels
+
+            # One fused kernel over all selected channels: only (B, L, L) is written.
+            return kernels.pallas_reduce(self.core, idx, how, qw, kw)
         bc = _block_size(n, B, L, block_channels)
         nb = -(-n // bc)
         pad = nb * bc - n
