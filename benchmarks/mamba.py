@@ -11,10 +11,9 @@ N 16, 24 layers; small vocabulary), every case in a fresh process:
 from __future__ import annotations
 
 import argparse
-import tempfile
-from pathlib import Path
 
 from benchmarks.common import isolated, peak_mb_of, timeit, write_results
+from benchmarks.forward import forward_row
 
 SHAPE = dict(vocab_size=1024, hidden_size=768, state_size=16, num_hidden_layers=24, conv_kernel=4)
 QUICK = dict(vocab_size=256, hidden_size=128, state_size=16, num_hidden_layers=2, conv_kernel=4)
@@ -28,49 +27,6 @@ def _model(shape: dict, layers: int | None = None, seed: int = 0):
     shape = dict(shape, num_hidden_layers=layers or shape["num_hidden_layers"])
     cfg = mamba.Config(**shape)
     return mamba.LM(cfg, mamba.init_params(cfg, jax.random.PRNGKey(seed)))
-
-
-def write_checkpoint(path: str, shape: dict) -> str:
-    import implicit_attn as ia
-
-    ia.save(_model(shape), path)
-    return path
-
-
-def case_forward_jax(ckpt: str, L: int) -> dict:
-    import numpy as np
-
-    import implicit_attn as ia
-
-    model = ia.load(ckpt)
-    ids = np.random.default_rng(0).integers(0, model.config.vocab_size, (1, L))
-    t = timeit(lambda: model(ids), repeat=3)
-    return {"seconds": t, "tokens_per_s": L / t}
-
-
-def case_forward_torch(ckpt: str, L: int) -> dict:
-    import numpy as np
-    import torch
-    import transformers
-
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    model = transformers.MambaForCausalLM.from_pretrained(ckpt).eval()
-    ids = torch.tensor(np.random.default_rng(0).integers(0, model.config.vocab_size, (1, L)))
-
-    def run():
-        with torch.no_grad():
-            return model(ids).logits
-
-    run()
-    import time
-
-    ts = []
-    for _ in range(2):
-        t = time.perf_counter()
-        run()
-        ts.append(time.perf_counter() - t)
-    t = min(ts)
-    return {"seconds": t, "tokens_per_s": L / t}
 
 
 def _layer_operator(shape: dict, L: int):
@@ -133,14 +89,8 @@ def main(quick: bool = False) -> list[dict]:
     shape = QUICK if quick else SHAPE
     L_fwd, L_mat, L_red = (128, 128, 512) if quick else (512, 512, 4096)
     rows = []
-    with tempfile.TemporaryDirectory() as d:
-        ckpt = isolated("benchmarks.mamba:write_checkpoint", path=str(Path(d) / "m"), shape=shape)
-        jx = isolated("benchmarks.mamba:case_forward_jax", ckpt=ckpt, L=L_fwd)
-        th = isolated("benchmarks.mamba:case_forward_torch", ckpt=ckpt, L=L_fwd)
-    rows.append({"case": f"forward, {shape['num_hidden_layers']} layers, L={L_fwd}", "ours_s": jx["seconds"],
-                 "baseline": "HF torch (CPU)", "baseline_s": th["seconds"],
-                 "speedup": th["seconds"] / jx["seconds"], "target": ">= 3x",
-                 "note": f"{jx['tokens_per_s']:.0f} vs {th['tokens_per_s']:.0f} tokens/s"})
+    fwd = forward_row("mamba", L_fwd, quick)  # the same row as benchmarks.forward
+    rows.append(dict(fwd, target=">= 3x"))
     ours = isolated("benchmarks.mamba:case_materialize", shape=shape, L=L_mat, impl="ours")
     dense = isolated("benchmarks.mamba:case_materialize", shape=shape, L=L_mat, impl="dense")
     agree = abs(ours["checksum"] - dense["checksum"]) <= 1e-4 * abs(dense["checksum"])

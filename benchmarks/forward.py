@@ -1,0 +1,133 @@
+"""Full-model forward of every family, ours (jit) vs the Hugging Face torch model on the
+same random weights, each side in a fresh process; logits parity is checked on the way.
+
+Shapes are the published small checkpoints' widths and depths with a small vocabulary
+(the embedding and head are not what is measured): mamba-130m, mamba2-130m, rwkv-430m,
+and for RecurrentGemma a 768-wide, 12-layer model (recurrentgemma-2b's 2.7 B parameters
+in float32, twice, do not fit a 2-core benchmark run alongside anything else).
+
+    python -m benchmarks.forward [--quick] [--only mamba,rwkv]
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import isolated, timeit, write_results
+
+# family -> (our module, HF class, full shape, quick shape)
+FAMILIES = {
+    "mamba": ("mamba", "MambaForCausalLM",
+              dict(vocab_size=1024, hidden_size=768, state_size=16, num_hidden_layers=24, conv_kernel=4),
+              dict(vocab_size=256, hidden_size=128, state_size=16, num_hidden_layers=2, conv_kernel=4)),
+    "mamba2": ("mamba2", "Mamba2ForCausalLM",
+               dict(vocab_size=1024, hidden_size=768, num_heads=24, head_dim=64, state_size=128, n_groups=1,
+                    num_hidden_layers=24, conv_kernel=4, expand=2, chunk_size=256),
+               dict(vocab_size=256, hidden_size=64, num_heads=4, head_dim=32, state_size=32, n_groups=1,
+                    num_hidden_layers=2, conv_kernel=4, expand=2, chunk_size=64)),
+    "griffin": ("griffin", "RecurrentGemmaForCausalLM",
+                dict(vocab_size=1024, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+                     num_attention_heads=8, num_key_value_heads=1, lru_width=768, attention_window_size=2048),
+                dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                     num_attention_heads=4, num_key_value_heads=1, lru_width=64, attention_window_size=64)),
+    "rwkv": ("rwkv", "RwkvForCausalLM",
+             dict(vocab_size=1024, hidden_size=1024, attention_hidden_size=1024, intermediate_size=4096,
+                  num_hidden_layers=24, rescale_every=6),
+             dict(vocab_size=256, hidden_size=64, attention_hidden_size=64, intermediate_size=256,
+                  num_hidden_layers=2, rescale_every=6)),
+}
+
+
+def _ids(vocab: int, L: int):
+    import numpy as np
+
+    return np.random.default_rng(0).integers(0, vocab, (1, L))
+
+
+def write_checkpoint(family: str, path: str, quick: bool) -> dict:
+    """A random model of the family's benchmark shape, saved in HF layout with our writer."""
+    import importlib
+
+    import jax
+
+    import implicit_attn as ia
+
+    name, _, full, small = FAMILIES[family]
+    mod = importlib.import_module(f"implicit_attn.models.{name}")
+    cfg = mod.Config(**(small if quick else full))
+    model = mod.LM(cfg, mod.init_params(cfg, jax.random.PRNGKey(0)))
+    ia.save(model, path)
+    n = sum(x.size for x in jax.tree.leaves(model.params()))
+    return {"path": path, "params": int(n)}
+
+
+def case_jax(ckpt: str, L: int, out: str) -> dict:
+    import numpy as np
+
+    import implicit_attn as ia
+
+    model = ia.load(ckpt)
+    ids = _ids(model.config.vocab_size, L)
+    t = timeit(lambda: model(ids), repeat=3)
+    np.save(out, np.asarray(model(ids))[0, -8:])  # the last rows, for the parity check
+    return {"seconds": t}
+
+
+def case_torch(family: str, ckpt: str, L: int, out: str) -> dict:
+    import numpy as np
+    import torch
+    import transformers
+
+    cls = getattr(transformers, FAMILIES[family][1])
+    model = cls.from_pretrained(ckpt, torch_dtype=torch.float32).eval()
+    ids = torch.tensor(_ids(model.config.vocab_size, L))
+
+    def run():
+        with torch.no_grad():
+            return model(ids).logits
+
+    run()  # warm-up (RWKV rescales its weights here in eval mode)
+    ts = []
+    for _ in range(2):
+        t = time.perf_counter()
+        logits = run()
+        ts.append(time.perf_counter() - t)
+    np.save(out, logits[0, -8:].float().numpy())
+    return {"seconds": min(ts), "threads": torch.get_num_threads()}
+
+
+def forward_row(family: str, L: int, quick: bool = False) -> dict:
+    """One table row: ours vs torch for ``family`` at length ``L`` (fresh processes)."""
+    import numpy as np
+
+    with tempfile.TemporaryDirectory() as d:
+        ck = isolated("benchmarks.forward:write_checkpoint", family=family, path=str(Path(d) / "m"), quick=quick)
+        jx = isolated("benchmarks.forward:case_jax", ckpt=ck["path"], L=L, out=str(Path(d) / "j.npy"))
+        th = isolated("benchmarks.forward:case_torch", family=family, ckpt=ck["path"], L=L,
+                      out=str(Path(d) / "t.npy"), timeout=3600)
+        a, b = np.load(Path(d) / "j.npy"), np.load(Path(d) / "t.npy")
+    err = float(np.max(np.abs(a - b)))
+    _, hf, full, small = FAMILIES[family]
+    layers = (small if quick else full)["num_hidden_layers"]
+    return {"case": f"{family} forward, {layers} layers, {ck['params'] / 1e6:.3g}M params, L={L}",
+            "ours_s": jx["seconds"], "baseline": f"HF {hf} (torch CPU, {th['threads']} threads)",
+            "baseline_s": th["seconds"], "speedup": th["seconds"] / jx["seconds"],
+            "note": f"{L / jx['seconds']:.0f} vs {L / th['seconds']:.0f} tokens/s; max abs logits diff {err:.1e}"}
+
+
+def main(quick: bool = False, only=None) -> list[dict]:
+    L = 128 if quick else 512
+    rows = [forward_row(f, L, quick) for f in (only or FAMILIES)]
+    write_results("forward_quick" if quick else "forward", rows,
+                  columns=["case", "ours_s", "baseline", "baseline_s", "speedup", "note"])
+    return rows
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", default="", help="comma-separated families")
+    a = ap.parse_args()
+    main(a.quick, [s for s in a.only.split(",") if s] or None)
