@@ -11,9 +11,19 @@ For an operator with channels (heads, for attention layers) ``c`` and dense ``H[
 
 The channel summaries go through ``op.reduce`` (blocked over channels, ``O(B L^2)``
 memory), so all channels of a real layer fit at lengths where ``(B, C, L, L)`` cannot.
+
+Heads (``heads=``): for attention operators the channels are the heads; for Mamba-2 head
+``h`` owns the ``P = C / num_heads`` channels ``h P .. h P + P - 1`` (they share
+``alpha_h``), so selecting heads selects those channels. Families without heads
+(Mamba-1, RWKV-4, Griffin's recurrent blocks) raise a ``ValueError``.
+
+Packed documents (``segment_pos``, Griffin / RecurrentGemma only): ``(B, L)`` positions
+restarting at 0 at every document start; operators are then masked between documents.
+Families that do not take positions raise a ``ValueError`` when it is given.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Iterator
 
 import jax
@@ -59,7 +69,7 @@ def minmax_normalize(m, causal: bool = True):
     return jnp.where(mask, out, 0.0)
 
 
-def operator_map(op, how: str = "mean", channels=None, normalize=None, block_channels=None):
+def operator_map(op, how: str = "mean", channels=None, normalize=None, block_channels=None, heads=None):
     """Channel summary of one operator (``ImplicitOperator`` or attention operator).
 
     Args:
@@ -68,12 +78,79 @@ def operator_map(op, how: str = "mean", channels=None, normalize=None, block_cha
       channels: None (all), an int, a slice or a list of channel/head indices.
       normalize: None or ``"minmax"`` (per map, over the causal entries).
       block_channels: channels per step of ``reduce`` (memory bound).
+      heads: None, an int, a slice or a list of head indices (instead of ``channels``):
+        the mean runs over every channel of those heads (see module doc).
     Returns:
       ``(B, L, L)`` float32.
     """
     check_how(how)
     check_normalize(normalize)
-    return _operator_map(op, how, channel_tuple(channels, op.shape[1]), normalize, block_channels)
+    return _operator_map(op, how, select_channels(op, channels, heads), normalize, block_channels)
+
+
+def num_heads(op) -> int | None:
+    """Number of heads of an operator: attention heads (= channels), Mamba-2 heads, or
+    None for operators without heads."""
+    from ..attention_operator import AttentionOperator
+
+    if isinstance(op, AttentionOperator):
+        return op.shape[1]
+    h = getattr(op.core, "num_heads", None)
+    return None if h is None else int(h)
+
+
+def head_channels(op, heads) -> tuple[int, ...]:
+    """Channel indices of the selected heads (``heads``: an int, a slice or a list).
+
+    Attention operators: the heads themselves. Mamba-2: head ``h`` -> channels
+    ``h P .. h P + P - 1`` with ``P = C / num_heads``. Raises ``ValueError`` for operators
+    without heads and for heads out of range."""
+    H, hs = _head_tuple(op, heads)
+    C = op.shape[1]
+    if C % H:
+        raise ValueError(f"operator has {C} channels, not a multiple of its {H} heads")
+    P = C // H
+    return tuple(h * P + p for h in hs for p in range(P))
+
+
+def _head_tuple(op, heads):
+    """``(num_heads, tuple of head indices)``; clear errors for no heads / bad indices."""
+    H = num_heads(op)
+    if H is None:
+        raise ValueError(f"heads= needs an operator with heads (Mamba-2 mixers, attention layers); "
+                         f"this {type(op).__name__} with {type(op.core).__name__} has none: use channels=")
+    if heads is None:
+        return H, tuple(range(H))
+    try:
+        return H, channel_tuple(heads, H)
+    except ValueError as e:
+        raise ValueError(str(e).replace("channels", "heads")) from None
+
+
+def select_channels(op, channels=None, heads=None):
+    """``channels`` or the channels of ``heads`` (not both) as a hashable tuple, or None (all)."""
+    if heads is not None:
+        if channels is not None:
+            raise ValueError("give channels= or heads=, not both")
+        return head_channels(op, heads)
+    return channel_tuple(channels, op.shape[1])
+
+
+def head_maps(op, heads=None, how: str = "mean", normalize=None, block_channels=None):
+    """One map per head: ``(B, H', L, L)`` float32, map ``k`` = ``operator_map`` over the
+    channels of head ``heads[k]`` (all heads by default). For Mamba-2 with ``how="mean"``
+    this is ``op.head_matrices("mean", heads)``; for attention layers the probabilities."""
+    check_how(how)
+    check_normalize(normalize)
+    _, hs = _head_tuple(op, heads)
+    return _head_maps(op, how, tuple(head_channels(op, h) for h in hs), normalize, block_channels)
+
+
+def _head_maps_impl(op, how, groups, normalize, block_channels):
+    return jnp.stack([_operator_map_impl(op, how, g, normalize, block_channels) for g in groups], axis=1)
+
+
+_head_maps = jax.jit(_head_maps_impl, static_argnums=(1, 2, 3, 4))
 
 
 def channel_tuple(channels, C: int):
@@ -99,11 +176,12 @@ def _operator_map_impl(op, how, channels, normalize, block_channels):
 _operator_map = jax.jit(_operator_map_impl, static_argnums=(1, 2, 3, 4))
 
 
-def channel_maps(op, channels, absolute: bool = False, normalize=None):
+def channel_maps(op, channels=None, absolute: bool = False, normalize=None, heads=None):
     """Dense maps of selected channels/heads: ``(B, C', L, L)`` float32, optionally ``|H|``
-    and min-max normalised per ``(b, c)``."""
+    and min-max normalised per ``(b, c)``. ``heads=`` selects every channel of those heads
+    (Mamba-2: ``P`` channels per head, in head order)."""
     check_normalize(normalize)
-    return _channel_maps(op, channel_tuple(channels, op.shape[1]), absolute, normalize)
+    return _channel_maps(op, select_channels(op, channels, heads), absolute, normalize)
 
 
 def _channel_maps_impl(op, channels, absolute, normalize):
@@ -116,40 +194,76 @@ def _channel_maps_impl(op, channels, absolute, normalize):
 _channel_maps = jax.jit(_channel_maps_impl, static_argnums=(1, 2, 3))
 
 
-def iter_operators(model, ids, layers=None, variant: str = "full") -> Iterator[tuple[int, object]]:
+def takes_segment_pos(model) -> bool:
+    """Whether the model's forward pass takes document positions (``segment_pos``)."""
+    try:
+        return "segment_pos" in inspect.signature(type(model).__call__).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def model_kwargs(model, ids, segment_pos=None) -> dict:
+    """``{"segment_pos": (B, L) array}`` for the model calls, or ``{}`` when None.
+
+    ``ids`` is the ``(B, L)`` batch; a ``(L,)`` ``segment_pos`` is given a batch axis.
+    Raises ``ValueError`` for a family without documents or a shape unlike ``ids``
+    (the model itself checks the values: starts at 0, +1 or restart at 0)."""
+    if segment_pos is None:
+        return {}
+    if not takes_segment_pos(model):
+        fam = getattr(model, "family", type(model).__name__)
+        raise ValueError(f"segment_pos (packed documents) is only taken by Griffin / RecurrentGemma "
+                         f"models; this {fam!r} model does not take it")
+    pos = np.asarray(segment_pos)
+    shape = np.shape(ids)
+    if len(shape) == 1:
+        shape = (1,) + shape
+    if pos.ndim == 1 and shape[0] == 1:
+        pos = pos[None]
+    if pos.shape != tuple(shape):
+        raise ValueError(f"segment_pos must have the shape of ids {tuple(shape)}, got {pos.shape}")
+    return {"segment_pos": pos}
+
+
+def iter_operators(model, ids, layers=None, variant: str = "full",
+                   segment_pos=None) -> Iterator[tuple[int, object]]:
     """Yield ``(layer, operator)`` one layer at a time (so only one layer's factors are
     alive). Uses one forward pass for all mixer inputs when the model exposes
-    ``mixer_name`` (``model.layers[i].<mixer_name>.as_operator``), else ``model.operators``."""
+    ``mixer_name`` (``model.layers[i].<mixer_name>.as_operator``), else ``model.operators``.
+    ``segment_pos``: ``(B, L)`` document positions (Griffin only, see module doc)."""
     sel = check_layers(layers, len(model.layers))
+    kw = model_kwargs(model, ids, segment_pos)
     name = getattr(model, "mixer_name", None)
     if name is None or not hasattr(model, "mixer_inputs"):
         for l in sel:
-            yield l, model.operators(ids, [l], variant)[0]
+            yield l, model.operators(ids, [l], variant, **kw)[0]
         return
-    xs = model.mixer_inputs(ids, sel)
+    xs = model.mixer_inputs(ids, sel, **kw)
     for l in sel:
-        yield l, getattr(model.layers[l], name).as_operator(xs[l], variant)
+        yield l, getattr(model.layers[l], name).as_operator(xs[l], variant, **kw)
 
 
 def model_maps(model, ids, layers=None, variant: str = "full", how: str = "mean", channels=None,
-               normalize=None, progress=None):
+               normalize=None, progress=None, heads=None, segment_pos=None):
     """Per-layer maps of a model for ``ids (B, L)``.
 
     Args:
       model: a family ``LM`` (``layers``, ``operators``/``mixer_inputs``).
       layers: None (all) or a list of layer indices (order kept).
       variant: the family's operator variant (``"full"``, ``"s6_only"``, ...).
-      how, channels, normalize: as ``operator_map``.
+      how, channels, normalize, heads: as ``operator_map`` (``heads`` needs every selected
+        layer to have heads).
       progress: optional wrapper of the layer iterator (e.g. ``tqdm``).
+      segment_pos: optional ``(B, L)`` document positions (Griffin only).
     Returns:
       ``(n_layers, B, L, L)`` float32.
     """
     check_how(how)
     check_normalize(normalize)
-    it = iter_operators(model, ids, layers, variant)
+    it = iter_operators(model, ids, layers, variant, segment_pos)
     if progress is not None:
         it = progress(it)
-    return jnp.stack([operator_map(op, how, channels, normalize) for _, op in it])
+    return jnp.stack([operator_map(op, how, channels, normalize, heads=heads) for _, op in it])
 
 
 def position_mean(g):
@@ -163,5 +277,6 @@ def position_mean(g):
     raise ValueError(f"expected (B, C, L) or (B, H, L, d), got shape {g.shape}")
 
 
-__all__ = ["HOWS", "minmax_normalize", "operator_map", "channel_maps", "iter_operators", "model_maps",
-           "position_mean", "causal_mask"]
+__all__ = ["HOWS", "minmax_normalize", "operator_map", "channel_maps", "head_maps", "head_channels",
+           "num_heads", "select_channels", "iter_operators", "model_maps", "model_kwargs",
+           "takes_segment_pos", "position_mean", "causal_mask"]

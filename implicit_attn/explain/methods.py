@@ -24,7 +24,10 @@ contributions      R_l[i, j] = sum_c g_l[c, i] H_l[c, i, j] v_l[c, j],  g_l = d 
 ``y_l`` is the operator's ``output`` (the block's own token-mixing output); gradients come
 from ``model.tapped_logits(ids, taps)`` with zero taps. The target is ``logits[b, q, t_b]``
 with ``t_b`` the argmax at ``q`` unless given. Every method takes ``variant=`` (the
-operator ablations); gradients are always those of the real model.
+operator ablations); gradients are always those of the real model. ``heads=`` restricts the
+maps (and the contributions sum) to the channels of those heads (``maps.head_channels``);
+``segment_pos=`` explains packed documents (Griffin / RecurrentGemma only): every model
+call and operator then uses those positions, so nothing crosses a document start.
 """
 from __future__ import annotations
 
@@ -36,7 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..models.base import check_layers
-from .maps import channel_tuple, check_how, check_normalize, iter_operators, operator_map, position_mean
+from .maps import (check_how, check_normalize, iter_operators, model_kwargs, operator_map, position_mean,
+                   select_channels)
 
 METHODS = ("raw", "rollout", "attribution", "contributions")
 
@@ -116,13 +120,14 @@ def attribution_maps(maps, grad_means):
     return jnp.maximum(g[..., :, None] * maps, 0.0)
 
 
-def contribution_map(op, g, channels=None, block_channels=None):
+def contribution_map(op, g, channels=None, block_channels=None, heads=None):
     """Gradient-weighted contributions ``R[b, i, j] = sum_c g[b, c, i] H[b, c, i, j] v[b, c, j]``.
 
     Args:
       op: operator; ``values`` ``(B, C, L)`` (recurrent) or ``(B, H, L, d)`` (attention).
       g: gradient of the target w.r.t. ``op.output``, same shape as ``op.output``.
       channels: optional channel/head subset (None: all).
+      heads: optional head subset instead of ``channels`` (Mamba-2, attention layers).
     Returns:
       ``(B, L, L)`` float32.
     """
@@ -131,7 +136,7 @@ def contribution_map(op, g, channels=None, block_channels=None):
         raise ValueError(f"gradient shape {g.shape} does not match the operator values {v.shape}")
     if v.ndim not in (3, 4):
         raise ValueError(f"operator values must be (B, C, L) or (B, H, L, d), got {v.shape}")
-    return _contribution_map(op, g, channel_tuple(channels, v.shape[1]), block_channels)
+    return _contribution_map(op, g, select_channels(op, channels, heads), block_channels)
 
 
 def _contribution_map_impl(op, g, channels, block_channels):
@@ -170,13 +175,15 @@ def _ids(ids) -> np.ndarray:
     return a
 
 
-def resolve_target(model, ids, query: int, target=None, logits=None) -> np.ndarray:
-    """``(B,)`` target token ids: the argmax at ``query`` (None), or the given int / ``(B,)``."""
+def resolve_target(model, ids, query: int, target=None, logits=None, segment_pos=None) -> np.ndarray:
+    """``(B,)`` target token ids: the argmax at ``query`` (None), or the given int / ``(B,)``.
+    ``segment_pos``: document positions for the model call (Griffin only)."""
     ids = _ids(ids)
     B = ids.shape[0]
     V = model.config.vocab_size
+    kw = model_kwargs(model, ids, segment_pos)
     if target is None:
-        lg = model(ids) if logits is None else logits
+        lg = model(ids, **kw) if logits is None else logits
         return np.asarray(jnp.argmax(lg[:, query], axis=-1)).astype(np.int64)
     t = np.asarray(target)
     if t.ndim > 1 or t.size not in (1, B) or t.dtype == object or not np.issubdtype(t.dtype, np.integer):
@@ -188,8 +195,9 @@ def resolve_target(model, ids, query: int, target=None, logits=None) -> np.ndarr
     return t
 
 
-def output_gradients(model, ids, layers=None, query: int = -1, target=None):
-    """Gradients of ``sum_b logits[b, q, t_b]`` w.r.t. each selected layer's operator output.
+def output_gradients(model, ids, layers=None, query: int = -1, target=None, segment_pos=None):
+    """Gradients of ``sum_b logits[b, q, t_b]`` w.r.t. each selected layer's operator output
+    (``segment_pos``: optional ``(B, L)`` document positions, Griffin only).
 
     Returns:
       ``({layer: array shaped like op.output}, q, t)`` with ``q`` normalised and ``t (B,)``.
@@ -198,14 +206,15 @@ def output_gradients(model, ids, layers=None, query: int = -1, target=None):
     B, L = ids.shape
     q = check_query(query, L)
     sel = check_layers(layers, len(model.layers))
-    t = resolve_target(model, ids, q, target)
+    kw = model_kwargs(model, ids, segment_pos)
+    t = resolve_target(model, ids, q, target, **kw)
     uniq = sorted(set(sel))
-    shapes = jax.eval_shape(lambda: [op.output for _, op in iter_operators(model, ids, uniq)])
+    shapes = jax.eval_shape(lambda: [op.output for _, op in iter_operators(model, ids, uniq, **kw)])
     taps = {l: jnp.zeros(s.shape, jnp.float32) for l, s in zip(uniq, shapes)}
     rows, tj = jnp.arange(B), jnp.asarray(t)
 
     def f(taps):
-        return jnp.sum(model.tapped_logits(ids, taps)[rows, q, tj])
+        return jnp.sum(model.tapped_logits(ids, taps, **kw)[rows, q, tj])
 
     return jax.grad(f)(taps), q, t
 
@@ -235,7 +244,7 @@ class Explanation:
 def explain(model, ids, method: str = "rollout", variant: str = "full", layers=None, query: int = -1,
             target=None, how: str = "mean", channels=None, start_layer: int = 0,
             normalize_rows: bool = False, exclude: Sequence[int] = (), normalize=None,
-            progress=None) -> Explanation:
+            progress=None, heads=None, segment_pos=None) -> Explanation:
     """Per-token relevance of ``ids (B, L)`` for ``query`` by ``method`` (see module doc).
 
     Args:
@@ -246,6 +255,10 @@ def explain(model, ids, method: str = "rollout", variant: str = "full", layers=N
       query: query position (default last); target: token id(s), default argmax at ``query``.
       how, channels, normalize: per-layer map options (``maps.operator_map``); ``channels``
         also restricts the contributions sum.
+      heads: instead of ``channels``, the channels of these heads (Mamba-2 mixers and
+        attention layers; an error for layers without heads).
+      segment_pos: optional ``(B, L)`` document positions of packed inputs (Griffin /
+        RecurrentGemma only; a ``ValueError`` for other families).
       start_layer: index into ``layers`` of the first map combined.
       normalize_rows, exclude: rollout options (``exclude`` applies to every method).
       progress: optional wrapper of the layer iterator (e.g. ``tqdm``).
@@ -258,23 +271,24 @@ def explain(model, ids, method: str = "rollout", variant: str = "full", layers=N
     B, L = ids.shape
     q = check_query(query, L)
     sel = check_layers(layers, len(model.layers))
+    kw = model_kwargs(model, ids, segment_pos)
     keep = np.asarray(_keep_mask(L, exclude))
     if not 0 <= start_layer < len(sel):
         raise ValueError(f"start_layer must be in [0, {len(sel)}) for {len(sel)} layers, got {start_layer}")
     grads = None
     if method in ("attribution", "contributions"):
-        grads, q, t = output_gradients(model, ids, sel, q, target)
+        grads, q, t = output_gradients(model, ids, sel, q, target, **kw)
     else:
-        t = resolve_target(model, ids, q, target)
-    it = iter_operators(model, ids, sel, variant)
+        t = resolve_target(model, ids, q, target, **kw)
+    it = iter_operators(model, ids, sel, variant, **kw)
     if progress is not None:
         it = progress(it)
     per_layer = []
     for l, op in it:
         if method == "contributions":
-            per_layer.append(contribution_map(op, grads[l], channels))
+            per_layer.append(contribution_map(op, grads[l], channels, heads=heads))
         else:
-            per_layer.append(operator_map(op, how, channels, normalize))
+            per_layer.append(operator_map(op, how, channels, normalize, heads=heads))
     maps = jnp.stack(per_layer)
     matrix = None
     if method == "raw":

@@ -7,7 +7,10 @@ narrows it), an ordering ``pi`` of them, ``k(f) = ceil(f * n)`` tokens for a fra
 length and positions fixed). ``s(x)`` is the score of the target ``t`` at ``q``:
 ``"prob"`` softmax probability (default), ``"logit"``, or ``"top1"`` (1 if t is the argmax).
 Orderings: ``order_by="value"`` sorts by relevance, ``"abs"`` by ``|relevance|``; ties keep
-position order. Areas are trapezoids over the fraction grid (``np.trapezoid``).
+position order. Areas are trapezoids over the fraction grid (``np.trapezoid``); a grid must
+be strictly increasing within [0, 1] (anything else raises ``ValueError``).
+Packed documents (Griffin): ``segment_pos (B, L)`` is passed to every model call; removal
+keeps the length, so the positions stay valid for every perturbed input.
 
 activation (AUAC, higher better; Ali et al. 2022): start from all candidates = baseline,
     restore the k(f) most relevant:  a(f) = s(x with only top-k(f) restored),
@@ -30,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .maps import model_kwargs
 from .methods import _ids, check_query, resolve_target
 
 SCORES = ("prob", "logit", "top1")
@@ -53,11 +57,27 @@ class Curve:
         return float(np.mean(self.area))
 
 
+def check_fractions(fractions, name: str = "fractions") -> np.ndarray:
+    """A fraction grid as float64: 1-D, non-empty, finite, within [0, 1] and strictly
+    increasing (the trapezoid areas assume it). Raises ``ValueError`` naming the problem."""
+    try:
+        f = np.asarray(fractions, np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a 1-D grid of numbers in [0, 1], got {fractions!r}") from None
+    if f.ndim != 1 or f.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D grid in [0, 1], got {fractions!r}")
+    if not np.all(np.isfinite(f)) or np.any(f < 0) or np.any(f > 1):
+        raise ValueError(f"{name} must lie in [0, 1], got {f.tolist()}")
+    if np.any(np.diff(f) <= 0):
+        k = int(np.argmax(np.diff(f) <= 0))
+        raise ValueError(f"{name} must be strictly increasing (the areas are trapezoids over the grid); "
+                         f"{name}[{k + 1}] = {f[k + 1]} follows {f[k]}")
+    return f
+
+
 def token_counts(fractions, n) -> np.ndarray:
     """``k(f) = ceil(f * n)`` for each fraction and example: ``(B, G)`` ints."""
-    f = np.asarray(fractions, np.float64)
-    if f.ndim != 1 or np.any(f < 0) or np.any(f > 1):
-        raise ValueError(f"fractions must be a 1-D grid in [0, 1], got {fractions!r}")
+    f = check_fractions(fractions)
     return np.ceil(f[None, :] * np.asarray(n)[:, None] - 1e-9).astype(np.int64)
 
 
@@ -88,22 +108,27 @@ def perturbed_ids(ids, order, k, n, baseline_id: int, keep: bool) -> np.ndarray:
 
 class _Scorer:
     """Batched model calls at the query position. Every batch is padded to exactly
-    ``batch_size`` rows so that a single input shape is compiled."""
+    ``batch_size`` rows so that a single input shape is compiled. ``segment_pos`` (B, L):
+    row ``r`` of any batch given to ``logits`` uses positions ``segment_pos[r % B]``
+    (batches are stacks of perturbed copies of the B examples)."""
 
-    def __init__(self, model, q: int, batch_size: int):
+    def __init__(self, model, q: int, batch_size: int, segment_pos=None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.model, self.q, self.bs = model, q, batch_size
+        self.model, self.q, self.bs, self.pos = model, q, batch_size, segment_pos
 
     def logits(self, ids) -> np.ndarray:
         ids = np.asarray(ids)
+        pos = None
+        if self.pos is not None:
+            pos = np.asarray(self.pos)[np.arange(ids.shape[0]) % self.pos.shape[0]]
         out = []
         for s in range(0, ids.shape[0], self.bs):
             chunk = ids[s:s + self.bs]
             m = chunk.shape[0]
-            if m < self.bs:
-                chunk = np.concatenate([chunk, np.repeat(chunk[-1:], self.bs - m, 0)])
-            out.append(np.asarray(self.model(chunk)[:, self.q], np.float64)[:m])
+            pad = lambda a: a if m == self.bs else np.concatenate([a, np.repeat(a[-1:], self.bs - m, 0)])
+            kw = {} if pos is None else {"segment_pos": pad(pos[s:s + self.bs])}
+            out.append(np.asarray(self.model(pad(chunk), **kw)[:, self.q], np.float64)[:m])
         return np.concatenate(out)
 
 
@@ -122,7 +147,7 @@ def score_of(logits, target, score: str) -> np.ndarray:
     raise ValueError(f"score must be one of {SCORES}, got {score!r}")
 
 
-def _setup(model, ids, relevance, query, target, candidates):
+def _setup(model, ids, relevance, query, target, candidates, segment_pos=None):
     ids = _ids(ids)
     B, L = ids.shape
     q = check_query(query, L)
@@ -142,8 +167,9 @@ def _setup(model, ids, relevance, query, target, candidates):
     n = cand.sum(axis=1)
     if np.any(n == 0):
         raise ValueError("no candidate positions to perturb")
-    t = resolve_target(model, ids, q, target)
-    return ids, rel, q, t, cand, n
+    kw = model_kwargs(model, ids, segment_pos)
+    t = resolve_target(model, ids, q, target, **kw)
+    return ids, rel, q, t, cand, n, kw.get("segment_pos")
 
 
 def _check_baseline(model, baseline_id):
@@ -155,29 +181,30 @@ def _check_baseline(model, baseline_id):
 def perturbation_curve(model, ids, relevance, fractions, *, most_relevant_first: bool, keep: bool,
                        query: int = -1, target=None, baseline_id: int = 0, order_by: str = "value",
                        score: str = "prob", candidates=None, batch_size: int = 16, name: str = "curve",
-                       mse: bool = False) -> Curve:
+                       mse: bool = False, segment_pos=None) -> Curve:
     """The generic curve behind every metric (see module doc).
 
     Args:
       model: ``model(ids) -> (B, L, V)`` logits with ``config.vocab_size``.
       ids: ``(B, L)`` token ids; relevance: ``(B, L)`` (or ``(L,)`` for B = 1).
-      fractions: grid of fractions in [0, 1].
+      fractions: strictly increasing grid of fractions in [0, 1].
       most_relevant_first: order the candidates most relevant first (else least first).
       keep: True keeps the first k(f) and replaces the other candidates; False replaces the first k(f).
       mse: values are the mean squared logit difference to the unperturbed input instead of the score.
+      segment_pos: optional ``(B, L)`` document positions of packed inputs (Griffin only).
     Returns:
       ``Curve`` with ``values (B, G)`` and trapezoid ``area (B,)``.
     """
     _check_baseline(model, baseline_id)
     if score not in SCORES:
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
-    ids, rel, q, t, cand, n = _setup(model, ids, relevance, query, target, candidates)
-    f = np.asarray(fractions, np.float64)
+    f = check_fractions(fractions)
+    ids, rel, q, t, cand, n, pos = _setup(model, ids, relevance, query, target, candidates, segment_pos)
     k = token_counts(f, n)
     order = ordering(rel, cand, order_by, descending=most_relevant_first)
     B, G = k.shape
     batch = np.concatenate([perturbed_ids(ids, order, k[:, g], n, baseline_id, keep) for g in range(G)])
-    sc = _Scorer(model, q, batch_size)
+    sc = _Scorer(model, q, batch_size, pos)
     lg = sc.logits(batch).reshape(G, B, -1)
     if mse:
         y0 = sc.logits(ids)
@@ -215,6 +242,7 @@ def negative_perturbation(model, ids, relevance, fractions=AUC_GRID, **kw) -> Cu
 
 def _eraser(model, ids, relevance, bins, keep: bool, name: str, score="prob", **kw) -> Curve:
     kw.pop("mse", None)
+    check_fractions(bins, "bins")
     full = perturbation_curve(model, ids, relevance, [0.0], most_relevant_first=True, keep=False,
                               score=score, **kw)
     cur = perturbation_curve(model, ids, relevance, bins, most_relevant_first=True, keep=keep,
@@ -236,10 +264,11 @@ def sufficiency(model, ids, relevance, bins=ERASER_BINS, **kw) -> Curve:
 
 def faithfulness(model, ids, relevance, **kw) -> dict[str, Curve]:
     """Every metric above with shared options (``query``, ``target``, ``baseline_id``,
-    ``order_by``, ``score``, ``candidates``). Returns ``{name: Curve}``."""
+    ``order_by``, ``score``, ``candidates``, ``segment_pos``). Returns ``{name: Curve}``."""
     if kw.get("target") is None:  # resolve once, not once per metric
         ids = _ids(ids)
-        kw["target"] = resolve_target(model, ids, check_query(kw.get("query", -1), ids.shape[1]))
+        kw["target"] = resolve_target(model, ids, check_query(kw.get("query", -1), ids.shape[1]),
+                                      segment_pos=kw.get("segment_pos"))
     out = {"auac": activation(model, ids, relevance, **kw),
            "au_mse": pruning(model, ids, relevance, **kw),
            "positive_auc": positive_perturbation(model, ids, relevance, **kw),
@@ -256,5 +285,5 @@ def random_relevance(shape, seed: int = 0) -> np.ndarray:
 
 __all__ = ["Curve", "activation", "pruning", "positive_perturbation", "negative_perturbation",
            "comprehensiveness", "sufficiency", "faithfulness", "perturbation_curve", "ordering",
-           "perturbed_ids", "token_counts", "score_of", "random_relevance", "SCORES", "ORDER_BY",
+           "perturbed_ids", "token_counts", "check_fractions", "score_of", "random_relevance", "SCORES", "ORDER_BY",
            "AUC_GRID", "FULL_GRID", "ERASER_BINS"]
