@@ -504,8 +504,21 @@ def test_bad_inputs(mm, mm_ops, toy):
         activation(tm, tids, np.zeros(3))
     with pytest.raises(ValueError, match="baseline_id"):
         pruning(tm, tids, rho[-1], baseline_id=6)
-    with pytest.raises(ValueError, match="fractions"):
+    with pytest.raises(ValueError, match=r"fractions must lie in \[0, 1\]"):
         activation(tm, tids, rho[-1], fractions=[0.5, 1.5])
+    # the areas are trapezoids over the grid: an unsorted grid would give a wrong area
+    with pytest.raises(ValueError, match=r"strictly increasing.*fractions\[2\] = 0.2 follows 0.5"):
+        activation(tm, tids, rho[-1], fractions=[0.0, 0.5, 0.2, 1.0])
+    with pytest.raises(ValueError, match="strictly increasing"):
+        pruning(tm, tids, rho[-1], fractions=[0.1, 0.1, 0.9])
+    with pytest.raises(ValueError, match=r"must lie in \[0, 1\]"):
+        positive_perturbation(tm, tids, rho[-1], fractions=[0.1, float("nan")])
+    with pytest.raises(ValueError, match="non-empty 1-D"):
+        negative_perturbation(tm, tids, rho[-1], fractions=[])
+    with pytest.raises(ValueError, match="bins must be strictly increasing"):
+        comprehensiveness(tm, tids, rho[-1], bins=(0.5, 0.1))
+    with pytest.raises(ValueError, match=r"bins must lie in \[0, 1\]"):
+        sufficiency(tm, tids, rho[-1], bins=(-0.1, 0.5))
     with pytest.raises(ValueError, match="candidates"):
         activation(tm, tids, rho[-1], candidates=[1, 0])
     with pytest.raises(ValueError, match="order_by"):
