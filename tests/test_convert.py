@@ -151,3 +151,130 @@ def test_bad_operator_arguments(model):
         op.materialize(impl="cuda")
     with pytest.raises(ValueError, match="mixer input must have shape"):
         model.layers[0].mixer.as_operator(np.zeros((1, 4, 3), np.float32))
+
+
+# ----------------------------------------------------------------------------- damaged checkpoints
+
+INDEX = "model.safetensors.index.json"
+
+
+@pytest.fixture
+def sharded(model, tmp_path):
+    ia.save(model, tmp_path / "s", max_shard_bytes=1500)
+    shards = sorted(p.name for p in (tmp_path / "s").glob("model-*.safetensors"))
+    assert len(shards) > 2
+    return tmp_path / "s", shards
+
+
+def _index(path):
+    return json.loads((path / INDEX).read_text())
+
+
+def _write_index(path, index):
+    (path / INDEX).write_text(json.dumps(index))
+
+
+def _raw_safetensors(path, header: bytes, body: bytes = b""):
+    """A safetensors file with the given header bytes (no checks: to build damaged files)."""
+    path.write_bytes(len(header).to_bytes(8, "little") + header + body)
+
+
+def test_sharded_missing_shard(sharded):
+    path, shards = sharded
+    (path / shards[1]).unlink()
+    with pytest.raises(CheckpointError, match=rf"shard {shards[1]} listed in {INDEX} is missing"):
+        ia.load(path)
+
+
+def test_index_lists_a_tensor_its_shard_does_not_hold(sharded):
+    path, shards = sharded
+    index = _index(path)
+    index["weight_map"]["backbone.layers.0.mixer.ghost"] = shards[0]
+    _write_index(path, index)
+    with pytest.raises(CheckpointError, match=rf"not found in their shard files: "
+                                              rf"'backbone\.layers\.0\.mixer\.ghost' \(in {shards[0]}\)"):
+        ia.load(path)
+
+
+def test_shard_holds_a_tensor_the_index_does_not_list(sharded):
+    path, shards = sharded
+    index = _index(path)
+    name = sorted(read_safetensors(path / shards[-1]))[0]
+    del index["weight_map"][name]
+    _write_index(path, index)
+    with pytest.raises(CheckpointError, match=rf"{shards[-1]}: tensor '{name}' is not mapped to this shard"):
+        ia.load(path)
+    # listed, but under another shard than the file holding it
+    index["weight_map"][name] = shards[0]
+    _write_index(path, index)
+    with pytest.raises(CheckpointError, match=rf"{shards[-1]}: tensor '{name}' is not mapped to this shard"):
+        ia.load(path)
+
+
+def test_corrupt_index_json(sharded):
+    path, _ = sharded
+    (path / INDEX).write_text('{"weight_map": {"a": ')
+    with pytest.raises(CheckpointError, match=rf"{INDEX}: not valid JSON"):
+        ia.load(path)
+    _write_index(path, {"weight_map": {"backbone.norm_f.weight": ["x"]}})
+    with pytest.raises(CheckpointError, match=r"'backbone\.norm_f\.weight' maps to \['x'\]"):
+        ia.load(path)
+    _write_index(path, ["not", "an", "index"])
+    with pytest.raises(CheckpointError, match=rf"{INDEX}: no weight_map"):
+        ia.load(path)
+
+
+def test_corrupt_safetensors_header(ckpt):
+    f = ckpt / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    n = int.from_bytes(data[:8], "little")
+    data[8:8 + n] = b"{" + b"#" * (n - 1)  # same length, not JSON
+    f.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: corrupt safetensors header"):
+        ia.load(ckpt)
+    _raw_safetensors(f, b'["a", "b"]')
+    with pytest.raises(CheckpointError, match="corrupt safetensors header .a JSON object is expected, got list"):
+        ia.load(ckpt)
+    _raw_safetensors(f, json.dumps({"w": {"dtype": "F32", "shape": [2]}}).encode(), bytes(8))
+    with pytest.raises(CheckpointError, match=r"tensor 'w' needs dtype, shape and data_offsets"):
+        read_safetensors(f)
+    _raw_safetensors(f, json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}}).encode(),
+                     bytes(8))
+    with pytest.raises(CheckpointError, match=r"tensor 'w' has shape \[2\] and data_offsets \[8, 0\]"):
+        read_safetensors(f)
+    _raw_safetensors(f, json.dumps({"w": {"dtype": "F32", "shape": ["2"], "data_offsets": [0, 8]}}).encode(),
+                     bytes(8))
+    with pytest.raises(CheckpointError, match=r"tensor 'w' has shape \['2'\]"):
+        read_safetensors(f)
+
+
+def test_config_without_model_type(ckpt):
+    cfg = json.loads((ckpt / "config.json").read_text())
+    del cfg["model_type"]
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"config\.json has no model_type; supported: \[.*'mamba'"):
+        ia.load(ckpt)
+    (ckpt / "config.json").write_text("[1, 2]")
+    with pytest.raises(CheckpointError, match=r"config\.json: a JSON object is expected, got list"):
+        ia.load(ckpt)
+    (ckpt / "config.json").write_text("{model_type: mamba")
+    with pytest.raises(CheckpointError, match=r"config\.json: not valid JSON"):
+        ia.load(ckpt)
+
+
+def test_unsupported_dtype(ckpt):
+    f = ckpt / "model.safetensors"
+    header = json.dumps({"backbone.norm_f.weight": {"dtype": "F8_E4M3", "shape": [8], "data_offsets": [0, 8]}})
+    _raw_safetensors(f, header.encode(), bytes(8))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor 'backbone\.norm_f\.weight' has "
+                                              r"unsupported dtype 'F8_E4M3' \(supported: F64, F32"):
+        ia.load(ckpt)
+    with pytest.raises(CheckpointError, match="tensor 'c': dtype complex64 cannot be stored in safetensors"):
+        write_safetensors(ckpt / "x.safetensors", {"c": np.zeros(2, np.complex64)})
+
+
+def test_unsupported_load_dtype(ckpt):
+    with pytest.raises(ValueError, match="dtype must be a floating type, got 'int8'"):
+        ia.load(ckpt, dtype="int8")
+    with pytest.raises(ValueError, match="dtype 'float33' is not a dtype"):
+        ia.load(ckpt, dtype="float33")

@@ -47,17 +47,30 @@ def read_safetensors(path) -> dict[str, np.ndarray]:
         header = json.loads(data[8:8 + n])
     except ValueError as e:
         raise CheckpointError(f"{path}: corrupt safetensors header ({e})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: corrupt safetensors header (a JSON object is expected, "
+                              f"got {type(header).__name__})")
     body = memoryview(data)[8 + n:]
     out = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        code = info.get("dtype")
+        if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
+            raise CheckpointError(f"{path}: corrupt safetensors header: tensor {name!r} needs dtype, shape "
+                                  f"and data_offsets, got {info!r}")
+        code = info["dtype"]
         if code not in _DTYPES:
-            raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {code!r}")
+            raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {code!r} "
+                                  f"(supported: {', '.join(_DTYPES)})")
         dt = _DTYPES[code]
-        start, end = info["data_offsets"]
-        shape = tuple(info["shape"])
+        offs, shape = info["data_offsets"], info["shape"]
+        ints = lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                                                    for x in v)
+        if not ints(offs) or len(offs) != 2 or offs[1] < offs[0] or not ints(shape):
+            raise CheckpointError(f"{path}: corrupt safetensors header: tensor {name!r} has shape {shape!r} "
+                                  f"and data_offsets {offs!r} (non-negative ints, start <= end expected)")
+        start, end = offs
+        shape = tuple(shape)
         if end > len(body):
             raise CheckpointError(f"{path}: truncated safetensors file (tensor {name!r} needs bytes "
                                   f"{start}..{end}, only {len(body)} present)")
@@ -101,9 +114,29 @@ def read_config(path) -> dict:
     if not cfg.exists():
         raise CheckpointError(f"{path}: no config.json")
     try:
-        return json.loads(cfg.read_text())
+        config = json.loads(cfg.read_text())
     except ValueError as e:
         raise CheckpointError(f"{cfg}: not valid JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{cfg}: a JSON object is expected, got {type(config).__name__}")
+    return config
+
+
+def read_index(path) -> dict[str, str]:
+    """``weight_map`` (tensor name -> shard file) of ``model.safetensors.index.json``."""
+    f = Path(path) / INDEX
+    try:
+        index = json.loads(f.read_text())
+    except ValueError as e:
+        raise CheckpointError(f"{f}: not valid JSON ({e})") from None
+    wmap = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(wmap, dict):
+        raise CheckpointError(f"{f}: no weight_map")
+    bad = [k for k, v in wmap.items() if not isinstance(v, str)]
+    if bad:
+        raise CheckpointError(f"{f}: weight_map entries must name a shard file; {bad[0]!r} maps to "
+                              f"{wmap[bad[0]]!r}")
+    return wmap
 
 
 def read_hf_dir(path) -> tuple[dict, dict[str, np.ndarray]]:
@@ -112,10 +145,7 @@ def read_hf_dir(path) -> tuple[dict, dict[str, np.ndarray]]:
     path = Path(path)
     config = read_config(path)
     if (path / INDEX).exists():
-        index = json.loads((path / INDEX).read_text())
-        wmap = index.get("weight_map")
-        if not isinstance(wmap, dict):
-            raise CheckpointError(f"{path / INDEX}: no weight_map")
+        wmap = read_index(path)
         tensors = {}
         for shard in sorted(set(wmap.values())):
             if not (path / shard).exists():
@@ -128,7 +158,9 @@ def read_hf_dir(path) -> tuple[dict, dict[str, np.ndarray]]:
                 tensors[name] = arr
         lost = sorted(set(wmap) - set(tensors))
         if lost:
-            raise CheckpointError(f"{path}: tensors listed in {INDEX} not found in shards: {lost[:5]}")
+            where = "; ".join(f"{n!r} (in {wmap[n]})" for n in lost[:5])
+            raise CheckpointError(f"{path}: tensors listed in {INDEX} not found in their shard files: "
+                                  f"{where}" + (f" and {len(lost) - 5} more" if len(lost) > 5 else ""))
         return config, tensors
     if (path / SINGLE).exists():
         return config, read_safetensors(path / SINGLE)
@@ -191,12 +223,15 @@ def cast_floating(tensors: Mapping[str, np.ndarray], dtype) -> dict[str, np.ndar
     """Cast floating tensors to ``dtype`` (None keeps the checkpoint dtype)."""
     if dtype is None:
         return dict(tensors)
-    dt = np.dtype(dtype)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise ValueError(f"dtype {dtype!r} is not a dtype (use e.g. 'float32', 'bfloat16')") from None
     if not (np.issubdtype(dt, np.floating) or dt == _DTYPES["BF16"]):
         raise ValueError(f"dtype must be a floating type, got {dtype!r}")
     return {k: (v.astype(dt) if (np.issubdtype(v.dtype, np.floating) or v.dtype == _DTYPES["BF16"])
                 else v) for k, v in tensors.items()}
 
 
-__all__ = ["CheckpointError", "read_safetensors", "write_safetensors", "read_config", "read_hf_dir",
+__all__ = ["CheckpointError", "read_safetensors", "write_safetensors", "read_config", "read_index", "read_hf_dir",
            "write_hf_dir", "check_tensors", "cast_floating"]
