@@ -14,7 +14,7 @@ import time
 
 from benchmarks.common import RESULTS, machine
 
-SUITES = ["mamba", "mamba2", "griffin", "rwkv"]
+SUITES = ["forward", "suite", "mamba", "mamba2", "griffin", "rwkv"]
 
 
 def main(argv=None) -> int:
