@@ -87,3 +87,17 @@ def test_explain_cli_ids_and_errors(ckpt, capsys):
     assert "outside the vocabulary" in capsys.readouterr().err
     assert main(["explain", str(root / "no_tok"), "--ids", "1,2", "--variant", "bad", "--out", str(out)]) == 2
     assert "variant" in capsys.readouterr().err
+
+
+
+def test_explain_cli_heads_and_segment_pos_reach_explain(ckpt, capsys):
+    """--heads and --segment-pos are passed to ``explain`` (Mamba has neither heads nor
+    documents: the library's errors come back as exit code 2)."""
+    root, _ = ckpt
+    out = root / "out_err"
+    assert main(["explain", str(root / "no_tok"), "--ids", "1,2", "--segment-pos", "0,0", "--out", str(out)]) == 2
+    assert "only taken by Griffin" in capsys.readouterr().err
+    assert main(["explain", str(root / "no_tok"), "--ids", "1,2", "--heads", "0", "--out", str(out)]) == 2
+    assert "use channels=" in capsys.readouterr().err
+    assert main(["explain", str(root / "no_tok"), "--ids", "1,2", "--heads", "x", "--out", str(out)]) == 2
+    assert "--heads must be integers" in capsys.readouterr().err

@@ -14,7 +14,7 @@ import pytest
 
 from implicit_attn.explain import (METHODS, activation, channel_maps, contribution_map, explain, faithfulness,
                                    head_channels, head_maps, model_maps, operator_map, output_gradients,
-                                   positive_perturbation)
+                                   positive_perturbation, to_circuitsvis)
 from implicit_attn.models import griffin, mamba, mamba2, rwkv
 
 B, L, Q = 2, 6, 4  # query inside the sequence: positions after it must get nothing
@@ -160,9 +160,12 @@ def _target_jvp(fam):
     return jvp
 
 
-def test_contributions_total_is_first_order_change(fam):
+@pytest.mark.parametrize("name", ["mamba2", "rwkv"])
+def test_contributions_total_is_first_order_change(name):
     """Summed over layers, i and j, the contributions ``explain`` returns are the derivative
-    of the target when every layer's token-mixing output (minus its offset) is scaled."""
+    of the target when every layer's token-mixing output (minus its offset) is scaled.
+    (Mamba: test_explain.py; Griffin: row by row and column by column below.)"""
+    fam = get_fam(name)
     rows, t = jnp.arange(B), jnp.asarray(fam.t)
     taps0 = {l: jnp.zeros(op.output.shape, jnp.float32) for l, op in enumerate(fam.ops)}
     dirs = {l: op.output - op.offset for l, op in enumerate(fam.ops)}
@@ -242,11 +245,12 @@ def test_mamba2_head_selection_matches_direct_computation():
     chans = [h * P + p for h in sel for p in range(P)]
     tol = dict(rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(operator_map(op, "mean", heads=sel), H[:, chans].mean(1), **tol)
-    np.testing.assert_allclose(operator_map(op, "abs_mean", heads=-1), np.abs(H[:, 3 * P:]).mean(1), **tol)
+    assert head_channels(op, -1) == tuple(range(3 * P, 4 * P))
     per_head = np.asarray(head_maps(op, sel), np.float64)
     np.testing.assert_allclose(per_head, np.asarray(op.head_matrices("mean", sel)), **tol)
     np.testing.assert_allclose(per_head, H.reshape(B, cfg.num_heads, P, L, L)[:, sel].mean(2), **tol)
     np.testing.assert_allclose(channel_maps(op, heads=2), H[:, 2 * P:3 * P], **tol)
+    np.testing.assert_allclose(to_circuitsvis(op, batch=1, heads=sel), per_head[1], rtol=1e-6)
     # through the model and the methods
     mm = model_maps(f.model, f.ids, heads=[0])
     np.testing.assert_allclose(mm, np.stack([Hl[:, :P].mean(1) for Hl in f.H]), **tol)

@@ -43,6 +43,10 @@ def add_parser(subparsers):
     s.add_argument("--query", type=int, default=-1, help="query position (default: last)")
     s.add_argument("--target", type=int, default=None, help="target token id (default: argmax at query)")
     s.add_argument("--how", default="mean", choices=list(HOWS), help="channel aggregation of H")
+    s.add_argument("--heads", default=None,
+                   help="only these heads, e.g. '0,3' (Mamba-2 mixers, attention layers)")
+    s.add_argument("--segment-pos", default=None,
+                   help="document positions of packed input, e.g. '0,1,2,0,1' (Griffin / RecurrentGemma)")
     s.add_argument("--start-layer", type=int, default=0)
     s.add_argument("--normalize-rows", action="store_true", help="row-normalise I + A in rollout")
     s.add_argument("--exclude", default=None, help="positions to exclude (sink/BOS), e.g. '0'")
@@ -92,6 +96,8 @@ def run(args) -> int:
     ids, tokens = _inputs(args, load_tokenizer(args.ckpt))
     layers = None if args.layers is None else _int_list(args.layers, "--layers")
     exclude = () if args.exclude is None else tuple(_int_list(args.exclude, "--exclude"))
+    heads = None if args.heads is None else _int_list(args.heads, "--heads")
+    pos = None if args.segment_pos is None else np.asarray(_int_list(args.segment_pos, "--segment-pos"))[None]
     methods = list(METHODS) if args.method == "all" else [args.method]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -104,7 +110,8 @@ def run(args) -> int:
 
         ex = explain(model, ids, m, variant=args.variant, layers=layers, query=args.query,
                      target=args.target, how=args.how, start_layer=args.start_layer,
-                     normalize_rows=args.normalize_rows, exclude=exclude, progress=bar)
+                     normalize_rows=args.normalize_rows, exclude=exclude, progress=bar, heads=heads,
+                     segment_pos=pos)
         rel[m] = ex.relevance[0]
         what = {"raw": f"{args.how} of H", "rollout": f"{args.how} of H",
                 "attribution": "(mean grad x mean H)^+", "contributions": "R_l = g H v"}[m]
@@ -119,7 +126,7 @@ def run(args) -> int:
             written.append(p)
         if args.metrics:
             curves = M.faithfulness(model, ids, ex.relevance, query=ex.query, target=ex.target,
-                                    baseline_id=args.baseline_id)
+                                    baseline_id=args.baseline_id, segment_pos=pos)
             results[m] = {k: c.mean_area for k, c in curves.items()}
             p = curves_plot(curves, out / f"{m}_curves.png")
             images[f"{m}: faithfulness curves"] = p
@@ -132,6 +139,10 @@ def run(args) -> int:
             "layers": ex.layers, "query position": ex.query,
             "target token": f"{int(ex.target[0])}", "channel aggregation": args.how,
             "exclude": list(exclude)}
+    if heads is not None:
+        meta["heads"] = heads
+    if pos is not None:
+        meta["segment positions"] = pos[0].tolist()
     report = write_html(out / "report.html", tokens, rel, title=f"{model.family} explanation",
                         query=ex.query, images=images, metrics=results or None, meta=meta)
     js = out / "relevance.json"
