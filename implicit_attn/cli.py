@@ -77,24 +77,28 @@ def cmd_operator(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    """Random Mamba -> HF layout -> load -> exactness check -> heatmap."""
-    import jax
-
-    import implicit_attn as ia
-    from implicit_attn.models import mamba
+    """The shipped induction-head Mamba: load, check exactness, explain one random sequence."""
+    from . import induction
+    from .explain import explain, relevance_strip
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    ckpt = out / "random-mamba"
-    cfg = mamba.Config(vocab_size=64, hidden_size=64, state_size=16, num_hidden_layers=2, conv_kernel=4)
-    model = mamba.LM(cfg, mamba.init_params(cfg, jax.random.PRNGKey(args.seed)))
-    ia.save(model, ckpt)
-    print(f"1. wrote a random Mamba ({model.num_params} parameters, {cfg.num_hidden_layers} layers, "
-          f"d_inner {cfg.intermediate_size}) in Hugging Face layout to {ckpt}")
-    model = ia.load(ckpt)
-    print(f"2. loaded it back through the converter: {model.info()['family']}, "
-          f"{model.num_params} parameters")
-    ids = np.random.default_rng(args.seed).integers(0, cfg.vocab_size, (1, args.length))
+    model, meta = induction.load_default()
+    task = meta["task"]
+    length = task["length"] if args.length is None else args.length
+    print(f"1. loaded the embedded induction model ({meta['model']}, {model.num_params} parameters, "
+          f"{len(model.layers)} layer(s)) from {induction.ASSET_DIR}: trained "
+          f"{'with' if task['key'] else 'without'} the key token at length {task['length']}, "
+          f"accuracy {100 * meta['accuracy']:.1f}% on {meta['accuracy_eval']['n']} fresh sequences")
+    b = induction.sample(np.random.default_rng(args.seed), 1, length, task["key"])
+    ids, e, t = b.ids, int(b.earlier_pos[0]), int(b.target_pos[0])
+    toks = induction.decode(ids[0])
+    pred = int(np.asarray(model(ids))[0, -1].argmax())
+    print(f"2. random induction sequence (seed {args.seed}, L = {length}): ... "
+          f"{' '.join(toks[max(0, e - 3):e + 3])} ... {' '.join(toks[-4:])}")
+    print(f"   the last token {toks[-1]} occurred earlier at position {e}; the answer is the token after "
+          f"it, {toks[t]} (position {t}); the model predicts {induction.decode([pred])[0]} "
+          f"({'correct' if pred == int(b.answer[0]) else 'wrong'})")
     ops = model.operators(ids)
     for i, op in enumerate(ops):
         err = op.relative_error()
@@ -105,9 +109,28 @@ def cmd_demo(args) -> int:
             return 1
     m = np.asarray(ops[-1].reduce("abs_mean"))[0]
     png = save_heatmap(m, out / "demo_layer_last_abs_mean.png",
-                       f"random Mamba, layer {len(ops) - 1}: mean |H| over channels")
+                       f"induction Mamba, layer {len(ops) - 1}: mean |H| over channels "
+                       f"(earlier occurrence {e}, answer position {t})", tokens=toks)
     np.save(out / "demo_layer_last_abs_mean.npy", m)
-    print(f"4. wrote the channel-mean |H| heatmap of the last layer to {png}")
+    print(f"4. wrote the channel-mean |H| map of the last layer to {png}")
+    ex = explain(model, ids, method="rollout")
+    rel = ex.relevance[0]
+    np.save(out / "demo_rollout_relevance.npy", rel)
+    lo, hi = max(0, t - 12), min(length, t + 12)
+    strip = relevance_strip(rel[lo:hi], out / "demo_rollout_relevance.png", tokens=toks[lo:hi],
+                            names=["rollout"], title=f"rollout relevance for the last query, "
+                                                     f"positions {lo}-{hi - 1} (answer at {t})")
+    top3 = [int(j) for j in np.argsort(-rel[:-1], kind="stable")[:3]]
+    print(f"5. rollout relevance of every position for the last query: {out / 'demo_rollout_relevance.npy'} "
+          f"(strip around the answer: {strip}); most relevant positions {top3}")
+    if t == length - 1:
+        print("6. the answer is the last position itself (the last two tokens are equal): "
+              "no off-diagonal key to check")
+        return 0
+    key = int(induction.strongest_keys(m[None, -1])[0])
+    verdict = "YES" if key == t else "NO"
+    print(f"6. strongest key (off the diagonal) for the last query in layer {len(ops) - 1}: position {key}; "
+          f"the position right after the earlier occurrence is {t}: {verdict}")
     return 0
 
 
@@ -130,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("demo", help="end-to-end demo on the embedded default model")
     s.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "implicit_attn_demo"))
-    s.add_argument("--length", type=int, default=48)
+    s.add_argument("--length", type=int, default=None,
+                   help="sequence length (default: the length the model was trained at)")
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=cmd_demo)
 

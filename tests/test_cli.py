@@ -8,13 +8,20 @@ from implicit_attn.models import mamba
 
 
 def test_demo_runs_with_no_required_arguments(tmp_path, capsys):
-    assert main(["demo", "--out", str(tmp_path), "--length", "12"]) == 0
+    assert main(["demo", "--out", str(tmp_path), "--length", "40"]) == 0
     out = capsys.readouterr().out
     assert "(exact)" in out and "NOT EXACT" not in out
+    assert "induction model" in out and "the model predicts" in out
+    assert "strongest key" in out or "no off-diagonal key" in out
     png = tmp_path / "demo_layer_last_abs_mean.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     m = np.load(tmp_path / "demo_layer_last_abs_mean.npy")
-    assert m.shape == (12, 12) and np.all(np.triu(m, 1) == 0) and m.max() > 0
+    assert m.shape == (40, 40) and np.all(np.triu(m, 1) == 0) and m.max() > 0
+    rel = np.load(tmp_path / "demo_rollout_relevance.npy")
+    assert rel.shape == (40,) and np.all(np.isfinite(rel))
+    assert (tmp_path / "demo_rollout_relevance.png").read_bytes()[:4] == b"\x89PNG"
+    assert main(["demo", "--out", str(tmp_path), "--length", "2"]) == 2
+    assert "length" in capsys.readouterr().err
 
 
 def test_info_and_operator(tmp_path, capsys):
