@@ -1,5 +1,6 @@
 """Mamba-2: logits and per-layer parity with HF torch, exactness of every operator, variants,
 per-head matrices, long inputs and the chunked SSD against float64, the converter's checks."""
+import dataclasses
 import json
 
 import jax
@@ -455,3 +456,113 @@ def test_bad_inputs(one):
         model.operators(np.array([[1, 2]]), layers=[5])
     with pytest.raises(ValueError, match="time_step_limit"):
         mamba2.Config(vocab_size=4, hidden_size=4, num_heads=1, head_dim=8, time_step_limit=(1.0, 0.5))
+
+
+# ----------------------------------------------------------------------------- per-head reuse in dense
+
+@jax.jit
+def _dense_per_channel(core, idx):
+    """Reference: ``alpha`` recomputed for every channel (the formula, no reuse)."""
+    from implicit_attn.ops import conv_right
+
+    H = core.alpha(core.head[idx])
+    H = jnp.take(core.left, idx, axis=1)[..., :, None] * H * jnp.take(core.right, idx, axis=1)[..., None, :]
+    return conv_right(H, jnp.take(core.conv_w, idx, axis=0))
+
+
+def test_dense_reuses_alpha_per_head_for_any_channel_list(one, rng):
+    """``dense`` computes alpha once per distinct head and gathers it: the same numbers and
+    gradients as one alpha per channel for concrete and traced channel lists (contiguous,
+    out of order, scattered over more heads than the fast path holds, duplicated), and vmapped."""
+    _, model, _ = one
+    cfg = model.config  # 4 heads of 8 channels
+    L = 19
+    ids = rng.integers(0, cfg.vocab_size, (2, L))
+    core = model.operators(ids, layers=[-1])[0].core
+    lists = jnp.asarray([list(range(5, 13)),           # contiguous over heads 0, 1 (traced: fast path)
+                         [12, 11, 3, 9, 8, 7, 4, 10],  # the same heads, out of order
+                         [0, 9, 25, 31, 16, 1, 2, 3],  # 4 heads in 8 channels: traced fallback
+                         [31, 0, 31, 16, 1, 2, 2, 9]])  # duplicates, 3 heads: traced fallback
+
+    def fwd_bwd(fn):  # dense of a traced channel list and its vjp w.r.t. log_a, one compilation
+        def run(lg, idx, W):
+            out, vjp = jax.vjp(lambda lg: fn(dataclasses.replace(core, log_a=lg), idx), lg)
+            return out, vjp(W)[0]
+        return jax.jit(run)
+
+    ours, refs = fwd_bwd(lambda c, i: c.dense(i)), fwd_bwd(_dense_per_channel)
+    for idx in lists:
+        W = jnp.asarray(rng.normal(size=(2, 8, L, L)), jnp.float32)
+        (H, g), (H_ref, g_ref) = ours(core.log_a, idx, W), refs(core.log_a, idx, W)
+        H_ref, g_ref = np.asarray(H_ref), np.asarray(g_ref)
+        np.testing.assert_allclose(np.asarray(H), H_ref, rtol=1e-6, atol=1e-7, err_msg=str(idx))
+        np.testing.assert_allclose(np.asarray(g), g_ref, rtol=1e-5, atol=1e-6 * np.abs(g_ref).max())
+        assert np.abs(g_ref).max() > 0
+    ref = np.asarray(_dense_per_channel(core, jnp.arange(32)))
+    # a concrete list (distinct heads found exactly)
+    np.testing.assert_allclose(np.asarray(core.dense(lists[3])), ref[:, lists[3]], rtol=1e-6, atol=1e-7)
+    # vmapped over channel lists (the fallback's cond becomes a select)
+    got = np.asarray(jax.jit(jax.vmap(core.dense))(lists))
+    for k in range(lists.shape[0]):
+        np.testing.assert_allclose(got[k], ref[:, lists[k]], rtol=1e-6, atol=1e-7)
+
+
+# ----------------------------------------------------------------------------- residual block, input checks
+
+def test_block_call_is_the_lm_forward_step(one, rng):
+    """Chaining ``Mamba2Block.__call__`` from the embeddings reproduces every captured mixer
+    input and the (tapped) logits of the full forward."""
+    _, model, _ = one
+    cfg = model.config
+    ids = rng.integers(0, cfg.vocab_size, (2, 7))
+    xs = model.mixer_inputs(ids)
+    tap = jnp.asarray(rng.normal(size=(2, cfg.d_ssm, 7)), jnp.float32)
+    h = model.embeddings[...][ids]
+    n = len(model.layers)
+    for i, block in enumerate(model.layers):
+        hn = mamba2.rms_norm(h, block.norm[...], cfg.layer_norm_epsilon)
+        np.testing.assert_allclose(np.asarray(hn), np.asarray(xs[i]), rtol=1e-5, atol=1e-6)
+        h = block(h, tap=tap if i == n - 1 else None)
+        assert h.shape == (2, 7, cfg.hidden_size)
+    logits = mamba2.rms_norm(h, model.norm_f[...], cfg.layer_norm_epsilon) @ model.lm_head[...].T
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(model.tapped_logits(ids, {n - 1: tap})),
+                               rtol=1e-5, atol=1e-5)
+
+
+BAD_BLOCK_INPUTS = {  # (shape from d_model, dtype, message)
+    "integer": (lambda D: (1, 4, D), np.int32, "floating point"),
+    "rank": (lambda D: (4, D), np.float32, "got rank 2"),
+    "width": (lambda D: (1, 4, D + 1), np.float32, "last dimension"),
+    "empty": (lambda D: (1, 0, D), np.float32, "length >= 1"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_BLOCK_INPUTS))
+def test_bad_block_input(one, case):
+    _, model, _ = one
+    shape, dtype, msg = BAD_BLOCK_INPUTS[case]
+    x = np.zeros(shape(model.config.hidden_size), dtype)
+    block = model.layers[0]
+    for fn in (block.mixer.as_operator, block.mixer, block):
+        with pytest.raises(ValueError, match=msg):
+            fn(x)
+
+
+BAD_TAPS = {  # (taps built from (B, C, L) = (2, C, 5), message)
+    "batch_broadcast": (lambda C: {0: jnp.zeros((1, C, 5))}, "taps[0] must have the shape of layer 0's operator"),
+    "channels": (lambda C: {1: jnp.zeros((2, C + 1, 5))}, "got (2, 33, 5)"),
+    "length": (lambda C: {0: jnp.zeros((2, C, 4))}, "(batch, channels, length) = (2, 32, 5)"),
+    "layer_range": (lambda C: {2: jnp.zeros((2, C, 5))}, "layer 2 out of range"),
+    "layer_twice": (lambda C: {1: jnp.zeros((2, C, 5)), -1: jnp.zeros((2, C, 5))}, "layer 1 given twice"),
+    "integer": (lambda C: {0: jnp.zeros((2, C, 5), jnp.int32)}, "must be floating point"),
+    "not_a_dict": (lambda C: [jnp.zeros((2, C, 5))], "taps must be a dict"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_TAPS))
+def test_bad_taps(one, case):
+    _, model, _ = one
+    make, msg = BAD_TAPS[case]
+    with pytest.raises(ValueError) as e:
+        model.tapped_logits(np.zeros((2, 5), np.int64), make(model.config.d_ssm))
+    assert msg in str(e.value), str(e.value)

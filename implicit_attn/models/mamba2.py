@@ -29,7 +29,7 @@ from flax import nnx
 
 from ..operator import ImplicitOperator, _dataclass_pytree
 from ..ops import causal_conv, conv_right, linear_scan, segment_sum
-from .base import Weights, check_input_ids, check_layers, count_params
+from .base import Weights, check_block_input, check_input_ids, check_layers, check_taps, count_params
 from .mamba import rms_norm
 
 VARIANTS = ("full", "s6_only", "no_conv", "no_gate", "no_act", "no_norm")
@@ -344,8 +344,46 @@ class Mamba2Core:
         L = K.shape[-1]
         return K + self.D[heads][:, None, None] * jnp.eye(L, dtype=f32)
 
+    def _alpha_each(self, heads):
+        """``alpha`` of each head in ``heads (k,)``, one head per loop step: ``(B, k, L, L)``.
+
+        The loop materialises the k matrices; a plain ``take(alpha(heads), ...)`` lets XLA
+        fuse the elementwise ``alpha`` into the gather and recompute it for every channel.
+        """
+        return jnp.moveaxis(jax.lax.map(lambda h: self.alpha(h[None])[:, 0], heads), 0, 1)
+
+    def block_alpha(self, idx):
+        """``alpha_{head[c]}`` for the channels ``c`` of ``idx``: ``(B, len(idx), L, L)``,
+        computed once per distinct head and gathered (the ``P`` channels of a head share it).
+
+        Concrete ``idx``: the distinct heads are found exactly (``np.unique``). Traced ``idx``
+        (inside ``jit``/``scan``, e.g. ``reduce``'s contiguous channel blocks): ``n`` channels
+        spanning a contiguous range touch at most ``k = (n - 2) // P + 2`` heads, so the
+        distinct heads are found with a static-size ``jnp.unique`` of size ``k``; if a block
+        touches more (an arbitrary, scattered ``idx``), a ``lax.cond`` falls back to one
+        ``alpha`` per channel. Same numbers either way.
+        """
+        heads = self.head[idx]
+        n, H = heads.shape[0], self.num_heads
+        if not isinstance(heads, jax.core.Tracer):
+            uniq, inv = np.unique(np.asarray(heads), return_inverse=True)
+            if uniq.shape[0] == n:
+                return self.alpha(heads)
+            return jnp.take(self._alpha_each(jnp.asarray(uniq)), jnp.asarray(inv.reshape(-1)), axis=1)
+        P = max(1, self.num_channels // H)
+        k = min(n, H, (n - 2) // P + 2)
+        if k >= n:
+            return self.alpha(heads)
+        # Padding with the largest head keeps ``uniq`` sorted for ``searchsorted``.
+        uniq = jnp.unique(heads, size=k, fill_value=jnp.max(heads))
+        inv = jnp.minimum(jnp.searchsorted(uniq, heads), k - 1)
+        gathered = lambda: jnp.take(self._alpha_each(uniq), inv, axis=1)
+        if k >= H:  # every head fits: always exact
+            return gathered()
+        return jax.lax.cond(jnp.all(uniq[inv] == heads), gathered, lambda: self.alpha(heads))
+
     def dense(self, idx):
-        H = self.alpha(self.head[idx])
+        H = self.block_alpha(idx)
         if self.left is not None:
             H = jnp.take(self.left, idx, axis=1)[..., :, None] * H
         if self.right is not None:
@@ -471,6 +509,21 @@ def head_matrices(op: Mamba2Operator, how: str = "alpha", heads=None):
     return op.head_matrices(how, heads)
 
 
+def block_forward(layer: dict, h, cfg: Config, tap=None):
+    """HF ``Mamba2Block.forward``: ``h + mixer(rms_norm(h))`` (residual in float32 when
+    ``residual_in_fp32``).
+
+    Args:
+      layer: ``{"norm": (d_model,), "mixer": {...}}``; h: ``(B, L, d_model)`` residual stream;
+      tap: optional ``(B, C, L)`` added to the mixer's operator output (see ``mixer_forward``).
+    Returns:
+      ``(h_next (B, L, d_model), hn (B, L, d_model))``: the block output and the mixer input.
+    """
+    hn = rms_norm(h.astype(layer["norm"].dtype), layer["norm"], cfg.layer_norm_epsilon)
+    residual = h.astype(f32) if cfg.residual_in_fp32 else h
+    return residual + mixer_forward(layer["mixer"], hn, cfg, tap), hn
+
+
 def lm_forward(params: dict, ids, cfg: Config, capture: tuple[int, ...] = (), taps=None):
     """Full LM: ``ids (B, L) -> logits (B, L, vocab)`` float32.
 
@@ -482,11 +535,9 @@ def lm_forward(params: dict, ids, cfg: Config, capture: tuple[int, ...] = (), ta
     h = params["embeddings"][ids]
     captured = []
     for i, layer in enumerate(params["layers"]):
-        hn = rms_norm(h.astype(layer["norm"].dtype), layer["norm"], cfg.layer_norm_epsilon)
-        residual = h.astype(f32) if cfg.residual_in_fp32 else h
+        h, hn = block_forward(layer, h, cfg, taps.get(i))
         if i in capture:
             captured.append(hn)
-        h = residual + mixer_forward(layer["mixer"], hn, cfg, taps.get(i))
     h = rms_norm(h, params["norm_f"], cfg.layer_norm_epsilon)
     head = params["embeddings"] if params.get("lm_head") is None else params["lm_head"]
     logits = (h.astype(head.dtype) @ head.T).astype(f32)
@@ -496,6 +547,7 @@ def lm_forward(params: dict, ids, cfg: Config, capture: tuple[int, ...] = (), ta
 _lm_forward = jax.jit(lm_forward, static_argnames=("cfg", "capture"))
 _mixer_operator = jax.jit(mixer_operator, static_argnames=("cfg", "variant"))
 _mixer_forward = jax.jit(mixer_forward, static_argnames=("cfg",))
+_block_forward = jax.jit(block_forward, static_argnames=("cfg",))
 
 
 def init_params(cfg: Config, key, dtype=jnp.float32) -> dict:
@@ -548,14 +600,12 @@ class Mamba2Mixer(Weights):
 
     def __call__(self, h):
         """``(B, L, d_model) -> (B, L, d_model)``."""
-        return _mixer_forward(self.arrays(), jnp.asarray(h), cfg=self.cfg)
+        h = check_block_input(h, self.cfg.hidden_size, "mixer input")
+        return _mixer_forward(self.arrays(), h, cfg=self.cfg)
 
     def as_operator(self, x, variant: str = "full") -> Mamba2Operator:
         """Implicit operator for mixer input ``x (B, L, d_model)``; channels = ``num_heads * head_dim``."""
-        x = jnp.asarray(x)
-        if x.ndim != 3 or x.shape[-1] != self.cfg.hidden_size or x.shape[1] < 1:
-            raise ValueError(f"mixer input must have shape (batch, length, {self.cfg.hidden_size}), "
-                             f"got {x.shape}")
+        x = check_block_input(x, self.cfg.hidden_size, "mixer input")
         if variant not in VARIANTS:
             raise ValueError(f"Mamba-2 variant must be one of {VARIANTS}, got {variant!r}")
         return _mixer_operator(self.arrays(), x, cfg=self.cfg, variant=variant)
@@ -571,6 +621,23 @@ class Mamba2Block(nnx.Module):
 
     def params(self) -> dict:
         return {"norm": self.norm[...], "mixer": self.mixer.arrays()}
+
+    def __call__(self, h, tap=None):
+        """One residual block, as in ``lm_forward`` (the same pure ``block_forward``).
+
+        Args:
+          h: ``(B, L, d_model)`` floating residual stream entering the block.
+          tap: optional ``(B, C, L)`` (``C = num_heads * head_dim``) added to the mixer's
+            operator output.
+        Returns:
+          ``(B, L, d_model)`` residual stream leaving the block (float32 when
+          ``residual_in_fp32``).
+        """
+        h = check_block_input(h, self.cfg.hidden_size, "block input")
+        if tap is not None:
+            B, L, _ = h.shape
+            tap = check_taps({0: tap}, lambda _: (B, self.cfg.d_ssm, L), 1)[0]
+        return _block_forward(self.params(), h, cfg=self.cfg, tap=tap)[0]
 
 
 class LM(nnx.Module):
@@ -604,8 +671,11 @@ class LM(nnx.Module):
 
     def tapped_logits(self, input_ids, taps: dict):
         """Logits with ``taps = {layer: (B, C, L)}`` added to those layers' operator
-        outputs; differentiable in ``taps`` (for gradient-weighted attribution)."""
+        outputs; differentiable in ``taps`` (for gradient-weighted attribution).
+        Each tap must have exactly its layer's operator-output shape (ValueError otherwise)."""
         ids = check_input_ids(input_ids, self.config.vocab_size)
+        B, L = ids.shape
+        taps = check_taps(taps, lambda i: (B, self.config.d_ssm, L), len(self.layers))
         return _lm_forward(self.params(), ids, cfg=self.config, taps=taps)[0]
 
     def mixer_inputs(self, input_ids, layers=None) -> dict[int, jax.Array]:
@@ -632,4 +702,5 @@ class LM(nnx.Module):
 
 __all__ = ["Config", "LM", "Mamba2Mixer", "Mamba2Block", "Mamba2Core", "Mamba2Operator", "VARIANTS",
            "HEAD_MATRICES", "init_params", "lm_forward", "mixer_forward", "mixer_inner", "mixer_operator",
-           "mixer_parts", "ssd", "chunked_decay", "gated_rms_norm", "gated_norm_scale", "head_matrices"]
+           "mixer_parts", "ssd", "chunked_decay", "gated_rms_norm", "gated_norm_scale", "head_matrices",
+           "block_forward"]
