@@ -17,7 +17,9 @@ from implicit_attn.explain import (METHODS, activation, channel_maps, contributi
                                    positive_perturbation, to_circuitsvis)
 from implicit_attn.models import griffin, mamba, mamba2, rwkv
 
-B, L, Q = 2, 6, 4  # query inside the sequence: positions after it must get nothing
+# Query inside the sequence: positions after it must get nothing. The Mamba model and the
+# input shape are those of test_explain.py, so a run of both shares their compilations.
+B, L, Q = 2, 7, 5
 
 CONFIGS = {
     "mamba": (mamba, mamba.Config(vocab_size=32, hidden_size=8, state_size=4, num_hidden_layers=2)),
@@ -202,13 +204,15 @@ def test_griffin_contributions_rows_and_columns_vs_jvp():
 
 # One ablation per family (the one specific to it where there is one); the others take
 # the same path through ``explain`` (test_explain.py covers Mamba's s6_only and no_conv).
-VARIANT = {"mamba": "no_gate", "mamba2": "no_norm", "griffin": "no_gate", "rwkv": "no_gate"}
+VARIANT = {"mamba2": "no_norm", "griffin": "no_gate", "rwkv": "no_gate"}
 
 
-def test_variant_reaches_every_method(fam):
+@pytest.mark.parametrize("name", list(VARIANT))
+def test_variant_reaches_every_method(name):
     """``variant=`` switches the maps to those of ``model.operators(variant=...)`` in every
     method; the gradients (attribution, contributions) stay those of the real model."""
-    variant = VARIANT[fam.name]
+    fam = get_fam(name)
+    variant = VARIANT[name]
     assert variant in fam.mod.VARIANTS
     ops = fam.model.operators(fam.ids, variant=variant)
     Hv = [np.asarray(dense(op), np.float64) for op in ops]
@@ -278,7 +282,7 @@ def test_attention_heads_and_heads_errors():
 
 # ----------------------------------------------------------------------------- packed documents
 
-POS = np.array([[0, 1, 2, 0, 1, 2], [0, 1, 2, 3, 4, 5]])  # row 0: two documents of 3 tokens
+POS = np.array([[0, 1, 2, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6]])  # row 0: documents of 3 and 4 tokens
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -290,18 +294,19 @@ def test_packed_documents_explain_like_separate_inputs(method):
     f = get_fam("griffin")
     ex = explain(f.model, f.ids, method, query=Q, segment_pos=POS)
     alone = f.ids.copy()
-    alone[0] = np.concatenate([f.ids[0, 3:], f.ids[0, :3]])  # B then A: B is causally alone
-    ref = explain(f.model, alone, method, query=Q - 3)
+    a, nb = 3, L - 3  # document A: positions 0..2, document B: 3..L-1
+    alone[0] = np.concatenate([f.ids[0, a:], f.ids[0, :a]])  # B then A: B is causally alone
+    ref = explain(f.model, alone, method, query=Q - a)
     plain = explain(f.model, f.ids, method, query=Q)
-    assert np.all(ex.relevance[0, :3] == 0) and np.abs(plain.relevance[0, :3]).max() > 1e-6
+    assert np.all(ex.relevance[0, :a] == 0) and np.abs(plain.relevance[0, :a]).max() > 1e-6
     assert ex.target[0] == ref.target[0]
-    np.testing.assert_allclose(ex.relevance[0, 3:], ref.relevance[0, :3], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(ex.relevance[0, a:], ref.relevance[0, :nb], rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(ex.relevance[1], plain.relevance[1], rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(ex.layer_maps[:, 0, 3:, 3:], ref.layer_maps[:, 0, :3, :3], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(ex.layer_maps[:, 0, a:, a:], ref.layer_maps[:, 0, :nb, :nb], rtol=1e-4, atol=1e-6)
     if method == "raw":
         maps = model_maps(f.model, f.ids, segment_pos=POS)
         np.testing.assert_allclose(ex.layer_maps, maps, rtol=1e-6)
-        assert np.all(np.asarray(maps)[:, 0, 3:, :3] == 0)
+        assert np.all(np.asarray(maps)[:, 0, a:, :a] == 0)
 
 
 def test_packed_documents_metrics_and_errors():
@@ -326,7 +331,7 @@ def test_packed_documents_metrics_and_errors():
                lambda: model_maps(mm.model, mm.ids, segment_pos=POS)):
         with pytest.raises(ValueError, match="segment_pos .* only taken by Griffin"):
             fn()
-    with pytest.raises(ValueError, match=r"segment_pos must have the shape of ids \(2, 6\)"):
+    with pytest.raises(ValueError, match=r"segment_pos must have the shape of ids \(2, 7\)"):
         explain(f.model, f.ids, "raw", segment_pos=POS[:, :4])
     with pytest.raises(ValueError, match="segment_pos"):  # the model's own check of the values
         explain(f.model, f.ids, "raw", segment_pos=POS + 1)
