@@ -250,3 +250,73 @@ def test_parallel_and_sequential_scans_agree(rng):
     np.testing.assert_allclose(np.asarray(par), np.asarray(seq), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="scan method"):
         mamba.selective_scan(u, dt, A, Bm, Cm, D, method="fast")
+
+
+# ----------------------------------------------------------------------------- residual block, input checks
+
+def test_block_call_is_the_lm_forward_step(one, rng):
+    """Chaining ``MambaBlock.__call__`` from the embeddings reproduces every captured mixer
+    input and the (tapped) logits of the full forward."""
+    _, model = one
+    cfg = model.config
+    ids = rng.integers(0, cfg.vocab_size, (2, 7))
+    xs = model.mixer_inputs(ids)
+    tap = jnp.asarray(rng.normal(size=(2, cfg.intermediate_size, 7)), jnp.float32)
+    h = model.embeddings[...][ids]
+    n = len(model.layers)
+    for i, block in enumerate(model.layers):
+        hn = mamba.rms_norm(h, block.norm[...], cfg.layer_norm_epsilon)
+        np.testing.assert_allclose(np.asarray(hn), np.asarray(xs[i]), rtol=1e-5, atol=1e-6)
+        h = block(h, tap=tap if i == n - 1 else None)
+        assert h.shape == (2, 7, cfg.hidden_size)
+    head = model.embeddings[...] if model.lm_head is None else model.lm_head[...]
+    logits = mamba.rms_norm(h, model.norm_f[...], cfg.layer_norm_epsilon) @ head.T
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(model.tapped_logits(ids, {n - 1: tap})),
+                               rtol=1e-5, atol=1e-5)
+
+
+BAD_BLOCK_INPUTS = {  # (shape from d_model, dtype, message)
+    "integer": (lambda D: (1, 4, D), np.int32, "floating point"),
+    "rank": (lambda D: (4, D), np.float32, "got rank 2"),
+    "width": (lambda D: (1, 4, D + 1), np.float32, "last dimension"),
+    "empty": (lambda D: (1, 0, D), np.float32, "length >= 1"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_BLOCK_INPUTS))
+def test_bad_block_input(one, case):
+    _, model = one
+    shape, dtype, msg = BAD_BLOCK_INPUTS[case]
+    x = np.zeros(shape(model.config.hidden_size), dtype)
+    block = model.layers[0]
+    for fn in (block.mixer.as_operator, block.mixer, block):
+        with pytest.raises(ValueError, match=msg):
+            fn(x)
+
+
+BAD_TAPS = {  # (taps built from (B, C, L) = (2, C, 5), message); C = 32, 2 layers
+    "batch_broadcast": (lambda C: {0: jnp.zeros((1, C, 5))}, "taps[0] must have the shape of layer 0's operator"),
+    "channels": (lambda C: {1: jnp.zeros((2, C + 1, 5))}, "got (2, 33, 5)"),
+    "length": (lambda C: {0: jnp.zeros((2, C, 4))}, "(batch, channels, length) = (2, 32, 5)"),
+    "layer_range": (lambda C: {-3: jnp.zeros((2, C, 5))}, "layer -3 out of range"),
+    "layer_twice": (lambda C: {0: jnp.zeros((2, C, 5)), -2: jnp.zeros((2, C, 5))}, "layer 0 given twice"),
+    "integer": (lambda C: {0: jnp.zeros((2, C, 5), jnp.int32)}, "must be floating point"),
+    "not_a_dict": (lambda C: [jnp.zeros((2, C, 5))], "taps must be a dict"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_TAPS))
+def test_bad_taps(one, case):
+    _, model = one
+    make, msg = BAD_TAPS[case]
+    with pytest.raises(ValueError) as e:
+        model.tapped_logits(np.zeros((2, 5), np.int64), make(model.config.intermediate_size))
+    assert msg in str(e.value), str(e.value)
+
+
+def test_negative_tap_layer_counts_from_the_end(one, rng):
+    _, model = one
+    ids = rng.integers(0, model.config.vocab_size, (1, 5))
+    tap = jnp.asarray(rng.normal(size=(1, model.config.intermediate_size, 5)), jnp.float32)
+    np.testing.assert_array_equal(np.asarray(model.tapped_logits(ids, {-1: tap})),
+                                  np.asarray(model.tapped_logits(ids, {len(model.layers) - 1: tap})))

@@ -19,7 +19,8 @@ from flax import nnx
 
 from ..operator import ImplicitOperator, StateDecayCore
 from ..ops import causal_conv, linear_scan
-from .base import Weights, check_input_ids, check_layers, count_params
+from .base import (SCAN_METHODS, Weights, check_block_input, check_input_ids, check_layers, check_taps,
+                   count_params, scan_method)
 
 VARIANTS = ("full", "s6_only", "no_conv", "no_gate", "no_act")
 f32 = jnp.float32
@@ -101,17 +102,9 @@ def mixer_parts(p: dict, h, cfg: Config) -> dict:
     return dict(x=x, z=z, xc=xc, u=u, dt=dt, Bm=Bm.astype(f32), Cm=Cm.astype(f32), A=A)
 
 
-SCAN_METHODS = ("auto", "parallel", "sequential")
-
-
-def _scan_method(method: str) -> str:
-    if method not in SCAN_METHODS:
-        raise ValueError(f"scan method must be one of {SCAN_METHODS}, got {method!r}")
-    if method == "auto":
-        # Measured on CPU: the fused sequential scan is ~15x faster than the
-        # associative scan at d_inner 1536, L 512 (it never writes (B, L, C, N)).
-        return "sequential" if jax.default_backend() == "cpu" else "parallel"
-    return method
+# Shared with the RG-LRU (base.scan_method): on CPU the fused sequential scan is ~15x
+# faster than the associative scan at d_inner 1536, L 512 (it never writes (B, L, C, N)).
+_scan_method = scan_method
 
 
 def selective_scan(u, dt, A, Bm, Cm, D=None, method: str = "auto"):
@@ -217,6 +210,21 @@ def mixer_operator(p: dict, h, cfg: Config, variant: str = "full", chunk: int = 
     return ImplicitOperator(values=values, offset=offset, output=T(output), core=core)
 
 
+def block_forward(layer: dict, h, cfg: Config, tap=None):
+    """HF ``MambaBlock.forward``: ``h + mixer(rms_norm(h))`` (residual in float32 when
+    ``residual_in_fp32``).
+
+    Args:
+      layer: ``{"norm": (d_model,), "mixer": {...}}``; h: ``(B, L, d_model)`` residual stream;
+      tap: optional ``(B, C, L)`` added to the mixer's operator output (see ``mixer_forward``).
+    Returns:
+      ``(h_next (B, L, d_model), hn (B, L, d_model))``: the block output and the mixer input.
+    """
+    residual = h.astype(f32) if cfg.residual_in_fp32 else h
+    hn = rms_norm(h.astype(layer["norm"].dtype), layer["norm"], cfg.layer_norm_epsilon)
+    return residual + mixer_forward(layer["mixer"], hn, cfg, tap), hn
+
+
 def lm_forward(params: dict, ids, cfg: Config, capture: tuple[int, ...] = (), taps=None):
     """Full LM: ``ids (B, L) -> logits (B, L, vocab)`` float32.
 
@@ -229,11 +237,9 @@ def lm_forward(params: dict, ids, cfg: Config, capture: tuple[int, ...] = (), ta
     h = params["embeddings"][ids]
     captured = []
     for i, layer in enumerate(params["layers"]):
-        residual = h.astype(f32) if cfg.residual_in_fp32 else h
-        hn = rms_norm(h.astype(layer["norm"].dtype), layer["norm"], cfg.layer_norm_epsilon)
+        h, hn = block_forward(layer, h, cfg, taps.get(i))
         if i in capture:
             captured.append(hn)
-        h = residual + mixer_forward(layer["mixer"], hn, cfg, taps.get(i))
     h = rms_norm(h, params["norm_f"], cfg.layer_norm_epsilon)
     head = params["embeddings"] if params.get("lm_head") is None else params["lm_head"]
     logits = (h.astype(head.dtype) @ head.T).astype(f32)
@@ -241,6 +247,8 @@ def lm_forward(params: dict, ids, cfg: Config, capture: tuple[int, ...] = (), ta
 
 
 _lm_forward = jax.jit(lm_forward, static_argnames=("cfg", "capture"))
+_block_forward = jax.jit(block_forward, static_argnames=("cfg",))
+_mixer_forward = jax.jit(mixer_forward, static_argnames=("cfg",))
 _mixer_operator = jax.jit(mixer_operator, static_argnames=("cfg", "variant", "chunk"))
 
 
@@ -289,14 +297,12 @@ class MambaMixer(Weights):
 
     def __call__(self, h):
         """``(B, L, d_model) -> (B, L, d_model)``."""
-        return mixer_forward(self.arrays(), h, self.cfg)
+        h = check_block_input(h, self.cfg.hidden_size, "mixer input")
+        return _mixer_forward(self.arrays(), h, cfg=self.cfg)
 
     def as_operator(self, x, variant: str = "full") -> ImplicitOperator:
         """Implicit operator for mixer input ``x (B, L, d_model)``; channels = inner width."""
-        x = jnp.asarray(x)
-        if x.ndim != 3 or x.shape[-1] != self.cfg.hidden_size:
-            raise ValueError(f"mixer input must have shape (batch, length, {self.cfg.hidden_size}), "
-                             f"got {x.shape}")
+        x = check_block_input(x, self.cfg.hidden_size, "mixer input")
         if variant not in VARIANTS:
             raise ValueError(f"Mamba variant must be one of {VARIANTS}, got {variant!r}")
         return _mixer_operator(self.arrays(), x, cfg=self.cfg, variant=variant)
@@ -312,6 +318,22 @@ class MambaBlock(nnx.Module):
 
     def params(self) -> dict:
         return {"norm": self.norm[...], "mixer": self.mixer.arrays()}
+
+    def __call__(self, h, tap=None):
+        """One residual block, as in ``lm_forward`` (the same pure ``block_forward``).
+
+        Args:
+          h: ``(B, L, d_model)`` floating residual stream entering the block.
+          tap: optional ``(B, C, L)`` added to the mixer's operator output.
+        Returns:
+          ``(B, L, d_model)`` residual stream leaving the block (float32 when
+          ``residual_in_fp32``).
+        """
+        h = check_block_input(h, self.cfg.hidden_size, "block input")
+        if tap is not None:
+            B, L, _ = h.shape
+            tap = check_taps({0: tap}, lambda _: (B, self.cfg.intermediate_size, L), 1)[0]
+        return _block_forward(self.params(), h, cfg=self.cfg, tap=tap)[0]
 
 
 class LM(nnx.Module):
@@ -345,8 +367,11 @@ class LM(nnx.Module):
 
     def tapped_logits(self, input_ids, taps: dict):
         """Logits with ``taps = {layer: (B, C, L)}`` added to those layers' operator
-        outputs; differentiable in ``taps`` (for gradient-weighted attribution)."""
+        outputs; differentiable in ``taps`` (for gradient-weighted attribution).
+        Each tap must have exactly its layer's operator-output shape (ValueError otherwise)."""
         ids = check_input_ids(input_ids, self.config.vocab_size)
+        B, L = ids.shape
+        taps = check_taps(taps, lambda i: (B, self.config.intermediate_size, L), len(self.layers))
         return _lm_forward(self.params(), ids, cfg=self.config, taps=taps)[0]
 
     def mixer_inputs(self, input_ids, layers=None) -> dict[int, jax.Array]:
@@ -371,4 +396,5 @@ class LM(nnx.Module):
 
 
 __all__ = ["Config", "LM", "MambaMixer", "MambaBlock", "VARIANTS", "init_params", "lm_forward",
-           "mixer_forward", "mixer_inner", "mixer_operator", "mixer_parts", "selective_scan", "rms_norm"]
+           "mixer_forward", "mixer_inner", "mixer_operator", "mixer_parts", "selective_scan", "rms_norm",
+           "block_forward", "SCAN_METHODS"]
