@@ -512,3 +512,106 @@ def test_bad_input(one):
         model.operators(ids, layers=[3])
     with pytest.raises(ValueError, match="channels out of range"):
         model.operators(ids, layers=[2])[0].materialize(channels=[4])
+
+
+# ----------------------------------------------------------------------------- RG-LRU scan methods
+
+def test_rglru_parallel_and_sequential_scans_agree(rng):
+    """Both scan methods give the float64 recurrence, and a reset (a = 0) cuts the state
+    exactly: outputs from the reset on do not depend on any input before it."""
+    B, L, C = 2, 37, 5
+    a = rng.uniform(0.5, 0.999, (B, L, C))
+    a[:, 0] = 0.0
+    a[0, 11] = 0.0  # document starts
+    a[1, 20:22] = 0.0
+    u = rng.normal(size=(B, L, C))
+    ref = np.zeros((B, L, C))
+    h = np.zeros((B, C))
+    for t in range(L):
+        h = a[:, t] * h + u[:, t]
+        ref[:, t] = h
+    u2 = u.copy()
+    u2[0, :11] += 5.0  # changes before the reset in row 0
+    u2[1, :21] -= 3.0
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    for method in ("sequential", "parallel", "auto"):
+        got = np.asarray(griffin.rglru_scan(f32(a), f32(u), method=method))
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5, err_msg=method)
+        moved = np.asarray(griffin.rglru_scan(f32(a), f32(u2), method=method))
+        np.testing.assert_array_equal(moved[0, 11:], got[0, 11:])
+        np.testing.assert_array_equal(moved[1, 21:], got[1, 21:])
+        assert np.abs(moved[0, :11] - got[0, :11]).min() > 0
+    par = griffin.rglru_scan(f32(a), f32(u), method="parallel")
+    seq = griffin.rglru_scan(f32(a), f32(u), method="sequential")
+    np.testing.assert_allclose(np.asarray(par), np.asarray(seq), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="scan method"):
+        griffin.rglru_scan(f32(a), f32(u), method="fast")
+
+
+# ----------------------------------------------------------------------------- residual layer, input checks
+
+def test_layer_call_is_the_lm_forward_step(one, rng):
+    """Chaining ``GriffinLayer.__call__`` (recurrent and attention layers, packed documents,
+    taps of both kinds) from the scaled embeddings reproduces the captured temporal-block
+    inputs and the tapped, soft-capped logits of the full forward."""
+    _, model, _ = one
+    cfg = model.config
+    ids, pos = _packed(rng, cfg.vocab_size)
+    B, L = ids.shape
+    xs = model.mixer_inputs(ids, segment_pos=pos)
+    taps = {1: jnp.asarray(rng.normal(size=(B, cfg.lru_width, L)), jnp.float32),
+            2: jnp.asarray(rng.normal(size=(B, cfg.num_attention_heads, L, cfg.head_dim)), jnp.float32)}
+    assert cfg.layer_types[1:] == ("recurrent", "attention")
+    emb = model.embed_tokens[...]
+    h = emb[ids] * griffin.embed_scale(cfg, emb.dtype)
+    for i, layer in enumerate(model.layers):
+        if i <= min(taps):  # the captured inputs are untapped
+            hn = griffin.rms_norm(h, layer.temporal_pre_norm[...], cfg.rms_norm_eps)
+            np.testing.assert_allclose(np.asarray(hn), np.asarray(xs[i]), rtol=1e-5, atol=1e-6)
+        h = layer(h, segment_pos=pos, tap=taps.get(i))
+        assert h.shape == (B, L, cfg.hidden_size)
+    head = emb if model.lm_head is None else model.lm_head[...]
+    logits = griffin.rms_norm(h, model.final_norm[...], cfg.rms_norm_eps) @ head.T
+    logits = jnp.tanh(logits / cfg.logits_soft_cap) * cfg.logits_soft_cap
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(model.tapped_logits(ids, taps, segment_pos=pos)),
+                               rtol=1e-5, atol=1e-5)
+
+
+BAD_BLOCK_INPUTS = {  # (shape from d_model, dtype, message)
+    "integer": (lambda D: (1, 4, D), np.int32, "floating point"),
+    "rank": (lambda D: (4, D), np.float32, "got rank 2"),
+    "width": (lambda D: (1, 4, D + 1), np.float32, "last dimension"),
+    "empty": (lambda D: (1, 0, D), np.float32, "length >= 1"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_BLOCK_INPUTS))
+def test_bad_block_input(one, case):
+    _, model, _ = one
+    shape, dtype, msg = BAD_BLOCK_INPUTS[case]
+    x = np.zeros(shape(model.config.hidden_size), dtype)
+    for layer in (model.layers[0], model.layers[2]):  # recurrent, attention
+        for fn in (layer.temporal_block.as_operator, layer.temporal_block, layer):
+            with pytest.raises(ValueError, match=msg):
+                fn(x)
+
+
+BAD_TAPS = {  # (taps for (B, L) = (2, 5): lru_width 24, 4 heads of 8, layers rec, rec, attn; message)
+    "batch_broadcast": ({0: jnp.zeros((1, 24, 5))}, "taps[0] must have the shape of layer 0's operator"),
+    "channels": ({1: jnp.zeros((2, 25, 5))}, "(batch, lru_width, length) = (2, 24, 5), got (2, 25, 5)"),
+    "attention_as_recurrent": ({2: jnp.zeros((2, 24, 5))}, "(batch, heads, length, head_dim) = (2, 4, 5, 8)"),
+    "recurrent_as_attention": ({0: jnp.zeros((2, 4, 5, 8))}, "(batch, lru_width, length) = (2, 24, 5)"),
+    "layer_range": ({3: jnp.zeros((2, 24, 5))}, "layer 3 out of range"),
+    "layer_twice": ({0: jnp.zeros((2, 24, 5)), -3: jnp.zeros((2, 24, 5))}, "layer 0 given twice"),
+    "integer": ({0: jnp.zeros((2, 24, 5), jnp.int32)}, "must be floating point"),
+    "not_a_dict": ([jnp.zeros((2, 24, 5))], "taps must be a dict"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_TAPS))
+def test_bad_taps(one, case):
+    _, model, _ = one
+    taps, msg = BAD_TAPS[case]
+    with pytest.raises(ValueError) as e:
+        model.tapped_logits(np.zeros((2, 5), np.int64), taps)
+    assert msg in str(e.value), str(e.value)

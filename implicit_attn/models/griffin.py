@@ -29,8 +29,9 @@ from flax import nnx
 
 from ..attention_operator import AttentionCore, AttentionOperator, attention_probs
 from ..operator import ImplicitOperator, ScalarDecayCore, _dataclass_pytree
-from ..ops import causal_conv
-from .base import Weights, check_input_ids, check_layers, count_params
+from ..ops import causal_conv, linear_scan
+from .base import (SCAN_METHODS, Weights, check_block_input, check_input_ids, check_layers, check_taps,
+                   count_params, scan_method)
 
 VARIANTS = ("full", "no_conv", "no_gate")
 BLOCK_TYPES = ("recurrent", "attention")
@@ -228,17 +229,25 @@ def recurrent_parts(p: dict, h, pos, cfg: Config) -> dict:
     return dict(y=y, x=x, xc=xc, seg=seg, **rglru_gates(p, xc, pos, cfg.num_attention_heads))
 
 
-def rglru_scan(a, u):
+def rglru_scan(a, u, method: str = "auto"):
     """``h_t = a_t h_{t-1} + u_t`` (``h_{-1} = 0``) over axis 1 in float32. ``(B, L, C) -> (B, L, C)``.
 
-    A sequential ``lax.scan``: the same accumulation order as the reference loop, and it
-    compiles in a fraction of the time of an associative scan (3x at L = 1024, 13x at 8192).
+    ``method="sequential"``: one ``lax.scan``, the same accumulation order as the reference
+    loop; on CPU it is the faster choice and compiles in a fraction of the time of an
+    associative scan (3x at L = 1024, 13x at 8192). ``"parallel"``: ``ops.linear_scan``
+    (``jax.lax.associative_scan``, O(log L) depth; for GPU/TPU). ``"auto"`` picks by backend
+    (``base.scan_method``, as Mamba's ``selective_scan``). Document resets (``a_t = 0``) cut
+    the state exactly with either method.
     """
+    a, u = a.astype(f32), u.astype(f32)
+    if scan_method(method) == "parallel":
+        return linear_scan(a, u, axis=1)
+
     def step(h, au):
         h = au[0] * h + au[1]
         return h, h
 
-    a, u = (jnp.swapaxes(t.astype(f32), 0, 1) for t in (a, u))
+    a, u = (jnp.swapaxes(t, 0, 1) for t in (a, u))
     _, hs = jax.lax.scan(step, jnp.zeros_like(u[0]), (a, u))
     return jnp.swapaxes(hs, 0, 1)
 
@@ -388,6 +397,25 @@ def embed_scale(cfg: Config, dtype):
     return jnp.asarray(math.sqrt(cfg.hidden_size), jnp.bfloat16).astype(dtype)
 
 
+def layer_forward(layer: dict, h, pos, cfg: Config, kind: str, tap=None):
+    """HF ``RecurrentGemmaDecoderLayer``: ``h + temporal(norm(h))``, then ``+ mlp(norm(.))``.
+
+    Args:
+      layer: ``{"temporal_pre_norm", "channel_pre_norm", "temporal_block", "mlp_block"}``;
+      h: ``(B, L, d_model)`` residual stream; pos: ``(B, L)`` positions;
+      kind: ``"recurrent"`` or ``"attention"``; tap: optional array added to the temporal
+        block's operator output (``(B, C, L)`` recurrent, ``(B, H, L, d)`` attention).
+    Returns:
+      ``(h_next (B, L, d_model), hn (B, L, d_model))``: the layer output and the temporal
+      block's input.
+    """
+    hn = rms_norm(h, layer["temporal_pre_norm"], cfg.rms_norm_eps)
+    fwd = recurrent_forward if kind == "recurrent" else attention_forward
+    h = fwd(layer["temporal_block"], hn, pos, cfg, tap) + h
+    h = mlp_forward(layer["mlp_block"], rms_norm(h, layer["channel_pre_norm"], cfg.rms_norm_eps)) + h
+    return h, hn
+
+
 def lm_forward(params: dict, ids, pos, cfg: Config, capture: tuple[int, ...] = (), taps=None):
     """Full LM: ``ids (B, L)``, positions ``pos (B, L)`` -> ``logits (B, L, vocab)`` float32
     (soft-capped), and the temporal-block inputs of the layers in ``capture`` (list of
@@ -398,12 +426,9 @@ def lm_forward(params: dict, ids, pos, cfg: Config, capture: tuple[int, ...] = (
     h = emb[ids] * embed_scale(cfg, emb.dtype)
     captured = []
     for i, (kind, layer) in enumerate(zip(cfg.layer_types, params["layers"])):
-        hn = rms_norm(h, layer["temporal_pre_norm"], cfg.rms_norm_eps)
+        h, hn = layer_forward(layer, h, pos, cfg, kind, taps.get(i))
         if i in capture:
             captured.append(hn)
-        fwd = recurrent_forward if kind == "recurrent" else attention_forward
-        h = fwd(layer["temporal_block"], hn, pos, cfg, taps.get(i)) + h
-        h = mlp_forward(layer["mlp_block"], rms_norm(h, layer["channel_pre_norm"], cfg.rms_norm_eps)) + h
     h = rms_norm(h, params["final_norm"], cfg.rms_norm_eps)
     head = emb if params.get("lm_head") is None else params["lm_head"]
     logits = h.astype(head.dtype) @ head.T
@@ -417,6 +442,7 @@ _recurrent_forward = jax.jit(recurrent_forward, static_argnames=("cfg",))
 _attention_forward = jax.jit(attention_forward, static_argnames=("cfg",))
 _recurrent_operator = jax.jit(recurrent_operator, static_argnames=("cfg", "variant", "documents"))
 _attention_operator = jax.jit(attention_operator, static_argnames=("cfg",))
+_layer_forward = jax.jit(layer_forward, static_argnames=("cfg", "kind"))
 
 
 def init_params(cfg: Config, key, dtype=jnp.float32) -> dict:
@@ -461,11 +487,15 @@ def init_params(cfg: Config, key, dtype=jnp.float32) -> dict:
 
 # ----------------------------------------------------------------------------- modules
 
-def _check_block_input(x, cfg: Config):
-    x = jnp.asarray(x)
-    if x.ndim != 3 or x.shape[-1] != cfg.hidden_size:
-        raise ValueError(f"temporal block input must have shape (batch, length, {cfg.hidden_size}), got {x.shape}")
-    return x
+def _check_block_input(x, cfg: Config, name: str = "temporal block input"):
+    return check_block_input(x, cfg.hidden_size, name)
+
+
+def _tap_shape(cfg: Config, kind: str, B: int, L: int) -> tuple[tuple, str]:
+    """Shape of a ``kind`` block's operator output, and its axes for messages."""
+    if kind == "recurrent":
+        return (B, cfg.lru_width, L), "(batch, lru_width, length)"
+    return (B, cfg.num_attention_heads, L, cfg.head_dim), "(batch, heads, length, head_dim)"
 
 
 class RecurrentBlock(Weights):
@@ -524,6 +554,8 @@ class GriffinLayer(nnx.Module):
     """Residual layer: ``temporal_pre_norm``, ``temporal_block``, ``channel_pre_norm``, ``mlp_block``."""
 
     def __init__(self, cfg: Config, kind: str, layer: dict):
+        self.cfg = cfg
+        self.kind = kind
         self.temporal_pre_norm = nnx.Param(jnp.asarray(layer["temporal_pre_norm"]))
         self.channel_pre_norm = nnx.Param(jnp.asarray(layer["channel_pre_norm"]))
         block = RecurrentBlock if kind == "recurrent" else AttentionBlock
@@ -533,6 +565,25 @@ class GriffinLayer(nnx.Module):
     def params(self) -> dict:
         return {"temporal_pre_norm": self.temporal_pre_norm[...], "channel_pre_norm": self.channel_pre_norm[...],
                 "temporal_block": self.temporal_block.arrays(), "mlp_block": self.mlp_block.arrays()}
+
+    def __call__(self, h, segment_pos=None, tap=None):
+        """One residual layer, as in ``lm_forward`` (the same pure ``layer_forward``).
+
+        Args:
+          h: ``(B, L, d_model)`` floating residual stream entering the layer.
+          segment_pos: None or ``(B, L)`` document positions (see ``check_segment_pos``).
+          tap: optional array added to the temporal block's operator output:
+            ``(B, lru_width, L)`` (recurrent) or ``(B, heads, L, head_dim)`` (attention).
+        Returns:
+          ``(B, L, d_model)`` residual stream leaving the layer.
+        """
+        h = _check_block_input(h, self.cfg, "layer input")
+        B, L, _ = h.shape
+        pos = check_segment_pos(segment_pos, (B, L))
+        if tap is not None:
+            shape, what = _tap_shape(self.cfg, self.kind, B, L)
+            tap = check_taps({0: tap}, lambda _: shape, 1, lambda _: what)[0]
+        return _layer_forward(self.params(), h, pos, cfg=self.cfg, kind=self.kind, tap=tap)[0]
 
 
 class LM(nnx.Module):
@@ -574,8 +625,13 @@ class LM(nnx.Module):
 
     def tapped_logits(self, input_ids, taps: dict, segment_pos=None):
         """Logits with ``taps = {layer: array}`` added to those layers' operator outputs
-        (``(B, C, L)`` recurrent, ``(B, H, L, d)`` attention); differentiable in ``taps``."""
+        (``(B, C, L)`` recurrent, ``(B, H, L, d)`` attention); differentiable in ``taps``.
+        Each tap must have exactly its layer's operator-output shape (ValueError otherwise)."""
         ids, pos = self._inputs(input_ids, segment_pos)
+        B, L = ids.shape
+        kinds = self.config.layer_types
+        taps = check_taps(taps, lambda i: _tap_shape(self.config, kinds[i], B, L)[0], len(self.layers),
+                          lambda i: _tap_shape(self.config, kinds[i], B, L)[1])
         return _lm_forward(self.params(), ids, pos, cfg=self.config, taps=taps)[0]
 
     def mixer_inputs(self, input_ids, layers=None, segment_pos=None) -> dict[int, jax.Array]:
@@ -608,4 +664,4 @@ __all__ = ["Config", "LM", "RecurrentBlock", "AttentionBlock", "GriffinLayer", "
            "VARIANTS", "check_segment_pos", "segment_ids", "document_conv", "rglru_gates", "rglru_scan",
            "recurrent_parts", "recurrent_inner", "recurrent_forward", "recurrent_operator", "rotary",
            "attention_parts", "attention_inner", "attention_forward", "attention_operator", "mlp_forward",
-           "rms_norm", "embed_scale", "init_params", "lm_forward"]
+           "rms_norm", "embed_scale", "init_params", "lm_forward", "layer_forward", "SCAN_METHODS"]
