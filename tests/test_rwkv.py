@@ -367,3 +367,67 @@ def test_bad_inputs(one):
         model.operators(np.array([[1, 2]]), layers=[2])
     with pytest.raises(ValueError, match="positive integer"):
         rwkv.Config(vocab_size=0, hidden_size=4)
+
+
+# ----------------------------------------------------------------------------- residual block, input checks
+
+def test_block_call_is_the_lm_forward_step(one, rng):
+    """Chaining ``RwkvBlock.__call__`` from the embeddings (block 0 applies ``pre_ln``; rescaling
+    after every block) reproduces every captured time-mix input and the tapped logits."""
+    _, model, _ = one
+    cfg = model.config
+    ids = rng.integers(0, cfg.vocab_size, (2, 7))
+    xs = model.mixer_inputs(ids)
+    n = len(model.layers)
+    tap = jnp.asarray(rng.normal(size=(2, cfg.attention_hidden_size, 7)), jnp.float32)
+    ln = lambda x, w: rwkv.layer_norm(x, w["weight"], w["bias"], cfg.layer_norm_epsilon)
+    h = model.embeddings[...][ids]
+    for i, block in enumerate(model.layers):
+        x = ln(h if block.pre_ln is None else ln(h, block.pre_ln.arrays()), block.ln1.arrays())
+        np.testing.assert_allclose(np.asarray(x), np.asarray(xs[i]), rtol=1e-5, atol=1e-5)
+        h = block(h, tap=tap if i == n - 1 else None)
+        assert h.shape == (2, 7, cfg.hidden_size)
+    lo = model.ln_out.arrays()
+    logits = rwkv.layer_norm(h, lo["weight"], lo["bias"], rwkv._FINAL_LN_EPS) @ model.head[...].T
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(model.tapped_logits(ids, {n - 1: tap})),
+                               rtol=1e-5, atol=1e-5)
+
+
+BAD_BLOCK_INPUTS = {  # (shape from d_model, dtype, message)
+    "integer": (lambda D: (1, 4, D), np.int32, "floating point"),
+    "rank": (lambda D: (4, D), np.float32, "got rank 2"),
+    "width": (lambda D: (1, 4, D + 1), np.float32, "last dimension"),
+    "empty": (lambda D: (1, 0, D), np.float32, "length >= 1"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_BLOCK_INPUTS))
+def test_bad_block_input(one, case):
+    _, model, _ = one
+    shape, dtype, msg = BAD_BLOCK_INPUTS[case]
+    x = np.zeros(shape(model.config.hidden_size), dtype)
+    block = model.layers[0]
+    for fn in (block.attention.as_operator, block.attention, block.feed_forward, block):
+        with pytest.raises(ValueError, match=msg):
+            fn(x)
+
+
+BAD_TAPS = {  # (taps for (B, A, L) = (2, 12, 5), 2 layers; message)
+    "batch_broadcast": ({0: jnp.zeros((1, 12, 5))}, "taps[0] must have the shape of layer 0's operator"),
+    "channels": ({1: jnp.zeros((2, 16, 5))}, "(batch, channels, length) = (2, 12, 5), got (2, 16, 5)"),
+    "length": ({0: jnp.zeros((2, 12, 4))}, "= (2, 12, 5), got (2, 12, 4)"),
+    "layer_range": ({2: jnp.zeros((2, 12, 5))}, "layer 2 out of range"),
+    "layer_twice": ({1: jnp.zeros((2, 12, 5)), -1: jnp.zeros((2, 12, 5))}, "layer 1 given twice"),
+    "integer": ({0: jnp.zeros((2, 12, 5), jnp.int32)}, "must be floating point"),
+    "not_a_dict": ([jnp.zeros((2, 12, 5))], "taps must be a dict"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_TAPS))
+def test_bad_taps(one, case):
+    _, model, _ = one
+    assert model.config.attention_hidden_size == 12
+    taps, msg = BAD_TAPS[case]
+    with pytest.raises(ValueError) as e:
+        model.tapped_logits(np.zeros((2, 5), np.int64), taps)
+    assert msg in str(e.value), str(e.value)

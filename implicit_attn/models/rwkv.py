@@ -26,7 +26,7 @@ import numpy as np
 from flax import nnx
 
 from ..operator import ImplicitOperator, _dataclass_pytree
-from .base import Weights, check_input_ids, check_layers, count_params
+from .base import Weights, check_block_input, check_input_ids, check_layers, check_taps, count_params
 
 VARIANTS = ("full", "no_gate")
 f32 = jnp.float32
@@ -277,6 +277,32 @@ def _stack_layers(layers: list) -> dict:
     return jax.tree.map(lambda *a: jnp.stack(a), *[{k: l[k] for k in keep} for l in layers])
 
 
+def block_forward(lp: dict, h, cfg: Config, layer=0, tap=None):
+    """HF ``RwkvBlock.forward`` in eval mode: ``(pre_ln on block 0), h + attention(ln1 h),
+    h + feed_forward(ln2 h)``, halved after every ``rescale_every``-th block.
+
+    Args:
+      lp: ``{"ln1", "ln2", "attention", "feed_forward"}`` and optionally ``"pre_ln"``
+        (block 0 only; ``lm_forward`` applies it before its scan over blocks);
+      h: ``(B, L, D)`` residual stream; layer: block index (may be traced: it only picks
+        the rescaling divisor); tap: optional ``(B, A, L)`` added to the time mix's
+        operator output.
+    Returns:
+      ``(h_next (B, L, D), x (B, L, D))``: the block output and the time-mix input (``ln1`` output).
+    """
+    eps = cfg.layer_norm_epsilon
+    pre = lp.get("pre_ln")
+    if pre is not None:
+        h = layer_norm(h, pre["weight"], pre["bias"], eps)
+    x = layer_norm(h, lp["ln1"]["weight"], lp["ln1"]["bias"], eps)
+    h = h + time_mix_forward(lp["attention"], x, cfg, layer, tap)
+    hn = layer_norm(h, lp["ln2"]["weight"], lp["ln2"]["bias"], eps)
+    h = h + channel_mix_forward(lp["feed_forward"], hn, cfg, layer)
+    if cfg.rescale_every > 0:
+        h = jnp.where((layer + 1) % cfg.rescale_every == 0, h / 2, h)
+    return h, x
+
+
 def lm_forward(params: dict, ids, cfg: Config, capture: tuple[int, ...] = (), taps=None):
     """Full LM in eval mode: ``ids (B, L) -> logits (B, L, vocab)`` float32.
 
@@ -299,12 +325,7 @@ def lm_forward(params: dict, ids, cfg: Config, capture: tuple[int, ...] = (), ta
 
     def block(h, xs):
         i, lp, t = xs
-        x = layer_norm(h, lp["ln1"]["weight"], lp["ln1"]["bias"], eps)
-        h = h + time_mix_forward(lp["attention"], x, cfg, i, t)
-        hn = layer_norm(h, lp["ln2"]["weight"], lp["ln2"]["bias"], eps)
-        h = h + channel_mix_forward(lp["feed_forward"], hn, cfg, i)
-        if cfg.rescale_every > 0:
-            h = jnp.where((i + 1) % cfg.rescale_every == 0, h / 2, h)
+        h, x = block_forward(lp, h, cfg, i, t)
         return h, (x if capture else None)
 
     h, xs = jax.lax.scan(block, h, (jnp.arange(n), _stack_layers(layers), tap))
@@ -320,6 +341,7 @@ _time_mix_operator = jax.jit(time_mix_operator, static_argnames=("cfg", "variant
 # The layer index only picks the rescaling divisor: traced, so all blocks share one compile.
 _time_mix_forward = jax.jit(time_mix_forward, static_argnames=("cfg",))
 _channel_mix_forward = jax.jit(channel_mix_forward, static_argnames=("cfg",))
+_block_forward = jax.jit(block_forward, static_argnames=("cfg",))
 
 
 def init_params(cfg: Config, key, dtype=jnp.float32) -> dict:
@@ -361,12 +383,7 @@ def init_params(cfg: Config, key, dtype=jnp.float32) -> dict:
 # ----------------------------------------------------------------------------- modules
 
 def _check_block_input(x, D: int):
-    x = jnp.asarray(x)
-    if x.ndim != 3 or x.shape[-1] != D:
-        raise ValueError(f"block input must have shape (batch, length, {D}), got {x.shape}")
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"block input must be floating, got dtype {x.dtype}")
-    return x
+    return check_block_input(x, D, "block input")
 
 
 class RwkvSelfAttention(Weights):
@@ -423,6 +440,23 @@ class RwkvBlock(nnx.Module):
                 "ln1": self.ln1.arrays(), "ln2": self.ln2.arrays(),
                 "attention": self.attention.arrays(), "feed_forward": self.feed_forward.arrays()}
 
+    def __call__(self, h, tap=None):
+        """One block, as in ``lm_forward`` (the same pure ``block_forward``; block 0 applies
+        ``pre_ln`` first, as HF does).
+
+        Args:
+          h: ``(B, L, D)`` floating residual stream entering the block (for block 0: the
+            embeddings).
+          tap: optional ``(B, A, L)`` added to the time mix's operator output.
+        Returns:
+          ``(B, L, D)`` residual stream leaving the block (rescaled as in eval mode).
+        """
+        h = _check_block_input(h, self.cfg.hidden_size)
+        if tap is not None:
+            B, L, _ = h.shape
+            tap = check_taps({0: tap}, lambda _: (B, self.cfg.attention_hidden_size, L), 1)[0]
+        return _block_forward(self.params(), h, cfg=self.cfg, layer=jnp.int32(self.index), tap=tap)[0]
+
 
 class LM(nnx.Module):
     """``RwkvForCausalLM`` (eval mode) in JAX. ``LM(config, params)`` with params from
@@ -455,8 +489,11 @@ class LM(nnx.Module):
 
     def tapped_logits(self, input_ids, taps: dict):
         """Logits with ``taps = {layer: (B, A, L)}`` added to those layers' operator
-        outputs; differentiable in ``taps`` (for gradient-weighted attribution)."""
+        outputs; differentiable in ``taps`` (for gradient-weighted attribution).
+        Each tap must have exactly its layer's operator-output shape (ValueError otherwise)."""
         ids = check_input_ids(input_ids, self.config.vocab_size)
+        B, L = ids.shape
+        taps = check_taps(taps, lambda i: (B, self.config.attention_hidden_size, L), len(self.layers))
         return _lm_forward(self.params(), ids, cfg=self.config, taps=taps)[0]
 
     def mixer_inputs(self, input_ids, layers=None) -> dict[int, jax.Array]:
@@ -485,4 +522,5 @@ class LM(nnx.Module):
 
 __all__ = ["Config", "LM", "RwkvSelfAttention", "RwkvFeedForward", "RwkvBlock", "RwkvCore", "VARIANTS",
            "init_params", "lm_forward", "layer_norm", "token_shift", "time_mix_parts", "time_mix_inner",
-           "time_mix_forward", "channel_mix_forward", "time_mix_operator", "softmax_decay_rows", "wkv"]
+           "time_mix_forward", "channel_mix_forward", "time_mix_operator", "softmax_decay_rows", "wkv",
+           "block_forward"]
