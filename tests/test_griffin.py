@@ -615,3 +615,12 @@ def test_bad_taps(one, case):
     with pytest.raises(ValueError) as e:
         model.tapped_logits(np.zeros((2, 5), np.int64), taps)
     assert msg in str(e.value), str(e.value)
+
+
+def test_bad_layer_tap(one):
+    _, model, _ = one
+    h = np.zeros((2, 5, model.config.hidden_size), np.float32)
+    with pytest.raises(ValueError, match=r"\(batch, lru_width, length\) = \(2, 24, 5\), got \(1, 24, 5\)"):
+        model.layers[0](h, tap=jnp.zeros((1, 24, 5)))
+    with pytest.raises(ValueError, match=r"\(batch, heads, length, head_dim\) = \(2, 4, 5, 8\), got \(2, 24, 5\)"):
+        model.layers[2](h, tap=jnp.zeros((2, 24, 5)))

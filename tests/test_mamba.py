@@ -320,3 +320,10 @@ def test_negative_tap_layer_counts_from_the_end(one, rng):
     tap = jnp.asarray(rng.normal(size=(1, model.config.intermediate_size, 5)), jnp.float32)
     np.testing.assert_array_equal(np.asarray(model.tapped_logits(ids, {-1: tap})),
                                   np.asarray(model.tapped_logits(ids, {len(model.layers) - 1: tap})))
+
+
+def test_bad_block_tap(one):
+    _, model = one
+    h = np.zeros((2, 5, model.config.hidden_size), np.float32)
+    with pytest.raises(ValueError, match=r"tap must have the shape of the block's operator output .* = \(2, 32, 5\)"):
+        model.layers[0](h, tap=jnp.zeros((1, 32, 5)))

@@ -431,3 +431,10 @@ def test_bad_taps(one, case):
     with pytest.raises(ValueError) as e:
         model.tapped_logits(np.zeros((2, 5), np.int64), taps)
     assert msg in str(e.value), str(e.value)
+
+
+def test_bad_block_tap(one):
+    _, model, _ = one
+    h = np.zeros((2, 5, model.config.hidden_size), np.float32)
+    with pytest.raises(ValueError, match=r"tap must have the shape of the block's operator output .* = \(2, 12, 5\)"):
+        model.layers[0](h, tap=jnp.zeros((1, 12, 5)))

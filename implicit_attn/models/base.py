@@ -125,15 +125,22 @@ def check_taps(taps, expected_shape: Callable[[int], tuple], num_layers: int,
         i = int(key) % num_layers
         if i in out:
             raise ValueError(f"taps: layer {i} given twice (as {i} and {i - num_layers})")
-        t = jnp.asarray(t)
-        want = tuple(expected_shape(i))
-        if tuple(t.shape) != want:
-            raise ValueError(f"taps[{key}] must have the shape of layer {i}'s operator output "
-                             f"{what(i)} = {want}, got {tuple(t.shape)}")
-        if not jnp.issubdtype(t.dtype, jnp.floating):
-            raise ValueError(f"taps[{key}] must be floating point, got dtype {t.dtype}")
-        out[i] = t
+        out[i] = check_tap(t, expected_shape(i), what(i), name=f"taps[{key}]", owner=f"layer {i}'s")
     return out
+
+
+def check_tap(tap, shape: tuple, what: str = "(batch, channels, length)", name: str = "tap",
+              owner: str = "the block's"):
+    """Validate one tap: exactly ``shape`` (the operator output's; no silent broadcasting)
+    and floating point. Returns it as a jax array; ValueError naming the problem otherwise."""
+    t = jnp.asarray(tap)
+    want = tuple(shape)
+    if tuple(t.shape) != want:
+        raise ValueError(f"{name} must have the shape of {owner} operator output {what} = {want}, "
+                         f"got {tuple(t.shape)}")
+    if not jnp.issubdtype(t.dtype, jnp.floating):
+        raise ValueError(f"{name} must be floating point, got dtype {t.dtype}")
+    return t
 
 
 SCAN_METHODS = ("auto", "parallel", "sequential")

@@ -30,8 +30,8 @@ from flax import nnx
 from ..attention_operator import AttentionCore, AttentionOperator, attention_probs
 from ..operator import ImplicitOperator, ScalarDecayCore, _dataclass_pytree
 from ..ops import causal_conv, linear_scan
-from .base import (SCAN_METHODS, Weights, check_block_input, check_input_ids, check_layers, check_taps,
-                   count_params, scan_method)
+from .base import (SCAN_METHODS, Weights, check_block_input, check_input_ids, check_layers, check_tap,
+                   check_taps, count_params, scan_method)
 
 VARIANTS = ("full", "no_conv", "no_gate")
 BLOCK_TYPES = ("recurrent", "attention")
@@ -582,7 +582,7 @@ class GriffinLayer(nnx.Module):
         pos = check_segment_pos(segment_pos, (B, L))
         if tap is not None:
             shape, what = _tap_shape(self.cfg, self.kind, B, L)
-            tap = check_taps({0: tap}, lambda _: shape, 1, lambda _: what)[0]
+            tap = check_tap(tap, shape, what)
         return _layer_forward(self.params(), h, pos, cfg=self.cfg, kind=self.kind, tap=tap)[0]
 
 

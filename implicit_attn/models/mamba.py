@@ -19,8 +19,8 @@ from flax import nnx
 
 from ..operator import ImplicitOperator, StateDecayCore
 from ..ops import causal_conv, linear_scan
-from .base import (SCAN_METHODS, Weights, check_block_input, check_input_ids, check_layers, check_taps,
-                   count_params, scan_method)
+from .base import (SCAN_METHODS, Weights, check_block_input, check_input_ids, check_layers, check_tap,
+                   check_taps, count_params, scan_method)
 
 VARIANTS = ("full", "s6_only", "no_conv", "no_gate", "no_act")
 f32 = jnp.float32
@@ -332,7 +332,7 @@ class MambaBlock(nnx.Module):
         h = check_block_input(h, self.cfg.hidden_size, "block input")
         if tap is not None:
             B, L, _ = h.shape
-            tap = check_taps({0: tap}, lambda _: (B, self.cfg.intermediate_size, L), 1)[0]
+            tap = check_tap(tap, (B, self.cfg.intermediate_size, L))
         return _block_forward(self.params(), h, cfg=self.cfg, tap=tap)[0]
 
 

@@ -29,7 +29,7 @@ from flax import nnx
 
 from ..operator import ImplicitOperator, _dataclass_pytree
 from ..ops import causal_conv, conv_right, linear_scan, segment_sum
-from .base import Weights, check_block_input, check_input_ids, check_layers, check_taps, count_params
+from .base import Weights, check_block_input, check_input_ids, check_layers, check_tap, check_taps, count_params
 from .mamba import rms_norm
 
 VARIANTS = ("full", "s6_only", "no_conv", "no_gate", "no_act", "no_norm")
@@ -636,7 +636,7 @@ class Mamba2Block(nnx.Module):
         h = check_block_input(h, self.cfg.hidden_size, "block input")
         if tap is not None:
             B, L, _ = h.shape
-            tap = check_taps({0: tap}, lambda _: (B, self.cfg.d_ssm, L), 1)[0]
+            tap = check_tap(tap, (B, self.cfg.d_ssm, L))
         return _block_forward(self.params(), h, cfg=self.cfg, tap=tap)[0]
 
 

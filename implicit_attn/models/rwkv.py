@@ -26,7 +26,7 @@ import numpy as np
 from flax import nnx
 
 from ..operator import ImplicitOperator, _dataclass_pytree
-from .base import Weights, check_block_input, check_input_ids, check_layers, check_taps, count_params
+from .base import Weights, check_block_input, check_input_ids, check_layers, check_tap, check_taps, count_params
 
 VARIANTS = ("full", "no_gate")
 f32 = jnp.float32
@@ -454,7 +454,7 @@ class RwkvBlock(nnx.Module):
         h = _check_block_input(h, self.cfg.hidden_size)
         if tap is not None:
             B, L, _ = h.shape
-            tap = check_taps({0: tap}, lambda _: (B, self.cfg.attention_hidden_size, L), 1)[0]
+            tap = check_tap(tap, (B, self.cfg.attention_hidden_size, L))
         return _block_forward(self.params(), h, cfg=self.cfg, layer=jnp.int32(self.index), tap=tap)[0]
 
 
