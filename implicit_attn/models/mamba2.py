@@ -376,7 +376,7 @@ class Mamba2Core:
             return self.alpha(heads)
         # Padding with the largest head keeps ``uniq`` sorted for ``searchsorted``.
         uniq = jnp.unique(heads, size=k, fill_value=jnp.max(heads))
-        inv = jnp.minimum(jnp.searchsorted(uniq, heads), k - 1)
+        inv = jnp.minimum(jnp.searchsorted(uniq, heads, method="compare_all"), k - 1)
         gathered = lambda: jnp.take(self._alpha_each(uniq), inv, axis=1)
         if k >= H:  # every head fits: always exact
             return gathered()
