@@ -470,19 +470,23 @@ def _dense_per_channel(core, idx):
     return conv_right(H, jnp.take(core.conv_w, idx, axis=0))
 
 
-def test_dense_reuses_alpha_per_head_for_any_channel_list(one, rng):
-    """``dense`` computes alpha once per distinct head and gathers it: the same numbers and
-    gradients as one alpha per channel for concrete and traced channel lists (contiguous,
-    out of order, scattered over more heads than the fast path holds, duplicated), and vmapped."""
+DENSE_LISTS = [list(range(5, 13)),           # contiguous over heads 0, 1 (traced: fast path)
+               [12, 11, 3, 9, 8, 7, 4, 10],  # the same heads, out of order
+               [0, 9, 25, 31, 16, 1, 2, 3],  # 4 heads in 8 channels: traced fallback
+               [31, 0, 31, 16, 1, 2, 2, 9]]  # duplicates, 3 heads: traced fallback
+
+
+def _core(model, rng, L=19):
+    ids = rng.integers(0, model.config.vocab_size, (2, L))
+    return model.operators(ids, layers=[-1])[0].core  # 4 heads of 8 channels
+
+
+def test_dense_reuses_alpha_per_head_traced_with_grad(one, rng):
+    """``dense`` computes alpha once per distinct head and gathers it: for traced channel lists
+    (contiguous, out of order, scattered over more heads than the fast path holds,
+    duplicated) the same numbers and gradients as one alpha per channel."""
     _, model, _ = one
-    cfg = model.config  # 4 heads of 8 channels
-    L = 19
-    ids = rng.integers(0, cfg.vocab_size, (2, L))
-    core = model.operators(ids, layers=[-1])[0].core
-    lists = jnp.asarray([list(range(5, 13)),           # contiguous over heads 0, 1 (traced: fast path)
-                         [12, 11, 3, 9, 8, 7, 4, 10],  # the same heads, out of order
-                         [0, 9, 25, 31, 16, 1, 2, 3],  # 4 heads in 8 channels: traced fallback
-                         [31, 0, 31, 16, 1, 2, 2, 9]])  # duplicates, 3 heads: traced fallback
+    core = _core(model, rng)
 
     def fwd_bwd(fn):  # dense of a traced channel list and its vjp w.r.t. log_a, one compilation
         def run(lg, idx, W):
@@ -491,17 +495,23 @@ def test_dense_reuses_alpha_per_head_for_any_channel_list(one, rng):
         return jax.jit(run)
 
     ours, refs = fwd_bwd(lambda c, i: c.dense(i)), fwd_bwd(_dense_per_channel)
-    for idx in lists:
-        W = jnp.asarray(rng.normal(size=(2, 8, L, L)), jnp.float32)
+    for idx in jnp.asarray(DENSE_LISTS):
+        W = jnp.asarray(rng.normal(size=(2, 8, 19, 19)), jnp.float32)
         (H, g), (H_ref, g_ref) = ours(core.log_a, idx, W), refs(core.log_a, idx, W)
         H_ref, g_ref = np.asarray(H_ref), np.asarray(g_ref)
         np.testing.assert_allclose(np.asarray(H), H_ref, rtol=1e-6, atol=1e-7, err_msg=str(idx))
         np.testing.assert_allclose(np.asarray(g), g_ref, rtol=1e-5, atol=1e-6 * np.abs(g_ref).max())
         assert np.abs(g_ref).max() > 0
+
+
+def test_dense_reuses_alpha_per_head_concrete_and_vmapped(one, rng):
+    """The same for a concrete channel list (distinct heads found exactly) and vmapped over
+    channel lists (the fallback's cond becomes a select)."""
+    _, model, _ = one
+    core = _core(model, rng)
     ref = np.asarray(_dense_per_channel(core, jnp.arange(32)))
-    # a concrete list (distinct heads found exactly)
+    lists = jnp.asarray(DENSE_LISTS)
     np.testing.assert_allclose(np.asarray(core.dense(lists[3])), ref[:, lists[3]], rtol=1e-6, atol=1e-7)
-    # vmapped over channel lists (the fallback's cond becomes a select)
     got = np.asarray(jax.jit(jax.vmap(core.dense))(lists))
     for k in range(lists.shape[0]):
         np.testing.assert_allclose(got[k], ref[:, lists[k]], rtol=1e-6, atol=1e-7)
