@@ -349,8 +349,9 @@ class Mamba2Core:
 
         The loop materialises the k matrices; a plain ``take(alpha(heads), ...)`` lets XLA
         fuse the elementwise ``alpha`` into the gather and recompute it for every channel.
+        Jitted at module level, so eager calls reuse one compilation per shape.
         """
-        return jnp.moveaxis(jax.lax.map(lambda h: self.alpha(h[None])[:, 0], heads), 0, 1)
+        return _alpha_each(self, heads)
 
     def block_alpha(self, idx):
         """``alpha_{head[c]}`` for the channels ``c`` of ``idx``: ``(B, len(idx), L, L)``,
@@ -413,6 +414,11 @@ class Mamba2Core:
             X = jnp.pad(alpha * W, ((0, 0), (0, 0), (0, s)))[..., s:]
             out = out + X
         return out
+
+
+@jax.jit
+def _alpha_each(core: Mamba2Core, heads):
+    return jnp.moveaxis(jax.lax.map(lambda h: core.alpha(h[None])[:, 0], heads), 0, 1)
 
 
 @_dataclass_pytree
