@@ -230,7 +230,9 @@ def mechanism_check(model, batch: Batch, variants=VARIANTS, layer: int = -1, how
     after the earlier occurrence. Sequences whose target is the last position itself (no
     key: the last two tokens equal) are not counted (the diagonal is excluded).
 
-    Returns ``{variant: {"fraction", "hits", "n", "excluded"}}``."""
+    Returns ``{variant: {"fraction", "hits", "n", "excluded", "offset_mode",
+    "offset_mode_fraction"}}``: the most common ``strongest key - target_pos`` and how often
+    it occurs (where an ablation points instead)."""
     for v in variants:
         if v not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {v!r}")
@@ -241,7 +243,10 @@ def mechanism_check(model, batch: Batch, variants=VARIANTS, layer: int = -1, how
         top = strongest_keys(last_rows(model, batch.ids, layer, v, how, batch_size, method))
         hits = int(np.sum((top == batch.target_pos) & ok))
         n = int(ok.sum())
-        out[v] = {"fraction": hits / max(n, 1), "hits": hits, "n": n, "excluded": int((~ok).sum())}
+        offs, counts = np.unique((top - batch.target_pos)[ok], return_counts=True)
+        mode = int(offs[np.argmax(counts)]) if n else 0
+        out[v] = {"fraction": hits / max(n, 1), "hits": hits, "n": n, "excluded": int((~ok).sum()),
+                  "offset_mode": mode, "offset_mode_fraction": float(counts.max() / n) if n else 0.0}
     return out
 
 

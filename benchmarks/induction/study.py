@@ -8,8 +8,8 @@ Writes to ``benchmarks/results/``:
   and each ablation, the fraction whose strongest off-diagonal key for the last query
   (row ``L-1`` of ``op.reduce("abs_mean")``, one row per layer) is the position right
   after the earlier occurrence (``induction.mechanism_check``).
-* ``induction_faithfulness.{json,md}``: rollout relevance (``explain(method="rollout")``)
-  from the ``full`` and ``s6_only`` operators, with a random ordering for reference,
+* ``induction_faithfulness.{json,md}``: rollout relevance (``explain(method="rollout")``,
+  channel maps ``how="mean"`` and ``"abs_mean"``) from the ``full`` and ``s6_only`` operators, with a random ordering for reference,
   scored by the activation (AUAC, higher better) and pruning (AU-MSE, lower better)
   curves of ``implicit_attn.explain.metrics`` on ``--faith-n`` sequences; removed
   tokens are replaced by ``--baseline-id``.
@@ -46,40 +46,52 @@ def mechanism_rows(model, task: dict, n: int) -> tuple[list[dict], dict]:
         for v, r in res.items():
             rows.append({"layer": layer, "variant": v, "fraction": round(r["fraction"], 4),
                          "hits": r["hits"], "n": r["n"], "excluded (answer = last position)": r["excluded"],
+                         "most common offset from answer": r["offset_mode"],
+                         "its fraction": round(r["offset_mode_fraction"], 4),
                          "layer_seconds": round(secs, 1)})
     return rows, raw
 
 
+FAITH_HOWS = ("mean", "abs_mean")
+
+
 def faithfulness_rows(model, task: dict, n: int, baseline_id: int) -> tuple[list[dict], dict]:
-    """Mean AUAC / AU-MSE (and standard errors) of rollout relevance per variant."""
+    """Mean AUAC / AU-MSE (and standard errors) of rollout relevance per variant and
+    channel aggregation (``how="mean"``, the default of Eq. 20, and ``"abs_mean"``)."""
     ev = induction.eval_set(n, FAITH_SEED, task["length"], task["key"])
     ids = ev.ids
-    rel = {v: explain(model, ids, method="rollout", variant=v).relevance for v in ("full", "s6_only")}
-    rel["random"] = random_relevance(ids.shape, seed=0)
+    rel = {(v, how): explain(model, ids, method="rollout", variant=v, how=how).relevance
+           for how in FAITH_HOWS for v in ("full", "s6_only")}
+    rel["random", None] = random_relevance(ids.shape, seed=0)
     kw = dict(baseline_id=baseline_id, target=ev.answer, batch_size=32)
-    curves = {v: {"auac": activation(model, ids, r, **kw), "au_mse": pruning(model, ids, r, **kw)}
-              for v, r in rel.items()}
+    curves = {k: {"auac": activation(model, ids, r, **kw), "au_mse": pruning(model, ids, r, **kw)}
+              for k, r in rel.items()}
     rows = []
-    for v, c in curves.items():
+    for (v, how), c in curves.items():
         a, m = c["auac"].area, c["au_mse"].area
-        top = np.asarray(rel[v])[:, :-1].argmax(axis=1)
-        rows.append({"relevance": v if v == "random" else f"rollout ({v})",
+        top = np.asarray(rel[v, how])[:, :-1].argmax(axis=1)
+        rows.append({"relevance": "random" if v == "random" else f"rollout ({v}, how={how})",
                      "AUAC (higher better)": round(float(a.mean()), 4),
                      "AUAC sem": round(float(a.std(ddof=1) / np.sqrt(len(a))), 4),
                      "AU-MSE (lower better)": round(float(m.mean()), 4),
                      "AU-MSE sem": round(float(m.std(ddof=1) / np.sqrt(len(m))), 4),
                      "top-1 relevant = answer position": round(float(np.mean(top == ev.target_pos)), 4),
                      "n": int(len(a))})
-    paired = {
-        "auac_full_minus_s6": float(np.mean(curves["full"]["auac"].area - curves["s6_only"]["auac"].area)),
-        "auac_full_better_fraction": float(np.mean(curves["full"]["auac"].area > curves["s6_only"]["auac"].area)),
-        "au_mse_full_minus_s6": float(np.mean(curves["full"]["au_mse"].area - curves["s6_only"]["au_mse"].area)),
-        "au_mse_full_better_fraction": float(np.mean(curves["full"]["au_mse"].area < curves["s6_only"]["au_mse"].area)),
-    }
-    curves_out = {v: {k: np.mean(c.values, axis=0).round(5).tolist() for k, c in cs.items()}
-                  for v, cs in curves.items()}
+    paired = {}
+    for how in FAITH_HOWS:
+        f, s6 = curves["full", how], curves["s6_only", how]
+        paired[how] = {
+            "auac_full_minus_s6": float(np.mean(f["auac"].area - s6["auac"].area)),
+            "auac_full_better_fraction": float(np.mean(f["auac"].area > s6["auac"].area)),
+            "au_mse_full_minus_s6": float(np.mean(f["au_mse"].area - s6["au_mse"].area)),
+            "au_mse_full_better_fraction": float(np.mean(f["au_mse"].area < s6["au_mse"].area)),
+        }
+        paired[how]["full_more_faithful_on_both"] = bool(paired[how]["auac_full_minus_s6"] > 0
+                                                         and paired[how]["au_mse_full_minus_s6"] < 0)
+    curves_out = {f"{v}/{how}": {k: np.mean(c.values, axis=0).round(5).tolist() for k, c in cs.items()}
+                  for (v, how), cs in curves.items()}
     return rows, {"paired": paired, "mean_curves": curves_out,
-                  "fractions": curves["full"]["auac"].fractions.tolist()}
+                  "fractions": curves["full", "mean"]["auac"].fractions.tolist()}
 
 
 def figure7(model, task: dict, path: Path, seed: int = FIG_SEED) -> dict:
@@ -130,6 +142,7 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline-id", type=int, default=None,
                     help="replacement token for removed positions (default: the key token for a "
                          "model trained without it, else symbol 0)")
+    ap.add_argument("--tag", default="", help="suffix of the output names (e.g. _nokey)")
     ap.add_argument("--skip", nargs="*", default=(), choices=["mechanism", "faithfulness", "figure"])
     a = ap.parse_args(argv)
     ckpt = Path(a.ckpt)
@@ -139,21 +152,22 @@ def main(argv=None) -> int:
     info = {"checkpoint": str(ckpt), "model": meta["model"], "run": meta["run"], "task": task}
     RESULTS.mkdir(parents=True, exist_ok=True)
     if "figure" not in a.skip:
-        fig = figure7(model, task, RESULTS / "induction_figure7.png")
-        print(f"wrote {RESULTS / 'induction_figure7.png'}: {fig}")
+        png = RESULTS / f"induction_figure7{a.tag}.png"
+        fig = figure7(model, task, png)
+        print(f"wrote {png}: {fig}")
     if "mechanism" not in a.skip:
         rows, _ = mechanism_rows(model, task, a.n)
-        write_results("induction_mechanism", rows, {**info, "n": a.n, "seed": MECH_SEED,
+        write_results(f"induction_mechanism{a.tag}", rows, {**info, "n": a.n, "seed": MECH_SEED,
                                                     "map": "row L-1 of op.reduce('abs_mean'), diagonal excluded"})
     if "faithfulness" not in a.skip:
         base = a.baseline_id if a.baseline_id is not None else (0 if task["key"] else induction.KEY)
         rows, extra = faithfulness_rows(model, task, a.faith_n, base)
-        write_results("induction_faithfulness", rows,
+        write_results(f"induction_faithfulness{a.tag}", rows,
                       {**info, "n": a.faith_n, "seed": FAITH_SEED, "baseline_id": base,
                        "relevance": "rollout of channel-mean H (explain method='rollout')", **extra})
-        p = extra["paired"]
-        holds = p["auac_full_minus_s6"] > 0 and p["au_mse_full_minus_s6"] < 0
-        print(f"'full is more faithful than s6_only' on both metrics: {holds} ({p})")
+        for how, p in extra["paired"].items():
+            print(f"how={how}: 'full is more faithful than s6_only' on both metrics: "
+                  f"{p['full_more_faithful_on_both']} ({p})")
     return 0
 
 
