@@ -16,6 +16,7 @@ from implicit_attn.models import griffin
 from implicit_attn.operator import ImplicitOperator
 from weights_convert import CheckpointError, read_hf_dir, write_hf_dir
 from hf_griffin import griffin_hf
+from bad_inputs import BAD_BLOCK_INPUTS
 
 CONFIGS = {
     # multi-query, tied, window 5 < L
@@ -578,14 +579,6 @@ def test_layer_call_is_the_lm_forward_step(one, rng):
     logits = jnp.tanh(logits / cfg.logits_soft_cap) * cfg.logits_soft_cap
     np.testing.assert_allclose(np.asarray(logits), np.asarray(model.tapped_logits(ids, taps, segment_pos=pos)),
                                rtol=1e-5, atol=1e-5)
-
-
-BAD_BLOCK_INPUTS = {  # (shape from d_model, dtype, message)
-    "integer": (lambda D: (1, 4, D), np.int32, "floating point"),
-    "rank": (lambda D: (4, D), np.float32, "got rank 2"),
-    "width": (lambda D: (1, 4, D + 1), np.float32, "last dimension"),
-    "empty": (lambda D: (1, 0, D), np.float32, "length >= 1"),
-}
 
 
 @pytest.mark.parametrize("case", list(BAD_BLOCK_INPUTS))

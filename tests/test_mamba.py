@@ -8,6 +8,7 @@ import pytest
 import implicit_attn as ia
 from implicit_attn.models import mamba
 from hf_models import mamba_hf
+from bad_inputs import BAD_BLOCK_INPUTS
 
 CONFIGS = {
     "tied_k4": dict(),
@@ -273,14 +274,6 @@ def test_block_call_is_the_lm_forward_step(one, rng):
     logits = mamba.rms_norm(h, model.norm_f[...], cfg.layer_norm_epsilon) @ head.T
     np.testing.assert_allclose(np.asarray(logits), np.asarray(model.tapped_logits(ids, {n - 1: tap})),
                                rtol=1e-5, atol=1e-5)
-
-
-BAD_BLOCK_INPUTS = {  # (shape from d_model, dtype, message)
-    "integer": (lambda D: (1, 4, D), np.int32, "floating point"),
-    "rank": (lambda D: (4, D), np.float32, "got rank 2"),
-    "width": (lambda D: (1, 4, D + 1), np.float32, "last dimension"),
-    "empty": (lambda D: (1, 0, D), np.float32, "length >= 1"),
-}
 
 
 @pytest.mark.parametrize("case", list(BAD_BLOCK_INPUTS))

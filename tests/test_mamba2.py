@@ -13,6 +13,7 @@ from implicit_attn.models import mamba2
 from implicit_attn.ops import conv_matrix
 from hf_mamba2 import mamba2_hf
 from weights_convert import CheckpointError, read_hf_dir, write_hf_dir
+from bad_inputs import BAD_BLOCK_INPUTS
 
 CONFIGS = {
     "g1": dict(),
@@ -537,14 +538,6 @@ def test_block_call_is_the_lm_forward_step(one, rng):
     logits = mamba2.rms_norm(h, model.norm_f[...], cfg.layer_norm_epsilon) @ model.lm_head[...].T
     np.testing.assert_allclose(np.asarray(logits), np.asarray(model.tapped_logits(ids, {n - 1: tap})),
                                rtol=1e-5, atol=1e-5)
-
-
-BAD_BLOCK_INPUTS = {  # (shape from d_model, dtype, message)
-    "integer": (lambda D: (1, 4, D), np.int32, "floating point"),
-    "rank": (lambda D: (4, D), np.float32, "got rank 2"),
-    "width": (lambda D: (1, 4, D + 1), np.float32, "last dimension"),
-    "empty": (lambda D: (1, 0, D), np.float32, "length >= 1"),
-}
 
 
 @pytest.mark.parametrize("case", list(BAD_BLOCK_INPUTS))

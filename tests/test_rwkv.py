@@ -11,6 +11,7 @@ import implicit_attn as ia
 from implicit_attn.models import rwkv
 from weights_convert import CheckpointError, read_hf_dir, write_hf_dir
 from hf_rwkv import rwkv_hf
+from bad_inputs import BAD_BLOCK_INPUTS
 
 CONFIGS = {
     # 5 layers, R = 2: blocks 2-4 run with rescaled weights, hidden halved twice;
@@ -391,14 +392,6 @@ def test_block_call_is_the_lm_forward_step(one, rng):
     logits = rwkv.layer_norm(h, lo["weight"], lo["bias"], rwkv._FINAL_LN_EPS) @ model.head[...].T
     np.testing.assert_allclose(np.asarray(logits), np.asarray(model.tapped_logits(ids, {n - 1: tap})),
                                rtol=1e-5, atol=1e-5)
-
-
-BAD_BLOCK_INPUTS = {  # (shape from d_model, dtype, message)
-    "integer": (lambda D: (1, 4, D), np.int32, "floating point"),
-    "rank": (lambda D: (4, D), np.float32, "got rank 2"),
-    "width": (lambda D: (1, 4, D + 1), np.float32, "last dimension"),
-    "empty": (lambda D: (1, 0, D), np.float32, "length >= 1"),
-}
 
 
 @pytest.mark.parametrize("case", list(BAD_BLOCK_INPUTS))
