@@ -187,6 +187,61 @@ def _channel_weights(w, name: str, B: int, C: int, L: int):
     return jnp.broadcast_to(w, (B, C, L))
 
 
+def _materialize_blocks(core, idx, bc: int, impl: str, B: int, L: int):
+    """``(B, n, L, L)`` for channels ``idx (n,)``, ``bc`` channels per step."""
+    dense = _dense_fn(core, impl)
+    n = idx.shape[0]
+    idx = jnp.asarray(idx)
+    if bc >= n:
+        return dense(idx)
+    nb = -(-n // bc)
+    # The last block is shifted back to end at n (it recomputes a few channels)
+    # so every block is full and is written in place.
+    starts = jnp.minimum(jnp.arange(nb) * bc, n - bc)
+
+    def body(k, out):
+        s = starts[k]
+        block = dense(jax.lax.dynamic_slice_in_dim(idx, s, bc))
+        return jax.lax.dynamic_update_slice_in_dim(out, block, s, axis=1)
+
+    return jax.lax.fori_loop(0, nb, body, jnp.zeros((B, n, L, L), jnp.float32))
+
+
+# Compiled once per (core structure, channels, block size, impl): eager calls reuse it.
+_materialize_jit = jax.jit(
+    lambda core, idx, bc, impl, B, L: _materialize_blocks(core, np.asarray(idx), bc, impl, B, L),
+    static_argnums=(1, 2, 3, 4, 5))
+
+
+def _reduce_blocks(core, idx, qw, kw, how: str, bc: int):
+    """``sum_c qw[b,c,i] f(H[b,c,i,j]) kw[b,c,j]`` over ``idx`` in blocks of ``bc`` channels."""
+    B, n, L = qw.shape
+    nb = -(-n // bc)
+    pad = nb * bc - n
+    # Padded channels carry zero weight, so they add nothing.
+    idx_b = jnp.pad(idx, (0, pad)).reshape(nb, bc)
+    qw_b = jnp.moveaxis(jnp.pad(qw, ((0, 0), (0, pad), (0, 0))).reshape(B, nb, bc, L), 1, 0)
+    kw_b = jnp.moveaxis(jnp.pad(kw, ((0, 0), (0, pad), (0, 0))).reshape(B, nb, bc, L), 1, 0)
+
+    def body(acc, xs):
+        ib, qb, kb = xs
+        H = core.dense(ib)
+        if how == "abs_mean":
+            H = jnp.abs(H)
+        elif how == "pos_mean":
+            H = jnp.maximum(H, 0.0)
+        # A fused multiply-and-sum: the 3-operand einsum lowers to a transposing
+        # dot_general that costs ~10x more CPU here.
+        return acc + jnp.sum(H * qb[..., :, None] * kb[..., None, :], axis=1), None
+
+    acc0 = jnp.zeros((B, L, L), jnp.float32)
+    out, _ = jax.lax.scan(jax.checkpoint(body), acc0, (idx_b, qw_b, kw_b))
+    return out
+
+
+_reduce_jit = jax.jit(_reduce_blocks, static_argnums=(4, 5))
+
+
 @_dataclass_pytree
 class ImplicitOperator:
     """The operator a token-mixing block applies, per channel.
@@ -222,25 +277,13 @@ class ImplicitOperator:
         Returns:
           ``(B, C', L, L)`` float32, ``H[b, c, i, j]`` = weight of value ``j`` in output ``i``.
         """
-        dense = _dense_fn(self.core, _check_impl(impl, self.core))
+        impl = _check_impl(impl, self.core)
         B, C, L, _ = self.shape
         idx = _channel_index(channels, C)
-        n = idx.shape[0]
-        bc = _block_size(n, B, L, block_channels)
-        if bc >= n:
-            return dense(jnp.asarray(idx))
-        nb = -(-n // bc)
-        idx = jnp.asarray(idx)
-        # The last block is shifted back to end at n (it recomputes a few channels)
-        # so every block is full and is written in place.
-        starts = jnp.minimum(jnp.arange(nb) * bc, n - bc)
-
-        def body(k, out):
-            s = starts[k]
-            block = dense(jax.lax.dynamic_slice_in_dim(idx, s, bc))
-            return jax.lax.dynamic_update_slice_in_dim(out, block, s, axis=1)
-
-        return jax.lax.fori_loop(0, nb, body, jnp.zeros((B, n, L, L), jnp.float32))
+        bc = _block_size(idx.shape[0], B, L, block_channels)
+        if isinstance(idx, jax.core.Tracer):
+            return _materialize_blocks(self.core, idx, bc, impl, B, L)
+        return _materialize_jit(self.core, tuple(int(i) for i in idx), bc, impl, B, L)
 
     def reduce(self, how: str = "mean", weights=None, key_weights=None, channels=None,
                impl: str = "auto", block_channels: int | None = None):
@@ -279,28 +322,7 @@ class ImplicitOperator:
 
             # One fused kernel over all selected channels: only (B, L, L) is written.
             return kernels.pallas_reduce(self.core, idx, how, qw, kw)
-        bc = _block_size(n, B, L, block_channels)
-        nb = -(-n // bc)
-        pad = nb * bc - n
-        # Padded channels carry zero weight, so they add nothing.
-        idx_b = jnp.pad(idx, (0, pad)).reshape(nb, bc)
-        qw_b = jnp.moveaxis(jnp.pad(qw, ((0, 0), (0, pad), (0, 0))).reshape(B, nb, bc, L), 1, 0)
-        kw_b = jnp.moveaxis(jnp.pad(kw, ((0, 0), (0, pad), (0, 0))).reshape(B, nb, bc, L), 1, 0)
-
-        def body(acc, xs):
-            ib, qb, kb = xs
-            H = self.core.dense(ib)
-            if how == "abs_mean":
-                H = jnp.abs(H)
-            elif how == "pos_mean":
-                H = jnp.maximum(H, 0.0)
-            # A fused multiply-and-sum: the 3-operand einsum lowers to a transposing
-            # dot_general that costs ~10x more CPU here.
-            return acc + jnp.sum(H * qb[..., :, None] * kb[..., None, :], axis=1), None
-
-        acc0 = jnp.zeros((B, L, L), jnp.float32)
-        out, _ = jax.lax.scan(jax.checkpoint(body), acc0, (idx_b, qw_b, kw_b))
-        return out
+        return _reduce_jit(self.core, idx, qw, kw, how, _block_size(n, B, L, block_channels))
 
     def apply(self, channels=None):
         """``H @ values + offset`` for the selected channels: ``(B, C', L)``.
