@@ -22,7 +22,7 @@ from .ops import conv_right, scalar_decay_kernel, state_decay_kernel
 
 # Elements of one block's dense output in ``reduce`` and in blocked ``materialize``.
 _BLOCK_BUDGET = 1 << 24
-_IMPLS = ("auto", "xla", "pallas")
+_IMPLS = ("auto", "xla", "pallas", "cpu")
 _REDUCTIONS = ("mean", "abs_mean", "pos_mean", "weighted")
 
 
@@ -123,19 +123,38 @@ class ScalarDecayCore:
 
 
 def _check_impl(impl: str, core=None) -> str:
-    """Resolve ``impl``: "auto" is "pallas" on GPU/TPU (for cores with a kernel), else "xla".
-    "pallas" for a core without a kernel raises ``TypeError`` naming the core."""
+    """Resolve ``impl``.
+
+    "auto" is "pallas" on GPU/TPU for cores with a Pallas kernel, "cpu" on the CPU
+    backend for cores with a fused CPU kernel (when it builds here), else "xla".
+    "pallas" / "cpu" for a core without that kernel raise ``TypeError`` naming the core;
+    "cpu" where the kernel cannot be built raises ``CpuKernelUnavailable``."""
     if impl not in _IMPLS:
         raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
     if impl == "xla":
         return "xla"
     from . import kernels  # lazily: kernels import the family cores, which import this module
+    from .kernels import cpu
 
     if impl == "pallas":
         if core is not None:
             kernels.check_core(core)
         return "pallas"
-    return "pallas" if kernels.on_accelerator() and core is not None and kernels.has_kernel(core) else "xla"
+    if impl == "cpu":
+        if jax.default_backend() != "cpu":
+            raise ValueError(f"impl='cpu' runs on JAX's CPU backend; the default backend is "
+                             f"{jax.default_backend()!r} (use 'auto' or 'pallas' there)")
+        if core is not None:
+            cpu.check_core(core)
+        cpu.load()
+        return "cpu"
+    if core is None:
+        return "xla"
+    if kernels.on_accelerator():
+        return "pallas" if kernels.has_kernel(core) else "xla"
+    if jax.default_backend() == "cpu" and cpu.has_kernel(core) and cpu.available():
+        return "cpu"
+    return "xla"
 
 
 def _dense_fn(core, impl: str):
@@ -144,6 +163,10 @@ def _dense_fn(core, impl: str):
         from . import kernels
 
         return lambda idx: kernels.pallas_dense(core, idx)
+    if impl == "cpu":
+        from .kernels.cpu import cpu_dense
+
+        return lambda idx: cpu_dense(core, idx)
     return core.dense
 
 
@@ -192,7 +215,7 @@ def _materialize_blocks(core, idx, bc: int, impl: str, B: int, L: int):
     dense = _dense_fn(core, impl)
     n = idx.shape[0]
     idx = jnp.asarray(idx)
-    if bc >= n:
+    if bc >= n or impl == "cpu":  # the CPU kernel's scratch is O(L N) per thread
         return dense(idx)
     nb = -(-n // bc)
     # The last block is shifted back to end at n (it recomputes a few channels)
@@ -213,7 +236,7 @@ _materialize_jit = jax.jit(
     static_argnums=(1, 2, 3, 4, 5))
 
 
-def _reduce_blocks(core, idx, qw, kw, how: str, bc: int):
+def _reduce_blocks(core, idx, qw, kw, how: str, bc: int, impl: str = "xla"):
     """``sum_c qw[b,c,i] f(H[b,c,i,j]) kw[b,c,j]`` over ``idx`` in blocks of ``bc`` channels."""
     B, n, L = qw.shape
     nb = -(-n // bc)
@@ -223,9 +246,11 @@ def _reduce_blocks(core, idx, qw, kw, how: str, bc: int):
     qw_b = jnp.moveaxis(jnp.pad(qw, ((0, 0), (0, pad), (0, 0))).reshape(B, nb, bc, L), 1, 0)
     kw_b = jnp.moveaxis(jnp.pad(kw, ((0, 0), (0, pad), (0, 0))).reshape(B, nb, bc, L), 1, 0)
 
+    dense = _dense_fn(core, impl)
+
     def body(acc, xs):
         ib, qb, kb = xs
-        H = core.dense(ib)
+        H = dense(ib)
         if how == "abs_mean":
             H = jnp.abs(H)
         elif how == "pos_mean":
@@ -239,7 +264,7 @@ def _reduce_blocks(core, idx, qw, kw, how: str, bc: int):
     return out
 
 
-_reduce_jit = jax.jit(_reduce_blocks, static_argnums=(4, 5))
+_reduce_jit = jax.jit(_reduce_blocks, static_argnums=(4, 5, 6))
 
 
 @_dataclass_pytree
@@ -272,8 +297,9 @@ class ImplicitOperator:
 
         Args:
           channels: None (all), an int, a slice or a list of channel indices.
-          impl: "auto" | "xla" | "pallas".
-          block_channels: channels computed per step (bounds intermediate memory).
+          impl: "auto" | "xla" | "pallas" | "cpu" (see ``_check_impl``).
+          block_channels: channels computed per step (bounds intermediate memory; the
+            "cpu" kernel writes the output directly and needs no blocks).
         Returns:
           ``(B, C', L, L)`` float32, ``H[b, c, i, j]`` = weight of value ``j`` in output ``i``.
         """
@@ -296,7 +322,9 @@ class ImplicitOperator:
         or ``(B, C', L)`` over the selected channels).
 
         Works in blocks of channels (``lax.scan`` with rematerialisation), so memory is
-        ``O(B L^2 * block)`` in the forward and backward pass.
+        ``O(B L^2 * block)`` in the forward and backward pass. ``impl``: "xla" forms each
+        block with jnp, "cpu" with the fused CPU kernel, "pallas" fuses the whole reduction
+        (``block_channels`` is then unused); "auto" picks as ``materialize`` does.
         Returns:
           ``(B, L, L)`` float32.
         """
@@ -322,7 +350,7 @@ class ImplicitOperator:
 
             # One fused kernel over all selected channels: only (B, L, L) is written.
             return kernels.pallas_reduce(self.core, idx, how, qw, kw)
-        return _reduce_jit(self.core, idx, qw, kw, how, _block_size(n, B, L, block_channels))
+        return _reduce_jit(self.core, idx, qw, kw, how, _block_size(n, B, L, block_channels), impl)
 
     def apply(self, channels=None):
         """``H @ values + offset`` for the selected channels: ``(B, C', L)``.

@@ -1,0 +1,227 @@
+"""Fused CPU kernels (``impl="cpu"``): C++ XLA FFI handlers that write each element of
+``materialize``'s output once.
+
+On CPU the XLA path makes several passes over the ``(B, C, L, L)`` output (chunk
+products, diagonal blocks, the conv, the block copy); each costs about as much as the
+write itself. These kernels form one row at a time in a small scratch buffer and write
+it once. The source (``*.cc`` next to this file) is compiled on first use with the
+machine's C++ compiler against the XLA FFI headers that ship with ``jaxlib``, and cached
+in ``$IMPLICIT_ATTN_CACHE`` (default ``~/.cache/implicit_attn``). Without a compiler
+``impl="auto"`` falls back to XLA (with one warning); ``impl="cpu"`` raises.
+
+Supported cores: ``StateDecayCore`` (Mamba-1). Gradients: a ``custom_vjp`` whose
+backward pass is the XLA reference (``jax.vjp`` of ``core.dense``).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_SRC = Path(__file__).with_name("state_decay.cc")
+_TARGET = "implicit_attn_state_decay_dense"
+_FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread"]
+_lock = threading.Lock()
+_state: dict = {}
+
+
+class CpuKernelUnavailable(RuntimeError):
+    """The fused CPU kernel could not be built on this machine."""
+
+
+def cache_dir() -> Path:
+    """Where compiled kernels are kept: ``$IMPLICIT_ATTN_CACHE`` or ``~/.cache/implicit_attn``
+    (a per-user directory under the system temp dir if that cannot be created)."""
+    root = os.environ.get("IMPLICIT_ATTN_CACHE") or Path.home() / ".cache" / "implicit_attn"
+    path = Path(root) / "kernels"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        path = Path(tempfile.gettempdir()) / f"implicit_attn_{os.getuid()}" / "kernels"
+    return path
+
+
+def _compiler() -> str:
+    for cxx in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if cxx and shutil.which(cxx):
+            return cxx
+    raise CpuKernelUnavailable("no C++ compiler found (set CXX, or install g++)")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "flags")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _build() -> Path:
+    """Compile the kernel library (once per source, jax version, compiler and CPU)."""
+    cxx = _compiler()
+    key = hashlib.sha256(b"\0".join([
+        _SRC.read_bytes(), jax.__version__.encode(), " ".join([cxx] + _FLAGS).encode(),
+        _cpu_model().encode(), platform.machine().encode()])).hexdigest()[:16]
+    lib = cache_dir() / f"implicit_attn_cpu_{key}.so"
+    if lib.exists():
+        return lib
+    with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
+        out = Path(tmp) / lib.name
+        cmd = [cxx, *_FLAGS, "-I", jax.ffi.include_dir(), str(_SRC), "-o", str(out)]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise CpuKernelUnavailable(f"compiling {_SRC.name} failed ({' '.join(cmd)}):\n{p.stderr[-2000:]}")
+        os.replace(out, lib)  # atomic: concurrent builders never see a partial file
+    return lib
+
+
+def load():
+    """Build (if needed) and register the kernels with XLA; raises ``CpuKernelUnavailable``."""
+    with _lock:
+        if "error" in _state:
+            raise _state["error"]
+        if "lib" not in _state:
+            try:
+                lib = ctypes.CDLL(str(_build()))
+                jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.IaStateDecayDense),
+                                            platform="cpu")
+            except CpuKernelUnavailable as e:
+                _state["error"] = e
+                raise
+            _state["lib"] = lib
+        return _state["lib"]
+
+
+def available() -> bool:
+    """True if the kernels build and load here (warns once if they do not)."""
+    try:
+        load()
+        return True
+    except CpuKernelUnavailable as e:
+        if not _state.get("warned"):
+            _state["warned"] = True
+            warnings.warn(f"implicit_attn: fused CPU kernel unavailable, using XLA: {e}", stacklevel=3)
+        return False
+
+
+MAX_STATE = 64  # the kernel keeps one 16-float vector per state in registers/L1
+MAX_CONV = 16  # conv taps: at most one chunk
+
+
+def _limits_problem(core) -> str | None:
+    N = core.q.shape[-1]
+    K = 1 if core.conv_w is None else core.conv_w.shape[-1]
+    if N > MAX_STATE:
+        return f"state size {N} > {MAX_STATE}"
+    if K > MAX_CONV:
+        return f"conv width {K} > {MAX_CONV}"
+    return None
+
+
+def has_kernel(core) -> bool:
+    """True if ``impl="cpu"`` supports ``core``."""
+    from ...operator import StateDecayCore
+
+    return type(core) is StateDecayCore and _limits_problem(core) is None
+
+
+def check_core(core):
+    """Raise ``TypeError`` naming ``core`` if it has no fused CPU kernel."""
+    from ...operator import StateDecayCore
+
+    if type(core) is not StateDecayCore:
+        raise TypeError(f"impl='cpu' has no kernel for {type(core).__name__}; it covers "
+                        "StateDecayCore (Mamba-1). Use impl='xla' (or 'auto') for this operator.")
+    problem = _limits_problem(core)
+    if problem:
+        raise TypeError(f"impl='cpu' cannot take this StateDecayCore: {problem}. Use impl='xla'.")
+
+
+def num_threads() -> int:
+    """Worker threads per call: ``$IMPLICIT_ATTN_CPU_THREADS`` or the usable cores."""
+    env = os.environ.get("IMPLICIT_ATTN_CPU_THREADS")
+    if env:
+        return max(1, int(env))
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def huge_pages() -> bool:
+    """Whether the kernel asks Linux for transparent huge pages on its output
+    (``madvise``; ``$IMPLICIT_ATTN_HUGE_PAGES=0`` turns it off). On a fresh output of
+    hundreds of MB, 4 KiB page faults cost more than the arithmetic."""
+    return os.environ.get("IMPLICIT_ATTN_HUGE_PAGES", "1") not in ("0", "false", "no", "")
+
+
+def _rows_or_dummy(x, idx):
+    if x is None:
+        return jnp.zeros((1, 1, 1), jnp.float32), 0
+    return jnp.take(x, idx, axis=1).astype(jnp.float32), 1
+
+
+def _state_decay_call(core, idx):
+    load()
+    f32 = jnp.float32
+    B, L, N = core.q.shape
+    n = idx.shape[0]
+    left, hl = _rows_or_dummy(core.left, idx)
+    right, hr = _rows_or_dummy(core.right, idx)
+    diag, hd = _rows_or_dummy(core.diag, idx)
+    w = (jnp.ones((n, 1), f32) if core.conv_w is None
+         else jnp.take(core.conv_w, idx, axis=0).astype(f32))
+    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct((B, n, L, L), f32),
+                            vmap_method="sequential")
+    return call(core.q.astype(f32), core.k.astype(f32), jnp.take(core.A, idx, axis=0).astype(f32),
+                jnp.take(core.dt, idx, axis=1).astype(f32), left, right, diag, w,
+                has_left=np.int64(hl), has_right=np.int64(hr), has_diag=np.int64(hd),
+                threads=np.int64(num_threads()), huge_pages=np.int64(huge_pages()))
+
+
+@jax.custom_vjp
+def _dense(core, idx):
+    return _state_decay_call(core, idx)
+
+
+def _dense_fwd(core, idx):
+    return _state_decay_call(core, idx), (core, idx)
+
+
+def _dense_bwd(res, g):
+    core, idx = res
+    _, vjp = jax.vjp(lambda c: c.dense(idx), core)
+    return vjp(g)[0], np.zeros(idx.shape, jax.dtypes.float0)
+
+
+_dense.defvjp(_dense_fwd, _dense_bwd)
+
+
+def cpu_dense(core, idx):
+    """``core.dense(idx)`` by the fused CPU kernel.
+
+    Args:
+      core: a ``StateDecayCore``; idx: ``(n,)`` int channel indices.
+    Returns:
+      ``(B, n, L, L)`` float32, equal to ``core.dense(idx)`` to float32 rounding.
+    """
+    check_core(core)
+    return _dense(core, jnp.asarray(idx, jnp.int32))
+
+
+__all__ = ["cpu_dense", "available", "has_kernel", "check_core", "load", "cache_dir",
+           "num_threads", "CpuKernelUnavailable"]

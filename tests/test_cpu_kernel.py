@@ -1,0 +1,156 @@
+"""The fused CPU kernel (``impl="cpu"``) against the XLA reference and the block's own scan.
+
+Operators come from Mamba's pure functions on random weights, so the cores are what
+the model produces; bare cores cover every optional factor and a state size that is
+not a multiple of the kernel's 16-wide vectors. Lengths 1, 16, 17, 37 and 100 cover
+one partial chunk, exactly one chunk, a ragged last chunk and many chunks.
+"""
+import numpy as np
+import jax
+import jax.numpy as jnp
+import pytest
+
+from implicit_attn.kernels import cpu
+from implicit_attn.models import mamba
+from implicit_attn.operator import ImplicitOperator, StateDecayCore, _check_impl
+
+B = 2
+
+
+def rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+def _op(L, variant="full", dt_shift=0.0, seed=2):
+    cfg = mamba.Config(vocab_size=8, hidden_size=4, state_size=4, num_hidden_layers=1, conv_kernel=4)
+    p = mamba.init_params(cfg, jax.random.PRNGKey(1))["layers"][0]["mixer"]
+    p["dt_proj.bias"] = p["dt_proj.bias"] + dt_shift
+    h = jax.random.normal(jax.random.PRNGKey(seed), (B, L, 4))
+    return mamba._mixer_operator(p, h, cfg=cfg, variant=variant)
+
+
+def _bare_core(L, N=20, C=3, left=True, right=True, diag=True, conv=True, seed=0):
+    r = np.random.default_rng(seed)
+    f = lambda *s: jnp.asarray(r.standard_normal(s), jnp.float32)
+    return StateDecayCore(
+        q=f(B, L, N), k=f(B, L, N), A=-jnp.exp(f(C, N)), dt=jnp.abs(f(B, C, L)) * 0.3,
+        left=f(B, C, L) if left else None, right=f(B, C, L) if right else None,
+        diag=f(B, C, L) if diag else None, conv_w=f(C, 4) if conv else None)
+
+
+@pytest.mark.parametrize("L", [1, 16, 17, 37, 100])
+@pytest.mark.parametrize("variant", mamba.VARIANTS)
+def test_materialize_matches_xla(L, variant):
+    op = _op(L, variant)
+    got = op.materialize(impl="cpu")
+    want = op.materialize(impl="xla")
+    assert got.shape == want.shape == (B, 8, L, L)
+    assert rel(got, want) <= 1e-5
+    assert np.all(np.triu(np.asarray(got), 1) == 0)  # exact zeros above the diagonal
+
+
+def test_channel_subsets_out_of_order():
+    op = _op(37)
+    chans = [5, 0, 7, 3, 3]
+    assert rel(op.materialize(chans, impl="cpu"), op.materialize(chans, impl="xla")) <= 1e-5
+
+
+@pytest.mark.parametrize("parts", [(1, 1, 1, 1), (0, 0, 0, 0), (1, 0, 1, 0), (0, 1, 0, 1)])
+def test_bare_cores_every_optional_factor(parts):
+    core = _bare_core(41, **dict(zip(("left", "right", "diag", "conv"), map(bool, parts))))
+    idx = jnp.arange(3)
+    assert rel(cpu.cpu_dense(core, idx), core.dense(idx)) <= 1e-5
+
+
+def test_operator_is_exact_through_the_kernel():
+    """``H @ values + offset`` from the kernel's H reproduces the block's own scan output."""
+    op = _op(100)
+    H = op.materialize(impl="cpu")
+    y = jnp.einsum("bcij,bcj->bci", H, op.values) + op.offset
+    assert rel(y, op.output) <= 1e-5
+
+
+def test_strong_decays_stay_finite():
+    """Large steps drive the decays to underflow; the kernel must give zeros, not NaN."""
+    op = _op(100, dt_shift=6.0)
+    got = np.asarray(op.materialize(impl="cpu"))
+    assert np.isfinite(got).all()
+    assert rel(got, op.materialize(impl="xla")) <= 1e-5
+
+
+def test_gradients_match_xla():
+    op = _op(17)
+    R = jax.random.normal(jax.random.PRNGKey(5), op.shape)
+
+    def loss(core, impl):
+        o = ImplicitOperator(op.values, op.offset, op.output, core)
+        return jnp.sum(o.materialize(impl=impl) * R)
+
+    g_cpu = jax.grad(loss)(op.core, "cpu")
+    g_xla = jax.grad(loss)(op.core, "xla")
+    for a, b in zip(jax.tree_util.tree_leaves(g_cpu), jax.tree_util.tree_leaves(g_xla)):
+        assert rel(a, b) <= 1e-5
+
+
+@pytest.mark.parametrize("how", ["mean", "abs_mean", "pos_mean", "weighted"])
+def test_reduce_through_the_kernel(how):
+    op = _op(37)
+    w = jax.random.normal(jax.random.PRNGKey(3), (B, 8, 37)) if how == "weighted" else None
+    got = op.reduce(how, weights=w, impl="cpu", block_channels=3)
+    want = op.reduce(how, weights=w, impl="xla", block_channels=3)
+    assert rel(got, want) <= 1e-5
+
+
+def test_under_jit_and_vmap():
+    op = _op(17)
+    want = op.materialize(impl="xla")
+    assert rel(jax.jit(lambda o: o.materialize(impl="cpu"))(op), want) <= 1e-5
+    stacked = jax.vmap(lambda c: cpu.cpu_dense(c, jnp.arange(8)))(
+        jax.tree_util.tree_map(lambda x: jnp.stack([x, x]), op.core))
+    assert rel(stacked[1], want) <= 1e-5
+
+
+def test_threads_do_not_change_the_result(monkeypatch):
+    core = _bare_core(37)
+    idx = jnp.arange(3)
+    monkeypatch.setattr(cpu, "num_threads", lambda: 1)
+    one = np.asarray(cpu.cpu_dense(core, idx))
+    monkeypatch.setattr(cpu, "num_threads", lambda: 4)
+    four = np.asarray(cpu.cpu_dense(core, idx))
+    np.testing.assert_array_equal(one, four)
+
+
+def test_auto_uses_the_kernel_on_cpu_for_mamba():
+    op = _op(5)
+    assert jax.default_backend() == "cpu"
+    assert _check_impl("auto", op.core) == "cpu"
+    big_state = _bare_core(5, N=80)
+    assert not cpu.has_kernel(big_state)
+    assert _check_impl("auto", big_state) == "xla"
+
+
+def test_unsupported_cores_and_limits_fail_loudly():
+    from implicit_attn.operator import ScalarDecayCore
+
+    core = ScalarDecayCore(log_a=-jnp.ones((1, 2, 5)), group=jnp.arange(2))
+    with pytest.raises(TypeError, match="no kernel for ScalarDecayCore"):
+        ImplicitOperator(jnp.ones((1, 2, 5)), jnp.zeros((1, 2, 5)), jnp.ones((1, 2, 5)),
+                         core).materialize(impl="cpu")
+    with pytest.raises(TypeError, match="state size 80 > 64"):
+        cpu.cpu_dense(_bare_core(5, N=80), [0])
+
+
+def test_missing_compiler_is_reported(monkeypatch):
+    """Without a compiler, impl='cpu' raises naming the cause; 'auto' warns and uses XLA."""
+    def no_compiler():
+        raise cpu.CpuKernelUnavailable("no C++ compiler found (set CXX, or install g++)")
+
+    monkeypatch.setattr(cpu, "_state", {})
+    monkeypatch.setattr(cpu, "_compiler", no_compiler)
+    monkeypatch.setattr(cpu, "cache_dir", lambda: __import__("pathlib").Path("/nonexistent/none"))
+    op = _op(5)
+    with pytest.raises(cpu.CpuKernelUnavailable, match="no C\\+\\+ compiler"):
+        op.materialize(impl="cpu")
+    with pytest.warns(UserWarning, match="fused CPU kernel unavailable"):
+        assert _check_impl("auto", op.core) == "xla"
