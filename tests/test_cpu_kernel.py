@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 from implicit_attn.kernels import cpu
-from implicit_attn.models import mamba
+from implicit_attn.models import griffin, mamba, rwkv
 from implicit_attn.operator import ImplicitOperator, StateDecayCore, _check_impl
 
 B = 2
@@ -37,6 +37,40 @@ def _bare_core(L, N=20, C=3, left=True, right=True, diag=True, conv=True, seed=0
         q=f(B, L, N), k=f(B, L, N), A=-jnp.exp(f(C, N)), dt=jnp.abs(f(B, C, L)) * 0.3,
         left=f(B, C, L) if left else None, right=f(B, C, L) if right else None,
         diag=f(B, C, L) if diag else None, conv_w=f(C, 4) if conv else None)
+
+
+def rwkv_op():
+    cfg = rwkv.Config(vocab_size=8, hidden_size=4, attention_hidden_size=4, intermediate_size=4,
+                      num_hidden_layers=1)
+    att = rwkv.init_params(cfg, jax.random.PRNGKey(1))["layers"][0]["attention"]
+    return rwkv._time_mix_operator(att, jax.random.normal(jax.random.PRNGKey(2), (1, 6, 4)), cfg=cfg)
+
+
+def griffin_op(L, variant="full", restart=True):
+    """Griffin's recurrent operator; batch row 1 packs a second document from position 20
+    (or 2 for short L), so the document mask and the decay reset are both exercised."""
+    cfg = griffin.Config(vocab_size=8, hidden_size=8, intermediate_size=4, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, lru_width=6,
+                         block_types=("recurrent", "attention"))
+    p = griffin.init_params(cfg, jax.random.PRNGKey(1))["layers"][0]["temporal_block"]
+    h = jax.random.normal(jax.random.PRNGKey(2), (B, L, 8))
+    pos = np.tile(np.arange(L), (B, 1))
+    start = 20 if L > 24 else 2
+    if restart and L > start:
+        pos[1, start:] = np.arange(L - start)
+    return griffin._recurrent_operator(p, h, jnp.asarray(pos), cfg=cfg, variant=variant)
+
+
+@pytest.mark.parametrize("L", [1, 5, 37, 100])
+@pytest.mark.parametrize("variant", griffin.VARIANTS)
+def test_griffin_matches_xla(L, variant):
+    op = griffin_op(L, variant)
+    assert cpu.has_kernel(op.core) and _check_impl("auto", op.core) == "cpu"
+    got = op.materialize(impl="cpu")
+    assert rel(got, op.materialize(impl="xla")) <= 1e-5
+    if variant != "no_gate":  # no_gate carries the conv bias in the offset: still exact
+        y = jnp.einsum("bcij,bcj->bci", got, op.values) + op.offset
+        assert rel(y, op.output) <= 1e-5
 
 
 @pytest.mark.parametrize("L", [1, 16, 17, 37, 100])
@@ -133,10 +167,15 @@ def test_auto_uses_the_kernel_on_cpu_for_mamba():
 def test_unsupported_cores_and_limits_fail_loudly():
     from implicit_attn.operator import ScalarDecayCore
 
-    core = ScalarDecayCore(log_a=-jnp.ones((1, 2, 5)), group=jnp.arange(2))
-    with pytest.raises(TypeError, match="no kernel for ScalarDecayCore"):
+    lowrank = ScalarDecayCore(log_a=-jnp.ones((1, 2, 5)), group=jnp.arange(2),
+                              q=jnp.ones((1, 2, 5, 3)), k=jnp.ones((1, 2, 5, 3)))
+    with pytest.raises(TypeError, match="low-rank q, k has no CPU kernel"):
         ImplicitOperator(jnp.ones((1, 2, 5)), jnp.zeros((1, 2, 5)), jnp.ones((1, 2, 5)),
-                         core).materialize(impl="cpu")
+                         lowrank).materialize(impl="cpu")
+    assert _check_impl("auto", lowrank) == "xla"
+    rw = rwkv_op()
+    with pytest.raises(TypeError, match="no kernel for RwkvCore"):
+        rw.materialize(impl="cpu")
     with pytest.raises(TypeError, match="state size 80 > 64"):
         cpu.cpu_dense(_bare_core(5, N=80), [0])
 

@@ -9,7 +9,8 @@ machine's C++ compiler against the XLA FFI headers that ship with ``jaxlib``, an
 in ``$IMPLICIT_ATTN_CACHE`` (default ``~/.cache/implicit_attn``). Without a compiler
 ``impl="auto"`` falls back to XLA (with one warning); ``impl="cpu"`` raises.
 
-Supported cores: ``StateDecayCore`` (Mamba-1). Gradients: a ``custom_vjp`` whose
+Supported cores: ``StateDecayCore`` (Mamba-1) and rank-one ``ScalarDecayCore`` (Griffin's
+RG-LRU), also inside Griffin's ``DocumentMaskedCore`` (packed documents). Gradients: a ``custom_vjp`` whose
 backward pass is the XLA reference (``jax.vjp`` of ``core.dense``).
 """
 from __future__ import annotations
@@ -122,11 +123,31 @@ MAX_STATE = 64  # the kernel keeps one 16-float vector per state in registers/L1
 MAX_CONV = 16  # conv taps: at most one chunk
 
 
-def _limits_problem(core) -> str | None:
-    N = core.q.shape[-1]
-    K = 1 if core.conv_w is None else core.conv_w.shape[-1]
-    if N > MAX_STATE:
-        return f"state size {N} > {MAX_STATE}"
+def _parts(core):
+    """``(inner core, document ids or None)``: unwraps Griffin's ``DocumentMaskedCore``."""
+    from ...models.griffin import DocumentMaskedCore
+
+    if type(core) is DocumentMaskedCore:
+        return core.inner, core.seg
+    return core, None
+
+
+def _problem(core) -> str | None:
+    """Why ``impl="cpu"`` cannot take ``core`` (None if it can)."""
+    from ...operator import ScalarDecayCore, StateDecayCore
+
+    inner, _ = _parts(core)
+    if type(inner) is StateDecayCore:
+        N = inner.q.shape[-1]
+        if N > MAX_STATE:
+            return f"state size {N} > {MAX_STATE}"
+    elif type(inner) is ScalarDecayCore:
+        if inner.q is not None or inner.k is not None:
+            return "a ScalarDecayCore with low-rank q, k has no CPU kernel (rank one only)"
+    else:
+        return (f"no kernel for {type(inner).__name__}; it covers StateDecayCore (Mamba-1) and "
+                "rank-one ScalarDecayCore (Griffin's RG-LRU, packed documents included)")
+    K = 1 if inner.conv_w is None else inner.conv_w.shape[-1]
     if K > MAX_CONV:
         return f"conv width {K} > {MAX_CONV}"
     return None
@@ -134,21 +155,15 @@ def _limits_problem(core) -> str | None:
 
 def has_kernel(core) -> bool:
     """True if ``impl="cpu"`` supports ``core``."""
-    from ...operator import StateDecayCore
-
-    return type(core) is StateDecayCore and _limits_problem(core) is None
+    return _problem(core) is None
 
 
 def check_core(core):
     """Raise ``TypeError`` naming ``core`` if it has no fused CPU kernel."""
-    from ...operator import StateDecayCore
-
-    if type(core) is not StateDecayCore:
-        raise TypeError(f"impl='cpu' has no kernel for {type(core).__name__}; it covers "
-                        "StateDecayCore (Mamba-1). Use impl='xla' (or 'auto') for this operator.")
-    problem = _limits_problem(core)
+    problem = _problem(core)
     if problem:
-        raise TypeError(f"impl='cpu' cannot take this StateDecayCore: {problem}. Use impl='xla'.")
+        raise TypeError(f"impl='cpu' cannot take this {type(core).__name__}: {problem}. "
+                        "Use impl='xla' (or 'auto') for this operator.")
 
 
 def num_threads() -> int:
@@ -175,31 +190,45 @@ def _rows_or_dummy(x, idx):
     return jnp.take(x, idx, axis=1).astype(jnp.float32), 1
 
 
-def _state_decay_call(core, idx):
+def _kernel_call(core, idx):
+    """Run the kernel on ``core``'s factors for channels ``idx``: ``(B, n, L, L)``."""
+    from ...operator import StateDecayCore
+
     load()
     f32 = jnp.float32
-    B, L, N = core.q.shape
+    inner, seg = _parts(core)
     n = idx.shape[0]
-    left, hl = _rows_or_dummy(core.left, idx)
-    right, hr = _rows_or_dummy(core.right, idx)
-    diag, hd = _rows_or_dummy(core.diag, idx)
-    w = (jnp.ones((n, 1), f32) if core.conv_w is None
-         else jnp.take(core.conv_w, idx, axis=0).astype(f32))
+    if type(inner) is StateDecayCore:
+        q, k = inner.q.astype(f32), inner.k.astype(f32)
+        A = jnp.take(inner.A, idx, axis=0).astype(f32)
+        dt = jnp.take(inner.dt, idx, axis=1).astype(f32)
+    else:  # rank-one scalar decay: N = 1, q = k = 1, exp(A dt) = a with A = -1, dt = -log a
+        B, _, L = inner.log_a.shape
+        q = k = jnp.ones((B, L, 1), f32)
+        A = -jnp.ones((n, 1), f32)
+        dt = -jnp.take(inner.log_a, jnp.take(inner.group, idx), axis=1).astype(f32)
+    B, L = q.shape[:2]
+    left, hl = _rows_or_dummy(inner.left, idx)
+    right, hr = _rows_or_dummy(inner.right, idx)
+    diag, hd = _rows_or_dummy(inner.diag, idx)
+    w = (jnp.ones((n, 1), f32) if inner.conv_w is None
+         else jnp.take(inner.conv_w, idx, axis=0).astype(f32))
+    segs = jnp.zeros((1, 1), jnp.int32) if seg is None else seg.astype(jnp.int32)
     call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct((B, n, L, L), f32),
                             vmap_method="sequential")
-    return call(core.q.astype(f32), core.k.astype(f32), jnp.take(core.A, idx, axis=0).astype(f32),
-                jnp.take(core.dt, idx, axis=1).astype(f32), left, right, diag, w,
+    return call(q, k, A, dt, left, right, diag, w, segs,
                 has_left=np.int64(hl), has_right=np.int64(hr), has_diag=np.int64(hd),
-                threads=np.int64(num_threads()), huge_pages=np.int64(huge_pages()))
+                has_seg=np.int64(seg is not None), threads=np.int64(num_threads()),
+                huge_pages=np.int64(huge_pages()))
 
 
 @jax.custom_vjp
 def _dense(core, idx):
-    return _state_decay_call(core, idx)
+    return _kernel_call(core, idx)
 
 
 def _dense_fwd(core, idx):
-    return _state_decay_call(core, idx), (core, idx)
+    return _kernel_call(core, idx), (core, idx)
 
 
 def _dense_bwd(res, g):
@@ -215,7 +244,7 @@ def cpu_dense(core, idx):
     """``core.dense(idx)`` by the fused CPU kernel.
 
     Args:
-      core: a ``StateDecayCore``; idx: ``(n,)`` int channel indices.
+      core: a core ``has_kernel`` accepts; idx: ``(n,)`` int channel indices.
     Returns:
       ``(B, n, L, L)`` float32, equal to ``core.dense(idx)`` to float32 rounding.
     """

@@ -2,7 +2,9 @@
 //
 // H[b,c] = (diag(l) K diag(r) + diag(d)) M, with
 //   K[i,j] = sum_n q[i,n] k[j,n] prod_{t=j+1..i} exp(A[n] dt[t])   (i >= j, else 0)
-// and M the banded causal conv matrix of the channel's filter w (K taps).
+// and M the banded causal conv matrix of the channel's filter w (K taps), optionally
+// zeroed between different documents (seg). A rank-one scalar decay (Griffin's RG-LRU)
+// is the case N = 1, q = k = 1, A = -1, dt = -log a.
 //
 // Every output element is written exactly once, row by row; a row is first formed in a
 // small scratch buffer (L1-resident), then convolved into the output. The decay uses
@@ -68,6 +70,7 @@ struct Dims {
 
 struct Scratch {
   std::vector<float> Ap, dAT, qd, qp, kp, kdT, tot, mid, row;
+  std::vector<int32_t> seg;
   explicit Scratch(const Dims& d) {
     const int64_t nc = (d.L + kQ - 1) / kQ, Lp = nc * kQ, Np = (d.N + kQ - 1) / kQ * kQ;
     Ap.resize(Np);
@@ -79,13 +82,14 @@ struct Scratch {
     tot.resize(nc);
     mid.resize(nc * Np);
     row.resize(Lp + 2 * kQ + d.K);
+    seg.resize(Lp);
   }
 };
 
 // One (batch, channel) operator into out (L x L, row-major).
 void one_channel(const float* q, const float* k, const float* A, const float* dt,
                  const float* left, const float* right, const float* diag, const float* w,
-                 const Dims& d, float* out, Scratch& s) {
+                 const int32_t* seg, const Dims& d, float* out, Scratch& s) {
   const int64_t L = d.L, N = d.N, K = d.K;
   const int64_t nc = (L + kQ - 1) / kQ, Np = (N + kQ - 1) / kQ * kQ;
   float* dAT = s.dAT.data();  // [J][n][jj]: exp(A[n] dt[J*Q + jj])
@@ -97,6 +101,9 @@ void one_channel(const float* q, const float* k, const float* A, const float* dt
   float* row = s.row.data();
   float* Ap = s.Ap.data();
   for (int64_t n = 0; n < Np; ++n) Ap[n] = n < N ? A[n] : 0.0f;
+  int32_t* segp = s.seg.data();  // document ids, padded (-1) to whole chunks
+  if (seg)
+    for (int64_t t = 0; t < nc * kQ; ++t) segp[t] = t < L ? seg[t] : -1;
 
   // Per-chunk factors (padding past L: dt 0, q k 0).
   for (int64_t J = 0; J < nc; ++J) {
@@ -170,6 +177,11 @@ void one_channel(const float* q, const float* k, const float* A, const float* dt
       for (int64_t J = 0; J <= I; ++J) {
         v16 y = splat(0.0f);
         for (int64_t t = 0; t < K; ++t) y += splat(w[K - 1 - t]) * load(row + J * kQ + t);
+        if (seg) {  // packed documents: the conv must not reach across a document start
+          v16i sj;
+          std::memcpy(&sj, segp + J * kQ, sizeof(sj));
+          y = sj == segp[i] ? y : splat(0.0f);
+        }
         if (J * kQ + kQ <= L) {
           store(o + J * kQ, y);
         } else {
@@ -194,8 +206,9 @@ ffi::Error StateDecayDenseImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                                ffi::Buffer<ffi::F32> A, ffi::Buffer<ffi::F32> dt,
                                ffi::Buffer<ffi::F32> left, ffi::Buffer<ffi::F32> right,
                                ffi::Buffer<ffi::F32> diag, ffi::Buffer<ffi::F32> w,
-                               ffi::ResultBuffer<ffi::F32> out, int64_t has_left,
-                               int64_t has_right, int64_t has_diag, int64_t threads,
+                               ffi::Buffer<ffi::S32> seg, ffi::ResultBuffer<ffi::F32> out,
+                               int64_t has_left, int64_t has_right, int64_t has_diag,
+                               int64_t has_seg, int64_t threads,
                                int64_t huge_pages) {
   auto qd = q.dimensions(), ad = A.dimensions(), td = dt.dimensions(), wd = w.dimensions();
   if (qd.size() != 3 || ad.size() != 2 || td.size() != 3 || wd.size() != 2)
@@ -221,7 +234,8 @@ ffi::Error StateDecayDenseImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                   A.typed_data() + c * d.N, dt.typed_data() + cl,
                   has_left ? left.typed_data() + cl : nullptr,
                   has_right ? right.typed_data() + cl : nullptr,
-                  has_diag ? diag.typed_data() + cl : nullptr, w.typed_data() + c * d.K, d,
+                  has_diag ? diag.typed_data() + cl : nullptr, w.typed_data() + c * d.K,
+                  has_seg ? seg.typed_data() + b * d.L : nullptr, d,
                   o + static_cast<size_t>(p) * LL, s);
     }
   };
@@ -245,9 +259,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::Buffer<ffi::F32>>()  // right (B, C, L)
         .Arg<ffi::Buffer<ffi::F32>>()  // diag (B, C, L)
         .Arg<ffi::Buffer<ffi::F32>>()  // conv w (C, K)
+        .Arg<ffi::Buffer<ffi::S32>>()  // document ids (B, L)
         .Ret<ffi::Buffer<ffi::F32>>()  // out (B, C, L, L)
         .Attr<int64_t>("has_left")
         .Attr<int64_t>("has_right")
         .Attr<int64_t>("has_diag")
+        .Attr<int64_t>("has_seg")
         .Attr<int64_t>("threads")
         .Attr<int64_t>("huge_pages"));
