@@ -71,8 +71,9 @@ def case_materialize(width: int, heads: int, L: int, channels: int, impl: str) -
 
     op = _operator(width, heads, L)
     idx = jnp.arange(channels)
-    if impl == "ours":
-        f = jax.jit(lambda o: o.materialize(idx))
+    if impl in ("ours", "xla"):  # ours: the default impl (the fused CPU kernel on CPU)
+        kw = {"impl": "xla"} if impl == "xla" else {}
+        f = jax.jit(lambda o: o.materialize(idx, **kw))
         fn = lambda: f(op)
     else:
         a, left, right, w = _baseline_pieces(op)
@@ -92,8 +93,9 @@ def case_reduce(width: int, heads: int, L: int, impl: str) -> dict:
     import numpy as np
 
     op = _operator(width, heads, L)
-    if impl == "ours":
-        f = jax.jit(lambda o: o.reduce("mean"))
+    if impl in ("ours", "xla"):
+        kw = {"impl": "xla"} if impl == "xla" else {}
+        f = jax.jit(lambda o: o.reduce("mean", **kw))
         fn = lambda: f(op)
     else:
         a, left, right, w = _baseline_pieces(op)
@@ -130,19 +132,23 @@ def main(quick: bool = False) -> list[dict]:
     rows = []
     ours = isolated("benchmarks.griffin:case_materialize", width=W, heads=Hd, L=L, channels=Cm, impl="ours")
     base = isolated("benchmarks.griffin:case_materialize", width=W, heads=Hd, L=L, channels=Cm, impl="dense")
+    xla = isolated("benchmarks.griffin:case_materialize", width=W, heads=Hd, L=L, channels=Cm, impl="xla")
     rows.append({"case": f"materialize {Cm} of {W} ch, L={L}", "ours_s": ours["seconds"],
                  "ours_peak_mb": ours["peak_mb"],
                  "baseline": f"cumprod decay + explicit conv matmul, blocks of {BLOCK}",
                  "baseline_s": base["seconds"], "baseline_peak_mb": base["peak_mb"],
                  "speedup": base["seconds"] / ours["seconds"],
-                 "note": f"output {ours['out_mb']:.0f} MiB; results agree: {_agree(ours, base)}"})
+                 "note": f"output {ours['out_mb']:.0f} MiB; results agree: {_agree(ours, base)}; "
+                         f"impl='xla' {xla['seconds']:.3g} s ({base['seconds'] / xla['seconds']:.1f}x)"})
     ours = isolated("benchmarks.griffin:case_reduce", width=W, heads=Hd, L=L, impl="ours")
     base = isolated("benchmarks.griffin:case_reduce", width=W, heads=Hd, L=L, impl="dense")
+    xla = isolated("benchmarks.griffin:case_reduce", width=W, heads=Hd, L=L, impl="xla")
     rows.append({"case": f"reduce('mean') {W} ch, L={L}", "ours_s": ours["seconds"],
                  "ours_peak_mb": ours["peak_mb"], "baseline": f"cumprod decay + conv_right, blocks of {BLOCK}",
                  "baseline_s": base["seconds"], "baseline_peak_mb": base["peak_mb"],
                  "speedup": base["seconds"] / ours["seconds"],
-                 "note": f"(B,C,L,L) would be {W * L * L * 4 / 2**30:.1f} GiB; results agree: {_agree(ours, base)}"})
+                 "note": f"(B,C,L,L) would be {W * L * L * 4 / 2**30:.1f} GiB; results agree: {_agree(ours, base)}; "
+                         f"impl='xla' {xla['seconds']:.3g} s ({base['seconds'] / xla['seconds']:.1f}x)"})
     write_results("griffin_quick" if quick else "griffin", rows,
                   columns=["case", "ours_s", "ours_peak_mb", "baseline", "baseline_s", "baseline_peak_mb",
                            "speedup", "note"])
