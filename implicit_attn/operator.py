@@ -323,8 +323,9 @@ class ImplicitOperator:
 
         Works in blocks of channels (``lax.scan`` with rematerialisation), so memory is
         ``O(B L^2 * block)`` in the forward and backward pass. ``impl``: "xla" forms each
-        block with jnp, "cpu" with the fused CPU kernel, "pallas" fuses the whole reduction
-        (``block_channels`` is then unused); "auto" picks as ``materialize`` does.
+        block with jnp; "pallas" and "cpu" fuse the whole reduction and write only the
+        output (``block_channels`` is then unused; their gradients go through the XLA
+        path); "auto" picks as ``materialize`` does.
         Returns:
           ``(B, L, L)`` float32.
         """
@@ -350,6 +351,10 @@ class ImplicitOperator:
 
             # One fused kernel over all selected channels: only (B, L, L) is written.
             return kernels.pallas_reduce(self.core, idx, how, qw, kw)
+        if impl == "cpu":
+            from .kernels.cpu import cpu_reduce
+
+            return cpu_reduce(self.core, idx, how, qw, kw)
         return _reduce_jit(self.core, idx, qw, kw, how, _block_size(n, B, L, block_channels), impl)
 
     def apply(self, channels=None):

@@ -128,12 +128,38 @@ def test_gradients_match_xla():
 
 
 @pytest.mark.parametrize("how", ["mean", "abs_mean", "pos_mean", "weighted"])
-def test_reduce_through_the_kernel(how):
-    op = _op(37)
-    w = jax.random.normal(jax.random.PRNGKey(3), (B, 8, 37)) if how == "weighted" else None
-    got = op.reduce(how, weights=w, impl="cpu", block_channels=3)
-    want = op.reduce(how, weights=w, impl="xla", block_channels=3)
+@pytest.mark.parametrize("family", ["mamba", "griffin"])
+def test_fused_reduce_matches_xla(how, family):
+    op = _op(37) if family == "mamba" else griffin_op(37)
+    shape = op.values.shape
+    w = jax.random.normal(jax.random.PRNGKey(3), shape) if how == "weighted" else None
+    kw = jax.random.normal(jax.random.PRNGKey(4), shape) if how == "weighted" else None
+    got = op.reduce(how, weights=w, key_weights=kw, impl="cpu")
+    want = op.reduce(how, weights=w, key_weights=kw, impl="xla", block_channels=3)
+    assert got.shape == (B, 37, 37)
     assert rel(got, want) <= 1e-5
+
+
+def test_fused_reduce_channel_subsets_and_short_inputs():
+    for L in (1, 16, 17):
+        op = _op(L)
+        assert rel(op.reduce("abs_mean", channels=[6, 1, 1], impl="cpu"),
+                   op.reduce("abs_mean", channels=[6, 1, 1], impl="xla")) <= 1e-5
+
+
+def test_fused_reduce_gradients_match_xla():
+    op = _op(17)
+    w = jax.random.normal(jax.random.PRNGKey(3), op.values.shape)
+    R = jax.random.normal(jax.random.PRNGKey(5), (B, 17, 17))
+
+    def loss(core, w, impl):
+        o = ImplicitOperator(op.values, op.offset, op.output, core)
+        return jnp.sum(o.reduce("weighted", weights=w, impl=impl) * R)
+
+    g_cpu = jax.grad(loss, argnums=(0, 1))(op.core, w, "cpu")
+    g_xla = jax.grad(loss, argnums=(0, 1))(op.core, w, "xla")
+    for a, b in zip(jax.tree_util.tree_leaves(g_cpu), jax.tree_util.tree_leaves(g_xla)):
+        assert rel(a, b) <= 1e-5
 
 
 def test_under_jit_and_vmap():
@@ -178,6 +204,8 @@ def test_unsupported_cores_and_limits_fail_loudly():
         rw.materialize(impl="cpu")
     with pytest.raises(TypeError, match="state size 80 > 64"):
         cpu.cpu_dense(_bare_core(5, N=80), [0])
+    with pytest.raises(ValueError, match="how must be one of"):
+        cpu.cpu_reduce(_bare_core(5), [0], "max", jnp.ones((B, 1, 5)), jnp.ones((B, 1, 5)))
 
 
 def test_missing_compiler_is_reported(monkeypatch):

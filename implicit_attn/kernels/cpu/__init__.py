@@ -27,12 +27,15 @@ import threading
 import warnings
 from pathlib import Path
 
+from ..tiles import MODES  # how -> f: 0 identity, 1 abs, 2 positive part
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 _SRC = Path(__file__).with_name("state_decay.cc")
 _TARGET = "implicit_attn_state_decay_dense"
+_REDUCE_TARGET = "implicit_attn_state_decay_reduce"
 _FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread"]
 _lock = threading.Lock()
 _state: dict = {}
@@ -99,6 +102,8 @@ def load():
             try:
                 lib = ctypes.CDLL(str(_build()))
                 jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.IaStateDecayDense),
+                                            platform="cpu")
+                jax.ffi.register_ffi_target(_REDUCE_TARGET, jax.ffi.pycapsule(lib.IaStateDecayReduce),
                                             platform="cpu")
             except CpuKernelUnavailable as e:
                 _state["error"] = e
@@ -190,8 +195,8 @@ def _rows_or_dummy(x, idx):
     return jnp.take(x, idx, axis=1).astype(jnp.float32), 1
 
 
-def _kernel_call(core, idx):
-    """Run the kernel on ``core``'s factors for channels ``idx``: ``(B, n, L, L)``."""
+def _kernel_args(core, idx):
+    """The kernels' operands and flags for ``core``'s channels ``idx``: (args, attrs, (B, L))."""
     from ...operator import StateDecayCore
 
     load()
@@ -207,19 +212,32 @@ def _kernel_call(core, idx):
         q = k = jnp.ones((B, L, 1), f32)
         A = -jnp.ones((n, 1), f32)
         dt = -jnp.take(inner.log_a, jnp.take(inner.group, idx), axis=1).astype(f32)
-    B, L = q.shape[:2]
     left, hl = _rows_or_dummy(inner.left, idx)
     right, hr = _rows_or_dummy(inner.right, idx)
     diag, hd = _rows_or_dummy(inner.diag, idx)
     w = (jnp.ones((n, 1), f32) if inner.conv_w is None
          else jnp.take(inner.conv_w, idx, axis=0).astype(f32))
     segs = jnp.zeros((1, 1), jnp.int32) if seg is None else seg.astype(jnp.int32)
-    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct((B, n, L, L), f32),
+    attrs = dict(has_left=np.int64(hl), has_right=np.int64(hr), has_diag=np.int64(hd),
+                 has_seg=np.int64(seg is not None), threads=np.int64(num_threads()))
+    return (q, k, A, dt, left, right, diag, w, segs), attrs, q.shape[:2]
+
+
+def _kernel_call(core, idx):
+    """Run the materialize kernel on ``core``'s channels ``idx``: ``(B, n, L, L)``."""
+    args, attrs, (B, L) = _kernel_args(core, idx)
+    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct((B, idx.shape[0], L, L), jnp.float32),
                             vmap_method="sequential")
-    return call(q, k, A, dt, left, right, diag, w, segs,
-                has_left=np.int64(hl), has_right=np.int64(hr), has_diag=np.int64(hd),
-                has_seg=np.int64(seg is not None), threads=np.int64(num_threads()),
-                huge_pages=np.int64(huge_pages()))
+    return call(*args, **attrs, huge_pages=np.int64(huge_pages()))
+
+
+def _reduce_call(core, idx, mode, qw, kw):
+    """Run the fused reduce kernel: ``(B, L, L)``."""
+    args, attrs, (B, L) = _kernel_args(core, idx)
+    call = jax.ffi.ffi_call(_REDUCE_TARGET, jax.ShapeDtypeStruct((B, L, L), jnp.float32),
+                            vmap_method="sequential")
+    return call(*args, qw.astype(jnp.float32), kw.astype(jnp.float32), **attrs,
+                mode=np.int64(MODES[mode]))
 
 
 @jax.custom_vjp
@@ -252,5 +270,48 @@ def cpu_dense(core, idx):
     return _dense(core, jnp.asarray(idx, jnp.int32))
 
 
-__all__ = ["cpu_dense", "available", "has_kernel", "check_core", "load", "cache_dir",
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _reduce(core, idx, how, qw, kw):
+    return _reduce_call(core, idx, how, qw, kw)
+
+
+def _reduce_fwd(core, idx, how, qw, kw):
+    return _reduce_call(core, idx, how, qw, kw), (core, idx, qw, kw)
+
+
+def _reduce_bwd(how, res, g):
+    from ...operator import _block_size, _reduce_blocks
+
+    core, idx, qw, kw = res
+    B, n, L = qw.shape
+    bc = _block_size(n, B, L, None)
+    _, vjp = jax.vjp(lambda c, a, b: _reduce_blocks(c, idx, a, b, how, bc), core, qw, kw)
+    dc, dq, dk = vjp(g)
+    return dc, np.zeros(idx.shape, jax.dtypes.float0), dq, dk
+
+
+_reduce.defvjp(_reduce_fwd, _reduce_bwd)
+
+
+def cpu_reduce(core, idx, how: str, qw, kw):
+    """Fused channel reduction ``sum_c qw[b,c,i] f(H_c[b,i,j]) kw[b,c,j]`` on the CPU:
+    only the ``(B, L, L)`` output is written.
+
+    ``f`` is the identity (``how="mean"`` / ``"weighted"``), ``abs`` (``"abs_mean"``) or
+    ``max(., 0)`` (``"pos_mean"``); the caller puts ``1/n`` into ``qw`` for the means.
+
+    Args:
+      core: a core ``has_kernel`` accepts; idx: ``(n,)`` int channels.
+      qw, kw: ``(B, n, L)`` per-channel, per-position query / key weights.
+    Returns:
+      ``(B, L, L)`` float32.
+    """
+    check_core(core)
+    if how not in MODES:
+        raise ValueError(f"how must be one of {tuple(MODES)}, got {how!r}")
+    return _reduce(core, jnp.asarray(idx, jnp.int32), how, jnp.asarray(qw, jnp.float32),
+                   jnp.asarray(kw, jnp.float32))
+
+
+__all__ = ["cpu_dense", "cpu_reduce", "available", "has_kernel", "check_core", "load", "cache_dir",
            "num_threads", "CpuKernelUnavailable"]

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -68,62 +69,59 @@ struct Dims {
   int64_t B, C, L, N, K;
 };
 
+// The inputs of one (batch, channel) operator; null pointers are absent factors.
+struct Channel {
+  const float *q, *k, *A, *dt, *left, *right, *diag, *w;
+  const int32_t* seg;
+};
+
+// Per-channel factors and row state (thread-local, reused across channels).
 struct Scratch {
   std::vector<float> Ap, dAT, qd, qp, kp, kdT, tot, mid, row;
   std::vector<int32_t> seg;
+  v16 G[64];  // diagonal-block state per state n (N <= 64, checked by the handlers)
   explicit Scratch(const Dims& d) {
     const int64_t nc = (d.L + kQ - 1) / kQ, Lp = nc * kQ, Np = (d.N + kQ - 1) / kQ * kQ;
     Ap.resize(Np);
-    dAT.resize(Lp * d.N);
-    qd.resize(Lp * d.N);
-    qp.resize(Lp * d.N);
-    kp.resize(Lp * d.N);
-    kdT.resize(Lp * d.N);
-    tot.resize(nc);
-    mid.resize(nc * Np);
+    dAT.resize(Lp * d.N);  // [J][n][jj]: exp(A[n] dt[J*Q + jj])
+    qd.resize(Lp * d.N);   // [i][n]: q l times the decay from the chunk start through i
+    qp.resize(Lp * d.N);   // [i][n]: q l
+    kp.resize(Lp * d.N);   // [j][n]: k r
+    kdT.resize(Lp * d.N);  // [J][n][jj]: k r times the decay after j to the chunk end
+    tot.resize(nc);        // dt summed over each chunk
+    mid.resize(nc * Np);   // [J][n]: decay over the chunks strictly between J and I
     row.resize(Lp + 2 * kQ + d.K);
-    seg.resize(Lp);
+    seg.resize(Lp);        // document ids, padded (-1) to whole chunks
   }
 };
 
-// One (batch, channel) operator into out (L x L, row-major).
-void one_channel(const float* q, const float* k, const float* A, const float* dt,
-                 const float* left, const float* right, const float* diag, const float* w,
-                 const int32_t* seg, const Dims& d, float* out, Scratch& s) {
-  const int64_t L = d.L, N = d.N, K = d.K;
+// The per-chunk factors of one channel (padding past L: dt 0, q k 0).
+void prepare(const Channel& ch, const Dims& d, Scratch& s) {
+  const int64_t L = d.L, N = d.N;
   const int64_t nc = (L + kQ - 1) / kQ, Np = (N + kQ - 1) / kQ * kQ;
-  float* dAT = s.dAT.data();  // [J][n][jj]: exp(A[n] dt[J*Q + jj])
-  float* qd = s.qd.data();    // [i][n]: q l times the decay from the chunk start through i
-  float* qp = s.qp.data();    // [i][n]: q l
-  float* kp = s.kp.data();    // [j][n]: k r
-  float* kdT = s.kdT.data();  // [J][n][jj]: k r times the decay after j to the chunk end
-  float* mid = s.mid.data();  // [J][n]: decay over the chunks strictly between J and I
-  float* row = s.row.data();
-  float* Ap = s.Ap.data();
-  for (int64_t n = 0; n < Np; ++n) Ap[n] = n < N ? A[n] : 0.0f;
-  int32_t* segp = s.seg.data();  // document ids, padded (-1) to whole chunks
-  if (seg)
-    for (int64_t t = 0; t < nc * kQ; ++t) segp[t] = t < L ? seg[t] : -1;
-
-  // Per-chunk factors (padding past L: dt 0, q k 0).
+  float *dAT = s.dAT.data(), *qd = s.qd.data(), *qp = s.qp.data(), *kp = s.kp.data(),
+        *kdT = s.kdT.data();
+  for (int64_t n = 0; n < Np; ++n) s.Ap[n] = n < N ? ch.A[n] : 0.0f;
+  if (ch.seg)
+    for (int64_t t = 0; t < nc * kQ; ++t) s.seg[t] = t < L ? ch.seg[t] : -1;
   for (int64_t J = 0; J < nc; ++J) {
     const int64_t J0 = J * kQ;
     float dtv[kQ];
     float acc = 0.0f;
     for (int64_t jj = 0; jj < kQ; ++jj) {
-      dtv[jj] = J0 + jj < L ? dt[J0 + jj] : 0.0f;
+      dtv[jj] = J0 + jj < L ? ch.dt[J0 + jj] : 0.0f;
       acc += dtv[jj];
     }
     s.tot[J] = acc;
     const v16 dtj = load(dtv);
-    for (int64_t n = 0; n < N; ++n) store(dAT + (J * N + n) * kQ, vexp(dtj * splat(A[n])));
+    for (int64_t n = 0; n < N; ++n) store(dAT + (J * N + n) * kQ, vexp(dtj * splat(ch.A[n])));
     for (int64_t t = J0; t < J0 + kQ; ++t) {
       const bool in = t < L;
-      const float lt = in ? (left ? left[t] : 1.0f) : 0.0f;
-      const float rt = in ? (right ? right[t] : 1.0f) : 0.0f;
+      const float lt = in ? (ch.left ? ch.left[t] : 1.0f) : 0.0f;
+      const float rt = in ? (ch.right ? ch.right[t] : 1.0f) : 0.0f;
       for (int64_t n = 0; n < N; ++n) {
-        qp[t * N + n] = in ? q[t * N + n] * lt : 0.0f;
-        kp[t * N + n] = in ? k[t * N + n] * rt : 0.0f;
+        qp[t * N + n] = in ? ch.q[t * N + n] * lt : 0.0f;
+        kp[t * N + n] = in ? ch.k[t * N + n] * rt : 0.0f;
       }
     }
     for (int64_t n = 0; n < N; ++n) {
@@ -140,55 +138,71 @@ void one_channel(const float* q, const float* k, const float* A, const float* dt
       }
     }
   }
+}
 
-  v16 G[64];  // diagonal-block state per n (N <= 64, checked by the caller)
-  for (int64_t I = 0; I < nc; ++I) {
-    const int64_t I0 = I * kQ, rows = std::min(kQ, L - I0);
-    float between = 0.0f;
-    for (int64_t J = I - 1; J >= 0; --J) {
-      for (int64_t n = 0; n < Np; n += kQ)
-        store(mid + J * Np + n, vexp(load(Ap + n) * splat(between)));
-      between += s.tot[J];
+// Start row chunk I: the between-chunk decays and a fresh diagonal-block state.
+void begin_chunk(int64_t I, const Dims& d, Scratch& s) {
+  const int64_t Np = (d.N + kQ - 1) / kQ * kQ;
+  float between = 0.0f;
+  for (int64_t J = I - 1; J >= 0; --J) {
+    for (int64_t n = 0; n < Np; n += kQ)
+      store(s.mid.data() + J * Np + n, vexp(load(s.Ap.data() + n) * splat(between)));
+    between += s.tot[J];
+  }
+  for (int64_t n = 0; n < d.N; ++n) s.G[n] = splat(0.0f);
+}
+
+// Row i = I*Q + ii of (H M), masked to i's document: (I + 1) vectors of 16 columns into y
+// (columns past i are 0). Rows of a chunk must come in order (the diagonal state).
+void conv_row(const Channel& ch, int64_t I, int64_t ii, const Dims& d, Scratch& s, float* y) {
+  const int64_t N = d.N, K = d.K, Np = (N + kQ - 1) / kQ * kQ;
+  const int64_t I0 = I * kQ, i = I0 + ii;
+  float* row = s.row.data();
+  const float* qi = s.qd.data() + i * N;
+  // Blocks left of the diagonal: row i of qd diag(mid_J) kd_J^T.
+  for (int64_t J = 0; J < I; ++J) {
+    v16 acc = splat(0.0f);
+    const float* kt = s.kdT.data() + J * N * kQ;
+    const float* m = s.mid.data() + J * Np;
+    for (int64_t n = 0; n < N; ++n) acc += splat(qi[n] * m[n]) * load(kt + n * kQ);
+    store(row + J * kQ, acc);
+  }
+  // The diagonal block: G_n[jj] = k r[j, n] prod_{t=j+1..i} dA[t, n], for jj <= ii.
+  v16 acc = splat(0.0f);
+  for (int64_t n = 0; n < N; ++n) {
+    s.G[n] *= splat(s.dAT[(I * N + n) * kQ + ii]);
+    s.G[n][ii] = s.kp[i * N + n];
+    acc += splat(s.qp[i * N + n]) * s.G[n];
+  }
+  if (ch.diag) acc[ii] += ch.diag[i];
+  store(row + I0, acc);
+  store(row + I0 + kQ, splat(0.0f));  // H is 0 right of i (the conv reads K-1 past)
+  // (H M)[i, j] = sum_s H[i, j + s] w[K-1-s], a vector of 16 columns at a time.
+  for (int64_t J = 0; J <= I; ++J) {
+    v16 v = splat(0.0f);
+    for (int64_t t = 0; t < K; ++t) v += splat(ch.w[K - 1 - t]) * load(row + J * kQ + t);
+    if (ch.seg) {  // packed documents: the conv must not reach across a document start
+      v16i sj;
+      std::memcpy(&sj, s.seg.data() + J * kQ, sizeof(sj));
+      v = sj == s.seg[i] ? v : splat(0.0f);
     }
-    for (int64_t n = 0; n < N; ++n) G[n] = splat(0.0f);
+    store(y + J * kQ, v);
+  }
+}
+
+// One (batch, channel) operator into out (L x L, row-major), each element written once.
+void materialize_channel(const Channel& ch, const Dims& d, float* out, Scratch& s,
+                         float* y) {
+  const int64_t L = d.L, nc = (L + kQ - 1) / kQ;
+  prepare(ch, d, s);
+  for (int64_t I = 0; I < nc; ++I) {
+    begin_chunk(I, d, s);
+    const int64_t I0 = I * kQ, rows = std::min(kQ, L - I0), width = std::min(L, I0 + kQ);
     for (int64_t ii = 0; ii < rows; ++ii) {
-      const int64_t i = I0 + ii;
-      const float* qi = qd + i * N;
-      // Blocks left of the diagonal: row i of qd diag(mid_J) kd_J^T.
-      for (int64_t J = 0; J < I; ++J) {
-        v16 acc = splat(0.0f);
-        const float* kt = kdT + J * N * kQ;
-        const float* m = mid + J * Np;
-        for (int64_t n = 0; n < N; ++n) acc += splat(qi[n] * m[n]) * load(kt + n * kQ);
-        store(row + J * kQ, acc);
-      }
-      // The diagonal block: G_n[jj] = k r[j, n] prod_{t=j+1..i} dA[t, n], for jj <= ii.
-      v16 acc = splat(0.0f);
-      for (int64_t n = 0; n < N; ++n) {
-        G[n] *= splat(dAT[(I * N + n) * kQ + ii]);
-        G[n][ii] = kp[i * N + n];
-        acc += splat(qp[i * N + n]) * G[n];
-      }
-      if (diag) acc[ii] += diag[i];
-      store(row + I0, acc);
-      store(row + I0 + kQ, splat(0.0f));  // H is 0 right of i (conv reads up to K-1 past)
-      // (H M)[i, j] = sum_s H[i, j + s] w[K-1-s], a vector of 16 columns at a time.
-      float* o = out + i * L;
-      for (int64_t J = 0; J <= I; ++J) {
-        v16 y = splat(0.0f);
-        for (int64_t t = 0; t < K; ++t) y += splat(w[K - 1 - t]) * load(row + J * kQ + t);
-        if (seg) {  // packed documents: the conv must not reach across a document start
-          v16i sj;
-          std::memcpy(&sj, segp + J * kQ, sizeof(sj));
-          y = sj == segp[i] ? y : splat(0.0f);
-        }
-        if (J * kQ + kQ <= L) {
-          store(o + J * kQ, y);
-        } else {
-          for (int64_t jj = 0; J * kQ + jj < L; ++jj) o[J * kQ + jj] = y[jj];
-        }
-      }
-      if ((I + 1) * kQ < L) std::memset(o + (I + 1) * kQ, 0, sizeof(float) * (L - (I + 1) * kQ));
+      conv_row(ch, I, ii, d, s, y);
+      float* o = out + (I0 + ii) * L;
+      std::memcpy(o, y, sizeof(float) * width);
+      if (width < L) std::memset(o + width, 0, sizeof(float) * (L - width));
     }
   }
 }
@@ -202,47 +216,146 @@ void advise_huge(void* p, size_t bytes) {
   if (e > a) madvise(reinterpret_cast<void*>(a), e - a, MADV_HUGEPAGE);
 }
 
+// Shapes shared by both handlers; an error message, or empty.
+std::string read_dims(ffi::Buffer<ffi::F32>& q, ffi::Buffer<ffi::F32>& k,
+                      ffi::Buffer<ffi::F32>& A, ffi::Buffer<ffi::F32>& dt,
+                      ffi::Buffer<ffi::F32>& w, Dims& d) {
+  auto qd = q.dimensions(), kd = k.dimensions(), ad = A.dimensions(), td = dt.dimensions(),
+       wd = w.dimensions();
+  if (qd.size() != 3 || kd.size() != 3 || ad.size() != 2 || td.size() != 3 || wd.size() != 2)
+    return "expected q, k (B,L,N), A (C,N), dt (B,C,L), w (C,K)";
+  d = Dims{qd[0], ad[0], qd[1], qd[2], wd[1]};
+  if (td[0] != d.B || td[1] != d.C || td[2] != d.L || ad[1] != d.N || wd[0] != d.C ||
+      kd[0] != d.B || kd[1] != d.L || kd[2] != d.N)
+    return "inconsistent shapes";
+  if (d.N > 64 || d.K > kQ) return "needs state size <= 64 and conv width <= 16";
+  return "";
+}
+
+struct Factors {
+  ffi::Buffer<ffi::F32> &q, &k, &A, &dt, &left, &right, &diag, &w;
+  ffi::Buffer<ffi::S32>& seg;
+  int64_t has_left, has_right, has_diag, has_seg;
+  Channel at(const Dims& d, int64_t b, int64_t c) const {
+    const size_t cl = (static_cast<size_t>(b) * d.C + c) * d.L;
+    return Channel{q.typed_data() + b * d.L * d.N, k.typed_data() + b * d.L * d.N,
+                   A.typed_data() + c * d.N, dt.typed_data() + cl,
+                   has_left ? left.typed_data() + cl : nullptr,
+                   has_right ? right.typed_data() + cl : nullptr,
+                   has_diag ? diag.typed_data() + cl : nullptr, w.typed_data() + c * d.K,
+                   has_seg ? seg.typed_data() + b * d.L : nullptr};
+  }
+};
+
+template <typename Fn>
+void run_threads(int64_t nt, Fn work) {
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < nt; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (auto& th : pool) th.join();
+}
+
 ffi::Error StateDecayDenseImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                                ffi::Buffer<ffi::F32> A, ffi::Buffer<ffi::F32> dt,
                                ffi::Buffer<ffi::F32> left, ffi::Buffer<ffi::F32> right,
                                ffi::Buffer<ffi::F32> diag, ffi::Buffer<ffi::F32> w,
                                ffi::Buffer<ffi::S32> seg, ffi::ResultBuffer<ffi::F32> out,
                                int64_t has_left, int64_t has_right, int64_t has_diag,
-                               int64_t has_seg, int64_t threads,
-                               int64_t huge_pages) {
-  auto qd = q.dimensions(), ad = A.dimensions(), td = dt.dimensions(), wd = w.dimensions();
-  if (qd.size() != 3 || ad.size() != 2 || td.size() != 3 || wd.size() != 2)
-    return ffi::Error::InvalidArgument("state_decay_dense: expected q (B,L,N), A (C,N), dt (B,C,L), w (C,K)");
-  Dims d{qd[0], ad[0], qd[1], qd[2], wd[1]};
-  if (td[0] != d.B || td[1] != d.C || td[2] != d.L || ad[1] != d.N || wd[0] != d.C ||
-      k.dimensions()[0] != d.B || k.dimensions()[1] != d.L || k.dimensions()[2] != d.N)
-    return ffi::Error::InvalidArgument("state_decay_dense: inconsistent shapes");
-  if (d.N > 64 || d.K > kQ)
-    return ffi::Error::InvalidArgument("state_decay_dense: needs state size <= 64 and conv width <= 16");
+                               int64_t has_seg, int64_t threads, int64_t huge_pages) {
+  Dims d;
+  std::string err = read_dims(q, k, A, dt, w, d);
+  if (!err.empty()) return ffi::Error::InvalidArgument("state_decay_dense: " + err);
   if (d.L == 0 || d.C == 0 || d.B == 0) return ffi::Error::Success();
+  Factors f{q, k, A, dt, left, right, diag, w, seg, has_left, has_right, has_diag, has_seg};
   float* o = out->typed_data();
   const size_t LL = static_cast<size_t>(d.L) * d.L;
   if (huge_pages) advise_huge(o, LL * d.B * d.C * sizeof(float));
   const int64_t pairs = d.B * d.C;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, pairs));
-  auto work = [&](int64_t t0) {
+  run_threads(nt, [&](int64_t t0) {
     Scratch s(d);
-    for (int64_t p = t0; p < pairs; p += nt) {
-      const int64_t b = p / d.C, c = p % d.C;
-      const size_t cl = static_cast<size_t>(p) * d.L;
-      one_channel(q.typed_data() + b * d.L * d.N, k.typed_data() + b * d.L * d.N,
-                  A.typed_data() + c * d.N, dt.typed_data() + cl,
-                  has_left ? left.typed_data() + cl : nullptr,
-                  has_right ? right.typed_data() + cl : nullptr,
-                  has_diag ? diag.typed_data() + cl : nullptr, w.typed_data() + c * d.K,
-                  has_seg ? seg.typed_data() + b * d.L : nullptr, d,
-                  o + static_cast<size_t>(p) * LL, s);
+    std::vector<float> y(d.L + kQ);
+    for (int64_t p = t0; p < pairs; p += nt)
+      materialize_channel(f.at(d, p / d.C, p % d.C), d, o + static_cast<size_t>(p) * LL, s,
+                          y.data());
+  });
+  return ffi::Error::Success();
+}
+
+// sum_c qw[b,c,i] f(H_c[i,j]) kw[b,c,j] with f = identity (mode 0), |.| (1) or max(., 0) (2),
+// into out (B, L, L): only the output is written. Threads own interleaved row chunks; each
+// prepares the factors of a block of channels, then for each of its chunks runs the block's
+// channels over that chunk's rows, so the chunk's output rows stay in cache.
+ffi::Error StateDecayReduceImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                                ffi::Buffer<ffi::F32> A, ffi::Buffer<ffi::F32> dt,
+                                ffi::Buffer<ffi::F32> left, ffi::Buffer<ffi::F32> right,
+                                ffi::Buffer<ffi::F32> diag, ffi::Buffer<ffi::F32> w,
+                                ffi::Buffer<ffi::S32> seg, ffi::Buffer<ffi::F32> qw,
+                                ffi::Buffer<ffi::F32> kw, ffi::ResultBuffer<ffi::F32> out,
+                                int64_t has_left, int64_t has_right, int64_t has_diag,
+                                int64_t has_seg, int64_t threads, int64_t mode) {
+  Dims d;
+  std::string err = read_dims(q, k, A, dt, w, d);
+  if (!err.empty()) return ffi::Error::InvalidArgument("state_decay_reduce: " + err);
+  auto wd = qw.dimensions(), vd = kw.dimensions();
+  if (wd.size() != 3 || vd.size() != 3 || wd[0] != d.B || wd[1] != d.C || wd[2] != d.L ||
+      vd[0] != d.B || vd[1] != d.C || vd[2] != d.L)
+    return ffi::Error::InvalidArgument("state_decay_reduce: weights must be (B, C, L)");
+  if (mode < 0 || mode > 2) return ffi::Error::InvalidArgument("state_decay_reduce: bad mode");
+  float* o = out->typed_data();
+  const int64_t L = d.L, nc = (L + kQ - 1) / kQ, Lp = nc * kQ;
+  if (L == 0 || d.B == 0) return ffi::Error::Success();
+  Factors f{q, k, A, dt, left, right, diag, w, seg, has_left, has_right, has_diag, has_seg};
+  // Channels per block: their factors (about 5 L N floats each) within ~2 MiB.
+  const int64_t per = 5 * Lp * std::max<int64_t>(d.N, 1) * 4;
+  const int64_t cb = std::max<int64_t>(1, std::min<int64_t>({64, d.C, (2 << 20) / per}));
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, nc));
+  run_threads(nt, [&](int64_t t0) {
+    std::vector<Scratch> s;
+    for (int64_t c = 0; c < cb; ++c) s.emplace_back(d);
+    std::vector<float> y(Lp + kQ), kwp(cb * (Lp + kQ), 0.0f);
+    for (int64_t b = 0; b < d.B; ++b) {
+      float* ob = o + static_cast<size_t>(b) * L * L;
+      for (int64_t I = t0; I < nc; I += nt)
+        std::memset(ob + I * kQ * L, 0, sizeof(float) * L * std::min(kQ, L - I * kQ));
+      if (d.C == 0) continue;
+      for (int64_t c0 = 0; c0 < d.C; c0 += cb) {
+        const int64_t nb = std::min(cb, d.C - c0);
+        for (int64_t c = 0; c < nb; ++c) {
+          prepare(f.at(d, b, c0 + c), d, s[c]);
+          const float* kwc = kw.typed_data() + (static_cast<size_t>(b) * d.C + c0 + c) * L;
+          std::copy(kwc, kwc + L, kwp.begin() + c * (Lp + kQ));
+        }
+        for (int64_t I = t0; I < nc; I += nt) {
+          const int64_t I0 = I * kQ, rows = std::min(kQ, L - I0), width = std::min(L, I0 + kQ);
+          const int64_t full = width / kQ;  // whole vectors of columns
+          for (int64_t c = 0; c < nb; ++c) {
+            const Channel ch = f.at(d, b, c0 + c);
+            const float* qwc = qw.typed_data() + (static_cast<size_t>(b) * d.C + c0 + c) * L;
+            const float* kwc = kwp.data() + c * (Lp + kQ);
+            begin_chunk(I, d, s[c]);
+            for (int64_t ii = 0; ii < rows; ++ii) {
+              conv_row(ch, I, ii, d, s[c], y.data());
+              const v16 a = splat(qwc[I0 + ii]);
+              float* orow = ob + (I0 + ii) * L;
+              for (int64_t J = 0; J < full; ++J) {
+                v16 v = load(y.data() + J * kQ);
+                if (mode == 1) v = v < 0.0f ? -v : v;
+                if (mode == 2) v = v < 0.0f ? splat(0.0f) : v;
+                store(orow + J * kQ, load(orow + J * kQ) + a * v * load(kwc + J * kQ));
+              }
+              for (int64_t j = full * kQ; j < width; ++j) {
+                float v = y[j];
+                if (mode == 1) v = std::fabs(v);
+                if (mode == 2) v = std::max(v, 0.0f);
+                orow[j] += qwc[I0 + ii] * v * kwc[j];
+              }
+            }
+          }
+        }
+      }
     }
-  };
-  std::vector<std::thread> pool;
-  for (int64_t t = 1; t < nt; ++t) pool.emplace_back(work, t);
-  work(0);
-  for (auto& th : pool) th.join();
+  });
   return ffi::Error::Success();
 }
 
@@ -267,3 +380,25 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int64_t>("has_seg")
         .Attr<int64_t>("threads")
         .Attr<int64_t>("huge_pages"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaStateDecayReduce, StateDecayReduceImpl,
+    ffi::Ffi::Bind()
+        .Arg<ffi::Buffer<ffi::F32>>()  // q (B, L, N)
+        .Arg<ffi::Buffer<ffi::F32>>()  // k (B, L, N)
+        .Arg<ffi::Buffer<ffi::F32>>()  // A (C, N)
+        .Arg<ffi::Buffer<ffi::F32>>()  // dt (B, C, L)
+        .Arg<ffi::Buffer<ffi::F32>>()  // left (B, C, L)
+        .Arg<ffi::Buffer<ffi::F32>>()  // right (B, C, L)
+        .Arg<ffi::Buffer<ffi::F32>>()  // diag (B, C, L)
+        .Arg<ffi::Buffer<ffi::F32>>()  // conv w (C, K)
+        .Arg<ffi::Buffer<ffi::S32>>()  // document ids (B, L)
+        .Arg<ffi::Buffer<ffi::F32>>()  // query weights (B, C, L)
+        .Arg<ffi::Buffer<ffi::F32>>()  // key weights (B, C, L)
+        .Ret<ffi::Buffer<ffi::F32>>()  // out (B, L, L)
+        .Attr<int64_t>("has_left")
+        .Attr<int64_t>("has_right")
+        .Attr<int64_t>("has_diag")
+        .Attr<int64_t>("has_seg")
+        .Attr<int64_t>("threads")
+        .Attr<int64_t>("mode"));
