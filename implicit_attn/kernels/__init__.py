@@ -12,6 +12,8 @@ kernel: ``impl="pallas"`` raises ``TypeError`` naming it (``impl="auto"`` uses X
 On CPU the kernels run with ``interpret=True`` (correct, slow); on GPU/TPU compiled.
 Gradients: both entry points have a ``custom_vjp`` whose backward pass is the XLA
 reference (``jax.vjp`` of ``core.dense`` / ``xla_reduce``), not a Pallas kernel.
+
+The fused C++ CPU kernels (``impl="cpu"``) live in ``kernels.cpu``.
 """
 from __future__ import annotations
 
