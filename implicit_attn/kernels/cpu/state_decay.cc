@@ -18,6 +18,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <sys/mman.h>
@@ -359,46 +360,41 @@ ffi::Error StateDecayReduceImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k
   return ffi::Error::Success();
 }
 
+// The operands both handlers share, in order: the factors of H.
+template <typename Binding>
+auto bind_factors(Binding b) {
+  return std::move(b).template Arg<ffi::Buffer<ffi::F32>>()  // q (B, L, N)
+      .template Arg<ffi::Buffer<ffi::F32>>()       // k (B, L, N)
+      .template Arg<ffi::Buffer<ffi::F32>>()       // A (C, N)
+      .template Arg<ffi::Buffer<ffi::F32>>()       // dt (B, C, L)
+      .template Arg<ffi::Buffer<ffi::F32>>()       // left (B, C, L)
+      .template Arg<ffi::Buffer<ffi::F32>>()       // right (B, C, L)
+      .template Arg<ffi::Buffer<ffi::F32>>()       // diag (B, C, L)
+      .template Arg<ffi::Buffer<ffi::F32>>()       // conv w (C, K)
+      .template Arg<ffi::Buffer<ffi::S32>>();      // document ids (B, L)
+}
+
+// The flags both handlers share, after their own operands.
+template <typename Binding>
+auto bind_flags(Binding b) {
+  return std::move(b).template Attr<int64_t>("has_left")
+      .template Attr<int64_t>("has_right")
+      .template Attr<int64_t>("has_diag")
+      .template Attr<int64_t>("has_seg")
+      .template Attr<int64_t>("threads");
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaStateDecayDense, StateDecayDenseImpl,
-    ffi::Ffi::Bind()
-        .Arg<ffi::Buffer<ffi::F32>>()  // q (B, L, N)
-        .Arg<ffi::Buffer<ffi::F32>>()  // k (B, L, N)
-        .Arg<ffi::Buffer<ffi::F32>>()  // A (C, N)
-        .Arg<ffi::Buffer<ffi::F32>>()  // dt (B, C, L)
-        .Arg<ffi::Buffer<ffi::F32>>()  // left (B, C, L)
-        .Arg<ffi::Buffer<ffi::F32>>()  // right (B, C, L)
-        .Arg<ffi::Buffer<ffi::F32>>()  // diag (B, C, L)
-        .Arg<ffi::Buffer<ffi::F32>>()  // conv w (C, K)
-        .Arg<ffi::Buffer<ffi::S32>>()  // document ids (B, L)
-        .Ret<ffi::Buffer<ffi::F32>>()  // out (B, C, L, L)
-        .Attr<int64_t>("has_left")
-        .Attr<int64_t>("has_right")
-        .Attr<int64_t>("has_diag")
-        .Attr<int64_t>("has_seg")
-        .Attr<int64_t>("threads")
+    bind_flags(bind_factors(ffi::Ffi::Bind()).Ret<ffi::Buffer<ffi::F32>>())  // out (B, C, L, L)
         .Attr<int64_t>("huge_pages"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaStateDecayReduce, StateDecayReduceImpl,
-    ffi::Ffi::Bind()
-        .Arg<ffi::Buffer<ffi::F32>>()  // q (B, L, N)
-        .Arg<ffi::Buffer<ffi::F32>>()  // k (B, L, N)
-        .Arg<ffi::Buffer<ffi::F32>>()  // A (C, N)
-        .Arg<ffi::Buffer<ffi::F32>>()  // dt (B, C, L)
-        .Arg<ffi::Buffer<ffi::F32>>()  // left (B, C, L)
-        .Arg<ffi::Buffer<ffi::F32>>()  // right (B, C, L)
-        .Arg<ffi::Buffer<ffi::F32>>()  // diag (B, C, L)
-        .Arg<ffi::Buffer<ffi::F32>>()  // conv w (C, K)
-        .Arg<ffi::Buffer<ffi::S32>>()  // document ids (B, L)
-        .Arg<ffi::Buffer<ffi::F32>>()  // query weights (B, C, L)
-        .Arg<ffi::Buffer<ffi::F32>>()  // key weights (B, C, L)
-        .Ret<ffi::Buffer<ffi::F32>>()  // out (B, L, L)
-        .Attr<int64_t>("has_left")
-        .Attr<int64_t>("has_right")
-        .Attr<int64_t>("has_diag")
-        .Attr<int64_t>("has_seg")
-        .Attr<int64_t>("threads")
+    bind_flags(bind_factors(ffi::Ffi::Bind())
+                   .Arg<ffi::Buffer<ffi::F32>>()    // query weights (B, C, L)
+                   .Arg<ffi::Buffer<ffi::F32>>()    // key weights (B, C, L)
+                   .Ret<ffi::Buffer<ffi::F32>>())   // out (B, L, L)
         .Attr<int64_t>("mode"));
