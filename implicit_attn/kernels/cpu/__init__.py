@@ -10,8 +10,10 @@ in ``$IMPLICIT_ATTN_CACHE`` (default ``~/.cache/implicit_attn``). Without a comp
 ``impl="auto"`` falls back to XLA (with one warning); ``impl="cpu"`` raises.
 
 Supported cores: ``StateDecayCore`` (Mamba-1) and rank-one ``ScalarDecayCore`` (Griffin's
-RG-LRU), also inside Griffin's ``DocumentMaskedCore`` (packed documents). Gradients: a ``custom_vjp`` whose
-backward pass is the XLA reference (``jax.vjp`` of ``core.dense``).
+RG-LRU), also inside Griffin's ``DocumentMaskedCore`` (packed documents). ``cpu_dense``
+writes ``(B, n, L, L)``; ``cpu_reduce`` sums over channels and writes only ``(B, L, L)``.
+Gradients: a ``custom_vjp`` whose backward pass is the XLA path (``jax.vjp`` of
+``core.dense`` / of the blocked XLA reduce).
 """
 from __future__ import annotations
 
@@ -27,11 +29,11 @@ import threading
 import warnings
 from pathlib import Path
 
-from ..tiles import MODES  # how -> f: 0 identity, 1 abs, 2 positive part
-
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from ..tiles import MODES  # how -> f: 0 identity, 1 abs, 2 positive part
 
 _SRC = Path(__file__).with_name("state_decay.cc")
 _TARGET = "implicit_attn_state_decay_dense"
@@ -65,13 +67,13 @@ def _compiler() -> str:
 
 
 def _cpu_model() -> str:
+    """The CPU's model and feature flags (the library is built with ``-march=native``)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "flags")):
-                return line
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return platform.processor()
+        return platform.processor()
+    first = lambda key: next((x for x in lines if x.startswith(key)), "")
+    return first("model name") + "\n" + first("flags")
 
 
 def _build() -> Path:
@@ -100,7 +102,10 @@ def load():
             raise _state["error"]
         if "lib" not in _state:
             try:
-                lib = ctypes.CDLL(str(_build()))
+                try:
+                    lib = ctypes.CDLL(str(_build()))
+                except OSError as e:  # no writable cache, a compiler that cannot start, a bad .so
+                    raise CpuKernelUnavailable(f"building or loading the kernel failed: {e}") from e
                 jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.IaStateDecayDense),
                                             platform="cpu")
                 jax.ffi.register_ffi_target(_REDUCE_TARGET, jax.ffi.pycapsule(lib.IaStateDecayReduce),
