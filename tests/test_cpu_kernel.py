@@ -221,3 +221,15 @@ def test_missing_compiler_is_reported(monkeypatch):
         op.materialize(impl="cpu")
     with pytest.warns(UserWarning, match="fused CPU kernel unavailable"):
         assert _check_impl("auto", op.core) == "xla"
+
+
+def test_unwritable_cache_or_bad_library_is_reported(monkeypatch):
+    def broken():
+        raise PermissionError("[Errno 13] Permission denied: '/cache'")
+
+    monkeypatch.setattr(cpu, "_state", {})
+    monkeypatch.setattr(cpu, "_build", broken)
+    with pytest.raises(cpu.CpuKernelUnavailable, match="Permission denied"):
+        cpu.load()
+    with pytest.warns(UserWarning, match="fused CPU kernel unavailable"):
+        assert not cpu.available()
