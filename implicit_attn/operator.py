@@ -236,7 +236,7 @@ _materialize_jit = jax.jit(
     static_argnums=(1, 2, 3, 4, 5))
 
 
-def _reduce_blocks(core, idx, qw, kw, how: str, bc: int, impl: str = "xla"):
+def _reduce_blocks(core, idx, qw, kw, how: str, bc: int):
     """``sum_c qw[b,c,i] f(H[b,c,i,j]) kw[b,c,j]`` over ``idx`` in blocks of ``bc`` channels."""
     B, n, L = qw.shape
     nb = -(-n // bc)
@@ -246,11 +246,9 @@ def _reduce_blocks(core, idx, qw, kw, how: str, bc: int, impl: str = "xla"):
     qw_b = jnp.moveaxis(jnp.pad(qw, ((0, 0), (0, pad), (0, 0))).reshape(B, nb, bc, L), 1, 0)
     kw_b = jnp.moveaxis(jnp.pad(kw, ((0, 0), (0, pad), (0, 0))).reshape(B, nb, bc, L), 1, 0)
 
-    dense = _dense_fn(core, impl)
-
     def body(acc, xs):
         ib, qb, kb = xs
-        H = dense(ib)
+        H = core.dense(ib)
         if how == "abs_mean":
             H = jnp.abs(H)
         elif how == "pos_mean":
@@ -264,7 +262,7 @@ def _reduce_blocks(core, idx, qw, kw, how: str, bc: int, impl: str = "xla"):
     return out
 
 
-_reduce_jit = jax.jit(_reduce_blocks, static_argnums=(4, 5, 6))
+_reduce_jit = jax.jit(_reduce_blocks, static_argnums=(4, 5))
 
 
 @_dataclass_pytree
@@ -355,7 +353,7 @@ class ImplicitOperator:
             from .kernels.cpu import cpu_reduce
 
             return cpu_reduce(self.core, idx, how, qw, kw)
-        return _reduce_jit(self.core, idx, qw, kw, how, _block_size(n, B, L, block_channels), impl)
+        return _reduce_jit(self.core, idx, qw, kw, how, _block_size(n, B, L, block_channels))
 
     def apply(self, channels=None):
         """``H @ values + offset`` for the selected channels: ``(B, C', L)``.
