@@ -6,6 +6,9 @@ Shapes are the published small checkpoints' widths and depths with a small vocab
 and for RecurrentGemma a 768-wide, 12-layer model (recurrentgemma-2b's 2.7 B parameters
 in float32, twice, do not fit a 2-core benchmark run alongside anything else).
 
+Families, HF classes and shapes come from the registry (``FamilySpec.bench``,
+``FamilySpec.hf_class``); ``--only`` takes ``model_type``s.
+
     python -m benchmarks.forward [--quick] [--only mamba,rwkv]
 """
 from __future__ import annotations
@@ -17,30 +20,22 @@ from pathlib import Path
 
 from benchmarks.common import isolated, timeit, write_results
 
-# family -> (our module, HF class, full shape, quick shape)
-FAMILIES = {
-    "mamba": ("mamba", "MambaForCausalLM",
-              dict(vocab_size=1024, hidden_size=768, state_size=16, num_hidden_layers=24, conv_kernel=4),
-              dict(vocab_size=256, hidden_size=128, state_size=16, num_hidden_layers=2, conv_kernel=4)),
-    "mamba2": ("mamba2", "Mamba2ForCausalLM",
-               dict(vocab_size=1024, hidden_size=768, num_heads=24, head_dim=64, state_size=128, n_groups=1,
-                    num_hidden_layers=24, conv_kernel=4, expand=2, chunk_size=256),
-               dict(vocab_size=256, hidden_size=64, num_heads=4, head_dim=32, state_size=32, n_groups=1,
-                    num_hidden_layers=2, conv_kernel=4, expand=2, chunk_size=64)),
-    "griffin": ("griffin", "RecurrentGemmaForCausalLM",
-                dict(vocab_size=1024, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
-                     num_attention_heads=8, num_key_value_heads=1, lru_width=768, attention_window_size=2048),
-                dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                     num_attention_heads=4, num_key_value_heads=1, lru_width=64, attention_window_size=64)),
-    "rwkv": ("rwkv", "RwkvForCausalLM",
-             dict(vocab_size=1024, hidden_size=1024, attention_hidden_size=1024, intermediate_size=4096,
-                  num_hidden_layers=24, rescale_every=6),
-             dict(vocab_size=256, hidden_size=64, attention_hidden_size=64, intermediate_size=256,
-                  num_hidden_layers=2, rescale_every=6)),
-}
+
+def families() -> list[str]:
+    """The benchmarked ``model_type``s: every family in the registry."""
+    from implicit_attn.registry import FAMILIES
+
+    return list(FAMILIES)
 
 
-def _ids(vocab: int, L: int):
+def bench_shape(model_type: str, quick: bool) -> dict:
+    """The HF config kwargs of ``model_type``'s benchmark model (``FamilySpec.bench``)."""
+    from implicit_attn.registry import family
+
+    return dict(family(model_type).bench["quick" if quick else "full"])
+
+
+def random_ids(vocab: int, L: int):
     import numpy as np
 
     return np.random.default_rng(0).integers(0, vocab, (1, L))
@@ -48,16 +43,14 @@ def _ids(vocab: int, L: int):
 
 def write_checkpoint(family: str, path: str, quick: bool) -> dict:
     """A random model of the family's benchmark shape, saved in HF layout with our writer."""
-    import importlib
-
     import jax
 
     import implicit_attn as ia
+    from implicit_attn.registry import family as spec_of
 
-    name, _, full, small = FAMILIES[family]
-    mod = importlib.import_module(f"implicit_attn.models.{name}")
-    cfg = mod.Config(**(small if quick else full))
-    model = mod.LM(cfg, mod.init_params(cfg, jax.random.PRNGKey(0)))
+    spec = spec_of(family)
+    cfg = spec.config(**bench_shape(family, quick))
+    model = spec.lm(cfg, spec.init_params(cfg, jax.random.PRNGKey(0)))
     ia.save(model, path)
     n = sum(x.size for x in jax.tree.leaves(model.params()))
     return {"path": path, "params": int(n)}
@@ -69,7 +62,7 @@ def case_jax(ckpt: str, L: int, out: str) -> dict:
     import implicit_attn as ia
 
     model = ia.load(ckpt)
-    ids = _ids(model.config.vocab_size, L)
+    ids = random_ids(model.config.vocab_size, L)
     t = timeit(lambda: model(ids), repeat=3)
     np.save(out, np.asarray(model(ids))[0, -8:])  # the last rows, for the parity check
     return {"seconds": t}
@@ -80,9 +73,11 @@ def case_torch(family: str, ckpt: str, L: int, out: str) -> dict:
     import torch
     import transformers
 
-    cls = getattr(transformers, FAMILIES[family][1])
+    from implicit_attn.registry import family as spec_of
+
+    cls = getattr(transformers, spec_of(family).hf_class)
     model = cls.from_pretrained(ckpt, torch_dtype=torch.float32).eval()
-    ids = torch.tensor(_ids(model.config.vocab_size, L))
+    ids = torch.tensor(random_ids(model.config.vocab_size, L))
 
     def run():
         with torch.no_grad():
@@ -109,8 +104,10 @@ def forward_row(family: str, L: int, quick: bool = False) -> dict:
                       out=str(Path(d) / "t.npy"), timeout=3600)
         a, b = np.load(Path(d) / "j.npy"), np.load(Path(d) / "t.npy")
     err = float(np.max(np.abs(a - b)))
-    _, hf, full, small = FAMILIES[family]
-    layers = (small if quick else full)["num_hidden_layers"]
+    from implicit_attn.registry import family as spec_of
+
+    hf = spec_of(family).hf_class
+    layers = bench_shape(family, quick)["num_hidden_layers"]
     return {"case": f"{family} forward, {layers} layers, {ck['params'] / 1e6:.3g}M params, L={L}",
             "ours_s": jx["seconds"], "baseline": f"HF {hf} (torch CPU, {th['threads']} threads)",
             "baseline_s": th["seconds"], "speedup": th["seconds"] / jx["seconds"],
@@ -118,8 +115,12 @@ def forward_row(family: str, L: int, quick: bool = False) -> dict:
 
 
 def main(quick: bool = False, only=None) -> list[dict]:
+    from implicit_attn.registry import family as spec_of
+
+    for f in only or ():
+        spec_of(f)  # ValueError naming the supported model_types
     L = 128 if quick else 512
-    rows = [forward_row(f, L, quick) for f in (only or FAMILIES)]
+    rows = [forward_row(f, L, quick) for f in (only or families())]
     write_results("forward_quick" if quick else "forward", rows,
                   columns=["case", "ours_s", "baseline", "baseline_s", "speedup", "note"])
     return rows
@@ -128,6 +129,7 @@ def main(quick: bool = False, only=None) -> list[dict]:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", default="", help="comma-separated families")
+    ap.add_argument("--only", default="", help="comma-separated model_types (default: all of "
+                    "implicit_attn.registry.FAMILIES: mamba, mamba2, recurrent_gemma, rwkv)")
     a = ap.parse_args()
     main(a.quick, [s for s in a.only.split(",") if s] or None)

@@ -29,13 +29,14 @@ def _operator(width: int, heads: int, L: int, seed: int = 0):
     import jax
     import jax.numpy as jnp
 
-    from implicit_attn.models import griffin
+    from implicit_attn.registry import FAMILIES
 
-    cfg = griffin.Config(vocab_size=256, hidden_size=width, intermediate_size=32, num_hidden_layers=1,
+    spec = FAMILIES["recurrent_gemma"]
+    cfg = spec.config(vocab_size=256, hidden_size=width, intermediate_size=32, num_hidden_layers=1,
                          num_attention_heads=heads, lru_width=width, block_types=("recurrent",))
-    params = griffin.init_params(cfg, jax.random.PRNGKey(seed))
+    params = spec.init_params(cfg, jax.random.PRNGKey(seed))
     x = jax.random.normal(jax.random.PRNGKey(seed + 1), (1, L, width), jnp.float32)
-    return griffin.LM(cfg, params).layers[0].temporal_block.as_operator(x)
+    return spec.lm(cfg, params).layers[0].mixer.as_operator(x)
 
 
 def _baseline_pieces(op):

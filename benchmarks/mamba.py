@@ -19,20 +19,23 @@ SHAPE = dict(vocab_size=1024, hidden_size=768, state_size=16, num_hidden_layers=
 QUICK = dict(vocab_size=256, hidden_size=128, state_size=16, num_hidden_layers=2, conv_kernel=4)
 
 
-def _model(shape: dict, layers: int | None = None, seed: int = 0):
+def random_model(shape: dict, layers: int | None = None, seed: int = 0):
+    """A random Mamba ``LM`` of HF config kwargs ``shape`` (the registry's ``mamba`` family)."""
     import jax
 
-    from implicit_attn.models import mamba
+    from implicit_attn.registry import FAMILIES
 
+    spec = FAMILIES["mamba"]
     shape = dict(shape, num_hidden_layers=layers or shape["num_hidden_layers"])
-    cfg = mamba.Config(**shape)
-    return mamba.LM(cfg, mamba.init_params(cfg, jax.random.PRNGKey(seed)))
+    cfg = spec.config(**shape)
+    return spec.lm(cfg, spec.init_params(cfg, jax.random.PRNGKey(seed)))
 
 
-def _layer_operator(shape: dict, L: int):
+def layer_operator(shape: dict, L: int):
+    """The operator of the first layer of a one-layer random model on random ids."""
     import numpy as np
 
-    model = _model(shape, layers=1)
+    model = random_model(shape, layers=1)
     ids = np.random.default_rng(0).integers(0, model.config.vocab_size, (1, L))
     x = model.mixer_inputs(ids, [0])[0]
     return model.layers[0].mixer.as_operator(x)
@@ -65,7 +68,7 @@ def dense_materialize(core, block: int = 32):
 def case_materialize(shape: dict, L: int, impl: str) -> dict:
     import numpy as np
 
-    op = _layer_operator(shape, L)
+    op = layer_operator(shape, L)
     if impl in ("ours", "xla"):  # ours: the default impl (the fused CPU kernel on CPU)
         kw = {"impl": "xla"} if impl == "xla" else {}
         fn = lambda: op.materialize(**kw)
@@ -79,7 +82,7 @@ def case_materialize(shape: dict, L: int, impl: str) -> dict:
 
 
 def case_reduce(shape: dict, L: int) -> dict:
-    op = _layer_operator(shape, L)
+    op = layer_operator(shape, L)
     fn = lambda: op.reduce("mean")
     peak = peak_mb_of(fn)
     t = timeit(fn, repeat=1, warmup=0)

@@ -32,8 +32,9 @@ def random_mixer(cfg, seed: int = 0) -> dict:
     """Random mixer weights in numpy (HF-like scales; no JAX compilation)."""
     import numpy as np
 
-    from weights_convert.mamba2 import expected_shapes
+    from implicit_attn.registry import FAMILIES
 
+    expected_shapes = FAMILIES["mamba2"].expected_shapes
     rng = np.random.default_rng(seed)
     prefix = "backbone.layers.0.mixer."
     shapes = {k[len(prefix):]: v for k, v in expected_shapes(cfg)[0].items() if k.startswith(prefix)}
@@ -55,9 +56,10 @@ def _operator(shape: dict, L: int):
     import jax
     import numpy as np
 
-    from implicit_attn.models import mamba2
+    from implicit_attn.families import mamba2
+    from implicit_attn.registry import FAMILIES
 
-    cfg = mamba2.Config(**shape)
+    cfg = FAMILIES["mamba2"].config(**shape)
     x = np.random.default_rng(1).normal(size=(1, L, cfg.hidden_size)).astype(np.float32)
     return jax.block_until_ready(mamba2.Mamba2Mixer(cfg, random_mixer(cfg)).as_operator(x))
 

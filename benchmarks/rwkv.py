@@ -23,12 +23,14 @@ BASE_BLOCK = 32
 def _layer_operator(width: int, L: int):
     import jax
 
-    from implicit_attn.models import rwkv
+    from implicit_attn.families import rwkv
+    from implicit_attn.registry import FAMILIES
 
-    cfg = rwkv.Config(vocab_size=16, hidden_size=width, num_hidden_layers=1, intermediate_size=width)
-    att = rwkv.init_params(cfg, 0)["layers"][0]["attention"]
+    spec = FAMILIES["rwkv"]
+    cfg = spec.config(vocab_size=16, hidden_size=width, num_hidden_layers=1, intermediate_size=width)
+    att = spec.init_params(cfg, 0)["layers"][0]["attention"]
     x = jax.random.normal(jax.random.PRNGKey(0), (1, L, width))
-    return jax.block_until_ready(rwkv._time_mix_operator(att, x, cfg=cfg))
+    return jax.block_until_ready(rwkv.block.time_mix_operator_jit(att, x, cfg=cfg))
 
 
 def _dense_block_fn():

@@ -21,7 +21,7 @@ import argparse
 import math
 
 from benchmarks.common import isolated, peak_mb_of, timeit, write_results
-from benchmarks.mamba import SHAPE, _layer_operator
+from benchmarks.mamba import SHAPE, layer_operator
 
 
 def loop_reference(dA, dBu_factor, Cm):
@@ -47,7 +47,7 @@ def case_loop(L: int) -> dict:
     import torch
 
     torch.set_num_threads(2)
-    op = _layer_operator(SHAPE, L)
+    op = layer_operator(SHAPE, L)
     c = op.core
     dt = torch.tensor(np.asarray(c.dt[0]).T)  # (L, C)
     A = torch.tensor(np.asarray(c.A))
@@ -76,13 +76,13 @@ def case_ours(L: int, impl: str = "auto", huge_pages: bool = True) -> dict:
     import os
 
     os.environ["IMPLICIT_ATTN_HUGE_PAGES"] = "1" if huge_pages else "0"
-    from implicit_attn.operator import _check_impl
+    from implicit_attn.operator import resolve_impl
 
-    op = _layer_operator(SHAPE, L)
+    op = layer_operator(SHAPE, L)
     fn = lambda: op.materialize(impl=impl)
     peak = peak_mb_of(fn)
     return {"seconds": timeit(fn, repeat=3, warmup=0), "peak_mb": peak,
-            "out_bytes": op.shape[1] * L * L * 4, "impl": _check_impl(impl, op.core)}
+            "out_bytes": op.shape[1] * L * L * 4, "impl": resolve_impl(impl, op.core)}
 
 
 def case_roofline(L: int) -> dict:
@@ -104,7 +104,7 @@ def case_roofline(L: int) -> dict:
 
 
 def case_reduce(L: int) -> dict:
-    op = _layer_operator(SHAPE, L)
+    op = layer_operator(SHAPE, L)
     fn = lambda: op.reduce("mean")
     peak = peak_mb_of(fn)
     return {"seconds": timeit(fn, repeat=1, warmup=0), "peak_mb": peak}

@@ -3,16 +3,25 @@
     import implicit_attn as ia
     model = ia.load("path/to/hf_dir")
     logits = model(input_ids)                      # (B, L, vocab)
-    ops = model.operators(input_ids)               # one ImplicitOperator per layer
+    ops = model.operators(input_ids)               # one operator per layer
     H = ops[0].materialize(channels=[0, 1])        # (B, 2, L, L)
     A = ops[0].reduce("abs_mean")                  # (B, L, L)
+
+Layers, each importing only those before it: ``ops`` (pure math) <- ``operator`` (operator
+types, cores, dispatch) <- ``kernels``, ``nn`` (shared model parts) <- ``families`` <-
+``registry`` <- ``io``, ``explain``, ``demo``, ``cli``.
 """
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .io import load, save, family_of
-from .operator import ImplicitOperator, ScalarDecayCore, StateDecayCore
+from . import kernels  # registers the Pallas and CPU kernels with operator.dispatch
+from .io import family_of, load, save
+from .nn.checkpoint import CheckpointError
+from .operator import (AttentionOperator, ImplicitOperator, Mamba2Operator, OperatorCore, ScalarDecayCore,
+                       StateDecayCore)
+from .registry import FAMILIES, family, model_types
 
-__all__ = ["load", "save", "family_of", "ImplicitOperator", "ScalarDecayCore", "StateDecayCore",
-           "__version__"]
+__all__ = ["load", "save", "family_of", "family", "model_types", "FAMILIES", "CheckpointError",
+           "ImplicitOperator", "Mamba2Operator", "AttentionOperator", "OperatorCore", "ScalarDecayCore",
+           "StateDecayCore", "kernels", "__version__"]

@@ -9,6 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .demo import induction
+from .explain import cli as explain_cli
+from .explain import explain, relevance_strip
+from .io import load
+
 
 def _parse_ids(text: str) -> np.ndarray:
     try:
@@ -44,9 +49,7 @@ def save_heatmap(matrix: np.ndarray, path: Path, title: str, tokens=None) -> Pat
 
 
 def cmd_info(args) -> int:
-    import implicit_attn as ia
-
-    model = ia.load(args.ckpt)
+    model = load(args.ckpt)
     print(json.dumps(model.info(), indent=2))
     return 0
 
@@ -57,9 +60,7 @@ def _operator_map(model, ids, layer: int, variant: str, how: str):
 
 
 def cmd_operator(args) -> int:
-    import implicit_attn as ia
-
-    model = ia.load(args.ckpt)
+    model = load(args.ckpt)
     ids = _parse_ids(args.ids)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -78,9 +79,6 @@ def cmd_operator(args) -> int:
 
 def cmd_demo(args) -> int:
     """The shipped induction-head Mamba: load, check exactness, explain one random sequence."""
-    from . import induction
-    from .explain import explain, relevance_strip
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model, meta = induction.load_default()
@@ -161,12 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=cmd_demo)
 
-    try:
-        from .explain import cli as explain_cli
-    except ImportError:
-        explain_cli = None
-    if explain_cli is not None:
-        explain_cli.add_parser(sub)
+    explain_cli.add_parser(sub)
     return p
 
 

@@ -4,7 +4,7 @@ import numpy as np
 
 import implicit_attn as ia
 from implicit_attn.cli import main
-from implicit_attn.models import mamba
+from implicit_attn.families import mamba
 
 
 def test_demo_runs_with_no_required_arguments(tmp_path, capsys):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import implicit_attn as ia
-from implicit_attn.models import mamba
+from implicit_attn.families import mamba
 from weights_convert import (CheckpointError, read_hf_dir, read_safetensors, write_hf_dir,
                              write_safetensors)
 

@@ -5,14 +5,20 @@ the model produces; bare cores cover every optional factor and a state size that
 not a multiple of the kernel's 16-wide vectors. Lengths 1, 16, 17, 37 and 100 cover
 one partial chunk, exactly one chunk, a ragged last chunk and many chunks.
 """
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import numpy as np
 import jax
 import jax.numpy as jnp
 import pytest
 
 from implicit_attn.kernels import cpu
-from implicit_attn.models import griffin, mamba, rwkv
-from implicit_attn.operator import ImplicitOperator, StateDecayCore, _check_impl
+from implicit_attn.families import griffin, mamba, rwkv
+from implicit_attn.operator import ImplicitOperator, StateDecayCore, resolve_impl
 
 B = 2
 
@@ -27,7 +33,7 @@ def _op(L, variant="full", dt_shift=0.0, seed=2):
     p = mamba.init_params(cfg, jax.random.PRNGKey(1))["layers"][0]["mixer"]
     p["dt_proj.bias"] = p["dt_proj.bias"] + dt_shift
     h = jax.random.normal(jax.random.PRNGKey(seed), (B, L, 4))
-    return mamba._mixer_operator(p, h, cfg=cfg, variant=variant)
+    return mamba.block.mixer_operator_jit(p, h, cfg=cfg, variant=variant)
 
 
 def _bare_core(L, N=20, C=3, left=True, right=True, diag=True, conv=True, seed=0):
@@ -43,7 +49,7 @@ def rwkv_op():
     cfg = rwkv.Config(vocab_size=8, hidden_size=4, attention_hidden_size=4, intermediate_size=4,
                       num_hidden_layers=1)
     att = rwkv.init_params(cfg, jax.random.PRNGKey(1))["layers"][0]["attention"]
-    return rwkv._time_mix_operator(att, jax.random.normal(jax.random.PRNGKey(2), (1, 6, 4)), cfg=cfg)
+    return rwkv.block.time_mix_operator_jit(att, jax.random.normal(jax.random.PRNGKey(2), (1, 6, 4)), cfg=cfg)
 
 
 def griffin_op(L, variant="full", restart=True):
@@ -58,14 +64,14 @@ def griffin_op(L, variant="full", restart=True):
     start = 20 if L > 24 else 2
     if restart and L > start:
         pos[1, start:] = np.arange(L - start)
-    return griffin._recurrent_operator(p, h, jnp.asarray(pos), cfg=cfg, variant=variant)
+    return griffin.block.recurrent_operator_jit(p, h, jnp.asarray(pos), cfg=cfg, variant=variant)
 
 
 @pytest.mark.parametrize("L", [1, 5, 37, 100])
 @pytest.mark.parametrize("variant", griffin.VARIANTS)
 def test_griffin_matches_xla(L, variant):
     op = griffin_op(L, variant)
-    assert cpu.has_kernel(op.core) and _check_impl("auto", op.core) == "cpu"
+    assert cpu.has_kernel(op.core) and resolve_impl("auto", op.core) == "cpu"
     got = op.materialize(impl="cpu")
     assert rel(got, op.materialize(impl="xla")) <= 1e-5
     if variant != "no_gate":  # no_gate carries the conv bias in the offset: still exact
@@ -184,10 +190,10 @@ def test_threads_do_not_change_the_result(monkeypatch):
 def test_auto_uses_the_kernel_on_cpu_for_mamba():
     op = _op(5)
     assert jax.default_backend() == "cpu"
-    assert _check_impl("auto", op.core) == "cpu"
+    assert resolve_impl("auto", op.core) == "cpu"
     big_state = _bare_core(5, N=80)
     assert not cpu.has_kernel(big_state)
-    assert _check_impl("auto", big_state) == "xla"
+    assert resolve_impl("auto", big_state) == "xla"
 
 
 def test_unsupported_cores_and_limits_fail_loudly():
@@ -198,7 +204,7 @@ def test_unsupported_cores_and_limits_fail_loudly():
     with pytest.raises(TypeError, match="low-rank q, k has no CPU kernel"):
         ImplicitOperator(jnp.ones((1, 2, 5)), jnp.zeros((1, 2, 5)), jnp.ones((1, 2, 5)),
                          lowrank).materialize(impl="cpu")
-    assert _check_impl("auto", lowrank) == "xla"
+    assert resolve_impl("auto", lowrank) == "xla"
     rw = rwkv_op()
     with pytest.raises(TypeError, match="no kernel for RwkvCore"):
         rw.materialize(impl="cpu")
@@ -208,28 +214,56 @@ def test_unsupported_cores_and_limits_fail_loudly():
         cpu.cpu_reduce(_bare_core(5), [0], "max", jnp.ones((B, 1, 5)), jnp.ones((B, 1, 5)))
 
 
-def test_missing_compiler_is_reported(monkeypatch):
+def _in_fresh_process(tmp_path, body, env):
+    """Run ``body`` in a new interpreter (the kernel's build state is per process) with
+    ``env`` replacing the variables it names; ``None`` removes one. Fails with its output."""
+    full = dict(os.environ, IMPLICIT_ATTN_CACHE=str(tmp_path / "cache"))
+    for k, v in env.items():
+        if v is None:
+            full.pop(k, None)
+        else:
+            full[k] = v
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        sys.path.insert(0, {tests!r})
+        import jax, pytest
+        from implicit_attn.kernels import cpu
+        from implicit_attn.operator import resolve_impl
+        from test_cpu_kernel import _op
+    """).format(tests=str(Path(__file__).parent)) + textwrap.dedent(body) + "\nprint('CHILD OK')\n")
+    p = subprocess.run([sys.executable, str(script)], env=full, capture_output=True, text=True,
+                       cwd=str(tmp_path))
+    assert p.returncode == 0 and "CHILD OK" in p.stdout, p.stdout + p.stderr
+
+
+def test_missing_compiler_is_reported(tmp_path):
     """Without a compiler, impl='cpu' raises naming the cause; 'auto' warns and uses XLA."""
-    def no_compiler():
-        raise cpu.CpuKernelUnavailable("no C++ compiler found (set CXX, or install g++)")
-
-    monkeypatch.setattr(cpu, "_state", {})
-    monkeypatch.setattr(cpu, "_compiler", no_compiler)
-    monkeypatch.setattr(cpu, "cache_dir", lambda: __import__("pathlib").Path("/nonexistent/none"))
-    op = _op(5)
-    with pytest.raises(cpu.CpuKernelUnavailable, match="no C\\+\\+ compiler"):
-        op.materialize(impl="cpu")
-    with pytest.warns(UserWarning, match="fused CPU kernel unavailable"):
-        assert _check_impl("auto", op.core) == "xla"
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    _in_fresh_process(tmp_path, """
+        op = _op(5)
+        with pytest.raises(cpu.CpuKernelUnavailable, match="no C\\\\+\\\\+ compiler"):
+            op.materialize(impl="cpu")
+        with pytest.warns(UserWarning, match="fused CPU kernel unavailable"):
+            assert resolve_impl("auto", op.core) == "xla"
+    """, env=dict(PATH=str(empty), CXX=None))
 
 
-def test_unwritable_cache_or_bad_library_is_reported(monkeypatch):
-    def broken():
-        raise PermissionError("[Errno 13] Permission denied: '/cache'")
-
-    monkeypatch.setattr(cpu, "_state", {})
-    monkeypatch.setattr(cpu, "_build", broken)
-    with pytest.raises(cpu.CpuKernelUnavailable, match="Permission denied"):
-        cpu.load()
-    with pytest.warns(UserWarning, match="fused CPU kernel unavailable"):
-        assert not cpu.available()
+def test_unwritable_cache_or_bad_library_is_reported(tmp_path):
+    """A compiler that cannot be started (here: its interpreter is not executable, so the OS
+    answers "Permission denied") is reported by load(); available() warns and says False."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    interp = bin_ / "interp"
+    interp.write_text("not executable\n")
+    interp.chmod(0o644)
+    cxx = bin_ / "c++"
+    cxx.write_text(f"#!{interp}\n")
+    cxx.chmod(0o755)
+    _in_fresh_process(tmp_path, """
+        with pytest.raises(cpu.CpuKernelUnavailable, match="Permission denied"):
+            cpu.load()
+        with pytest.warns(UserWarning, match="fused CPU kernel unavailable"):
+            assert not cpu.available()
+    """, env=dict(PATH=str(bin_), CXX=None))

@@ -23,9 +23,9 @@ from implicit_attn.explain import (METHODS, activation, attribution_maps, compre
                                    model_maps, position_mean)
 from implicit_attn.explain.maps import channel_tuple
 from implicit_attn.explain.metrics import ordering, perturbed_ids, score_of, token_counts
-from implicit_attn.models import mamba
-from implicit_attn.models.base import check_input_ids, check_layers
-from implicit_attn.operator import ImplicitOperator, _dataclass_pytree
+from implicit_attn.families import mamba
+from implicit_attn.nn import check_input_ids, check_layers
+from implicit_attn.operator import ImplicitOperator, pytree_dataclass
 
 PNG = b"\x89PNG\r\n\x1a\n"
 # The operator's own materialize (jitted: eager dispatch of the chunked kernel is slow).
@@ -62,7 +62,7 @@ def mm_grads(mm):
     return output_gradients(model, ids, query=-2)
 
 
-@_dataclass_pytree
+@pytree_dataclass
 class DenseCore:
     """A core holding its dense ``H (B, C, L, L)`` (for synthetic operators)."""
 
@@ -354,7 +354,7 @@ def test_methods_on_mamba_shapes_variants_and_channels(mm, mm_ops, mm_dense, mm_
 
 
 def test_attention_operator_contributions_and_maps():
-    attn = pytest.importorskip("implicit_attn.attention_operator")
+    import implicit_attn.operator as attn
     rng = np.random.default_rng(0)
     B, Hh, KV, L, d = 2, 4, 2, 6, 3
     q = jnp.asarray(rng.normal(size=(B, Hh, L, d)), jnp.float32)

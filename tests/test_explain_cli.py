@@ -12,7 +12,7 @@ import implicit_attn as ia
 from implicit_attn.cli import main
 from implicit_attn.explain import activation, explain
 from implicit_attn.explain import cli as explain_cli
-from implicit_attn.models import mamba
+from implicit_attn.families import mamba
 
 WORDS = ["[UNK]", "the", "cat", "sat", "on", "mat", "<script>", "a&b", "dog", "ran"]
 

@@ -15,7 +15,7 @@ import pytest
 from implicit_attn.explain import (METHODS, activation, channel_maps, contribution_map, explain, faithfulness,
                                    head_channels, head_maps, model_maps, operator_map, output_gradients,
                                    positive_perturbation, to_circuitsvis)
-from implicit_attn.models import griffin, mamba, mamba2, rwkv
+from implicit_attn.families import griffin, mamba, mamba2, rwkv
 
 # Query inside the sequence: positions after it must get nothing. The Mamba model and the
 # input shape are those of test_explain.py, so a run of both shares their compilations.

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import implicit_attn as ia
-from implicit_attn.attention_operator import AttentionOperator
-from implicit_attn.models import griffin
+from implicit_attn.operator import AttentionOperator
+from implicit_attn.families import griffin
 from implicit_attn.operator import ImplicitOperator
 from weights_convert import CheckpointError, read_hf_dir, write_hf_dir
 from hf_griffin import griffin_hf
@@ -177,10 +177,10 @@ def test_layer_types_follow_block_types(pair):
     assert ours == ["recurrent" if k.endswith("RecurrentBlock") else "attention" for k in kinds]
     assert set(ours) == {"recurrent", "attention"}
     # the embedding scale is sqrt(hidden_size) rounded to bfloat16, as torch's buffer
-    assert float(griffin.embed_scale(model.config, jnp.float32)) == float(tm.model.normalizer.float())
+    assert float(griffin.block.embed_scale(model.config, jnp.float32)) == float(tm.model.normalizer.float())
     big = griffin.Config(vocab_size=8, hidden_size=2560, intermediate_size=8, num_hidden_layers=1,
                          num_attention_heads=10)
-    assert float(griffin.embed_scale(big, jnp.float32)) == 50.5  # sqrt(2560) = 50.596...
+    assert float(griffin.block.embed_scale(big, jnp.float32)) == 50.5  # sqrt(2560) = 50.596...
 
 
 # ----------------------------------------------------------------------------- operators
@@ -567,7 +567,7 @@ def test_layer_call_is_the_lm_forward_step(one, rng):
             2: jnp.asarray(rng.normal(size=(B, cfg.num_attention_heads, L, cfg.head_dim)), jnp.float32)}
     assert cfg.layer_types[1:] == ("recurrent", "attention")
     emb = model.embed_tokens[...]
-    h = emb[ids] * griffin.embed_scale(cfg, emb.dtype)
+    h = emb[ids] * griffin.block.embed_scale(cfg, emb.dtype)
     for i, layer in enumerate(model.layers):
         if i <= min(taps):  # the captured inputs are untapped
             hn = griffin.rms_norm(h, layer.temporal_pre_norm[...], cfg.rms_norm_eps)

@@ -2,14 +2,15 @@
 shipped checkpoint."""
 import json
 import math
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
 import implicit_attn as ia
-from implicit_attn import induction as I
-from implicit_attn.models import mamba
+from implicit_attn.demo import induction as I
+from implicit_attn.families import mamba
 
 
 # ----------------------------------------------------------------------------- generator
@@ -82,10 +83,12 @@ def _tiny(train, model="conv_ssm", **kw):
 def test_short_training_reduces_the_loss(tmp_path):
     from benchmarks.induction import train
 
-    rc = _tiny(train, steps=40)
+    # 60 steps (was 40): with 40 the drop was within noise of the 0.2 margin and depended on
+    # the exact initial values (0.198 for the numpy-drawn init_params of seed 0).
+    rc = _tiny(train, steps=60)
     res = train.train(rc, tmp_path / "run", ckpt_every=1000, progress=False, log_every=1)
     losses = np.array([l for _, l in res["losses"]])
-    assert res["step"] == 40 and len(losses) == 40
+    assert res["step"] == 60 and len(losses) == 60
     assert losses[-10:].mean() < losses[:10].mean() - 0.2
 
 
@@ -182,7 +185,7 @@ def test_shipped_checkpoint_loads_and_reaches_its_reported_accuracy():
     tol = 4 * math.sqrt(max(p * (1 - p), 1.0 / n) / n)   # binomial, floor of one error in n
     assert abs(acc - p) <= tol, (acc, p, tol)
     assert acc > 0.5   # far above chance (1/16)
-    res = json.loads((I.ASSET_DIR.parent.parent.parent / "benchmarks" / "results" /
+    res = json.loads((Path(__file__).resolve().parent.parent / "benchmarks" / "results" /
                       "induction_table2.json").read_text())
     row = [r for r in res["rows"] if r["run"] == meta["run"]]
     assert row and abs(row[0]["accuracy_%"] / 100 - p) <= 4 * math.sqrt(max(p * (1 - p), 1e-3) / 1000) + 1e-3

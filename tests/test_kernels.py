@@ -11,8 +11,9 @@ import jax.numpy as jnp
 import pytest
 
 from implicit_attn import kernels
-from implicit_attn.models import griffin, mamba, mamba2, rwkv
-from implicit_attn.operator import ImplicitOperator, ScalarDecayCore, _check_impl
+from implicit_attn.families import griffin, mamba, mamba2, rwkv
+from implicit_attn.kernels import pallas
+from implicit_attn.operator import ImplicitOperator, ScalarDecayCore, resolve_impl
 
 B, L, TILE = 2, 37, 8
 HOWS = ("mean", "abs_mean", "pos_mean", "weighted")
@@ -25,17 +26,17 @@ def rel(a, b):
 
 @pytest.fixture(scope="module", autouse=True)
 def small_tile():
-    old = kernels.DEFAULT_TILE
-    kernels.DEFAULT_TILE = TILE
+    old = pallas.DEFAULT_TILE
+    pallas.DEFAULT_TILE = TILE
     yield
-    kernels.DEFAULT_TILE = old
+    pallas.DEFAULT_TILE = old
 
 
 def _mamba(L_=L):
     cfg = mamba.Config(vocab_size=8, hidden_size=4, state_size=4, num_hidden_layers=1, conv_kernel=4)
     p = mamba.init_params(cfg, jax.random.PRNGKey(1))["layers"][0]["mixer"]
     h = jax.random.normal(jax.random.PRNGKey(2), (B, L_, 4))
-    return mamba._mixer_operator(p, h, cfg=cfg)
+    return mamba.block.mixer_operator_jit(p, h, cfg=cfg)
 
 
 def _mamba2():
@@ -43,7 +44,7 @@ def _mamba2():
                         expand=2, chunk_size=8)
     p = mamba2.init_params(cfg, jax.random.PRNGKey(1))["layers"][0]["mixer"]
     h = jax.random.normal(jax.random.PRNGKey(2), (B, L, 4))
-    return mamba2._mixer_operator(p, h, cfg=cfg)
+    return mamba2.block.mixer_operator_jit(p, h, cfg=cfg)
 
 
 def _griffin_cfg():
@@ -60,7 +61,7 @@ def _griffin(L_=L, restart=True):
     pos = np.tile(np.arange(L_), (B, 1))
     if restart and L_ > 20:  # a second packed document in batch row 1
         pos[1, 20:] = np.arange(L_ - 20)
-    return griffin._recurrent_operator(p, h, jnp.asarray(pos), cfg=cfg)
+    return griffin.block.recurrent_operator_jit(p, h, jnp.asarray(pos), cfg=cfg)
 
 
 def _rwkv():
@@ -69,7 +70,7 @@ def _rwkv():
     att = rwkv.init_params(cfg, jax.random.PRNGKey(1))["layers"][0]["attention"]
     att["time_decay"] = jnp.array([-3.0, -0.5, 0.5, 1.6])  # slow to fast decays
     h = jax.random.normal(jax.random.PRNGKey(2), (B, L, 4))
-    return rwkv._time_mix_operator(att, h, cfg=cfg)
+    return rwkv.block.time_mix_operator_jit(att, h, cfg=cfg)
 
 
 def _scalar_lowrank():
@@ -180,16 +181,16 @@ def test_attention_core_has_no_kernel_and_auto_is_xla_on_cpu():
     params = griffin.init_params(cfg, jax.random.PRNGKey(1))
     p = params["layers"][1]["temporal_block"]
     h = jax.random.normal(jax.random.PRNGKey(2), (1, 5, 8))
-    op = griffin._attention_operator(p, h, jnp.arange(5)[None], cfg=cfg)
+    op = griffin.block.attention_operator_jit(p, h, jnp.arange(5)[None], cfg=cfg)
     with pytest.raises(TypeError, match="AttentionCore"):
         op.materialize(impl="pallas")
     with pytest.raises(TypeError, match="AttentionCore"):
         op.reduce(impl="pallas")
-    assert not kernels.has_kernel(op.core)
+    assert not pallas.has_kernel(op.core)
     assert jax.default_backend() == "cpu"
-    assert _check_impl("auto", op.core) == "xla"
-    assert _check_impl("auto", _scalar_lowrank().core) == "xla"  # CPU: XLA even with a kernel
-    assert _check_impl("pallas", _scalar_lowrank().core) == "pallas"
+    assert resolve_impl("auto", op.core) == "xla"
+    assert resolve_impl("auto", _scalar_lowrank().core) == "xla"  # CPU: XLA even with a kernel
+    assert resolve_impl("pallas", _scalar_lowrank().core) == "pallas"
     with pytest.raises(ValueError, match="impl must be one of"):
         op.materialize(impl="triton")
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import implicit_attn as ia
-from implicit_attn.models import mamba
+from implicit_attn.families import mamba
 from hf_models import mamba_hf
 from bad_inputs import BAD_BLOCK_INPUTS
 

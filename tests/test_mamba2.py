@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import implicit_attn as ia
-from implicit_attn.models import mamba2
+from implicit_attn.families import mamba2
 from implicit_attn.ops import conv_matrix
 from hf_mamba2 import mamba2_hf
 from weights_convert import CheckpointError, read_hf_dir, write_hf_dir
@@ -531,11 +531,11 @@ def test_block_call_is_the_lm_forward_step(one, rng):
     h = model.embeddings[...][ids]
     n = len(model.layers)
     for i, block in enumerate(model.layers):
-        hn = mamba2.rms_norm(h, block.norm[...], cfg.layer_norm_epsilon)
+        hn = mamba2.block.rms_norm(h, block.norm[...], cfg.layer_norm_epsilon)
         np.testing.assert_allclose(np.asarray(hn), np.asarray(xs[i]), rtol=1e-5, atol=1e-6)
         h = block(h, tap=tap if i == n - 1 else None)
         assert h.shape == (2, 7, cfg.hidden_size)
-    logits = mamba2.rms_norm(h, model.norm_f[...], cfg.layer_norm_epsilon) @ model.lm_head[...].T
+    logits = mamba2.block.rms_norm(h, model.norm_f[...], cfg.layer_norm_epsilon) @ model.lm_head[...].T
     np.testing.assert_allclose(np.asarray(logits), np.asarray(model.tapped_logits(ids, {n - 1: tap})),
                                rtol=1e-5, atol=1e-5)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import implicit_attn as ia
-from implicit_attn.models import rwkv
+from implicit_attn.families import rwkv
 from weights_convert import CheckpointError, read_hf_dir, write_hf_dir
 from hf_rwkv import rwkv_hf
 from bad_inputs import BAD_BLOCK_INPUTS
@@ -212,7 +212,7 @@ def test_long_input_with_large_keys_matches_float64():
     att["key.weight"] = att["key.weight"] * (59.9 / jnp.abs(k0).max())
     q = rwkv.time_mix_parts(att, x, cfg)
     assert 59.0 <= float(jnp.abs(q["k"]).max()) <= 60.0
-    op = rwkv._time_mix_operator(att, x, cfg=cfg)
+    op = rwkv.block.time_mix_operator_jit(att, x, cfg=cfg)
     k, v, r = (np.asarray(q[n], np.float64)[0] for n in ("k", "v", "r"))
     w, u = np.asarray(q["w"], np.float64), np.asarray(q["u"], np.float64)
     out = np.asarray(op.output)[0]
@@ -389,7 +389,7 @@ def test_block_call_is_the_lm_forward_step(one, rng):
         h = block(h, tap=tap if i == n - 1 else None)
         assert h.shape == (2, 7, cfg.hidden_size)
     lo = model.ln_out.arrays()
-    logits = rwkv.layer_norm(h, lo["weight"], lo["bias"], rwkv._FINAL_LN_EPS) @ model.head[...].T
+    logits = rwkv.layer_norm(h, lo["weight"], lo["bias"], rwkv.block.FINAL_LN_EPS) @ model.head[...].T
     np.testing.assert_allclose(np.asarray(logits), np.asarray(model.tapped_logits(ids, {n - 1: tap})),
                                rtol=1e-5, atol=1e-5)
 

@@ -1,6 +1,6 @@
 """The five model configurations of Table 2 as pure functions.
 
-``mamba2`` / ``mamba1``: Hugging Face ``MambaForCausalLM`` (``implicit_attn.models.mamba``),
+``mamba2`` / ``mamba1``: Hugging Face ``MambaForCausalLM`` (``implicit_attn.families.mamba``),
 2 or 1 blocks, D 64, N 16, conv width 4, expand 2 -- saved and loaded in HF layout.
 
 The simplified models of the paper's Fig. 2b keep only the token-mixing parts of one
@@ -24,8 +24,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from implicit_attn.induction import VOCAB_SIZE
-from implicit_attn.models import mamba
+from implicit_attn.demo.induction import VOCAB_SIZE
+from implicit_attn.families import mamba
 from implicit_attn.ops import causal_conv
 
 

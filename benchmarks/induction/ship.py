@@ -2,7 +2,7 @@
 
     python -m benchmarks.induction.ship --run runs/induction/mamba2_key
 
-Writes ``implicit_attn/assets/induction/``: ``config.json`` + ``model.safetensors``
+Writes ``implicit_attn/demo/assets/induction/``: ``config.json`` + ``model.safetensors``
 (HF ``MambaForCausalLM`` via ``ia.save``), ``tokenizer.json`` (WordLevel over ``s0..s15``
 and ``[key]``) and ``induction.json`` (the task settings, the run, and the accuracy of the
 *reloaded* checkpoint on ``--eval`` fresh sequences of the evaluation stream).
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 import implicit_attn as ia
-from implicit_attn import induction
+from implicit_attn.demo import induction
 from . import models, train
 
 SHIP_EVAL_SEED = 777

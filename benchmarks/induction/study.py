@@ -1,6 +1,6 @@
 """The mechanism check, faithfulness and the Figure-7 equivalent on the shipped model.
 
-    python -m benchmarks.induction.study [--ckpt implicit_attn/assets/induction] [--n 1000] [--faith-n 64]
+    python -m benchmarks.induction.study [--ckpt implicit_attn/demo/assets/induction] [--n 1000] [--faith-n 64]
 
 Writes to ``benchmarks/results/``:
 
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 import implicit_attn as ia
-from implicit_attn import induction
+from implicit_attn.demo import induction
 from implicit_attn.explain import activation, explain, pruning, random_relevance
 
 MECH_SEED, FAITH_SEED, FIG_SEED = 2024, 3033, 7

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from implicit_attn import induction
+from implicit_attn.demo import induction
 from . import models
 
 

@@ -15,8 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
+from tqdm import tqdm
+
+from ..io import load
+from . import metrics as M
 from .maps import HOWS
-from .methods import METHODS
+from .methods import METHODS, explain
+from .report import write_html
+from .viz import curves_plot, heatmap_grid, relevance_strip
 
 
 def _int_list(text: str, what: str) -> list[int]:
@@ -84,15 +90,7 @@ def _inputs(args, tok):
 
 def run(args) -> int:
     """Run ``explain``; returns the exit code (0)."""
-    from tqdm import tqdm
-
-    import implicit_attn as ia
-    from . import metrics as M
-    from .methods import explain
-    from .report import write_html
-    from .viz import curves_plot, heatmap_grid, relevance_strip
-
-    model = ia.load(args.ckpt)
+    model = load(args.ckpt)
     ids, tokens = _inputs(args, load_tokenizer(args.ckpt))
     layers = None if args.layers is None else _int_list(args.layers, "--layers")
     exclude = () if args.exclude is None else tuple(_int_list(args.exclude, "--exclude"))

@@ -23,14 +23,14 @@ Families that do not take positions raise a ``ValueError`` when it is given.
 """
 from __future__ import annotations
 
-import inspect
 from typing import Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..models.base import check_layers
+from ..nn import check_layers
+from ..operator import AttentionOperator
 
 HOWS = ("mean", "abs_mean", "pos_mean")
 NORMALIZE = (None, "minmax")
@@ -91,8 +91,6 @@ def operator_map(op, how: str = "mean", channels=None, normalize=None, block_cha
 def num_heads(op) -> int | None:
     """Number of heads of an operator: attention heads (= channels), Mamba-2 heads, or
     None for operators without heads."""
-    from ..attention_operator import AttentionOperator
-
     if isinstance(op, AttentionOperator):
         return op.shape[1]
     h = getattr(op.core, "num_heads", None)
@@ -196,10 +194,7 @@ _channel_maps = jax.jit(_channel_maps_impl, static_argnums=(1, 2, 3))
 
 def takes_segment_pos(model) -> bool:
     """Whether the model's forward pass takes document positions (``segment_pos``)."""
-    try:
-        return "segment_pos" in inspect.signature(type(model).__call__).parameters
-    except (TypeError, ValueError):
-        return False
+    return bool(getattr(model, "takes_segment_pos", False))
 
 
 def model_kwargs(model, ids, segment_pos=None) -> dict:
@@ -233,14 +228,13 @@ def iter_operators(model, ids, layers=None, variant: str = "full",
     ``segment_pos``: ``(B, L)`` document positions (Griffin only, see module doc)."""
     sel = check_layers(layers, len(model.layers))
     kw = model_kwargs(model, ids, segment_pos)
-    name = getattr(model, "mixer_name", None)
-    if name is None or not hasattr(model, "mixer_inputs"):
+    if not hasattr(model, "mixer_inputs"):
         for l in sel:
             yield l, model.operators(ids, [l], variant, **kw)[0]
         return
     xs = model.mixer_inputs(ids, sel, **kw)
     for l in sel:
-        yield l, getattr(model.layers[l], name).as_operator(xs[l], variant, **kw)
+        yield l, model.layers[l].mixer.as_operator(xs[l], variant, **kw)
 
 
 def model_maps(model, ids, layers=None, variant: str = "full", how: str = "mean", channels=None,

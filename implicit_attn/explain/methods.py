@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..models.base import check_layers
+from ..nn import check_layers
 from .maps import (check_how, check_normalize, iter_operators, model_kwargs, operator_map, position_mean,
                    select_channels)
 
@@ -166,7 +166,8 @@ def check_query(query: int, L: int) -> int:
     return int(query) % L
 
 
-def _ids(ids) -> np.ndarray:
+def as_ids(ids) -> np.ndarray:
+    """Token ids as a ``(B, L)`` numpy array (a ``(L,)`` sequence gets a batch axis)."""
     a = np.asarray(ids)
     if a.ndim == 1:
         a = a[None]
@@ -178,7 +179,7 @@ def _ids(ids) -> np.ndarray:
 def resolve_target(model, ids, query: int, target=None, logits=None, segment_pos=None) -> np.ndarray:
     """``(B,)`` target token ids: the argmax at ``query`` (None), or the given int / ``(B,)``.
     ``segment_pos``: document positions for the model call (Griffin only)."""
-    ids = _ids(ids)
+    ids = as_ids(ids)
     B = ids.shape[0]
     V = model.config.vocab_size
     kw = model_kwargs(model, ids, segment_pos)
@@ -202,7 +203,7 @@ def output_gradients(model, ids, layers=None, query: int = -1, target=None, segm
     Returns:
       ``({layer: array shaped like op.output}, q, t)`` with ``q`` normalised and ``t (B,)``.
     """
-    ids = _ids(ids)
+    ids = as_ids(ids)
     B, L = ids.shape
     q = check_query(query, L)
     sel = check_layers(layers, len(model.layers))
@@ -267,7 +268,7 @@ def explain(model, ids, method: str = "rollout", variant: str = "full", layers=N
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     check_how(how)
     check_normalize(normalize)
-    ids = _ids(ids)
+    ids = as_ids(ids)
     B, L = ids.shape
     q = check_query(query, L)
     sel = check_layers(layers, len(model.layers))
@@ -315,4 +316,4 @@ def explain(model, ids, method: str = "rollout", variant: str = "full", layers=N
 
 
 __all__ = ["METHODS", "Explanation", "explain", "raw_attention", "rollout", "attribution_maps",
-           "contribution_map", "output_gradients", "resolve_target", "check_query"]
+           "contribution_map", "output_gradients", "resolve_target", "check_query", "as_ids"]

@@ -32,7 +32,7 @@ import dataclasses
 import numpy as np
 
 from .maps import model_kwargs
-from .methods import _ids, check_query, resolve_target
+from .methods import as_ids, check_query, resolve_target
 
 SCORES = ("prob", "logit", "top1")
 ORDER_BY = ("value", "abs")
@@ -146,7 +146,7 @@ def score_of(logits, target, score: str) -> np.ndarray:
 
 
 def _setup(model, ids, relevance, query, target, candidates, segment_pos=None):
-    ids = _ids(ids)
+    ids = as_ids(ids)
     B, L = ids.shape
     q = check_query(query, L)
     rel = np.asarray(relevance, np.float64)
@@ -264,7 +264,7 @@ def faithfulness(model, ids, relevance, **kw) -> dict[str, Curve]:
     """Every metric above with shared options (``query``, ``target``, ``baseline_id``,
     ``order_by``, ``score``, ``candidates``, ``segment_pos``). Returns ``{name: Curve}``."""
     if kw.get("target") is None:  # resolve once, not once per metric
-        ids = _ids(ids)
+        ids = as_ids(ids)
         kw["target"] = resolve_target(model, ids, check_query(kw.get("query", -1), ids.shape[1]),
                                       segment_pos=kw.get("segment_pos"))
     out = {"auac": activation(model, ids, relevance, **kw),

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .maps import channel_maps
+
 
 def _plt():
     import matplotlib
@@ -113,8 +115,6 @@ def relevance_strip(relevance, path, tokens=None, names=None, title: str | None 
 def operator_grid(op, path, channels, batch: int = 0, absolute: bool = True, normalize="minmax",
                   tokens=None, label: str = "channel") -> Path:
     """Heatmaps of selected channels (heads) of one operator (``materialize``)."""
-    from .maps import channel_maps
-
     idx = np.atleast_1d(np.asarray(channels))
     H = np.asarray(channel_maps(op, idx, absolute, normalize))[batch]
     return heatmap_grid(H, path, [f"{label} {int(c)}" for c in idx], tokens)

@@ -1,10 +1,14 @@
-"""Pure functions shared by all blocks: arrays in, arrays out."""
+"""Pure functions shared by all blocks: arrays in, arrays out. Imports nothing else of
+the library."""
+from .attention import attention_mask, attention_probs, softmax_decay_rows
 from .conv import causal_conv, conv_matrix, conv_right
+from .linear import linear
 from .materialize import scalar_decay_kernel, state_decay_kernel
 from .scan import linear_scan
-from .segsum import causal_mask, decay_matrix, segment_sum
+from .segsum import causal_mask, chunk_sums, decay_matrix, segment_sum
 
 __all__ = [
-    "causal_conv", "conv_matrix", "conv_right", "scalar_decay_kernel",
-    "state_decay_kernel", "linear_scan", "causal_mask", "decay_matrix", "segment_sum",
+    "attention_mask", "attention_probs", "softmax_decay_rows", "linear", "causal_conv", "conv_matrix", "conv_right",
+    "scalar_decay_kernel", "state_decay_kernel", "linear_scan", "causal_mask", "chunk_sums", "decay_matrix",
+    "segment_sum",
 ]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from .segsum import causal_mask, segment_sum
+from .segsum import causal_mask, chunk_sums, segment_sum
 
 
 def _pad_time(x, axis: int, Lp: int):
@@ -71,15 +71,10 @@ def state_decay_kernel(q, k, A, dt, chunk: int = 16, left=None, right=None, diag
         diag_blocks = diag_blocks + d[..., :, None] * jnp.eye(Q, dtype=f32)
 
     # Blocks below the diagonal: (S_i - S_I0) + (S_I0 - S_Jend) + (S_Jend - S_j).
-    s = jnp.cumsum(dtc, axis=-1)  # chunk-local inclusive sums
-    tot = s[..., -1]  # (B, c, nc)
-    qd = qc * jnp.exp(An * s[..., None])
-    kd = kc * jnp.exp(An * (tot[..., None] - s)[..., None])
-    between = segment_sum(tot)  # (B, c, nc, nc): sum over chunks J+1..I
-    # sum over chunks J+1..I-1 is between[I-1, J]; shift rows down by one.
-    between = jnp.pad(between, ((0, 0), (0, 0), (1, 0), (0, 0)))[:, :, :nc, :]
+    prefix, suffix, between = chunk_sums(dtc)
+    qd = qc * jnp.exp(An * prefix[..., None])
+    kd = kc * jnp.exp(An * suffix[..., None])
     strict = causal_mask(nc, strict=True)
-    between = jnp.where(strict, between, 0.0)
     mid = jnp.where(strict[..., None], jnp.exp(A[None, :, None, None, :] * between[..., None]), 0.0)
     # Batch over the query chunk I so the matmul writes rows of the output in place.
     kdm = mid[:, :, :, :, None, :] * kd[:, :, None]  # (B, c, I, J, Q, N)

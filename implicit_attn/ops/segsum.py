@@ -27,15 +27,37 @@ def _segment_sum_masked(t):
     return jnp.where(causal_mask(L), out, -jnp.inf)
 
 
+def chunk_sums(tc):
+    """The three parts of a chunked segment sum, from chunk-local increments.
+
+    For ``i`` in chunk ``I`` and ``j`` in an earlier chunk ``J``,
+    ``T[i, j] = prefix[I, i] + between[I, J] + suffix[J, j]``: the sum inside ``I`` up to
+    ``i``, the totals of the chunks strictly between, and the sum inside ``J`` after
+    ``j``. Each is a short sum of same-signed terms (no difference of partial sums, so
+    ``-inf`` increments stay exact resets).
+
+    Args:
+      tc: ``(..., nc, Q)`` increments in ``nc`` chunks of ``Q``.
+    Returns:
+      ``prefix (..., nc, Q)`` (inclusive), ``suffix (..., nc, Q)`` (exclusive),
+      ``between (..., nc, nc)`` (sum over chunks ``J+1..I-1``; 0 on and above the diagonal).
+    """
+    prefix = jnp.cumsum(tc, axis=-1)
+    rev = jnp.flip(jnp.cumsum(jnp.flip(tc, -1), -1), -1)
+    suffix = jnp.concatenate([rev[..., 1:], jnp.zeros_like(rev[..., :1])], axis=-1)
+    nc = tc.shape[-2]
+    inner = segment_sum(jnp.sum(tc, axis=-1))  # (..., nc, nc): chunks J+1..I
+    between = jnp.concatenate([jnp.zeros_like(inner[..., :1, :]), inner[..., :-1, :]], axis=-2)
+    return prefix, suffix, jnp.where(causal_mask(nc, strict=True), between, 0.0)
+
+
 def segment_sum(t, chunk: int = 32):
     """Stable segment sums of ``t`` along the last axis.
 
-    Lengths up to ``chunk`` use a masked cumsum. Longer ones are split into chunks:
-    for ``i`` in chunk I and ``j`` in an earlier chunk J,
-    ``T[i, j] = (sum of t in I up to i) + (totals of the chunks strictly between)
-    + (sum of t in J after j)``, three short sums of same-signed terms (no
-    difference of partial sums), and the chunk totals recurse. XLA's CPU cumsum costs
-    ``O(window)`` per element, so this keeps the work ``O(L^2)`` rather than ``O(L^3)``.
+    Lengths up to ``chunk`` use a masked cumsum. Longer ones are split into chunks
+    (``chunk_sums``: three short sums of same-signed terms per entry, the chunk totals
+    recursing). XLA's CPU cumsum costs ``O(window)`` per element, so this keeps the work
+    ``O(L^2)`` rather than ``O(L^3)``.
 
     Args:
       t: ``(..., L)`` increments (float32 recommended; ``-inf`` is allowed and
@@ -53,13 +75,7 @@ def segment_sum(t, chunk: int = 32):
     nc = -(-L // Q)
     Lp = nc * Q
     tc = jnp.pad(t, [(0, 0)] * (t.ndim - 1) + [(0, Lp - L)]).reshape(t.shape[:-1] + (nc, Q))
-    prefix = jnp.cumsum(tc, axis=-1)  # sum over I0..i
-    # sum over j+1..end of J: a reversed cumsum shifted by one (no subtraction: t may be -inf)
-    rev = jnp.flip(jnp.cumsum(jnp.flip(tc, -1), -1), -1)
-    suffix = jnp.concatenate([rev[..., 1:], jnp.zeros_like(rev[..., :1])], axis=-1)
-    between = segment_sum(jnp.sum(tc, axis=-1), Q)  # (..., nc, nc): chunks J+1..I
-    # chunks strictly between J and I are between[I-1, J]
-    between = jnp.concatenate([jnp.zeros_like(between[..., :1, :]), between[..., :-1, :]], axis=-2)
+    prefix, suffix, between = chunk_sums(tc)
     I = jnp.arange(nc)
     off = (prefix[..., :, :, None, None] + between[..., :, None, :, None]
            + suffix[..., None, None, :, :])  # (..., I, i, J, j)
@@ -71,12 +87,13 @@ def segment_sum(t, chunk: int = 32):
     return out if Lp == L else out[..., :L, :L]
 
 
-def decay_matrix(log_a):
-    """Causal decay matrix ``exp(segment_sum(log_a))``.
+def decay_matrix(log_a, chunk: int = 32):
+    """Causal decay matrix ``exp(segment_sum(log_a, chunk))``.
 
     Args:
       log_a: ``(..., L)`` per-step log decays (<= 0 for a contracting recurrence).
+      chunk: the chunk length of the segment sum (a performance knob).
     Returns:
       ``(..., L, L)``: ``prod_{k=j+1..i} a_k`` for ``i >= j``, exactly 0 above.
     """
-    return jnp.exp(segment_sum(log_a))
+    return jnp.exp(segment_sum(log_a, chunk))

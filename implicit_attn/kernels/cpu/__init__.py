@@ -18,7 +18,6 @@ Gradients: a ``custom_vjp`` whose backward pass is the XLA path (``jax.vjp`` of
 from __future__ import annotations
 
 import ctypes
-import functools
 import hashlib
 import os
 import platform
@@ -33,7 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..tiles import MODES  # how -> f: 0 identity, 1 abs, 2 positive part
+from ...operator import (MODES, DocumentMaskedCore, KernelBackend, ScalarDecayCore, StateDecayCore,
+                         register_backend, register_core, with_xla_backward)
 
 _SRC = Path(__file__).with_name("state_decay.cc")
 _TARGET = "implicit_attn_state_decay_dense"
@@ -134,9 +134,7 @@ MAX_CONV = 16  # conv taps: at most one chunk
 
 
 def _parts(core):
-    """``(inner core, document ids or None)``: unwraps Griffin's ``DocumentMaskedCore``."""
-    from ...models.griffin import DocumentMaskedCore
-
+    """``(inner core, document ids or None)``: unwraps a ``DocumentMaskedCore``."""
     if type(core) is DocumentMaskedCore:
         return core.inner, core.seg
     return core, None
@@ -144,8 +142,6 @@ def _parts(core):
 
 def _problem(core) -> str | None:
     """Why ``impl="cpu"`` cannot take ``core`` (None if it can)."""
-    from ...operator import ScalarDecayCore, StateDecayCore
-
     inner, _ = _parts(core)
     if type(inner) is StateDecayCore:
         N = inner.q.shape[-1]
@@ -165,15 +161,12 @@ def _problem(core) -> str | None:
 
 def has_kernel(core) -> bool:
     """True if ``impl="cpu"`` supports ``core``."""
-    return _problem(core) is None
+    return BACKEND.problem(core) is None
 
 
 def check_core(core):
     """Raise ``TypeError`` naming ``core`` if it has no fused CPU kernel."""
-    problem = _problem(core)
-    if problem:
-        raise TypeError(f"impl='cpu' cannot take this {type(core).__name__}: {problem}. "
-                        "Use impl='xla' (or 'auto') for this operator.")
+    BACKEND.check_core(core)
 
 
 def num_threads() -> int:
@@ -202,8 +195,6 @@ def _rows_or_dummy(x, idx):
 
 def _kernel_args(core, idx):
     """The kernels' operands and flags for ``core``'s channels ``idx``: (args, attrs, (B, L))."""
-    from ...operator import StateDecayCore
-
     load()
     f32 = jnp.float32
     inner, seg = _parts(core)
@@ -245,22 +236,7 @@ def _reduce_call(core, idx, mode, qw, kw):
                 mode=np.int64(MODES[mode]))
 
 
-@jax.custom_vjp
-def _dense(core, idx):
-    return _kernel_call(core, idx)
-
-
-def _dense_fwd(core, idx):
-    return _kernel_call(core, idx), (core, idx)
-
-
-def _dense_bwd(res, g):
-    core, idx = res
-    _, vjp = jax.vjp(lambda c: c.dense(idx), core)
-    return vjp(g)[0], np.zeros(idx.shape, jax.dtypes.float0)
-
-
-_dense.defvjp(_dense_fwd, _dense_bwd)
+_dense, _reduce = with_xla_backward(_kernel_call, _reduce_call)
 
 
 def cpu_dense(core, idx):
@@ -273,29 +249,6 @@ def cpu_dense(core, idx):
     """
     check_core(core)
     return _dense(core, jnp.asarray(idx, jnp.int32))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _reduce(core, idx, how, qw, kw):
-    return _reduce_call(core, idx, how, qw, kw)
-
-
-def _reduce_fwd(core, idx, how, qw, kw):
-    return _reduce_call(core, idx, how, qw, kw), (core, idx, qw, kw)
-
-
-def _reduce_bwd(how, res, g):
-    from ...operator import _block_size, _reduce_blocks
-
-    core, idx, qw, kw = res
-    B, n, L = qw.shape
-    bc = _block_size(n, B, L, None)
-    _, vjp = jax.vjp(lambda c, a, b: _reduce_blocks(c, idx, a, b, how, bc), core, qw, kw)
-    dc, dq, dk = vjp(g)
-    return dc, np.zeros(idx.shape, jax.dtypes.float0), dq, dk
-
-
-_reduce.defvjp(_reduce_fwd, _reduce_bwd)
 
 
 def cpu_reduce(core, idx, how: str, qw, kw):
@@ -316,6 +269,20 @@ def cpu_reduce(core, idx, how: str, qw, kw):
         raise ValueError(f"how must be one of {tuple(MODES)}, got {how!r}")
     return _reduce(core, jnp.asarray(idx, jnp.int32), how, jnp.asarray(qw, jnp.float32),
                    jnp.asarray(kw, jnp.float32))
+
+
+def _require():
+    if jax.default_backend() != "cpu":
+        raise ValueError(f"impl='cpu' runs on JAX's CPU backend; the default backend is "
+                         f"{jax.default_backend()!r} (use 'auto' or 'pallas' there)")
+    load()
+
+
+BACKEND = register_backend(KernelBackend(
+    name="cpu", dense=cpu_dense, reduce=cpu_reduce, auto=lambda: jax.default_backend() == "cpu",
+    require=_require, ready=available))
+for _type in (StateDecayCore, ScalarDecayCore, DocumentMaskedCore):
+    register_core("cpu", _type, _problem)
 
 
 __all__ = ["cpu_dense", "cpu_reduce", "available", "has_kernel", "check_core", "load", "cache_dir",

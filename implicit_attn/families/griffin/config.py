@@ -1,0 +1,92 @@
+"""RecurrentGemma configuration (HF ``RecurrentGemmaConfig`` fields)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from ...nn import HFConfig
+
+BLOCK_TYPES = ("recurrent", "attention")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(HFConfig):
+    """The fields of HF ``RecurrentGemmaConfig`` the forward pass needs."""
+
+    model_type: ClassVar[str] = "recurrent_gemma"
+    architecture: ClassVar[str] = "RecurrentGemmaForCausalLM"
+    required: ClassVar[tuple[str, ...]] = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                           "num_attention_heads")
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int = 0
+    lru_width: int = 0
+    attention_window_size: int = 2048
+    conv1d_width: int = 4
+    logits_soft_cap: float = 30.0
+    rms_norm_eps: float = 1e-6
+    hidden_activation: str = "gelu_pytorch_tanh"
+    rope_theta: float = 10000.0
+    partial_rotary_factor: float = 0.5
+    block_types: tuple = ("recurrent", "recurrent", "attention")
+    attention_bias: bool = False
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self):
+        if not self.lru_width:
+            object.__setattr__(self, "lru_width", self.hidden_size)
+        if not self.num_key_value_heads:
+            object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
+        object.__setattr__(self, "block_types", tuple(self.block_types))
+        bad = [b for b in self.block_types if b not in BLOCK_TYPES]
+        if bad or not self.block_types:
+            raise ValueError(f"block_types must be a non-empty list of {BLOCK_TYPES}, got {list(self.block_types)}")
+        if self.hidden_activation != "gelu_pytorch_tanh":
+            raise ValueError(f"RecurrentGemma hidden_activation {self.hidden_activation!r} is not supported "
+                             "(only 'gelu_pytorch_tanh')")
+        H, KV = self.num_attention_heads, self.num_key_value_heads
+        if self.hidden_size % H or self.lru_width % H or H % KV:
+            raise ValueError(f"hidden_size {self.hidden_size} and lru_width {self.lru_width} must be multiples "
+                             f"of num_attention_heads {H}, itself a multiple of num_key_value_heads {KV}")
+        if self.rotary_dim % 2:
+            raise ValueError(f"rotary dimension head_dim * partial_rotary_factor = {self.rotary_dim} must be even")
+        if self.attention_window_size < 1 or self.conv1d_width < 1:
+            raise ValueError("attention_window_size and conv1d_width must be >= 1")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def layer_types(self) -> tuple[str, ...]:
+        """Temporal block type of each layer: ``block_types`` repeated (as HF does)."""
+        n = self.num_hidden_layers
+        return tuple((self.block_types * (n // len(self.block_types) + 1))[:n])
+
+    @classmethod
+    def read_hf(cls, d: dict, kw: dict) -> dict:
+        rope = d.get("rope_parameters") or {}
+        if rope.get("rope_type", "default") != "default":
+            raise ValueError(f"RecurrentGemma rope_type {rope['rope_type']!r} is not supported (only 'default')")
+        for k in ("rope_theta", "partial_rotary_factor"):
+            if rope.get(k) is not None:
+                kw[k] = rope[k]
+        return kw
+
+    def write_hf(self, d: dict) -> dict:
+        d["block_types"] = list(self.block_types)
+        d["rope_parameters"] = {"rope_type": "default", "rope_theta": d.pop("rope_theta"),
+                                "partial_rotary_factor": d.pop("partial_rotary_factor")}
+        d["head_dim"] = self.head_dim
+        return d
+
+
+__all__ = ["Config", "BLOCK_TYPES"]

@@ -1,0 +1,208 @@
+"""Mamba (Hugging Face ``MambaForCausalLM``): the block math as pure functions and the
+exact implicit operator of each mixer.
+
+Mixer (per channel c, inner width C = expand * d_model):
+  ``x, z = in_proj(h)``; ``xc = conv(x)``; ``u = SiLU(xc)``; ``dt, B, C = proj(u)``;
+  ``y = S6(u) * SiLU(z)`` with ``S6(u)_i = sum_j alpha[i, j] u_j``, then ``out_proj``.
+Operator: ``H_c = diag(SiLU(z_c)) alpha_c diag(sigmoid(xc_c)) M_c`` acting on ``x``,
+plus ``offset_c = diag(SiLU(z_c)) alpha_c (sigmoid(xc_c) * b_c)`` from the conv bias.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ...nn import scan_method
+from ...operator import ImplicitOperator, StateDecayCore
+from ...ops import causal_conv, linear, linear_scan
+from .config import Config
+
+VARIANTS = ("full", "s6_only", "no_conv", "no_gate", "no_act")
+f32 = jnp.float32
+
+
+def rms_norm(x, w, eps: float):
+    """HF ``MambaRMSNorm``: float32 statistics, weight applied in the input dtype. ``(..., D)``."""
+    dtype = x.dtype
+    xf = x.astype(f32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return w * xf.astype(dtype)
+
+
+def mixer_parts(p: dict, h, cfg: Config) -> dict:
+    """Intermediates of the mixer for input ``h (B, L, d_model)``.
+
+    Returns a dict of ``(B, L, C)`` arrays ``x, z, xc, u, dt`` (dt float32) and
+    ``(B, L, N)`` arrays ``Bm, Cm`` (float32), ``A (C, N)`` float32.
+    """
+    C, N, R = cfg.intermediate_size, cfg.state_size, cfg.time_step_rank
+    proj = linear(h, p["in_proj.weight"], p.get("in_proj.bias"))
+    x, z = proj[..., :C], proj[..., C:]
+    w = p["conv1d.weight"][:, 0, :]
+    xc = causal_conv(x, w, p.get("conv1d.bias"))
+    u = jax.nn.silu(xc)
+    xdbl = u @ p["x_proj.weight"].T
+    dt_in, Bm, Cm = xdbl[..., :R], xdbl[..., R:R + N], xdbl[..., R + N:]
+    dt = jax.nn.softplus(linear(dt_in, p["dt_proj.weight"], p["dt_proj.bias"]).astype(f32))
+    A = -jnp.exp(p["A_log"].astype(f32))
+    return dict(x=x, z=z, xc=xc, u=u, dt=dt, Bm=Bm.astype(f32), Cm=Cm.astype(f32), A=A)
+
+
+def selective_scan(u, dt, A, Bm, Cm, D=None, method: str = "auto"):
+    """S6: ``y_i = sum_j alpha[i, j] u_j``.
+
+    ``method="parallel"``: ``jax.lax.associative_scan`` over all states
+    ``(B, L, C, N)`` (O(log L) depth; for accelerators). ``"sequential"``: one
+    ``lax.scan`` whose step forms the decay and input on the fly and keeps only the
+    ``(B, C, N)`` state (fastest on CPU). ``"auto"`` picks by backend. Same numbers.
+
+    Args:
+      u: ``(B, L, C)`` inputs; dt: ``(B, L, C)`` step sizes; A: ``(C, N)``;
+      Bm, Cm: ``(B, L, N)``; D: optional ``(C,)`` skip.
+    Returns:
+      ``(B, L, C)`` float32.
+    """
+    u = u.astype(f32)
+    if scan_method(method) == "parallel":
+        a = jnp.exp(dt[..., None] * A)  # (B, L, C, N)
+        b = (dt * u)[..., None] * Bm[:, :, None, :]
+        y = jnp.einsum("blcn,bln->blc", linear_scan(a, b, axis=1), Cm)
+    else:
+        def step(h, xs):
+            d, uu, bb, cc = xs
+            h = jnp.exp(d[..., None] * A) * h + (d * uu)[..., None] * bb[:, None, :]
+            return h, jnp.einsum("bcn,bn->bc", h, cc)
+
+        xs = tuple(jnp.moveaxis(v, 1, 0) for v in (dt, u, Bm, Cm))
+        h0 = jnp.zeros((u.shape[0], u.shape[2], A.shape[1]), f32)
+        y = jnp.moveaxis(jax.lax.scan(step, h0, xs)[1], 0, 1)
+    if D is not None:
+        y = y + u * D.astype(f32)
+    return y
+
+
+def mixer_inner(p: dict, h, cfg: Config):
+    """The mixer's token-mixing output before ``out_proj``: ``(B, L, C)`` float32."""
+    q = mixer_parts(p, h, cfg)
+    y = selective_scan(q["u"], q["dt"], q["A"], q["Bm"], q["Cm"], p["D"])
+    return y * jax.nn.silu(q["z"].astype(f32))
+
+
+def mixer_forward(p: dict, h, cfg: Config, tap=None):
+    """HF ``MambaMixer.forward``: ``(B, L, d_model) -> (B, L, d_model)``.
+
+    ``tap``: optional ``(B, C, L)`` float32 added to the inner output (the operator's
+    ``output`` layout) before ``out_proj``; its gradient is the gradient w.r.t. ``output``.
+    """
+    y = mixer_inner(p, h, cfg)
+    if tap is not None:
+        y = y + jnp.swapaxes(tap, 1, 2)
+    y = y.astype(h.dtype)
+    return linear(y, p["out_proj.weight"], p.get("out_proj.bias"))
+
+
+def mixer_operator(p: dict, h, cfg: Config, variant: str = "full", chunk: int = 16) -> ImplicitOperator:
+    """The mixer's implicit operator for input ``h (B, L, d_model)``.
+
+    ``variant``: ``"full"`` (exact: gate, S6 with D, activation, conv and its bias);
+    ``"s6_only"``: ``alpha`` without D acting on ``u`` (Ali et al. 2024);
+    ``"no_conv"``: ``diag(SiLU z) alpha diag(sigmoid xc)`` acting on the conv output ``xc``;
+    ``"no_gate"``: ``alpha diag(sigmoid xc) M`` on ``x``; ``"no_act"``: ``diag(SiLU z) alpha M`` on ``x``.
+    Only ``"full"`` reproduces ``output``; ``output`` is always the block's own.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"Mamba variant must be one of {VARIANTS}, got {variant!r}")
+    q = mixer_parts(p, h, cfg)
+    T = lambda a: jnp.swapaxes(a, 1, 2).astype(f32)  # (B, L, C) -> (B, C, L)
+    D = p["D"].astype(f32)
+    gate = jax.nn.silu(q["z"].astype(f32))
+    sig = jax.nn.sigmoid(q["xc"].astype(f32))
+    output = selective_scan(q["u"], q["dt"], q["A"], q["Bm"], q["Cm"], D) * gate
+    conv_w = p["conv1d.weight"][:, 0, :].astype(f32)
+    bias = p.get("conv1d.bias")
+    alpha = lambda v, d=D: selective_scan(v, q["dt"], q["A"], q["Bm"], q["Cm"], d)
+
+    left, right, diag, cw = gate, sig, sig * D * gate, conv_w
+    values, offset = q["x"], None
+    if variant == "full":
+        if bias is not None:
+            offset = gate * alpha(sig * bias.astype(f32))
+    elif variant == "s6_only":
+        left, right, diag, cw, values = None, None, None, None, q["u"]
+    elif variant == "no_conv":
+        cw, values = None, q["xc"]
+    elif variant == "no_gate":
+        left, diag = None, sig * D
+        if bias is not None:
+            offset = alpha(sig * bias.astype(f32))
+    elif variant == "no_act":
+        right, diag = None, D * gate
+        if bias is not None:
+            offset = gate * alpha(jnp.broadcast_to(bias.astype(f32), q["x"].shape))
+    # alpha = K diag(dt) + D I: fold dt into the right-hand diagonal.
+    right = q["dt"] if right is None else right * q["dt"]
+    if diag is not None:
+        diag = jnp.broadcast_to(diag, q["x"].shape)
+    core = StateDecayCore(
+        q=q["Cm"], k=q["Bm"], A=q["A"], dt=T(q["dt"]), left=None if left is None else T(left),
+        right=T(right), diag=None if diag is None else T(diag), conv_w=cw, chunk=chunk)
+    values = T(values)
+    offset = jnp.zeros_like(values) if offset is None else T(offset)
+    return ImplicitOperator(values=values, offset=offset, output=T(output), core=core)
+
+
+def residual_block(layer: dict, h, cfg, mixer_forward, tap=None):
+    """HF ``MambaBlock`` / ``Mamba2Block``: ``h + mixer(rms_norm(h))`` (residual in float32
+    when ``cfg.residual_in_fp32``).
+
+    Args:
+      layer: ``{"norm": (d_model,), "mixer": {...}}``; h: ``(B, L, d_model)`` residual stream;
+      mixer_forward: ``(params, hn, cfg, tap) -> (B, L, d_model)``;
+      tap: optional ``(B, C, L)`` added to the mixer's operator output.
+    Returns:
+      ``(h_next (B, L, d_model), hn (B, L, d_model))``: the block output and the mixer input.
+    """
+    residual = h.astype(f32) if cfg.residual_in_fp32 else h
+    hn = rms_norm(h.astype(layer["norm"].dtype), layer["norm"], cfg.layer_norm_epsilon)
+    return residual + mixer_forward(layer["mixer"], hn, cfg, tap), hn
+
+
+def residual_lm(params: dict, ids, cfg, mixer_forward, capture: tuple[int, ...] = (), taps=None):
+    """A stack of ``residual_block``s between embeddings and a final RMSNorm + head (HF
+    ``MambaForCausalLM`` / ``Mamba2ForCausalLM``): ``ids (B, L) -> logits (B, L, vocab)``
+    float32, and the mixer inputs of the layers in ``capture`` (in order). ``taps``:
+    optional ``{layer: (B, C, L)}`` added to those layers' operator outputs (zeros give
+    the same logits; their gradients are d target / d op.output)."""
+    taps = taps or {}
+    h = params["embeddings"][ids]
+    captured = []
+    for i, layer in enumerate(params["layers"]):
+        h, hn = residual_block(layer, h, cfg, mixer_forward, taps.get(i))
+        if i in capture:
+            captured.append(hn)
+    h = rms_norm(h, params["norm_f"], cfg.layer_norm_epsilon)
+    head = params["embeddings"] if params.get("lm_head") is None else params["lm_head"]
+    logits = (h.astype(head.dtype) @ head.T).astype(f32)
+    return logits, captured
+
+
+def block_forward(layer: dict, h, cfg: Config, tap=None):
+    """HF ``MambaBlock.forward`` (``residual_block`` with the Mamba mixer)."""
+    return residual_block(layer, h, cfg, mixer_forward, tap)
+
+
+def lm_forward(params: dict, ids, cfg: Config, capture: tuple[int, ...] = (), taps=None):
+    """Full ``MambaForCausalLM``: ``ids (B, L) -> (logits (B, L, vocab) float32, captured)``
+    (see ``residual_lm``)."""
+    return residual_lm(params, ids, cfg, mixer_forward, capture, taps)
+
+
+lm_forward_jit = jax.jit(lm_forward, static_argnames=("cfg", "capture"))
+block_forward_jit = jax.jit(block_forward, static_argnames=("cfg",))
+mixer_forward_jit = jax.jit(mixer_forward, static_argnames=("cfg",))
+mixer_operator_jit = jax.jit(mixer_operator, static_argnames=("cfg", "variant", "chunk"))
+
+
+__all__ = ["VARIANTS", "rms_norm", "mixer_parts", "selective_scan", "mixer_inner", "mixer_forward",
+           "mixer_operator", "residual_block", "residual_lm", "block_forward", "lm_forward", "lm_forward_jit",
+           "block_forward_jit", "mixer_forward_jit", "mixer_operator_jit"]

@@ -1,0 +1,102 @@
+"""Mamba-2 configuration (HF ``Mamba2Config`` fields)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import ClassVar
+
+from ...nn import HFConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(HFConfig):
+    """The fields of HF ``Mamba2Config`` the forward pass needs."""
+
+    model_type: ClassVar[str] = "mamba2"
+    architecture: ClassVar[str] = "Mamba2ForCausalLM"
+    required: ClassVar[tuple[str, ...]] = ("vocab_size", "hidden_size", "num_heads")
+
+    vocab_size: int
+    hidden_size: int
+    num_heads: int
+    head_dim: int = 64
+    state_size: int = 128
+    n_groups: int = 1
+    num_hidden_layers: int = 1
+    conv_kernel: int = 4
+    expand: int = 2
+    chunk_size: int = 256
+    layer_norm_epsilon: float = 1e-5
+    use_bias: bool = False
+    use_conv_bias: bool = True
+    residual_in_fp32: bool = True
+    tie_word_embeddings: bool = False
+    hidden_act: str = "silu"
+    time_step_limit: tuple = (0.0, float("inf"))
+
+    def __post_init__(self):
+        object.__setattr__(self, "time_step_limit", tuple(float(t) for t in self.time_step_limit))
+        if self.hidden_act != "silu":
+            raise ValueError(f"Mamba-2 hidden_act {self.hidden_act!r} is not supported (only 'silu')")
+        for name in ("vocab_size", "hidden_size", "num_heads", "head_dim", "state_size", "n_groups",
+                     "num_hidden_layers", "conv_kernel", "chunk_size"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"Mamba-2 config {name} must be >= 1, got {getattr(self, name)}")
+        if self.num_heads % self.n_groups:
+            raise ValueError(f"Mamba-2 num_heads ({self.num_heads}) must be a multiple of "
+                             f"n_groups ({self.n_groups})")
+        if self.d_ssm > self.intermediate_size:
+            raise ValueError(f"Mamba-2 num_heads * head_dim ({self.d_ssm}) exceeds expand * hidden_size "
+                             f"({self.intermediate_size})")
+        if len(self.time_step_limit) != 2 or not 0 <= self.time_step_limit[0] <= self.time_step_limit[1]:
+            raise ValueError(f"Mamba-2 time_step_limit must be (low, high) with 0 <= low <= high, "
+                             f"got {self.time_step_limit}")
+
+    @property
+    def intermediate_size(self) -> int:
+        """Input width of ``out_proj`` (``expand * hidden_size``)."""
+        return int(self.expand * self.hidden_size)
+
+    @property
+    def d_ssm(self) -> int:
+        """SSM width = operator channels: ``num_heads * head_dim``."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def d_mlp(self) -> int:
+        """Width of the optional gated-MLP part of ``in_proj`` (0 for HF configs)."""
+        return self.intermediate_size - self.d_ssm
+
+    @property
+    def conv_dim(self) -> int:
+        return self.d_ssm + 2 * self.n_groups * self.state_size
+
+    @property
+    def proj_size(self) -> int:
+        return 2 * self.d_mlp + self.d_ssm + self.conv_dim + self.num_heads
+
+    @classmethod
+    def read_hf(cls, d: dict, kw: dict) -> dict:
+        if "time_step_limit" in kw:
+            kw["time_step_limit"] = tuple(_float_from_json(t) for t in kw["time_step_limit"])
+        return kw
+
+    def write_hf(self, d: dict) -> dict:
+        d["time_step_limit"] = [_float_to_json(t) for t in self.time_step_limit]
+        return d
+
+
+def _float_from_json(v):
+    """HF writes non-finite floats as ``{"__float__": "Infinity"}`` (strict JSON)."""
+    if isinstance(v, dict):
+        if set(v) != {"__float__"}:
+            raise ValueError(f"cannot read {v!r} as a number")
+        return float(v["__float__"])
+    return float(v)
+
+
+def _float_to_json(v: float):
+    return v if math.isfinite(v) else {"__float__": "Infinity" if v > 0 else "-Infinity"}
+
+
+__all__ = ["Config"]

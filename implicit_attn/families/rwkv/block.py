@@ -1,0 +1,250 @@
+"""RWKV-4 (Hugging Face ``RwkvForCausalLM``): the block math as pure functions and the exact
+implicit operator of each time-mix block.
+
+Time mix (per channel c of the attention width A), on ``x = ln1(h)``:
+  token shift ``x'_t = x_{t-1}`` (zero at t = 0); ``k, v, r`` are the ``key``, ``value``,
+  ``receptance`` projections of ``x * mu + x' * (1 - mu)`` (one ``time_mix_*`` each);
+  ``w = -exp(time_decay)``, ``u = time_first``;
+  ``wkv_i = sum_{j<=i} e^{l[i,j]} v_j / sum_{j<=i} e^{l[i,j]}`` with
+  ``l[i,j] = (i-1-j) w + k_j`` (j < i), ``l[i,i] = u + k_i``; output ``output(sigmoid(r) * wkv)``.
+Operator: ``H_c = diag(sigmoid(r_c)) softmax_rows(l_c)`` acting on ``v`` (offset 0).
+The token shift and the projections act *before* H: H maps the value vectors.
+
+Eval-mode rescaling (HF ``_rescale_layers``): with ``rescale_every = R > 0`` block ``i``
+uses ``attention.output`` and ``feed_forward.value`` divided by ``2 ** (i // R)`` and the
+hidden state is halved after every R-th block. Checkpoints hold the unscaled weights;
+the division happens here at run time (exact: powers of two).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ...operator import ImplicitOperator, RwkvCore
+from .config import Config
+
+VARIANTS = ("full", "no_gate")
+f32 = jnp.float32
+FINAL_LN_EPS = 1e-5  # HF builds ln_out with nn.LayerNorm's default eps, not layer_norm_epsilon
+EMPTY_LOG_MAX = -1e38  # "empty state" log-max, as the HF CPU path (finite: no inf - inf)
+
+
+def layer_norm(x, w, b, eps: float):
+    """``nn.LayerNorm`` over the last axis: float32 statistics, affine in the input dtype.
+    ``(..., D) -> (..., D)``."""
+    dtype = x.dtype
+    xf = x.astype(f32)
+    mu = jnp.mean(xf, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(xf - mu), axis=-1, keepdims=True)
+    y = ((xf - mu) * jax.lax.rsqrt(var + eps)).astype(dtype)
+    return y * w + b
+
+
+def token_shift(x):
+    """``(B, L, D) -> (B, L, D)``: ``x_{t-1}``, zeros at t = 0 (HF ``ZeroPad2d((0,0,1,-1))``)."""
+    return jnp.pad(x, ((0, 0), (1, 0), (0, 0)))[:, :-1]
+
+
+def mix(x, prev, mu):
+    """Token-shift interpolation: ``x * mu + prev * (1 - mu)`` with ``mu (1, 1, D)``."""
+    return x * mu + prev * (1 - mu)
+
+
+def time_mix_parts(p: dict, h, cfg: Config) -> dict:
+    """Intermediates of the time-mix block for input ``h (B, L, D)`` (after ``ln1``).
+
+    Returns ``k, v, r`` (``(B, L, A)``, checkpoint dtype; ``r`` before the sigmoid) and
+    ``w, u`` (``(A,)`` float32; ``w = -exp(time_decay)``).
+    """
+    prev = token_shift(h)
+    k = mix(h, prev, p["time_mix_key"]) @ p["key.weight"].T
+    v = mix(h, prev, p["time_mix_value"]) @ p["value.weight"].T
+    r = mix(h, prev, p["time_mix_receptance"]) @ p["receptance.weight"].T
+    w = -jnp.exp(p["time_decay"].astype(f32))
+    return dict(k=k, v=v, r=r, w=w, u=p["time_first"].astype(f32))
+
+
+def past_decay(n, w):
+    """``n * w`` for integer steps ``n >= 0``; exactly 0 at ``n = 0`` (even for ``w = -inf``)."""
+    return jnp.where(n > 0, n * w, 0.0)
+
+
+def wkv(w, u, k, v, chunk: int = 32):
+    """The WKV recurrence, max-shifted like HF's running-max state, by chunks.
+
+    Within a chunk of ``T`` positions all outputs are computed at once (a masked
+    ``T x T`` softmax-weighted sum); a ``lax.scan`` over the ``L / T`` chunks carries the
+    state ``S = e^m (num, den)`` of everything before the chunk. No Python loop over
+    positions, every exponent ``<= 0``.
+
+    Args:
+      w: ``(A,)`` log decay (``-exp(time_decay)``); u: ``(A,)`` bonus (``time_first``).
+      k, v: ``(B, L, A)`` keys and values.
+      chunk: positions per chunk ``T``.
+    Returns:
+      ``(B, L, A)`` float32 ``wkv_i = sum_j e^{l[i,j]} v_j / sum_j e^{l[i,j]}``.
+    """
+    B, L, A = k.shape
+    T = max(1, min(chunk, L))
+    nc = -(-L // T)
+    pad = nc * T - L
+    # End padding is never seen by earlier (causal) outputs; it is dropped.
+    prep = lambda a: jnp.pad(a.astype(f32), ((0, 0), (0, pad), (0, 0))).reshape(B, nc, T, A).swapaxes(0, 1)
+    kc, vc = prep(k), prep(v)  # (nc, B, T, A)
+    w, u = w.astype(f32), u.astype(f32)
+    s = jnp.arange(T, dtype=f32)
+    si, sj = s[:, None], s[None, :]
+    # Intra-chunk log weights without k: (s-1-s') w below the diagonal, u on it.
+    rel = jnp.where(sj < si, past_decay(si - 1 - sj, w[:, None, None]), u[:, None, None])  # (A, T, T)
+    rel = jnp.where(sj <= si, rel, -jnp.inf)
+    into = past_decay(s[:, None], w)  # (T, A): decay from the chunk start to position s
+    out_of = past_decay(T - 1 - s[:, None], w)  # (T, A): from position s to the chunk end
+
+    def step(state, kv):
+        m, n, d = state  # (B, A)
+        kk, vv = kv  # (B, T, A)
+        l = rel[None] + jnp.swapaxes(kk, 1, 2)[:, :, None, :]  # (B, A, T, T)
+        ms = m[:, None, :] + into[None]  # (B, T, A) log weight of the carried state
+        top = jnp.maximum(ms, jnp.swapaxes(jnp.max(l, axis=-1), 1, 2))
+        e = jnp.exp(l - jnp.swapaxes(top, 1, 2)[..., None])  # (B, A, T, T)
+        es = jnp.exp(ms - top)
+        num = es * n[:, None, :] + jnp.swapaxes(jnp.einsum("bast,bta->bas", e, vv), 1, 2)
+        den = es * d[:, None, :] + jnp.swapaxes(jnp.sum(e, axis=-1), 1, 2)
+        # State after the chunk: e^{T w} S + sum_s e^{(T-1-s) w + k_s} (v_s, 1).
+        g = out_of[None] + kk  # (B, T, A)
+        mc = m + past_decay(jnp.float32(T), w)
+        m2 = jnp.maximum(mc, jnp.max(g, axis=1))
+        eg, ec = jnp.exp(g - m2[:, None]), jnp.exp(mc - m2)
+        state = (m2, ec * n + jnp.sum(eg * vv, axis=1), ec * d + jnp.sum(eg, axis=1))
+        return state, num / den
+
+    init = (jnp.full((B, A), EMPTY_LOG_MAX, f32), jnp.zeros((B, A), f32), jnp.zeros((B, A), f32))
+    _, out = jax.lax.scan(step, init, (kc, vc))  # (nc, B, T, A)
+    return out.swapaxes(0, 1).reshape(B, nc * T, A)[:, :L]
+
+
+def time_mix_inner(p: dict, h, cfg: Config):
+    """``sigmoid(r) * wkv``: the token-mixing output before ``output``, ``(B, L, A)`` float32."""
+    q = time_mix_parts(p, h, cfg)
+    return jax.nn.sigmoid(q["r"].astype(f32)) * wkv(q["w"], q["u"], q["k"], q["v"])
+
+
+def time_mix_forward(p: dict, h, cfg: Config, layer: int = 0, tap=None):
+    """HF ``RwkvSelfAttention.forward`` in eval mode (block ``layer``): ``(B, L, D) -> (B, L, D)``.
+
+    ``tap``: optional ``(B, A, L)`` float32 added to ``sigmoid(r) * wkv`` (the operator's
+    ``output`` layout) before the ``output`` projection.
+    """
+    y = time_mix_inner(p, h, cfg)
+    if tap is not None:
+        y = y + jnp.swapaxes(tap, 1, 2)
+    wo = p["output.weight"] / cfg.rescale(layer)
+    return y.astype(h.dtype) @ wo.T
+
+
+def channel_mix_forward(p: dict, h, cfg: Config, layer: int = 0):
+    """HF ``RwkvFeedForward.forward`` in eval mode: ``(B, L, D) -> (B, L, D)``:
+    ``sigmoid(receptance(xr)) * value(relu(key(xk))^2)`` on token-shifted mixes."""
+    prev = token_shift(h)
+    k = mix(h, prev, p["time_mix_key"]) @ p["key.weight"].T
+    r = mix(h, prev, p["time_mix_receptance"]) @ p["receptance.weight"].T
+    k = jnp.square(jax.nn.relu(k))
+    val = k @ (p["value.weight"] / cfg.rescale(layer)).T
+    return jax.nn.sigmoid(r) * val
+
+
+def time_mix_operator(p: dict, h, cfg: Config, variant: str = "full") -> ImplicitOperator:
+    """The time-mix block's implicit operator for input ``h (B, L, D)`` (after ``ln1``).
+
+    ``"full"``: ``diag(sigmoid r) softmax_rows(l)`` on ``v`` (exact); ``"no_gate"``:
+    ``softmax_rows(l)`` on ``v``. ``values = v (B, A, L)``, ``offset = 0``,
+    ``output = sigmoid(r) * wkv`` (the block's own, from the scan).
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"RWKV variant must be one of {VARIANTS}, got {variant!r}")
+    q = time_mix_parts(p, h, cfg)
+    T = lambda a: jnp.swapaxes(a, 1, 2).astype(f32)  # (B, L, A) -> (B, A, L)
+    gate = jax.nn.sigmoid(q["r"].astype(f32))
+    output = gate * wkv(q["w"], q["u"], q["k"], q["v"])
+    core = RwkvCore(k=T(q["k"]), w=q["w"], u=q["u"], gate=T(gate) if variant == "full" else None)
+    values = T(q["v"])
+    return ImplicitOperator(values=values, offset=jnp.zeros_like(values), output=T(output), core=core)
+
+
+def stack_layers(layers: list) -> dict:
+    """Per-layer parameter dicts (without ``pre_ln``) stacked on a leading layer axis."""
+    keep = ("ln1", "ln2", "attention", "feed_forward")
+    return jax.tree.map(lambda *a: jnp.stack(a), *[{k: l[k] for k in keep} for l in layers])
+
+
+def block_forward(lp: dict, h, cfg: Config, layer=0, tap=None):
+    """HF ``RwkvBlock.forward`` in eval mode: ``(pre_ln on block 0), h + attention(ln1 h),
+    h + feed_forward(ln2 h)``, halved after every ``rescale_every``-th block.
+
+    Args:
+      lp: ``{"ln1", "ln2", "attention", "feed_forward"}`` and optionally ``"pre_ln"``
+        (block 0 only; ``lm_forward`` applies it before its scan over blocks);
+      h: ``(B, L, D)`` residual stream; layer: block index (may be traced: it only picks
+        the rescaling divisor); tap: optional ``(B, A, L)`` added to the time mix's
+        operator output.
+    Returns:
+      ``(h_next (B, L, D), x (B, L, D))``: the block output and the time-mix input (``ln1`` output).
+    """
+    eps = cfg.layer_norm_epsilon
+    pre = lp.get("pre_ln")
+    if pre is not None:
+        h = layer_norm(h, pre["weight"], pre["bias"], eps)
+    x = layer_norm(h, lp["ln1"]["weight"], lp["ln1"]["bias"], eps)
+    h = h + time_mix_forward(lp["attention"], x, cfg, layer, tap)
+    hn = layer_norm(h, lp["ln2"]["weight"], lp["ln2"]["bias"], eps)
+    h = h + channel_mix_forward(lp["feed_forward"], hn, cfg, layer)
+    if cfg.rescale_every > 0:
+        h = jnp.where((layer + 1) % cfg.rescale_every == 0, h / 2, h)
+    return h, x
+
+
+def lm_forward(params: dict, ids, cfg: Config, capture: tuple[int, ...] = (), taps=None):
+    """Full LM in eval mode: ``ids (B, L) -> logits (B, L, vocab)`` float32.
+
+    Also returns the time-mix inputs (``ln1`` outputs, ``(B, L, D)``) of the layers in
+    ``capture``, in order. ``taps``: optional ``{layer: (B, A, L)}`` added to those
+    layers' operator outputs (zeros give the same logits). The blocks run under one
+    ``lax.scan`` (compile time independent of depth); block 0 adds ``pre_ln`` first.
+    """
+    eps = cfg.layer_norm_epsilon
+    layers = params["layers"]
+    n = len(layers)
+    h = params["embeddings"][ids]
+    pre = layers[0]["pre_ln"]
+    h = layer_norm(h, pre["weight"], pre["bias"], eps)
+    tap = None
+    if taps:
+        B, L = ids.shape
+        zero = jnp.zeros((B, cfg.attention_hidden_size, L), f32)
+        tap = jnp.stack([jnp.asarray(taps[i], f32) if i in taps else zero for i in range(n)])
+
+    def block(h, xs):
+        i, lp, t = xs
+        h, x = block_forward(lp, h, cfg, i, t)
+        return h, (x if capture else None)
+
+    h, xs = jax.lax.scan(block, h, (jnp.arange(n), stack_layers(layers), tap))
+    captured = [xs[i] for i in capture]
+    h = layer_norm(h, params["ln_out"]["weight"], params["ln_out"]["bias"], FINAL_LN_EPS)
+    head = params["embeddings"] if params.get("head") is None else params["head"]
+    logits = (h.astype(head.dtype) @ head.T).astype(f32)
+    return logits, captured
+
+
+lm_forward_jit = jax.jit(lm_forward, static_argnames=("cfg", "capture"))
+time_mix_operator_jit = jax.jit(time_mix_operator, static_argnames=("cfg", "variant"))
+# The layer index only picks the rescaling divisor: traced, so all blocks share one compile.
+time_mix_forward_jit = jax.jit(time_mix_forward, static_argnames=("cfg",))
+channel_mix_forward_jit = jax.jit(channel_mix_forward, static_argnames=("cfg",))
+block_forward_jit = jax.jit(block_forward, static_argnames=("cfg",))
+
+
+__all__ = ["VARIANTS", "layer_norm", "token_shift", "mix", "time_mix_parts", "past_decay", "wkv", "time_mix_inner",
+           "time_mix_forward", "channel_mix_forward", "time_mix_operator", "stack_layers", "block_forward",
+           "lm_forward", "lm_forward_jit", "time_mix_operator_jit", "time_mix_forward_jit",
+           "channel_mix_forward_jit", "block_forward_jit"]

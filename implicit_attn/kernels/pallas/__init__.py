@@ -1,0 +1,122 @@
+"""Pallas kernels for ``ImplicitOperator.materialize`` / ``reduce`` (``impl="pallas"``).
+
+One tiled kernel family serves every recurrent core: ``plans.py`` maps a core to its
+inputs (one plan function registered per core type), ``tiles.py`` holds the per-tile
+math, ``calls.py`` the ``pallas_call``s. The pure-jnp references are the cores' own
+``dense`` methods and ``operator.blocked_reduce``.
+
+Cores with a kernel: every type registered in ``plans.PLANS`` (``StateDecayCore``,
+``ScalarDecayCore``, ``DocumentMaskedCore`` around a ``ScalarDecayCore``, ``Mamba2Core``,
+``RwkvCore``). Others (``AttentionCore``) raise ``TypeError`` naming the core under
+``impl="pallas"``; ``impl="auto"`` uses XLA for them.
+
+On CPU the kernels run with ``interpret=True`` (correct, slow); on GPU/TPU compiled.
+Gradients go through the XLA reference (``operator.with_xla_backward``).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ...operator import MODES, KernelBackend, register_backend, register_core, with_xla_backward
+from . import calls
+from .plans import PLANS, make_plan
+
+DEFAULT_TILE = 32
+ACCELERATORS = ("gpu", "tpu", "cuda", "rocm")
+
+
+def on_accelerator() -> bool:
+    """True when the default JAX backend is a GPU or TPU (Pallas compiles there)."""
+    return jax.default_backend() in ACCELERATORS
+
+
+def default_interpret() -> bool:
+    """Pallas interpret mode everywhere except GPU/TPU."""
+    return not on_accelerator()
+
+
+def _check_tile(tile):
+    if tile is None:
+        return DEFAULT_TILE
+    if not isinstance(tile, (int, np.integer)) or tile < 1:
+        raise ValueError(f"tile must be a positive int, got {tile!r}")
+    return int(tile)
+
+
+def _planned(core, idx, tile, interpret):
+    plan = make_plan(core, idx, tile)
+    return calls.softmax_stats(plan, interpret) if plan.kind == "softmax" else plan
+
+
+@functools.lru_cache(maxsize=None)
+def _entry_points(tile: int, interpret: bool):
+    """Differentiable ``(dense, reduce)`` for one tile size and mode, each jitted."""
+    def dense(core, idx):
+        return calls.materialize(_planned(core, idx, tile, interpret), interpret)
+
+    def reduce(core, idx, how, qw, kw):
+        mode = jnp.asarray(MODES[how], jnp.int32)
+        return calls.reduce(_planned(core, idx, tile, interpret), mode, qw, kw, interpret)
+
+    d, r = with_xla_backward(dense, reduce)
+    return jax.jit(d), jax.jit(r, static_argnums=(2,))
+
+
+def pallas_dense(core, idx, tile: int | None = None, interpret: bool | None = None):
+    """``core.dense(idx)`` computed by the tiled Pallas kernel.
+
+    Args:
+      core: an operator core with a kernel (see module docstring).
+      idx: ``(n,)`` int channel indices.
+      tile: tile edge ``T`` (>= conv width - 1; None: ``DEFAULT_TILE``, read at call time so
+        it can be tuned); L need not be a multiple of it.
+      interpret: Pallas interpret mode; None = on unless on GPU/TPU.
+    Returns:
+      ``(B, n, L, L)`` float32, equal to ``core.dense(idx)`` to float32 rounding.
+    """
+    BACKEND.check_core(core)
+    interpret = default_interpret() if interpret is None else bool(interpret)
+    dense, _ = _entry_points(_check_tile(tile), interpret)
+    return dense(core, jnp.asarray(idx, jnp.int32))
+
+
+def pallas_reduce(core, idx, how: str, qw, kw, tile: int | None = None, interpret: bool | None = None):
+    """Fused channel reduction ``sum_c qw[b,c,i] f(H_c[b,i,j]) kw[b,c,j]`` (``(B, L, L)``).
+
+    ``f`` is the identity (``how="mean"`` / ``"weighted"``), ``abs`` (``"abs_mean"``) or
+    ``max(., 0)`` (``"pos_mean"``); the caller puts ``1/n`` into ``qw`` for the means.
+    Loops over channels inside each output tile: ``(B, n, L, L)`` is never written.
+
+    Args:
+      core: an operator core with a kernel; idx: ``(n,)`` int channels.
+      qw, kw: ``(B, n, L)`` per-channel, per-position query / key weights.
+    Returns:
+      ``(B, L, L)`` float32.
+    """
+    BACKEND.check_core(core)
+    if how not in MODES:
+        raise ValueError(f"how must be one of {tuple(MODES)}, got {how!r}")
+    interpret = default_interpret() if interpret is None else bool(interpret)
+    _, reduce = _entry_points(_check_tile(tile), interpret)
+    return reduce(core, jnp.asarray(idx, jnp.int32), how, jnp.asarray(qw, jnp.float32),
+                  jnp.asarray(kw, jnp.float32))
+
+
+def has_kernel(core) -> bool:
+    """True if ``impl="pallas"`` takes ``core``."""
+    return BACKEND.problem(core) is None
+
+
+BACKEND = register_backend(KernelBackend(
+    name="pallas", dense=lambda core, idx: pallas_dense(core, idx),
+    reduce=lambda core, idx, how, qw, kw: pallas_reduce(core, idx, how, qw, kw), auto=on_accelerator))
+for _type, (_, _check) in PLANS.items():
+    register_core("pallas", _type, _check)
+
+
+__all__ = ["pallas_dense", "pallas_reduce", "has_kernel", "on_accelerator", "default_interpret",
+           "DEFAULT_TILE", "BACKEND"]

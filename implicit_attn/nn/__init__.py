@@ -1,0 +1,13 @@
+"""Shared model parts (layer 3): input checks, NNX building blocks, the config and LM
+bases. Families build on these."""
+from .checkpoint import CheckpointError, check_tensors
+from .checks import (SCAN_METHODS, check_block_input, check_input_ids, check_layers, check_tap, check_taps,
+                     count_params, scan_method)
+from .config import HFConfig
+from .init import fan_in_normal, random_tensors, seed_of
+from .lm import LanguageModel
+from .modules import Mixer, Weights, check_variant
+from .spec import FamilySpec, perturb_parameters
+
+__all__ = ["CheckpointError", "check_tensors", "SCAN_METHODS", "check_block_input", "check_input_ids", "check_layers", "check_tap", "check_taps",
+           "count_params", "scan_method", "fan_in_normal", "random_tensors", "seed_of", "FamilySpec", "perturb_parameters", "HFConfig", "LanguageModel", "Mixer", "Weights", "check_variant"]

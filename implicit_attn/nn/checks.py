@@ -1,0 +1,151 @@
+"""Input checks at the API boundary, shared by every family (ids, layers, block inputs,
+taps), the scan-method switch and a parameter count."""
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def check_input_ids(input_ids, vocab_size: int):
+    """Validate token ids at the API boundary.
+
+    Args:
+      input_ids: ``(B, L)`` integer array (numpy, jax or nested lists).
+      vocab_size: ids must lie in ``[0, vocab_size)``.
+    Returns:
+      ``(B, L)`` int32 jax array.
+    Raises:
+      ValueError/TypeError naming the problem. JAX gathers clamp out-of-range ids
+      silently, so the range is checked here (on concrete inputs; under ``jit`` the
+      caller is responsible).
+    """
+    if isinstance(input_ids, jax.core.Tracer):
+        if input_ids.ndim != 2:
+            raise ValueError(f"input_ids must have shape (batch, length), got rank {input_ids.ndim}")
+        if not jnp.issubdtype(input_ids.dtype, jnp.integer):
+            raise TypeError(f"input_ids must be integers, got dtype {input_ids.dtype}")
+        return input_ids.astype(jnp.int32)
+    arr = np.asarray(input_ids)
+    if arr.dtype == object:
+        raise TypeError("input_ids must be a rectangular integer array")
+    if not (np.issubdtype(arr.dtype, np.integer)):
+        raise TypeError(f"input_ids must be integers, got dtype {arr.dtype}")
+    if arr.ndim != 2:
+        hint = " (add a batch axis: ids[None])" if arr.ndim == 1 else ""
+        raise ValueError(f"input_ids must have shape (batch, length), got shape {arr.shape}{hint}")
+    if arr.shape[0] < 1 or arr.shape[1] < 1:
+        raise ValueError(f"input_ids must be non-empty, got shape {arr.shape}")
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+    return jnp.asarray(arr, jnp.int32)
+
+
+def check_layers(layers, num_layers: int) -> list[int]:
+    """Normalise a layer selection (None, int or list; negatives count from the end)."""
+    if layers is None:
+        return list(range(num_layers))
+    if isinstance(layers, (int, np.integer)):
+        layers = [int(layers)]
+    out = []
+    for i in layers:
+        if not isinstance(i, (int, np.integer)) or not -num_layers <= i < num_layers:
+            raise ValueError(f"layer {i!r} out of range for a model with {num_layers} layers")
+        out.append(int(i) % num_layers)
+    return out
+
+
+def check_block_input(x, d_model: int, name: str = "mixer input"):
+    """Validate a block's hidden-state input at the API boundary.
+
+    Args:
+      x: ``(B, L, d_model)`` floating array (numpy, jax, a tracer or nested lists).
+      d_model: the model width.
+      name: what the input is called in error messages (e.g. ``"mixer input"``).
+    Returns:
+      ``x`` as a jax array (dtype unchanged).
+    Raises:
+      ValueError naming the problem: wrong rank, wrong last dimension, empty batch or
+      length, non-floating dtype (token ids belong to the model's ``__call__``).
+    """
+    x = jnp.asarray(x)
+    want = f"(batch, length, {d_model})"
+    if x.ndim != 3:
+        raise ValueError(f"{name} must have shape {want}, got rank {x.ndim} shape {x.shape}")
+    if x.shape[-1] != d_model:
+        raise ValueError(f"{name} must have shape {want}, got shape {x.shape} "
+                         f"(last dimension {x.shape[-1]} != d_model {d_model})")
+    if x.shape[0] < 1 or x.shape[1] < 1:
+        raise ValueError(f"{name} must have shape {want} with batch and length >= 1, got shape {x.shape}")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise ValueError(f"{name} must be floating point (hidden states, not token ids), got dtype {x.dtype}")
+    return x
+
+
+def check_taps(taps, expected_shape: Callable[[int], tuple], num_layers: int,
+               what: Callable[[int], str] = lambda i: "(batch, channels, length)") -> dict:
+    """Validate ``tapped_logits``' ``taps = {layer: array}`` at the API boundary.
+
+    Args:
+      taps: None or a mapping from layer index (negatives count from the end) to an array.
+      expected_shape: ``layer -> shape`` of that layer's operator output (``op.output``).
+      num_layers: number of layers of the model.
+      what: ``layer -> description`` of the expected axes, for messages.
+    Returns:
+      ``{layer: jax array}`` with non-negative layer keys.
+    Raises:
+      ValueError naming the problem: not a mapping, a layer out of range or given twice,
+      a tap whose shape is not exactly the operator output's (no silent broadcasting),
+      a non-floating tap.
+    """
+    if taps is None:
+        return {}
+    if not isinstance(taps, Mapping):
+        raise ValueError(f"taps must be a dict {{layer: array}}, got {type(taps).__name__}")
+    out = {}
+    for key, t in taps.items():
+        if isinstance(key, bool) or not isinstance(key, (int, np.integer)) or not -num_layers <= key < num_layers:
+            raise ValueError(f"taps: layer {key!r} out of range for a model with {num_layers} layers")
+        i = int(key) % num_layers
+        if i in out:
+            raise ValueError(f"taps: layer {i} given twice (as {i} and {i - num_layers})")
+        out[i] = check_tap(t, expected_shape(i), what(i), name=f"taps[{key}]", owner=f"layer {i}'s")
+    return out
+
+
+def check_tap(tap, shape: tuple, what: str = "(batch, channels, length)", name: str = "tap",
+              owner: str = "the block's"):
+    """Validate one tap: exactly ``shape`` (the operator output's; no silent broadcasting)
+    and floating point. Returns it as a jax array; ValueError naming the problem otherwise."""
+    t = jnp.asarray(tap)
+    want = tuple(shape)
+    if tuple(t.shape) != want:
+        raise ValueError(f"{name} must have the shape of {owner} operator output {what} = {want}, "
+                         f"got {tuple(t.shape)}")
+    if not jnp.issubdtype(t.dtype, jnp.floating):
+        raise ValueError(f"{name} must be floating point, got dtype {t.dtype}")
+    return t
+
+
+SCAN_METHODS = ("auto", "parallel", "sequential")
+
+
+def scan_method(method: str) -> str:
+    """Resolve a linear-recurrence ``method``: ``"auto"`` is ``"sequential"`` (one fused
+    ``lax.scan``) on CPU and ``"parallel"`` (``jax.lax.associative_scan``) on GPU/TPU."""
+    if method not in SCAN_METHODS:
+        raise ValueError(f"scan method must be one of {SCAN_METHODS}, got {method!r}")
+    if method == "auto":
+        # Measured on CPU: the fused sequential scan is ~15x faster than the associative
+        # scan for Mamba at d_inner 1536, L 512, and compiles much faster for the RG-LRU.
+        return "sequential" if jax.default_backend() == "cpu" else "parallel"
+    return method
+
+
+def count_params(tree) -> int:
+    """Number of scalars in a pytree of arrays."""
+    return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(tree)))

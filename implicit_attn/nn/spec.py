@@ -1,0 +1,69 @@
+"""``FamilySpec``: everything the rest of the library (io, cli, explain, tests, benchmarks)
+needs to know about a family, filled in by the family's folder and listed in
+``implicit_attn.registry``."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class FamilySpec:
+    """One architecture.
+
+    Attributes:
+      model_type: the HF ``config.json`` ``model_type`` it loads.
+      label: the name used in messages and tables.
+      config: the family's ``Config`` (``from_hf``/``to_hf``).
+      lm: the family's ``LM`` class (``LM(config, params)``).
+      variants: every operator variant; ``exact_variants``: those whose operator
+        reproduces the block output (``"full"`` always).
+      to_params: ``(config dict, tensors) -> (Config, params)`` (strict checks).
+      from_params: ``(Config, params) -> (config dict, tensors)``.
+      expected_shapes: ``Config -> (required, optional)`` HF tensor names -> shapes.
+      init_params: ``(Config, key, dtype) -> params`` drawn from the same table.
+      naive_operator: float64 reference ``(mixer params, x (B, L, D) numpy, Config, layer)
+        -> (B, C, L, L)`` numpy of the ``"full"`` operator of layer ``layer``'s mixer (for
+        tests), or None where a layer has no recurrent mixer.
+      hf_class, hf_config_class: the transformers class names of the reference model.
+      tiny: keyword arguments of ``hf_config_class`` for a tiny test model.
+      hf_setup: optional ``(torch model, torch module) -> None`` that moves parameters away
+        from trivial initial values before a test saves the model (torch is passed in; the
+        library never imports it).
+      hf_mixer: the dotted path of layer ``{i}``'s token mixer in the HF model (e.g.
+        ``"backbone.layers.{i}.mixer"``), for per-mixer parity tests.
+      bench: ``{"full": HF kwargs, "quick": HF kwargs}`` of the forward benchmark.
+      has_heads: operators of this family have heads (``heads=``, ``head_matrices``).
+    """
+
+    model_type: str
+    label: str
+    config: type
+    lm: type
+    variants: tuple
+    exact_variants: tuple
+    to_params: Callable
+    from_params: Callable
+    expected_shapes: Callable
+    init_params: Callable
+    naive_operator: Callable | None
+    hf_class: str
+    hf_config_class: str
+    tiny: dict
+    hf_mixer: str
+    bench: dict
+    hf_setup: Callable | None = None
+    has_heads: bool = False
+
+
+def perturb_parameters(model, torch, scale: float = 0.05, seed: int = 0):
+    """Add seeded noise to every parameter of a torch ``model`` so that nothing stays at a
+    trivial initial value (zeros, ones); for ``hf_setup`` hooks (``torch`` passed in)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return model
+
+
+__all__ = ["FamilySpec", "perturb_parameters"]

@@ -1,0 +1,126 @@
+"""What every operator core shares: the core interface, pytree dataclasses, channel
+selection and the elementwise maps of the reductions.
+
+A *core* holds the factors of a block's operator ``H`` (never the dense array) and
+implements ``OperatorCore``: ``num_channels`` and ``dense(idx) -> (B, len(idx), L, L)``,
+the full float32 ``H`` of the channels ``idx``. Cores with heads (channels that share one
+``(L, L)`` matrix) also give ``num_heads``.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# Elements of one block's dense output in ``reduce`` and in blocked ``materialize``.
+BLOCK_BUDGET = 1 << 24
+REDUCTIONS = ("mean", "abs_mean", "pos_mean", "weighted")
+# how -> the elementwise map f of a reduction: 0 identity, 1 abs, 2 positive part.
+MODES = {"mean": 0, "weighted": 0, "abs_mean": 1, "pos_mean": 2}
+
+
+def pytree_dataclass(cls=None, *, static=()):
+    """Frozen dataclass registered as a JAX pytree; the fields named in ``static`` are
+    metadata (hashed into the treedef, not traced)."""
+
+    def wrap(c):
+        c = dataclasses.dataclass(frozen=True)(c)
+        names = [f.name for f in dataclasses.fields(c)]
+        data = [n for n in names if n not in static]
+        return jax.tree_util.register_dataclass(c, data_fields=data, meta_fields=list(static))
+
+    return wrap if cls is None else wrap(cls)
+
+
+class OperatorCore(abc.ABC):
+    """The factors of one block's operator. Subclasses are ``pytree_dataclass``es.
+
+    ``dense(idx)``: ``idx (n,)`` int channel indices (concrete or traced) ->
+    ``(B, n, L, L)`` float32 ``H`` of those channels, exact zeros above the diagonal.
+    """
+
+    @property
+    @abc.abstractmethod
+    def num_channels(self) -> int:
+        """Number of channels ``C`` of ``H``."""
+
+    @abc.abstractmethod
+    def dense(self, idx):
+        """``(B, len(idx), L, L)`` float32 operators of channels ``idx``."""
+
+
+def take(x, idx, axis=1):
+    """``jnp.take`` that passes None through (optional factors)."""
+    return None if x is None else jnp.take(x, idx, axis=axis)
+
+
+def channel_index(channels, C: int):
+    """Normalise a channel selection to an int array (or pass a tracer through).
+
+    Args:
+      channels: None (all), an int, a slice, or a 1-D sequence of ints (negatives count
+        from the end).
+      C: number of channels.
+    Returns:
+      ``(n,)`` numpy int array in ``[0, C)`` (or the tracer unchanged).
+    Raises:
+      ValueError naming the problem (empty, out of range, not integers).
+    """
+    if channels is None:
+        return np.arange(C)
+    if isinstance(channels, slice):
+        return np.arange(C)[channels]
+    if isinstance(channels, (int, np.integer)):
+        channels = [channels]
+    if isinstance(channels, jax.core.Tracer):
+        return channels
+    idx = np.asarray(channels)
+    if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
+        raise ValueError(f"channels must be an int, a slice or a 1-D list of ints, got {channels!r}")
+    if idx.size == 0:
+        raise ValueError("channels is empty")
+    if idx.min() < -C or idx.max() >= C:
+        raise ValueError(f"channels out of range for an operator with {C} channels: {idx.tolist()}")
+    return idx % C
+
+
+def block_size(n: int, B: int, L: int, block_channels: int | None) -> int:
+    """Channels per step of a blocked materialize/reduce: ``block_channels`` or as many as
+    keep one block's ``(B, block, L, L)`` under ``BLOCK_BUDGET`` elements."""
+    if block_channels is not None:
+        if block_channels < 1:
+            raise ValueError(f"block_channels must be >= 1, got {block_channels}")
+        return min(block_channels, n)
+    return max(1, min(n, BLOCK_BUDGET // max(1, B * L * L)))
+
+
+def channel_weights(w, name: str, B: int, C: int, L: int):
+    """Broadcast ``(C,)``, ``(B, C)`` or ``(B, C, L)`` weights to ``(B, C, L)`` float32."""
+    w = jnp.asarray(w, jnp.float32)
+    if w.shape == (C,):
+        w = w[None, :, None]
+    elif w.shape == (B, C):
+        w = w[:, :, None]
+    elif w.shape != (B, C, L):
+        raise ValueError(f"{name} must have shape (C,), (B, C) or (B, C, L) = "
+                         f"({C},), ({B}, {C}) or ({B}, {C}, {L}); got {w.shape}")
+    return jnp.broadcast_to(w, (B, C, L))
+
+
+def apply_mode(H, mode):
+    """The elementwise map of a reduction: identity (0), ``|H|`` (1) or ``max(H, 0)`` (2).
+    ``mode`` may be traced, so one compiled kernel serves every reduction."""
+    return jnp.where(mode == 1, jnp.abs(H), jnp.where(mode == 2, jnp.maximum(H, 0.0), H))
+
+
+def diag_embed(d):
+    """``(..., L) -> (..., L, L)`` diagonal matrices."""
+    L = d.shape[-1]
+    return d[..., :, None] * jnp.eye(L, dtype=d.dtype)
+
+
+__all__ = ["OperatorCore", "pytree_dataclass", "take", "channel_index", "block_size", "channel_weights",
+           "apply_mode", "diag_embed", "BLOCK_BUDGET", "REDUCTIONS", "MODES"]

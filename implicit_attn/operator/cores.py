@@ -1,0 +1,297 @@
+"""Every operator core: the factors of a block's ``H``, with ``dense(idx)`` (see
+``OperatorCore``). Families build these; kernels register fast paths per core type.
+
+* ``StateDecayCore``: per-(channel, state) decay contracted over the state (Mamba-1's S6).
+* ``ScalarDecayCore``: one log decay per group times an optional low-rank ``q k^T``
+  (Griffin's RG-LRU; any per-channel or per-head scalar decay).
+* ``DocumentMaskedCore``: another core with entries between packed documents zeroed.
+* ``Mamba2Core``: per-head SSD matrices shared by the head's channels (Mamba-2).
+* ``RwkvCore``: a gated, decayed row softmax (RWKV-4).
+* ``AttentionCore``: the softmax probabilities of a (grouped-query) local attention.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..ops import (attention_probs, conv_right, decay_matrix, scalar_decay_kernel, softmax_decay_rows,
+                   state_decay_kernel)
+from .base import OperatorCore, diag_embed, pytree_dataclass, take
+
+f32 = jnp.float32
+
+
+def _sandwich(K, left, right, diag, conv_w):
+    """``(diag(left) K diag(right) + diag(diag)) M`` for a block of channels."""
+    H = K
+    if left is not None:
+        H = left[..., :, None] * H
+    if right is not None:
+        H = H * right[..., None, :]
+    if diag is not None:
+        H = H + diag_embed(diag)
+    if conv_w is not None:
+        H = conv_right(H, conv_w)
+    return H
+
+
+@pytree_dataclass(static=("chunk",))
+class StateDecayCore(OperatorCore):
+    """``H_c = (diag(left_c) K_c diag(right_c) + diag(diag_c)) M_c`` with
+    ``K_c = state_decay_kernel(q, k, A_c, dt_c)`` (Mamba-1's S6 with its wrappers).
+
+    Shapes: ``q, k (B, L, N)``, ``A (C, N)``, ``dt, left, right, diag (B, C, L)``
+    (each of ``left, right, diag`` may be None), ``conv_w (C, K)`` or None.
+    """
+
+    q: Any
+    k: Any
+    A: Any
+    dt: Any
+    left: Any = None
+    right: Any = None
+    diag: Any = None
+    conv_w: Any = None
+    chunk: int = 16
+
+    @property
+    def num_channels(self) -> int:
+        return self.A.shape[0]
+
+    def dense(self, idx):
+        H = state_decay_kernel(self.q, self.k, self.A[idx], take(self.dt, idx), self.chunk,
+                               take(self.left, idx), take(self.right, idx), take(self.diag, idx))
+        return H if self.conv_w is None else conv_right(H, take(self.conv_w, idx, 0))
+
+
+@pytree_dataclass
+class ScalarDecayCore(OperatorCore):
+    """``H_c = (diag(left_c) K_g(c) diag(right_c) + diag(diag_c)) M_c`` with one decay
+    per group ``g`` (a Mamba-2 head; a Griffin channel is its own group) and
+    ``K_g = scalar_decay_kernel(log_a_g, q_g, k_g)``.
+
+    Shapes: ``log_a (B, G, L)``, ``q, k (B, G, L, N)`` or None (rank one),
+    ``group (C,)`` int channel -> group, ``left, right, diag (B, C, L)`` or None,
+    ``conv_w (C, K)`` or None.
+    """
+
+    log_a: Any
+    group: Any
+    q: Any = None
+    k: Any = None
+    left: Any = None
+    right: Any = None
+    diag: Any = None
+    conv_w: Any = None
+
+    @property
+    def num_channels(self) -> int:
+        return self.group.shape[0]
+
+    def dense(self, idx):
+        g = self.group[idx]
+        K = scalar_decay_kernel(take(self.log_a, g), take(self.q, g), take(self.k, g))
+        return _sandwich(K, take(self.left, idx), take(self.right, idx),
+                         take(self.diag, idx), take(self.conv_w, idx, 0))
+
+
+@pytree_dataclass
+class DocumentMaskedCore(OperatorCore):
+    """``H = inner.dense(idx)`` with entries between different documents set to 0.
+
+    The conv is the only part of the recurrent operator that could reach across a
+    document start (the decay is exactly 0 there already). Shapes: ``seg (B, L)``.
+    """
+
+    inner: Any
+    seg: Any
+
+    @property
+    def num_channels(self) -> int:
+        return self.inner.num_channels
+
+    def dense(self, idx):
+        H = self.inner.dense(idx)
+        same = self.seg[:, None, :, None] == self.seg[:, None, None, :]
+        return jnp.where(same, H, 0.0)
+
+
+@pytree_dataclass(static=("heads_per_group",))
+class Mamba2Core(OperatorCore):
+    """``H_c = (diag(left_c) alpha_h diag(right_c)) M_c`` for channel ``c`` of head ``h = head[c]``,
+    ``alpha_h = K_h diag(dt_h) + D_h I``, ``K_h[i, j] = (q_g[i] . k_g[j]) exp(sum_{t=j+1..i} log_a_h[t])``
+    with ``g = h // heads_per_group``.
+
+    ``q k^T`` is computed per group of B/C (once per ``dense`` call), never per channel.
+    Shapes: ``log_a, dt (B, H, L)``, ``D (H,)``, ``q, k (B, G, L, N)``, ``head (C,)`` int,
+    ``left, right (B, C, L)`` or None (ones), ``conv_w (C, K)`` or None (no conv).
+    """
+
+    log_a: Any
+    dt: Any
+    D: Any
+    q: Any
+    k: Any
+    head: Any
+    left: Any = None
+    right: Any = None
+    conv_w: Any = None
+    heads_per_group: int = 1
+
+    @property
+    def num_channels(self) -> int:
+        return self.head.shape[0]
+
+    @property
+    def num_heads(self) -> int:
+        return self.log_a.shape[1]
+
+    def _qk(self, groups):
+        """``(B, len(groups), L, L)`` of ``q_g k_g^T``, computed for the fewest groups."""
+        G = self.q.shape[1]
+        n = groups.shape[0]
+        if G == 1:
+            qk = jnp.einsum("bin,bjn->bij", self.q[:, 0], self.k[:, 0])[:, None]
+            return jnp.broadcast_to(qk, (qk.shape[0], n) + qk.shape[2:])
+        if n >= G:
+            qk = jnp.einsum("bgin,bgjn->bgij", self.q, self.k)
+            return jnp.take(qk, groups, axis=1)
+        return jnp.einsum("bgin,bgjn->bgij", jnp.take(self.q, groups, 1), jnp.take(self.k, groups, 1))
+
+    def alpha(self, heads):
+        """``(B, len(heads), L, L)`` float32 matrices ``alpha_h`` (dt and D folded in)."""
+        K = decay_matrix(jnp.take(self.log_a, heads, axis=1), chunk=64)
+        K = K * self._qk(heads // self.heads_per_group) * jnp.take(self.dt, heads, axis=1)[..., None, :]
+        L = K.shape[-1]
+        return K + self.D[heads][:, None, None] * jnp.eye(L, dtype=f32)
+
+    def _alpha_each(self, heads):
+        """``alpha`` of each head in ``heads (k,)``, one head per loop step: ``(B, k, L, L)``.
+
+        The loop materialises the k matrices; a plain ``take(alpha(heads), ...)`` lets XLA
+        fuse the elementwise ``alpha`` into the gather and recompute it for every channel.
+        Jitted at module level, so eager calls reuse one compilation per shape.
+        """
+        return _alpha_each(self, heads)
+
+    def block_alpha(self, idx):
+        """``alpha_{head[c]}`` for the channels ``c`` of ``idx``: ``(B, len(idx), L, L)``,
+        computed once per distinct head and gathered (the ``P`` channels of a head share it).
+
+        Concrete ``idx``: the distinct heads are found exactly (``np.unique``). Traced ``idx``
+        (inside ``jit``/``scan``, e.g. ``reduce``'s contiguous channel blocks): ``n`` channels
+        spanning a contiguous range touch at most ``k = (n - 2) // P + 2`` heads, so the
+        distinct heads are found with a static-size ``jnp.unique`` of size ``k``; if a block
+        touches more (an arbitrary, scattered ``idx``), a ``lax.cond`` falls back to one
+        ``alpha`` per channel. Same numbers either way.
+        """
+        heads = self.head[idx]
+        n, H = heads.shape[0], self.num_heads
+        if not isinstance(heads, jax.core.Tracer):
+            uniq, inv = np.unique(np.asarray(heads), return_inverse=True)
+            if uniq.shape[0] == n:
+                return self.alpha(heads)
+            return jnp.take(self._alpha_each(jnp.asarray(uniq)), jnp.asarray(inv.reshape(-1)), axis=1)
+        P = max(1, self.num_channels // H)
+        k = min(n, H, (n - 2) // P + 2)
+        if k >= n:
+            return self.alpha(heads)
+        # Padding with the largest head keeps ``uniq`` sorted for ``searchsorted``.
+        uniq = jnp.unique(heads, size=k, fill_value=jnp.max(heads))
+        inv = jnp.minimum(jnp.searchsorted(uniq, heads, method="compare_all"), k - 1)
+        gathered = lambda: jnp.take(self._alpha_each(uniq), inv, axis=1)
+        if k >= H:  # every head fits: always exact
+            return gathered()
+        return jax.lax.cond(jnp.all(uniq[inv] == heads), gathered, lambda: self.alpha(heads))
+
+    def dense(self, idx):
+        H = self.block_alpha(idx)
+        if self.left is not None:
+            H = jnp.take(self.left, idx, axis=1)[..., :, None] * H
+        if self.right is not None:
+            H = H * jnp.take(self.right, idx, axis=1)[..., None, :]
+        return H if self.conv_w is None else conv_right(H, jnp.take(self.conv_w, idx, axis=0))
+
+    def head_mean(self, h):
+        """Mean of ``H_c`` over the channels ``c`` of head ``h`` (an int or a traced scalar)
+        without forming any ``H_c``: ``(B, L, L)``.
+
+        ``(1/P) sum_c (diag(l_c) alpha diag(r_c) M_c)[i, j]
+        = sum_s alpha[i, j+s] W_s[i, j+s]``, ``W_s = (1/P) sum_c l_c[i] r_c[j'] w_c[K-1-s]``:
+        one rank-``P`` matmul per conv tap instead of ``P`` dense matrices.
+        """
+        P = self.num_channels // self.num_heads
+        sl = lambda a: jax.lax.dynamic_slice_in_dim(a, h * P, P, axis=1)
+        alpha = self.alpha(jnp.reshape(h, (1,)))[:, 0]
+        Bn, L = alpha.shape[0], alpha.shape[-1]
+        left = jnp.ones((Bn, P, L), f32) if self.left is None else sl(self.left)
+        right = jnp.ones((Bn, P, L), f32) if self.right is None else sl(self.right)
+        w = (jnp.ones((P, 1), f32) if self.conv_w is None
+             else jax.lax.dynamic_slice_in_dim(self.conv_w, h * P, P, axis=0))
+        Kc = w.shape[1]
+        out = jnp.zeros_like(alpha)
+        for s in range(Kc):
+            W = jnp.einsum("bpi,bpj,p->bij", left, right, w[:, Kc - 1 - s]) / P
+            X = jnp.pad(alpha * W, ((0, 0), (0, 0), (0, s)))[..., s:]
+            out = out + X
+        return out
+
+
+@jax.jit
+def _alpha_each(core: Mamba2Core, heads):
+    return jnp.moveaxis(jax.lax.map(lambda h: core.alpha(h[None])[:, 0], heads), 0, 1)
+
+
+@pytree_dataclass
+class RwkvCore(OperatorCore):
+    """``H_c = diag(gate_c) softmax_rows(l_c)`` (see ``softmax_decay_rows``).
+
+    Shapes: ``k (B, A, L)``, ``w, u (A,)`` float32, ``gate (B, A, L)`` or None.
+    """
+
+    k: Any
+    w: Any
+    u: Any
+    gate: Any = None
+
+    @property
+    def num_channels(self) -> int:
+        return self.w.shape[0]
+
+    def dense(self, idx):
+        """``(B, len(idx), L, L)`` float32 operators of channels ``idx``."""
+        P = softmax_decay_rows(jnp.take(self.k, idx, axis=1), self.w[idx], self.u[idx])
+        if self.gate is not None:
+            P = jnp.take(self.gate, idx, axis=1)[..., :, None] * P
+        return P
+
+
+@pytree_dataclass(static=("window",))
+class AttentionCore(OperatorCore):
+    """Factors of a (multi-query / grouped) local attention map.
+
+    Shapes: ``q (B, H, L, d)`` float32 scaled queries, ``k (B, KV, L, d)`` float32 keys
+    (query head ``h`` reads key head ``h // (H // KV)``), ``seg (B, L)`` int document ids.
+    """
+
+    q: Any
+    k: Any
+    seg: Any
+    window: int
+
+    @property
+    def num_channels(self) -> int:
+        return self.q.shape[1]
+
+    def dense(self, idx):
+        """``(B, len(idx), L, L)`` softmax probabilities of heads ``idx``."""
+        groups = self.q.shape[1] // self.k.shape[1]
+        q = jnp.take(self.q, idx, axis=1)
+        k = jnp.take(self.k, idx // groups, axis=1)
+        return attention_probs(q, k, self.seg, self.window)
+
+
+__all__ = ["StateDecayCore", "ScalarDecayCore", "DocumentMaskedCore", "Mamba2Core", "RwkvCore", "AttentionCore"]

@@ -1,0 +1,235 @@
+"""How ``materialize`` and ``reduce`` are computed: the XLA reference paths, and a registry
+of kernel backends (Pallas, the fused CPU kernels) that register themselves per core type.
+
+The operator layer never imports a kernel: ``implicit_attn.kernels`` registers its
+backends here when the package is imported (``import implicit_attn`` does it), each with
+the core types it takes. ``resolve_impl`` then turns ``impl="auto" | "xla" | <backend>``
+into the path to run for a given core.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .base import MODES, apply_mode, block_size
+
+
+@dataclasses.dataclass
+class KernelBackend:
+    """A family of kernels behind ``impl=name``.
+
+    Attributes:
+      name: the ``impl`` string (``"pallas"``, ``"cpu"``).
+      dense: ``(core, idx) -> (B, n, L, L)`` float32, differentiable.
+      reduce: ``(core, idx, how, qw, kw) -> (B, L, L)`` float32, differentiable.
+      auto: ``() -> bool``: whether ``impl="auto"`` considers this backend on the current
+        JAX backend.
+      require: ``() -> None``: raise (naming the problem) if ``impl=name`` cannot run here.
+      ready: ``() -> bool``: whether ``impl="auto"`` may use it now (never raises; may
+        warn once).
+      cores: core type -> ``core -> str | None``, why that core cannot run (None: it can).
+    """
+
+    name: str
+    dense: Callable
+    reduce: Callable
+    auto: Callable[[], bool]
+    require: Callable[[], None] = lambda: None
+    ready: Callable[[], bool] = lambda: True
+    cores: dict = dataclasses.field(default_factory=dict)
+
+    def problem(self, core) -> str | None:
+        """Why this backend cannot take ``core`` (None if it can)."""
+        check = self.cores.get(type(core))
+        if check is None:
+            names = ", ".join(sorted(t.__name__ for t in self.cores))
+            return f"no kernel for {type(core).__name__} (kernels exist for: {names})"
+        return check(core)
+
+    def check_core(self, core):
+        """Raise ``TypeError`` naming ``core`` if this backend has no kernel for it."""
+        why = self.problem(core)
+        if why:
+            raise TypeError(f"impl={self.name!r} cannot take this {type(core).__name__}: {why}. "
+                            "Use impl='xla' (or 'auto') for this operator.")
+
+
+_BACKENDS: dict[str, KernelBackend] = {}
+
+
+def register_backend(backend: KernelBackend) -> KernelBackend:
+    """Make ``impl=backend.name`` available (a kernels module calls this at import)."""
+    _BACKENDS[backend.name] = backend
+    return backend
+
+
+def register_core(name: str, core_type: type, check: Callable | None = None):
+    """Declare that backend ``name`` takes cores of ``core_type`` (``check(core)`` returns
+    why a particular core cannot run, or None)."""
+    _BACKENDS[name].cores[core_type] = check or (lambda core: None)
+
+
+def backend(name: str) -> KernelBackend:
+    """The registered backend ``name`` (ValueError if none is)."""
+    if name not in _BACKENDS:
+        raise ValueError(f"impl={name!r} has no registered kernels (registered: {sorted(_BACKENDS)}); "
+                         "import implicit_attn (or implicit_attn.kernels) to register them")
+    return _BACKENDS[name]
+
+
+def impls() -> tuple[str, ...]:
+    """Every accepted ``impl``: ``"auto"``, ``"xla"`` and the registered backends."""
+    return ("auto", "xla") + tuple(_BACKENDS)
+
+
+def resolve_impl(impl: str, core=None) -> str:
+    """Resolve ``impl`` for ``core``.
+
+    ``"auto"``: the first registered backend that is active on this JAX backend, takes
+    ``core`` and is ready (a kernel that cannot be built here warns once and is skipped),
+    else ``"xla"``. A backend named explicitly raises ``TypeError`` for a core it does not
+    take and its own error where it cannot run here.
+    """
+    if impl not in impls():
+        raise ValueError(f"impl must be one of {impls()}, got {impl!r}")
+    if impl == "xla":
+        return "xla"
+    if impl != "auto":
+        b = _BACKENDS[impl]
+        b.require()
+        if core is not None:
+            b.check_core(core)
+        return impl
+    if core is None:
+        return "xla"
+    for b in _BACKENDS.values():
+        if b.auto() and b.problem(core) is None and b.ready():
+            return b.name
+    return "xla"
+
+
+def dense_fn(core, impl: str):
+    """``idx -> (B, len(idx), L, L)`` for a resolved ``impl``."""
+    if impl == "xla":
+        return core.dense
+    return functools.partial(_BACKENDS[impl].dense, core)
+
+
+def materialize_blocks(core, idx, bc: int, impl: str, B: int, L: int):
+    """``(B, n, L, L)`` for channels ``idx (n,)``, ``bc`` channels per step (the last block
+    is shifted back to end at ``n`` so every block is full and written in place)."""
+    dense = dense_fn(core, impl)
+    n = idx.shape[0]
+    idx = jnp.asarray(idx)
+    if bc >= n or impl != "xla":  # kernels write their output directly, tile by tile
+        return dense(idx)
+    nb = -(-n // bc)
+    starts = jnp.minimum(jnp.arange(nb) * bc, n - bc)
+
+    def body(k, out):
+        s = starts[k]
+        block = dense(jax.lax.dynamic_slice_in_dim(idx, s, bc))
+        return jax.lax.dynamic_update_slice_in_dim(out, block, s, axis=1)
+
+    return jax.lax.fori_loop(0, nb, body, jnp.zeros((B, n, L, L), jnp.float32))
+
+
+# Compiled once per (core structure, channels, block size, impl): eager calls reuse it.
+materialize_jit = jax.jit(
+    lambda core, idx, bc, impl, B, L: materialize_blocks(core, np.asarray(idx), bc, impl, B, L),
+    static_argnums=(1, 2, 3, 4, 5))
+
+
+def blocked_reduce(core, idx, qw, kw, how: str, bc: int):
+    """``sum_c qw[b,c,i] f(H[b,c,i,j]) kw[b,c,j]`` over ``idx`` in blocks of ``bc`` channels.
+
+    The reference reduction (and the backward pass of every fused kernel): a ``lax.scan``
+    over channel blocks with rematerialisation, so memory stays ``O(B L^2 bc)`` forward
+    and backward.
+
+    Args:
+      core: any ``OperatorCore``; idx: ``(n,)`` int channels; how: a key of ``MODES``;
+      qw, kw: ``(B, n, L)`` float32 query / key weights (``1/n`` in ``qw`` for the means);
+      bc: channels per block.
+    Returns:
+      ``(B, L, L)`` float32.
+    """
+    B, n, L = qw.shape
+    nb = -(-n // bc)
+    pad = nb * bc - n
+    # Padded channels carry zero weight, so they add nothing.
+    idx_b = jnp.pad(jnp.asarray(idx), (0, pad)).reshape(nb, bc)
+    qw_b = jnp.moveaxis(jnp.pad(qw, ((0, 0), (0, pad), (0, 0))).reshape(B, nb, bc, L), 1, 0)
+    kw_b = jnp.moveaxis(jnp.pad(kw, ((0, 0), (0, pad), (0, 0))).reshape(B, nb, bc, L), 1, 0)
+    mode = MODES[how]
+
+    def body(acc, xs):
+        ib, qb, kb = xs
+        H = apply_mode(core.dense(ib), mode)
+        # A fused multiply-and-sum: the 3-operand einsum lowers to a transposing
+        # dot_general that costs ~10x more CPU here.
+        return acc + jnp.sum(H * qb[..., :, None] * kb[..., None, :], axis=1), None
+
+    acc0 = jnp.zeros((B, L, L), jnp.float32)
+    out, _ = jax.lax.scan(jax.checkpoint(body), acc0, (idx_b, qw_b, kw_b))
+    return out
+
+
+blocked_reduce_jit = jax.jit(blocked_reduce, static_argnums=(4, 5))
+
+
+def _float0(x):
+    return np.zeros(np.shape(x), jax.dtypes.float0)
+
+
+def with_xla_backward(dense_kernel: Callable, reduce_kernel: Callable):
+    """Wrap a kernel's forward passes so that gradients flow through the XLA reference.
+
+    Args:
+      dense_kernel: ``(core, idx) -> (B, n, L, L)``.
+      reduce_kernel: ``(core, idx, how, qw, kw) -> (B, L, L)`` (``how`` a static string).
+    Returns:
+      ``(dense, reduce)`` with the same signatures and a ``custom_vjp`` whose backward pass
+      is ``jax.vjp`` of ``core.dense`` / of ``blocked_reduce``.
+    """
+    @jax.custom_vjp
+    def dense(core, idx):
+        return dense_kernel(core, idx)
+
+    def dense_fwd(core, idx):
+        return dense_kernel(core, idx), (core, idx)
+
+    def dense_bwd(res, g):
+        core, idx = res
+        _, vjp = jax.vjp(lambda c: c.dense(idx), core)
+        return vjp(g)[0], _float0(idx)
+
+    dense.defvjp(dense_fwd, dense_bwd)
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+    def reduce(core, idx, how, qw, kw):
+        return reduce_kernel(core, idx, how, qw, kw)
+
+    def reduce_fwd(core, idx, how, qw, kw):
+        return reduce_kernel(core, idx, how, qw, kw), (core, idx, qw, kw)
+
+    def reduce_bwd(how, res, g):
+        core, idx, qw, kw = res
+        B, n, L = qw.shape
+        bc = block_size(n, B, L, None)
+        _, vjp = jax.vjp(lambda c, a, b: blocked_reduce(c, idx, a, b, how, bc), core, qw, kw)
+        dc, dq, dk = vjp(g)
+        return dc, _float0(idx), dq, dk
+
+    reduce.defvjp(reduce_fwd, reduce_bwd)
+    return dense, reduce
+
+
+__all__ = ["KernelBackend", "register_backend", "register_core", "backend", "impls", "resolve_impl",
+           "dense_fn", "materialize_blocks", "materialize_jit", "blocked_reduce", "blocked_reduce_jit",
+           "with_xla_backward"]

@@ -1,0 +1,152 @@
+"""ImplicitOperator: the per-channel linear operator ``H(x)`` a token-mixing block applies.
+
+An operator holds the block's factors (a core, see ``cores``), never the dense
+``(B, C, L, L)`` array. ``materialize`` builds dense matrices for a set of channels;
+``reduce`` summarises all channels into ``(B, L, L)`` by accumulating over blocks of
+channels (or in one fused kernel), so it fits at lengths where the dense array cannot.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .base import REDUCTIONS, block_size, channel_index, channel_weights, pytree_dataclass
+from .dispatch import backend, blocked_reduce_jit, materialize_blocks, materialize_jit, resolve_impl
+
+HEAD_MATRICES = ("alpha", "mean")
+
+
+@pytree_dataclass
+class ImplicitOperator:
+    """The operator a token-mixing block applies, per channel.
+
+    ``output == einsum("bcij,bcj->bci", materialize(), values) + offset`` (for the
+    block's ``variant="full"``).
+
+    Attributes:
+      values: ``(B, C, L)`` the vectors ``H`` acts on.
+      offset: ``(B, C, L)`` the affine part (conv bias through the block), zeros if none.
+      output: ``(B, C, L)`` the block's own token-mixing output from its scan forward.
+      core: the factors of ``H`` (see module docstring).
+    """
+
+    values: Any
+    offset: Any
+    output: Any
+    core: Any
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """``(B, C, L, L)`` of the dense operator (never allocated by this call)."""
+        B, C, L = self.values.shape
+        return (B, C, L, L)
+
+    def materialize(self, channels=None, impl: str = "auto", block_channels: int | None = None):
+        """Dense operator matrices.
+
+        Args:
+          channels: None (all), an int, a slice or a list of channel indices.
+          impl: "auto" | "xla" | "pallas" | "cpu" (see ``dispatch.resolve_impl``).
+          block_channels: channels computed per step (bounds intermediate memory; the
+            "cpu" kernel writes the output directly and needs no blocks).
+        Returns:
+          ``(B, C', L, L)`` float32, ``H[b, c, i, j]`` = weight of value ``j`` in output ``i``.
+        """
+        impl = resolve_impl(impl, self.core)
+        B, C, L, _ = self.shape
+        idx = channel_index(channels, C)
+        bc = block_size(idx.shape[0], B, L, block_channels)
+        if isinstance(idx, jax.core.Tracer):
+            return materialize_blocks(self.core, idx, bc, impl, B, L)
+        return materialize_jit(self.core, tuple(int(i) for i in idx), bc, impl, B, L)
+
+    def reduce(self, how: str = "mean", weights=None, key_weights=None, channels=None,
+               impl: str = "auto", block_channels: int | None = None):
+        """Summarise all (or the selected) channels into one ``(B, L, L)`` map.
+
+        ``"mean"``: mean of H over channels; ``"abs_mean"``: mean of ``|H|``;
+        ``"pos_mean"``: mean of ``max(H, 0)``; ``"weighted"``:
+        ``sum_c weights[b,c,i] * H[b,c,i,j] * key_weights[b,c,j]``
+        (``weights`` required, ``key_weights`` optional; each ``(C',)``, ``(B, C')``
+        or ``(B, C', L)`` over the selected channels).
+
+        Works in blocks of channels (``lax.scan`` with rematerialisation), so memory is
+        ``O(B L^2 * block)`` in the forward and backward pass. ``impl``: "xla" forms each
+        block with jnp; "pallas" and "cpu" fuse the whole reduction and write only the
+        output (``block_channels`` is then unused; their gradients go through the XLA
+        path); "auto" picks as ``materialize`` does.
+        Returns:
+          ``(B, L, L)`` float32.
+        """
+        impl = resolve_impl(impl, self.core)
+        if how not in REDUCTIONS:
+            raise ValueError(f"how must be one of {REDUCTIONS}, got {how!r}")
+        if how == "weighted" and weights is None:
+            raise ValueError("how='weighted' needs weights of shape (C,), (B, C) or (B, C, L)")
+        if how != "weighted" and (weights is not None or key_weights is not None):
+            raise ValueError(f"weights are only used with how='weighted', not how={how!r}")
+        B, C, L, _ = self.shape
+        idx = jnp.asarray(channel_index(channels, C))
+        n = idx.shape[0]
+        if how == "weighted":
+            qw = channel_weights(weights, "weights", B, n, L)
+            kw = (jnp.ones((B, n, L), jnp.float32) if key_weights is None
+                  else channel_weights(key_weights, "key_weights", B, n, L))
+        else:
+            qw = jnp.full((B, n, L), 1.0 / n, jnp.float32)
+            kw = jnp.ones((B, n, L), jnp.float32)
+        if impl != "xla":
+            # One fused kernel over all selected channels: only (B, L, L) is written.
+            return backend(impl).reduce(self.core, idx, how, qw, kw)
+        return blocked_reduce_jit(self.core, idx, qw, kw, how, block_size(n, B, L, block_channels))
+
+    def apply(self, channels=None):
+        """``H @ values + offset`` for the selected channels: ``(B, C', L)``.
+
+        Equals ``output`` for an exact (``variant="full"``) operator.
+        """
+        idx = channel_index(channels, self.values.shape[1])
+        H = self.materialize(idx)
+        v = jnp.take(self.values, jnp.asarray(idx), axis=1).astype(jnp.float32)
+        return jnp.einsum("bcij,bcj->bci", H, v) + jnp.take(self.offset, jnp.asarray(idx), axis=1)
+
+    def relative_error(self) -> float:
+        """``max |apply() - output| / max |output|`` over all channels (a self-check)."""
+        err = jnp.max(jnp.abs(self.apply() - self.output))
+        return float(err / jnp.maximum(jnp.max(jnp.abs(self.output)), 1e-30))
+
+
+@pytree_dataclass
+class Mamba2Operator(ImplicitOperator):
+    """``ImplicitOperator`` of a ``Mamba2Core``, with per-head matrices (channels
+    ``h*P .. h*P+P-1`` form head ``h``)."""
+
+    def head_matrices(self, how: str = "alpha", heads=None):
+        """Per-head ``(B, H', L, L)`` float32 matrices, computed once per head.
+
+        ``how="alpha"``: ``alpha_h = (C B^T) * exp(A_h T_h) diag(Delta_h) + D_h I`` (the SSD
+        "effective attention" of head h; for ``"s6_only"`` without D).
+        ``how="mean"``: the mean of ``H_c`` over the head's channels, everything folded in
+        (norm, gate, activation, conv), equal to ``materialize()`` averaged per head.
+        ``heads``: None (all), an int or a list of head indices.
+        """
+        if how not in HEAD_MATRICES:
+            raise ValueError(f"how must be one of {HEAD_MATRICES}, got {how!r}")
+        core = self.core
+        H = core.num_heads
+        if heads is None:
+            hs = jnp.arange(H)
+        else:
+            hl = [heads] if isinstance(heads, (int, np.integer)) else list(heads)
+            if not hl or any(not isinstance(h, (int, np.integer)) or not -H <= h < H for h in hl):
+                raise ValueError(f"heads must be ints in [-{H}, {H}), got {heads!r}")
+            hs = jnp.asarray([int(h) % H for h in hl])
+        if how == "alpha":
+            return core.alpha(hs)
+        return jnp.moveaxis(jax.lax.map(core.head_mean, hs), 0, 1)
+
+
+__all__ = ["ImplicitOperator", "Mamba2Operator", "HEAD_MATRICES"]

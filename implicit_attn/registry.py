@@ -1,0 +1,29 @@
+"""The one place families are listed: ``model_type -> FamilySpec``. ``io``, the CLI,
+``explain``, ``weights_convert``, the tests and the benchmarks all read it.
+
+Adding an architecture: a folder under ``families/`` whose ``__init__`` defines ``SPEC``,
+and one line in ``_SPECS`` below (see the README, "Adding an architecture").
+"""
+from __future__ import annotations
+
+from .families import griffin, mamba, mamba2, rwkv
+from .nn import FamilySpec
+
+_SPECS = (mamba.SPEC, mamba2.SPEC, griffin.SPEC, rwkv.SPEC)
+
+FAMILIES: dict[str, FamilySpec] = {s.model_type: s for s in _SPECS}
+
+
+def family(model_type) -> FamilySpec:
+    """The spec of ``model_type``; ``ValueError`` naming the supported types otherwise."""
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
+        raise ValueError(f"unknown model_type {model_type!r}; supported: {sorted(FAMILIES)}")
+    return FAMILIES[model_type]
+
+
+def model_types() -> list[str]:
+    """Every supported ``model_type``, sorted."""
+    return sorted(FAMILIES)
+
+
+__all__ = ["FAMILIES", "FamilySpec", "family", "model_types"]

@@ -1,0 +1,301 @@
+"""The conformance suite: every check below runs on every family in the registry.
+
+A tiny random HF torch model of each family (``FamilySpec.tiny``, prepared by its
+``hf_setup``) is saved and loaded with ``ia.load``; then: logits and every layer's mixer
+output against torch, exactness of the exact variants, the float64 reference operator,
+reduce == materialize for every reduction, channel selection, jit/vmap/grad, taps,
+causality, bad inputs, converter errors, save/load round trip, kernels vs XLA.
+Per-family test files keep only what is specific to a family.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import implicit_attn as ia
+from implicit_attn.kernels import pallas
+from implicit_attn.operator import AttentionOperator, ImplicitOperator, Mamba2Operator
+from implicit_attn.registry import FAMILIES
+from weights_convert import CheckpointError, read_hf_dir, write_hf_dir
+
+from conftest import torch_or_skip
+
+L = 11  # odd, not a multiple of any chunk or tile
+FAMILY_IDS = sorted(FAMILIES)
+
+
+def hf_module(model, path: str):
+    obj = model
+    for part in path.split("."):
+        obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
+    return obj
+
+
+@pytest.fixture(scope="module", params=FAMILY_IDS)
+def fam(request, tmp_path_factory):
+    """``(spec, torch model, our model, checkpoint dir)`` of one family."""
+    torch, tr = torch_or_skip()
+    spec = FAMILIES[request.param]
+    cfg = getattr(tr, spec.hf_config_class)(**spec.tiny)
+    tm = getattr(tr, spec.hf_class)(cfg).eval()
+    spec.hf_setup(tm, torch)
+    path = tmp_path_factory.mktemp(request.param)
+    tm.save_pretrained(path, safe_serialization=True)
+    return spec, tm, ia.load(path), path
+
+
+def ids_for(model, B=1, seed=0, length=L):
+    return np.random.default_rng(seed).integers(0, model.config.vocab_size, (B, length))
+
+
+def torch_run(spec, tm, ids):
+    """Logits and ``{layer: (mixer input, mixer output)}`` of the torch model."""
+    import torch
+
+    io = {}
+    n = tm.config.num_hidden_layers
+    hooks = []
+    for i in range(n):
+        def hook(mod, inp, out, i=i):
+            out = out[0] if isinstance(out, tuple) else out
+            io[i] = (inp[0].detach().numpy().copy(), out.detach().numpy().copy())
+        hooks.append(hf_module(tm, spec.hf_mixer.format(i=i)).register_forward_hook(hook))
+    with torch.no_grad():
+        logits = tm(torch.tensor(ids), use_cache=False).logits.numpy()
+    for h in hooks:
+        h.remove()
+    return logits, io
+
+
+def rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+# ----------------------------------------------------------------------------- torch parity
+
+def test_logits_and_every_mixer_match_torch(fam):
+    spec, tm, model, _ = fam
+    ids = ids_for(model, B=2)
+    logits, io = torch_run(spec, tm, ids)
+    ours = np.asarray(model(ids))
+    assert ours.shape == logits.shape and ours.dtype == np.float32
+    assert np.max(np.abs(ours - logits)) <= 1e-4
+    xs = model.mixer_inputs(ids)
+    for i, (x_t, y_t) in io.items():
+        np.testing.assert_allclose(np.asarray(xs[i]), x_t, atol=1e-5, rtol=1e-5)
+        y = np.asarray(model.layers[i].mixer(x_t))
+        assert rel(y, y_t) <= 1e-5, (spec.model_type, i)
+
+
+# ----------------------------------------------------------------------------- operators
+
+def test_every_layer_has_a_mixer_with_an_exact_operator(fam):
+    spec, _, model, _ = fam
+    ids = ids_for(model, B=2)
+    for v in spec.exact_variants:
+        ops = model.operators(ids, variant=v)
+        assert len(ops) == len(model.layers)
+        for i, op in enumerate(ops):
+            B, C, Lq, Lk = op.shape
+            assert (B, Lq, Lk) == (2, L, L) and C >= 1
+            assert op.relative_error() <= 1e-5, (spec.model_type, v, i)
+
+
+def test_every_variant_builds_and_is_causal(fam):
+    spec, _, model, _ = fam
+    ids = ids_for(model)
+    x = model.mixer_inputs(ids, [0])[0]
+    for v in spec.variants:
+        H = np.asarray(model.layers[0].mixer.as_operator(x, v).materialize())
+        assert np.isfinite(H).all()
+        assert not np.triu(H, 1).any(), v  # exact zeros above the diagonal
+
+
+def test_full_operator_equals_the_float64_reference(fam):
+    spec, _, model, _ = fam
+    ids = ids_for(model, B=2, seed=1)
+    xs = model.mixer_inputs(ids)
+    for i, layer in enumerate(model.layers):
+        H = np.asarray(layer.mixer.as_operator(xs[i]).materialize())
+        ref = spec.naive_operator(layer.mixer.arrays(), np.asarray(xs[i]), model.config, i)
+        assert ref.dtype == np.float64 and ref.shape == H.shape
+        assert rel(H, ref) <= 1e-5, (spec.model_type, i)
+
+
+def test_reduce_equals_materialize_for_every_reduction(fam):
+    spec, _, model, _ = fam
+    ids = ids_for(model, B=2, seed=2)
+    g = np.random.default_rng(3)
+    for op in model.operators(ids):
+        H = np.asarray(op.materialize(), np.float64)
+        C = H.shape[1]
+        sel = sorted({0, C - 1, C // 2})
+        for how, f in (("mean", lambda a: a), ("abs_mean", np.abs), ("pos_mean", lambda a: np.maximum(a, 0))):
+            np.testing.assert_allclose(op.reduce(how), f(H).mean(1), atol=1e-6, rtol=1e-5)
+            np.testing.assert_allclose(op.reduce(how, channels=sel, block_channels=2), f(H[:, sel]).mean(1),
+                                       atol=1e-6, rtol=1e-5)
+        w = g.standard_normal((2, C, L)).astype(np.float32)
+        kw = g.standard_normal((C,)).astype(np.float32)
+        want = np.einsum("bci,bcij,cj->bij", w, H, np.broadcast_to(kw[:, None], (C, L)))
+        np.testing.assert_allclose(op.reduce("weighted", weights=w, key_weights=kw), want, atol=1e-5, rtol=1e-4)
+        np.testing.assert_allclose(op.materialize(channels=sel), H[:, sel], atol=1e-6, rtol=1e-5)
+
+
+def test_kernels_agree_with_xla(fam):
+    spec, _, model, _ = fam
+    ids = ids_for(model, seed=4)
+    for op in model.operators(ids):
+        ref = np.asarray(op.materialize(impl="xla"))
+        np.testing.assert_allclose(op.materialize(impl="auto"), ref, atol=1e-6, rtol=1e-5)
+        np.testing.assert_allclose(op.reduce("abs_mean", impl="auto"), op.reduce("abs_mean", impl="xla"),
+                                   atol=1e-6, rtol=1e-5)
+        if pallas.has_kernel(op.core):
+            np.testing.assert_allclose(op.materialize(channels=[0, 1], impl="pallas"), ref[:, :2],
+                                       atol=1e-6, rtol=1e-5)
+        else:
+            with pytest.raises(TypeError, match=type(op.core).__name__):
+                op.materialize(impl="pallas")
+
+
+def test_jit_vmap_and_grad(fam):
+    spec, _, model, _ = fam
+    mixer = model.layers[0].mixer
+    x = model.mixer_inputs(ids_for(model, B=2, seed=5), [0])[0]
+    f = lambda x: mixer.as_operator(x).reduce("mean")
+    eager = np.asarray(f(x))
+    np.testing.assert_allclose(jax.jit(f)(x), eager, atol=1e-6, rtol=1e-5)
+    np.testing.assert_allclose(jax.vmap(lambda xb: f(xb[None])[0])(x), eager, atol=1e-6, rtol=1e-5)
+    loss = lambda x: jnp.sum(jnp.tanh(f(x)))
+    g = jax.grad(loss)(x)
+    assert np.isfinite(np.asarray(g)).all() and np.abs(np.asarray(g)).max() > 0
+    d = np.random.default_rng(6).standard_normal(x.shape).astype(np.float32)
+    eps = 1e-2
+    fd = (loss(x + eps * d) - loss(x - eps * d)) / (2 * eps)
+    np.testing.assert_allclose(float(jnp.sum(g * d)), float(fd), rtol=5e-2, atol=1e-3)
+
+
+def test_zero_taps_keep_the_logits_and_give_gradients(fam):
+    spec, _, model, _ = fam
+    ids = ids_for(model, seed=7)
+    B, Lx = ids.shape
+    taps = {i: jnp.zeros(model.tap_shape(i, B, Lx)[0], jnp.float32) for i in range(len(model.layers))}
+    np.testing.assert_allclose(model.tapped_logits(ids, taps), model(ids), atol=1e-6)
+    g = jax.grad(lambda t: model.tapped_logits(ids, t)[0, -1, 0])(taps)
+    assert all(g[i].shape == taps[i].shape for i in taps)
+    assert any(np.abs(np.asarray(g[i])).max() > 0 for i in taps)
+    with pytest.raises(ValueError, match="shape"):
+        model.tapped_logits(ids, {0: jnp.zeros((B, 1, Lx))})
+
+
+def test_outputs_before_t_do_not_depend_on_inputs_after_t(fam):
+    spec, _, model, _ = fam
+    ids = ids_for(model, seed=8)
+    t = 6
+    other = ids.copy()
+    other[0, t:] = (other[0, t:] + 1) % model.config.vocab_size
+    np.testing.assert_array_equal(np.asarray(model(ids))[:, :t], np.asarray(model(other))[:, :t])
+    a, b = model.operators(ids), model.operators(other)
+    for oa, ob in zip(a, b):
+        np.testing.assert_array_equal(np.asarray(oa.materialize())[:, :, :t], np.asarray(ob.materialize())[:, :, :t])
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def test_bad_inputs_fail_with_named_errors(fam):
+    spec, _, model, _ = fam
+    V = model.config.vocab_size
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model(np.array([[0, V]]))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model(np.array([[-1, 0]]))
+    with pytest.raises(TypeError, match="integers"):
+        model(np.zeros((1, 3), np.float32))
+    with pytest.raises(ValueError, match="batch"):
+        model(np.array([1, 2, 3]))
+    with pytest.raises(ValueError, match="variant"):
+        model.operators(np.array([[1, 2]]), variant="no_such_variant")
+    with pytest.raises(ValueError, match="layer"):
+        model.operators(np.array([[1, 2]]), layers=[len(model.layers)])
+    D = model.config.hidden_size
+    with pytest.raises(ValueError, match="last dimension"):
+        model.layers[0].mixer.as_operator(np.zeros((1, 3, D + 1), np.float32))
+    with pytest.raises(ValueError, match="floating"):
+        model.layers[0].mixer.as_operator(np.zeros((1, 3, D), np.int32))
+    if not model.takes_segment_pos:
+        with pytest.raises(ValueError, match="segment_pos"):
+            model(np.array([[1, 2]]), segment_pos=np.array([[0, 1]]))
+
+
+def test_converter_errors_name_the_problem(fam, tmp_path):
+    spec, _, model, path = fam
+    config, tensors = read_hf_dir(path)
+    name = sorted(spec.expected_shapes(model.config)[0])[0]
+
+    def write(cfg, t):
+        d = tmp_path / f"case{len(list(tmp_path.iterdir()))}"
+        write_hf_dir(d, cfg, t)
+        return d
+
+    missing = dict(tensors)
+    del missing[name]
+    with pytest.raises(CheckpointError, match="missing tensors: " + name.replace(".", r"\.")):
+        ia.load(write(config, missing))
+    with pytest.raises(CheckpointError, match="unexpected tensors: extra.weight"):
+        ia.load(write(config, {**tensors, "extra.weight": np.zeros((2,), np.float32)}))
+    bad = dict(tensors)
+    bad[name] = np.zeros(tuple(s + 1 for s in bad[name].shape), bad[name].dtype)
+    with pytest.raises(CheckpointError, match="has shape"):
+        ia.load(write(config, bad))
+    d = write(config, tensors)
+    f = d / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:-7])
+    with pytest.raises(CheckpointError, match="truncated"):
+        ia.load(d)
+    with pytest.raises(ValueError, match="unknown model_type"):
+        ia.load(write({**config, "model_type": "no_such_model"}, tensors))
+
+
+def test_save_load_round_trip(fam, tmp_path):
+    spec, _, model, _ = fam
+    ia.save(model, tmp_path / "a")
+    ia.save(model, tmp_path / "b", max_shard_bytes=4096)
+    ids = ids_for(model, seed=9)
+    want = np.asarray(model(ids))
+    for d in ("a", "b"):
+        back = ia.load(tmp_path / d)
+        assert type(back) is type(model) and back.config == model.config
+        np.testing.assert_array_equal(np.asarray(back(ids)), want)
+    assert json.loads((tmp_path / "a" / "config.json").read_text())["model_type"] == spec.model_type
+
+
+def test_init_params_follow_the_shape_table(fam):
+    spec, _, model, _ = fam
+    params = spec.init_params(model.config, 0)
+    _, tensors = spec.from_params(model.config, params)  # checks every name and shape
+    req, opt = spec.expected_shapes(model.config)
+    assert set(req) <= set(tensors) <= set(req) | set(opt)
+    again = spec.init_params(model.config, jax.random.PRNGKey(0))
+    fresh = spec.lm(model.config, again)
+    assert np.isfinite(np.asarray(fresh(ids_for(model)))).all()
+
+
+def test_info_and_registry_entry(fam):
+    spec, _, model, _ = fam
+    info = model.info()
+    assert info["family"] == spec.model_type == model.family
+    assert info["layers"] == len(model.layers) and info["parameters"] == model.num_params
+    assert ia.family(spec.model_type) is spec and spec.lm is type(model)
+    assert "full" in spec.exact_variants and set(spec.exact_variants) <= set(spec.variants)
+    assert spec.variants == model.variants
+    ops = model.operators(ids_for(model))
+    assert spec.has_heads == any(isinstance(op, Mamba2Operator) for op in ops)
+    for op in ops:  # the uniform mixer interface: every operator has these, with these shapes
+        B, C, Lq, Lk = op.shape
+        assert op.values.shape[:3] == op.output.shape[:3] == op.offset.shape[:3] == (B, C, Lq)
+        assert isinstance(op, (ImplicitOperator, AttentionOperator))
