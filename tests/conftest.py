@@ -17,15 +17,6 @@ def torch_or_skip():
     return torch, transformers
 
 
-def perturb_(model, torch, scale: float = 0.05, seed: int = 0):
-    """Add noise to every parameter so that nothing is left at a trivial init (zeros, ones)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return model
-
-
 @pytest.fixture(scope="session")
 def rng():
     return np.random.default_rng(0)

@@ -7,8 +7,7 @@ import pytest
 
 import implicit_attn as ia
 from implicit_attn.families import mamba
-from hf_models import mamba_hf
-from bad_inputs import BAD_BLOCK_INPUTS
+from hf_build import mamba_hf
 
 CONFIGS = {
     "tied_k4": dict(),
@@ -140,52 +139,6 @@ def test_variants_against_float64_formulas(pair, rng):
                                np.asarray(parts["xc"])[0, :, c], atol=1e-6)
 
 
-def test_reduce_matches_materialize(one, rng):
-    _, model = one
-    ids = rng.integers(0, model.config.vocab_size, (2, 10))
-    op = model.operators(ids, layers=[-1])[0]
-    H = np.asarray(op.materialize())
-    for how, f in [("mean", lambda h: h), ("abs_mean", np.abs), ("pos_mean", lambda h: np.maximum(h, 0))]:
-        for bc in (None, 3):
-            got = np.asarray(op.reduce(how, block_channels=bc))
-            np.testing.assert_allclose(got, f(H).mean(1), rtol=1e-5, atol=1e-7)
-    C = H.shape[1]
-    w = rng.normal(size=(2, C, 10)).astype(np.float32)
-    kw = rng.normal(size=(2, C, 10)).astype(np.float32)
-    got = np.asarray(op.reduce("weighted", weights=w, key_weights=kw, block_channels=5))
-    np.testing.assert_allclose(got, np.einsum("bcij,bci,bcj->bij", H, w, kw), rtol=1e-4, atol=1e-5)
-    got = np.asarray(op.reduce("weighted", weights=np.arange(C, dtype=np.float32)))
-    np.testing.assert_allclose(got, np.einsum("bcij,c->bij", H, np.arange(C)), rtol=1e-4, atol=1e-4)
-    sub = np.asarray(op.materialize(channels=[5, 1]))
-    np.testing.assert_allclose(sub, H[:, [5, 1]], rtol=1e-6, atol=1e-9)
-    np.testing.assert_allclose(np.asarray(op.reduce("mean", channels=[5, 1])), H[:, [5, 1]].mean(1),
-                               rtol=1e-5, atol=1e-7)
-
-
-def test_jit_vmap_grad(one, rng):
-    _, model = one
-    cfg = model.config
-    p = model.layers[0].mixer.arrays()
-    x = jnp.asarray(rng.normal(size=(1, 8, cfg.hidden_size)), jnp.float32)
-    W = jnp.asarray(rng.normal(size=(1, 8, 8)), jnp.float32)
-
-    def f(x):
-        op = mamba.mixer_operator(p, x, cfg)
-        return jnp.sum(op.reduce("abs_mean") * W) + jnp.sum(op.materialize(channels=[0, 2]) ** 2)
-
-    g = jax.jit(jax.grad(f))(x)
-    v = jnp.asarray(rng.normal(size=x.shape), jnp.float32)
-    eps = 1e-3
-    fd = (f(x + eps * v) - f(x - eps * v)) / (2 * eps)
-    np.testing.assert_allclose(float(jnp.sum(g * v)), float(fd), rtol=2e-2)
-    # vmap over a batch of inputs gives the per-example operators
-    xs = jnp.asarray(rng.normal(size=(3, 1, 5, cfg.hidden_size)), jnp.float32)
-    red = jax.vmap(lambda x: mamba.mixer_operator(p, x, cfg).reduce("mean"))(xs)
-    for k in range(3):
-        np.testing.assert_allclose(red[k], mamba.mixer_operator(p, xs[k], cfg).reduce("mean"),
-                                   rtol=1e-5, atol=1e-7)
-
-
 def test_long_input_rows_match_float64():
     """L = 8192: no NaN/Inf and rows of a few channels match a float64 reference."""
     cfg = mamba.Config(vocab_size=32, hidden_size=8, state_size=8, num_hidden_layers=1, conv_kernel=4)
@@ -226,18 +179,6 @@ def test_long_input_rows_match_float64():
             assert rel <= 1e-4, (c, i, rel)
 
 
-def test_tapped_logits_give_gradients(one, rng):
-    _, model = one
-    ids = rng.integers(0, model.config.vocab_size, (1, 7))
-    C = model.config.intermediate_size
-    taps = {0: jnp.zeros((1, C, 7))}
-    np.testing.assert_allclose(model.tapped_logits(ids, taps), model(ids), atol=1e-6)
-    g = jax.grad(lambda t: model.tapped_logits(ids, t)[0, -1, 0])(taps)[0]
-    assert g.shape == (1, C, 7) and float(jnp.abs(g).max()) > 0
-    # causal: the last logit cannot depend on nothing after it, and does depend on the last position
-    assert float(jnp.abs(g[:, :, -1]).max()) > 0
-
-
 def test_parallel_and_sequential_scans_agree(rng):
     B, L, C, N = 2, 33, 6, 4
     u = jnp.asarray(rng.normal(size=(B, L, C)), jnp.float32)
@@ -274,45 +215,6 @@ def test_block_call_is_the_lm_forward_step(one, rng):
     logits = mamba.rms_norm(h, model.norm_f[...], cfg.layer_norm_epsilon) @ head.T
     np.testing.assert_allclose(np.asarray(logits), np.asarray(model.tapped_logits(ids, {n - 1: tap})),
                                rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("case", list(BAD_BLOCK_INPUTS))
-def test_bad_block_input(one, case):
-    _, model = one
-    shape, dtype, msg = BAD_BLOCK_INPUTS[case]
-    x = np.zeros(shape(model.config.hidden_size), dtype)
-    block = model.layers[0]
-    for fn in (block.mixer.as_operator, block.mixer, block):
-        with pytest.raises(ValueError, match=msg):
-            fn(x)
-
-
-BAD_TAPS = {  # (taps built from (B, C, L) = (2, C, 5), message); C = 32, 2 layers
-    "batch_broadcast": (lambda C: {0: jnp.zeros((1, C, 5))}, "taps[0] must have the shape of layer 0's operator"),
-    "channels": (lambda C: {1: jnp.zeros((2, C + 1, 5))}, "got (2, 33, 5)"),
-    "length": (lambda C: {0: jnp.zeros((2, C, 4))}, "(batch, channels, length) = (2, 32, 5)"),
-    "layer_range": (lambda C: {-3: jnp.zeros((2, C, 5))}, "layer -3 out of range"),
-    "layer_twice": (lambda C: {0: jnp.zeros((2, C, 5)), -2: jnp.zeros((2, C, 5))}, "layer 0 given twice"),
-    "integer": (lambda C: {0: jnp.zeros((2, C, 5), jnp.int32)}, "must be floating point"),
-    "not_a_dict": (lambda C: [jnp.zeros((2, C, 5))], "taps must be a dict"),
-}
-
-
-@pytest.mark.parametrize("case", list(BAD_TAPS))
-def test_bad_taps(one, case):
-    _, model = one
-    make, msg = BAD_TAPS[case]
-    with pytest.raises(ValueError) as e:
-        model.tapped_logits(np.zeros((2, 5), np.int64), make(model.config.intermediate_size))
-    assert msg in str(e.value), str(e.value)
-
-
-def test_negative_tap_layer_counts_from_the_end(one, rng):
-    _, model = one
-    ids = rng.integers(0, model.config.vocab_size, (1, 5))
-    tap = jnp.asarray(rng.normal(size=(1, model.config.intermediate_size, 5)), jnp.float32)
-    np.testing.assert_array_equal(np.asarray(model.tapped_logits(ids, {-1: tap})),
-                                  np.asarray(model.tapped_logits(ids, {len(model.layers) - 1: tap})))
 
 
 def test_bad_block_tap(one):

@@ -223,8 +223,9 @@ def model_kwargs(model, ids, segment_pos=None) -> dict:
 def iter_operators(model, ids, layers=None, variant: str = "full",
                    segment_pos=None) -> Iterator[tuple[int, object]]:
     """Yield ``(layer, operator)`` one layer at a time (so only one layer's factors are
-    alive). Uses one forward pass for all mixer inputs when the model exposes
-    ``mixer_name`` (``model.layers[i].<mixer_name>.as_operator``), else ``model.operators``.
+    alive). Uses one forward pass for all mixer inputs (``model.mixer_inputs``), then
+    ``model.layers[i].mixer.as_operator`` layer by layer; a model without ``mixer_inputs``
+    is asked for ``model.operators`` one layer at a time.
     ``segment_pos``: ``(B, L)`` document positions (Griffin only, see module doc)."""
     sel = check_layers(layers, len(model.layers))
     kw = model_kwargs(model, ids, segment_pos)

@@ -27,7 +27,7 @@ class FamilySpec:
         tests), or None where a layer has no recurrent mixer.
       hf_class, hf_config_class: the transformers class names of the reference model.
       tiny: keyword arguments of ``hf_config_class`` for a tiny test model.
-      hf_setup: optional ``(torch model, torch module) -> None`` that moves parameters away
+      hf_setup: ``(torch model, torch module, seed) -> None`` that moves parameters away
         from trivial initial values before a test saves the model (torch is passed in; the
         library never imports it).
       hf_mixer: the dotted path of layer ``{i}``'s token mixer in the HF model (e.g.
@@ -52,7 +52,7 @@ class FamilySpec:
     tiny: dict
     hf_mixer: str
     bench: dict
-    hf_setup: Callable | None = None
+    hf_setup: Callable
     has_heads: bool = False
 
 

@@ -14,11 +14,11 @@ from .modules import LM, AttentionBlock, GriffinLayer, RecurrentBlock
 from .naive import naive_operator
 
 
-def hf_setup(model, torch):
+def hf_setup(model, torch, seed: int = 0):
     """Tiny torch test model: eager attention, every parameter perturbed (zero biases and
     norm weights are HF's init), the conv bias well away from zero (the offset must count)."""
     model.config._attn_implementation = "eager"
-    perturb_parameters(model, torch, scale=0.1)
+    perturb_parameters(model, torch, scale=0.1, seed=seed)
     with torch.no_grad():
         for layer in model.model.layers:
             tb = layer.temporal_block

@@ -13,9 +13,9 @@ from .naive import naive_operator
 
 
 
-def hf_setup(model, torch):
+def hf_setup(model, torch, seed: int = 0):
     """Tiny torch test model: perturbed, with D and the conv bias away from their defaults."""
-    perturb_parameters(model, torch)
+    perturb_parameters(model, torch, seed=seed)
     with torch.no_grad():
         for layer in model.backbone.layers:
             layer.mixer.D.add_(0.5)

@@ -13,10 +13,10 @@ from .modules import LM, RwkvBlock, RwkvFeedForward, RwkvSelfAttention
 from .naive import naive_operator
 
 
-def hf_setup(model, torch):
+def hf_setup(model, torch, seed: int = 0):
     """Tiny torch test model (saved before any forward, i.e. in HF's training-form weights):
     perturbed, decays and bonus spread so that fast and slow channels occur."""
-    perturb_parameters(model, torch, scale=0.1)
+    perturb_parameters(model, torch, scale=0.1, seed=seed)
     with torch.no_grad():
         for b in model.rwkv.blocks:
             a = b.attention
