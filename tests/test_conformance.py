@@ -45,7 +45,8 @@ def fam(request, tmp_path_factory):
     return spec, tm, ia.load(path), path
 
 
-def ids_for(model, B=1, seed=0, length=L):
+def ids_for(model, B=2, seed=0, length=L):
+    """Random ``(B, L)`` ids; the tests share one shape, so compiled functions are reused."""
     return np.random.default_rng(seed).integers(0, model.config.vocab_size, (B, length))
 
 
@@ -155,11 +156,12 @@ def test_jit_vmap_and_grad(fam):
     mixer = model.layers[0].mixer
     x = model.mixer_inputs(ids_for(model, B=2, seed=5), [0])[0]
     f = lambda x: mixer.as_operator(x).reduce("mean")
-    eager = np.asarray(f(x))
-    np.testing.assert_allclose(jax.jit(f)(x), eager, atol=1e-6, rtol=1e-5)
-    np.testing.assert_allclose(jax.vmap(lambda xb: f(xb[None])[0])(x), eager, atol=1e-6, rtol=1e-5)
     loss = lambda x: jnp.sum(jnp.tanh(f(x)))
-    g = jax.grad(loss)(x)
+    eager = np.asarray(f(x))
+    np.testing.assert_allclose(jax.vmap(lambda xb: f(xb[None])[0])(x), eager, atol=1e-6, rtol=1e-5)
+    # one compilation checks jit and grad together
+    (_, jitted), g = jax.jit(jax.value_and_grad(lambda x: (loss(x), f(x)), has_aux=True))(x)
+    np.testing.assert_allclose(jitted, eager, atol=1e-6, rtol=1e-5)
     assert np.isfinite(np.asarray(g)).all() and np.abs(np.asarray(g)).max() > 0
     d = np.random.default_rng(6).standard_normal(x.shape).astype(np.float32)
     eps = 1e-2
@@ -252,10 +254,11 @@ def test_bad_taps(fam):
     with pytest.raises(ValueError, match="tap must have the shape"):
         model.layers[0](np.zeros((B, Lx, model.config.hidden_size), np.float32), tap=zeros((1,) + shape[1:]))
     # a negative layer counts from the end
-    last = model.tap_shape(n - 1, 1, Lx)[0]
+    ids = ids_for(model, seed=10)
+    last = model.tap_shape(n - 1, *ids.shape)[0]
     tap = jnp.asarray(np.random.default_rng(0).standard_normal(last), jnp.float32)
-    np.testing.assert_array_equal(np.asarray(model.tapped_logits(ids[:1], {-1: tap})),
-                                  np.asarray(model.tapped_logits(ids[:1], {n - 1: tap})))
+    np.testing.assert_array_equal(np.asarray(model.tapped_logits(ids, {-1: tap})),
+                                  np.asarray(model.tapped_logits(ids, {n - 1: tap})))
 
 
 def test_converter_errors_name_the_problem(fam, tmp_path):

@@ -45,7 +45,7 @@ def torch_run(tm, ids):
     return logits, io
 
 
-@pytest.mark.parametrize("L", [1, 6, 23])
+@pytest.mark.parametrize("L", [1, 23])
 def test_logits_and_mixers_match_torch(pair, rng, L):
     tm, model = pair
     ids = rng.integers(0, model.config.vocab_size, (2, L))
@@ -60,7 +60,7 @@ def test_logits_and_mixers_match_torch(pair, rng, L):
         np.testing.assert_allclose(np.asarray(layer.mixer(tin)), tout, atol=1e-5)
 
 
-@pytest.mark.parametrize("L", [1, 2, 17])
+@pytest.mark.parametrize("L", [1, 17])
 def test_every_operator_is_exact(pair, rng, L):
     _, model = pair
     ids = rng.integers(0, model.config.vocab_size, (2, L))

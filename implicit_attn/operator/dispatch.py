@@ -145,7 +145,7 @@ materialize_jit = jax.jit(
     static_argnums=(1, 2, 3, 4, 5))
 
 
-def blocked_reduce(core, idx, qw, kw, how: str, bc: int):
+def blocked_reduce(core, idx, qw, kw, how, bc: int):
     """``sum_c qw[b,c,i] f(H[b,c,i,j]) kw[b,c,j]`` over ``idx`` in blocks of ``bc`` channels.
 
     The reference reduction (and the backward pass of every fused kernel): a ``lax.scan``
@@ -153,7 +153,8 @@ def blocked_reduce(core, idx, qw, kw, how: str, bc: int):
     and backward.
 
     Args:
-      core: any ``OperatorCore``; idx: ``(n,)`` int channels; how: a key of ``MODES``;
+      core: any ``OperatorCore``; idx: ``(n,)`` int channels; how: a key of ``MODES`` or
+        its int mode (an int32 array may be traced);
       qw, kw: ``(B, n, L)`` float32 query / key weights (``1/n`` in ``qw`` for the means);
       bc: channels per block.
     Returns:
@@ -166,7 +167,7 @@ def blocked_reduce(core, idx, qw, kw, how: str, bc: int):
     idx_b = jnp.pad(jnp.asarray(idx), (0, pad)).reshape(nb, bc)
     qw_b = jnp.moveaxis(jnp.pad(qw, ((0, 0), (0, pad), (0, 0))).reshape(B, nb, bc, L), 1, 0)
     kw_b = jnp.moveaxis(jnp.pad(kw, ((0, 0), (0, pad), (0, 0))).reshape(B, nb, bc, L), 1, 0)
-    mode = MODES[how]
+    mode = MODES[how] if isinstance(how, str) else how
 
     def body(acc, xs):
         ib, qb, kb = xs
@@ -192,7 +193,8 @@ def with_xla_backward(dense_kernel: Callable, reduce_kernel: Callable):
 
     Args:
       dense_kernel: ``(core, idx) -> (B, n, L, L)``.
-      reduce_kernel: ``(core, idx, how, qw, kw) -> (B, L, L)`` (``how`` a static string).
+      reduce_kernel: ``(core, idx, mode, qw, kw) -> (B, L, L)`` with ``mode`` an int32
+        array (``MODES``; traced, so one compilation serves every reduction).
     Returns:
       ``(dense, reduce)`` with the same signatures and a ``custom_vjp`` whose backward pass
       is ``jax.vjp`` of ``core.dense`` / of ``blocked_reduce``.
@@ -211,20 +213,20 @@ def with_xla_backward(dense_kernel: Callable, reduce_kernel: Callable):
 
     dense.defvjp(dense_fwd, dense_bwd)
 
-    @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-    def reduce(core, idx, how, qw, kw):
-        return reduce_kernel(core, idx, how, qw, kw)
+    @jax.custom_vjp
+    def reduce(core, idx, mode, qw, kw):
+        return reduce_kernel(core, idx, mode, qw, kw)
 
-    def reduce_fwd(core, idx, how, qw, kw):
-        return reduce_kernel(core, idx, how, qw, kw), (core, idx, qw, kw)
+    def reduce_fwd(core, idx, mode, qw, kw):
+        return reduce_kernel(core, idx, mode, qw, kw), (core, idx, mode, qw, kw)
 
-    def reduce_bwd(how, res, g):
-        core, idx, qw, kw = res
+    def reduce_bwd(res, g):
+        core, idx, mode, qw, kw = res
         B, n, L = qw.shape
         bc = block_size(n, B, L, None)
-        _, vjp = jax.vjp(lambda c, a, b: blocked_reduce(c, idx, a, b, how, bc), core, qw, kw)
+        _, vjp = jax.vjp(lambda c, a, b: blocked_reduce(c, idx, a, b, mode, bc), core, qw, kw)
         dc, dq, dk = vjp(g)
-        return dc, _float0(idx), dq, dk
+        return dc, _float0(idx), _float0(mode), dq, dk
 
     reduce.defvjp(reduce_fwd, reduce_bwd)
     return dense, reduce

@@ -228,12 +228,14 @@ def _kernel_call(core, idx):
 
 
 def _reduce_call(core, idx, mode, qw, kw):
-    """Run the fused reduce kernel: ``(B, L, L)``."""
+    """Run the fused reduce kernel: ``(B, L, L)``. ``mode`` (int32, may be traced) picks the
+    elementwise map; the kernel takes it as a static attribute, so each value is a branch."""
     args, attrs, (B, L) = _kernel_args(core, idx)
     call = jax.ffi.ffi_call(_REDUCE_TARGET, jax.ShapeDtypeStruct((B, L, L), jnp.float32),
                             vmap_method="sequential")
-    return call(*args, qw.astype(jnp.float32), kw.astype(jnp.float32), **attrs,
-                mode=np.int64(MODES[mode]))
+    operands = (*args, qw.astype(jnp.float32), kw.astype(jnp.float32))
+    branches = [lambda ops, m=m: call(*ops, **attrs, mode=np.int64(m)) for m in sorted(set(MODES.values()))]
+    return jax.lax.switch(mode, branches, operands)
 
 
 _dense, _reduce = with_xla_backward(_kernel_call, _reduce_call)
@@ -267,8 +269,8 @@ def cpu_reduce(core, idx, how: str, qw, kw):
     check_core(core)
     if how not in MODES:
         raise ValueError(f"how must be one of {tuple(MODES)}, got {how!r}")
-    return _reduce(core, jnp.asarray(idx, jnp.int32), how, jnp.asarray(qw, jnp.float32),
-                   jnp.asarray(kw, jnp.float32))
+    return _reduce(core, jnp.asarray(idx, jnp.int32), jnp.asarray(MODES[how], jnp.int32),
+                   jnp.asarray(qw, jnp.float32), jnp.asarray(kw, jnp.float32))
 
 
 def _require():

@@ -58,12 +58,11 @@ def _entry_points(tile: int, interpret: bool):
     def dense(core, idx):
         return calls.materialize(_planned(core, idx, tile, interpret), interpret)
 
-    def reduce(core, idx, how, qw, kw):
-        mode = jnp.asarray(MODES[how], jnp.int32)
+    def reduce(core, idx, mode, qw, kw):
         return calls.reduce(_planned(core, idx, tile, interpret), mode, qw, kw, interpret)
 
     d, r = with_xla_backward(dense, reduce)
-    return jax.jit(d), jax.jit(r, static_argnums=(2,))
+    return jax.jit(d), jax.jit(r)  # mode is traced: one compilation serves every reduction
 
 
 def pallas_dense(core, idx, tile: int | None = None, interpret: bool | None = None):
@@ -102,8 +101,8 @@ def pallas_reduce(core, idx, how: str, qw, kw, tile: int | None = None, interpre
         raise ValueError(f"how must be one of {tuple(MODES)}, got {how!r}")
     interpret = default_interpret() if interpret is None else bool(interpret)
     _, reduce = _entry_points(_check_tile(tile), interpret)
-    return reduce(core, jnp.asarray(idx, jnp.int32), how, jnp.asarray(qw, jnp.float32),
-                  jnp.asarray(kw, jnp.float32))
+    return reduce(core, jnp.asarray(idx, jnp.int32), jnp.asarray(MODES[how], jnp.int32),
+                  jnp.asarray(qw, jnp.float32), jnp.asarray(kw, jnp.float32))
 
 
 def has_kernel(core) -> bool:
