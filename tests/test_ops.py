@@ -120,8 +120,8 @@ def test_state_decay_kernel_differentiable(rng):
     A = -jnp.exp(jnp.asarray(rng.normal(size=(c, N)), jnp.float32))
     dt = jnp.asarray(rng.uniform(0.1, 1.0, size=(B, c, L)), jnp.float32)
     W = jnp.asarray(rng.normal(size=(B, c, L, L)), jnp.float32)
-    f = lambda d: jnp.sum(W * state_decay_kernel(q, k, A, d, chunk=4))
-    g = jax.grad(f)(dt)
+    f = jax.jit(lambda d: jnp.sum(W * state_decay_kernel(q, k, A, d, chunk=4)))
+    g = jax.jit(jax.grad(f))(dt)
     v = jnp.asarray(rng.normal(size=dt.shape), jnp.float32)
     eps = 1e-2
     fd = (f(dt + eps * v) - f(dt - eps * v)) / (2 * eps)
