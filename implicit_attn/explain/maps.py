@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..nn import check_layers
+from ..ops import full_precision
 from ..operator import AttentionOperator
 
 HOWS = ("mean", "abs_mean", "pos_mean")
@@ -148,7 +149,7 @@ def _head_maps_impl(op, how, groups, normalize, block_channels):
     return jnp.stack([_operator_map_impl(op, how, g, normalize, block_channels) for g in groups], axis=1)
 
 
-_head_maps = jax.jit(_head_maps_impl, static_argnums=(1, 2, 3, 4))
+_head_maps = jax.jit(full_precision(_head_maps_impl), static_argnums=(1, 2, 3, 4))
 
 
 def channel_tuple(channels, C: int):
@@ -171,7 +172,7 @@ def _operator_map_impl(op, how, channels, normalize, block_channels):
 
 
 # Layers of equal shapes share one compilation (the operator is a pytree argument).
-_operator_map = jax.jit(_operator_map_impl, static_argnums=(1, 2, 3, 4))
+_operator_map = jax.jit(full_precision(_operator_map_impl), static_argnums=(1, 2, 3, 4))
 
 
 def channel_maps(op, channels=None, absolute: bool = False, normalize=None, heads=None):
@@ -189,7 +190,7 @@ def _channel_maps_impl(op, channels, absolute, normalize):
     return minmax_normalize(H) if normalize == "minmax" else H
 
 
-_channel_maps = jax.jit(_channel_maps_impl, static_argnums=(1, 2, 3))
+_channel_maps = jax.jit(full_precision(_channel_maps_impl), static_argnums=(1, 2, 3))
 
 
 def takes_segment_pos(model) -> bool:

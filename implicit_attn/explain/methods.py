@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..nn import check_layers
+from ..ops import full_precision
 from .maps import (check_how, check_normalize, iter_operators, model_kwargs, operator_map, position_mean,
                    select_channels)
 
@@ -102,7 +103,7 @@ def rollout(maps, start_layer: int = 0, add_identity: bool = True, normalize_row
         A = jnp.where(rs != 0, A / jnp.where(rs != 0, rs, 1.0), 0.0)
 
     def step(rho, a):
-        return jnp.einsum("bij,bjk->bik", a, rho), None
+        return jnp.einsum("bij,bjk->bik", a, rho, precision=jax.lax.Precision.HIGHEST), None
 
     rho0 = jnp.broadcast_to(jnp.eye(L, dtype=jnp.float32), A.shape[1:])
     rho, _ = jax.lax.scan(step, rho0, A)
@@ -154,7 +155,7 @@ def _contribution_map_impl(op, g, channels, block_channels):
     return R
 
 
-_contribution_map = jax.jit(_contribution_map_impl, static_argnums=(2, 3))
+_contribution_map = jax.jit(full_precision(_contribution_map_impl), static_argnums=(2, 3))
 
 
 # ----------------------------------------------------------------------------- model drivers

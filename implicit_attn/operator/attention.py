@@ -16,6 +16,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from ..ops import full_precision
 from .base import channel_index, pytree_dataclass
 from .implicit import ImplicitOperator
 
@@ -56,6 +57,7 @@ class AttentionOperator:
         ``ImplicitOperator.reduce`` (weights per head: ``(H',)``, ``(B, H')``, ``(B, H', L)``)."""
         return ImplicitOperator.reduce(self, how, weights, key_weights, channels, impl, block_channels)
 
+    @full_precision
     def apply(self, channels=None):
         """``H @ values + offset`` for the selected heads: ``(B, H', L, head_dim)``."""
         idx = jnp.asarray(channel_index(channels, self.values.shape[1]))

@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..ops import (attention_probs, conv_right, decay_matrix, scalar_decay_kernel, softmax_decay_rows,
-                   state_decay_kernel)
+from ..ops import (attention_probs, conv_right, decay_matrix, full_precision, scalar_decay_kernel,
+                   softmax_decay_rows, state_decay_kernel)
 from .base import OperatorCore, diag_embed, pytree_dataclass, take
 
 f32 = jnp.float32
@@ -241,6 +241,7 @@ class Mamba2Core(OperatorCore):
 
 
 @jax.jit
+@full_precision
 def _alpha_each(core: Mamba2Core, heads):
     return jnp.moveaxis(jax.lax.map(lambda h: core.alpha(h[None])[:, 0], heads), 0, 1)
 

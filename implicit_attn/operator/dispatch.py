@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..ops import full_precision
 from .base import MODES, apply_mode, block_size
 
 
@@ -33,6 +35,9 @@ class KernelBackend:
       ready: ``() -> bool``: whether ``impl="auto"`` may use it now (never raises; may
         warn once).
       cores: core type -> ``core -> str | None``, why that core cannot run (None: it can).
+      trusted: ``core -> bool``: whether ``impl="auto"`` may pick this backend for ``core`` on
+        the current platform (a kernel known to compile and run there). Explicit
+        ``impl=name`` does not ask.
     """
 
     name: str
@@ -42,6 +47,7 @@ class KernelBackend:
     require: Callable[[], None] = lambda: None
     ready: Callable[[], bool] = lambda: True
     cores: dict = dataclasses.field(default_factory=dict)
+    trusted: Callable = lambda core: True
 
     def problem(self, core) -> str | None:
         """Why this backend cannot take ``core`` (None if it can)."""
@@ -60,6 +66,8 @@ class KernelBackend:
 
 
 _BACKENDS: dict[str, KernelBackend] = {}
+# (backend, core type) pairs whose kernel failed under impl="auto": auto uses XLA for them.
+_FAILED: set[tuple[str, type]] = set()
 
 
 def register_backend(backend: KernelBackend) -> KernelBackend:
@@ -91,9 +99,10 @@ def resolve_impl(impl: str, core=None) -> str:
     """Resolve ``impl`` for ``core``.
 
     ``"auto"``: the first registered backend that is active on this JAX backend, takes
-    ``core`` and is ready (a kernel that cannot be built here warns once and is skipped),
-    else ``"xla"``. A backend named explicitly raises ``TypeError`` for a core it does not
-    take and its own error where it cannot run here.
+    ``core``, is trusted for it on this platform, has not failed for its type, and is ready
+    (a kernel that cannot be built here warns once and is skipped), else ``"xla"``. A
+    backend named explicitly raises ``TypeError`` for a core it does not take and its own
+    error where it cannot run here.
     """
     if impl not in impls():
         raise ValueError(f"impl must be one of {impls()}, got {impl!r}")
@@ -108,9 +117,38 @@ def resolve_impl(impl: str, core=None) -> str:
     if core is None:
         return "xla"
     for b in _BACKENDS.values():
-        if b.auto() and b.problem(core) is None and b.ready():
+        if (b.auto() and b.problem(core) is None and (b.name, type(core)) not in _FAILED
+                and b.trusted(core) and b.ready()):
             return b.name
     return "xla"
+
+
+def failed_kernels() -> set[tuple[str, type]]:
+    """The ``(backend, core type)`` pairs that failed under ``impl="auto"`` in this process."""
+    return set(_FAILED)
+
+
+def clear_failed_kernels():
+    """Forget the recorded failures (``impl="auto"`` may try those kernels again)."""
+    _FAILED.clear()
+
+
+def with_fallback(requested: str, impl: str, core, kernel: Callable, xla: Callable):
+    """``kernel()``, except that under ``impl="auto"`` a kernel that raises (a compile or
+    run-time failure on this machine) warns once, is not picked again for this core type,
+    and ``xla()`` gives the result. An explicitly requested kernel raises as it is.
+    (Inside an outer ``jit`` a compile failure surfaces when the caller compiles; ``auto``
+    picks only trusted kernels there.)"""
+    if impl == "xla" or requested != "auto":
+        return kernel()
+    try:
+        return kernel()
+    except Exception as e:  # noqa: BLE001 - any kernel failure: fall back, loudly
+        _FAILED.add((impl, type(core)))
+        warnings.warn(f"implicit_attn: impl={impl!r} failed for {type(core).__name__} on this machine; "
+                      f"using XLA instead (impl='auto' will not pick it again): "
+                      f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", stacklevel=3)
+        return xla()
 
 
 def dense_fn(core, impl: str):
@@ -141,7 +179,7 @@ def materialize_blocks(core, idx, bc: int, impl: str, B: int, L: int):
 
 # Compiled once per (core structure, channels, block size, impl): eager calls reuse it.
 materialize_jit = jax.jit(
-    lambda core, idx, bc, impl, B, L: materialize_blocks(core, np.asarray(idx), bc, impl, B, L),
+    full_precision(lambda core, idx, bc, impl, B, L: materialize_blocks(core, np.asarray(idx), bc, impl, B, L)),
     static_argnums=(1, 2, 3, 4, 5))
 
 
@@ -181,7 +219,7 @@ def blocked_reduce(core, idx, qw, kw, how, bc: int):
     return out
 
 
-blocked_reduce_jit = jax.jit(blocked_reduce, static_argnums=(4, 5))
+blocked_reduce_jit = jax.jit(full_precision(blocked_reduce), static_argnums=(4, 5))
 
 
 def _float0(x):
@@ -232,6 +270,6 @@ def with_xla_backward(dense_kernel: Callable, reduce_kernel: Callable):
     return dense, reduce
 
 
-__all__ = ["KernelBackend", "register_backend", "register_core", "backend", "impls", "resolve_impl",
+__all__ = ["KernelBackend", "register_backend", "register_core", "backend", "impls", "resolve_impl", "with_fallback", "failed_kernels", "clear_failed_kernels",
            "dense_fn", "materialize_blocks", "materialize_jit", "blocked_reduce", "blocked_reduce_jit",
            "with_xla_backward"]

@@ -13,8 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..ops import full_precision
 from .base import REDUCTIONS, block_size, channel_index, channel_weights, pytree_dataclass
-from .dispatch import backend, blocked_reduce_jit, materialize_blocks, materialize_jit, resolve_impl
+from .dispatch import (backend, blocked_reduce_jit, materialize_blocks, materialize_jit, resolve_impl,
+                       with_fallback)
 
 HEAD_MATRICES = ("alpha", "mean")
 
@@ -55,13 +57,16 @@ class ImplicitOperator:
         Returns:
           ``(B, C', L, L)`` float32, ``H[b, c, i, j]`` = weight of value ``j`` in output ``i``.
         """
-        impl = resolve_impl(impl, self.core)
+        requested, impl = impl, resolve_impl(impl, self.core)
         B, C, L, _ = self.shape
         idx = channel_index(channels, C)
         bc = block_size(idx.shape[0], B, L, block_channels)
         if isinstance(idx, jax.core.Tracer):
             return materialize_blocks(self.core, idx, bc, impl, B, L)
-        return materialize_jit(self.core, tuple(int(i) for i in idx), bc, impl, B, L)
+        key = tuple(int(i) for i in idx)
+        return with_fallback(requested, impl, self.core,
+                             lambda: materialize_jit(self.core, key, bc, impl, B, L),
+                             lambda: materialize_jit(self.core, key, bc, "xla", B, L))
 
     def reduce(self, how: str = "mean", weights=None, key_weights=None, channels=None,
                impl: str = "auto", block_channels: int | None = None):
@@ -81,7 +86,7 @@ class ImplicitOperator:
         Returns:
           ``(B, L, L)`` float32.
         """
-        impl = resolve_impl(impl, self.core)
+        requested, impl = impl, resolve_impl(impl, self.core)
         if how not in REDUCTIONS:
             raise ValueError(f"how must be one of {REDUCTIONS}, got {how!r}")
         if how == "weighted" and weights is None:
@@ -98,11 +103,15 @@ class ImplicitOperator:
         else:
             qw = jnp.full((B, n, L), 1.0 / n, jnp.float32)
             kw = jnp.ones((B, n, L), jnp.float32)
-        if impl != "xla":
-            # One fused kernel over all selected channels: only (B, L, L) is written.
-            return backend(impl).reduce(self.core, idx, how, qw, kw)
-        return blocked_reduce_jit(self.core, idx, qw, kw, how, block_size(n, B, L, block_channels))
+        bc = block_size(n, B, L, block_channels)
+        xla = lambda: blocked_reduce_jit(self.core, idx, qw, kw, how, bc)
+        if impl == "xla":
+            return xla()
+        # One fused kernel over all selected channels: only (B, L, L) is written.
+        return with_fallback(requested, impl, self.core,
+                             lambda: backend(impl).reduce(self.core, idx, how, qw, kw), xla)
 
+    @full_precision
     def apply(self, channels=None):
         """``H @ values + offset`` for the selected channels: ``(B, C', L)``.
 
@@ -124,6 +133,7 @@ class Mamba2Operator(ImplicitOperator):
     """``ImplicitOperator`` of a ``Mamba2Core``, with per-head matrices (channels
     ``h*P .. h*P+P-1`` form head ``h``)."""
 
+    @full_precision
     def head_matrices(self, how: str = "alpha", heads=None):
         """Per-head ``(B, H', L, L)`` float32 matrices, computed once per head.
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from ...nn import scan_method
 from ...operator import AttentionCore, AttentionOperator, DocumentMaskedCore, ImplicitOperator, ScalarDecayCore
-from ...ops import attention_probs, causal_conv, linear, linear_scan
+from ...ops import attention_probs, causal_conv, full_precision, linear, linear_scan
 from .config import Config
 
 VARIANTS = ("full", "no_conv", "no_gate")
@@ -325,12 +325,12 @@ def lm_forward(params: dict, ids, pos, cfg: Config, capture: tuple[int, ...] = (
     return logits.astype(f32), captured
 
 
-lm_forward_jit = jax.jit(lm_forward, static_argnames=("cfg", "capture"))
-recurrent_forward_jit = jax.jit(recurrent_forward, static_argnames=("cfg",))
-attention_forward_jit = jax.jit(attention_forward, static_argnames=("cfg",))
-recurrent_operator_jit = jax.jit(recurrent_operator, static_argnames=("cfg", "variant", "documents"))
-attention_operator_jit = jax.jit(attention_operator, static_argnames=("cfg",))
-layer_forward_jit = jax.jit(layer_forward, static_argnames=("cfg", "kind"))
+lm_forward_jit = jax.jit(full_precision(lm_forward), static_argnames=("cfg", "capture"))
+recurrent_forward_jit = jax.jit(full_precision(recurrent_forward), static_argnames=("cfg",))
+attention_forward_jit = jax.jit(full_precision(attention_forward), static_argnames=("cfg",))
+recurrent_operator_jit = jax.jit(full_precision(recurrent_operator), static_argnames=("cfg", "variant", "documents"))
+attention_operator_jit = jax.jit(full_precision(attention_operator), static_argnames=("cfg",))
+layer_forward_jit = jax.jit(full_precision(layer_forward), static_argnames=("cfg", "kind"))
 
 
 __all__ = ["VARIANTS", "check_segment_pos", "segment_ids", "rms_norm", "gelu_tanh", "document_conv", "rglru_gates",

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from ...nn import scan_method
 from ...operator import ImplicitOperator, StateDecayCore
-from ...ops import causal_conv, linear, linear_scan
+from ...ops import causal_conv, full_precision, linear, linear_scan
 from .config import Config
 
 VARIANTS = ("full", "s6_only", "no_conv", "no_gate", "no_act")
@@ -197,10 +197,10 @@ def lm_forward(params: dict, ids, cfg: Config, capture: tuple[int, ...] = (), ta
     return residual_lm(params, ids, cfg, mixer_forward, capture, taps)
 
 
-lm_forward_jit = jax.jit(lm_forward, static_argnames=("cfg", "capture"))
-block_forward_jit = jax.jit(block_forward, static_argnames=("cfg",))
-mixer_forward_jit = jax.jit(mixer_forward, static_argnames=("cfg",))
-mixer_operator_jit = jax.jit(mixer_operator, static_argnames=("cfg", "variant", "chunk"))
+lm_forward_jit = jax.jit(full_precision(lm_forward), static_argnames=("cfg", "capture"))
+block_forward_jit = jax.jit(full_precision(block_forward), static_argnames=("cfg",))
+mixer_forward_jit = jax.jit(full_precision(mixer_forward), static_argnames=("cfg",))
+mixer_operator_jit = jax.jit(full_precision(mixer_operator), static_argnames=("cfg", "variant", "chunk"))
 
 
 __all__ = ["VARIANTS", "rms_norm", "mixer_parts", "selective_scan", "mixer_inner", "mixer_forward",

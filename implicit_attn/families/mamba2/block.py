@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from ...operator import Mamba2Core, Mamba2Operator
-from ...ops import causal_conv, linear, linear_scan, segment_sum
+from ...ops import causal_conv, full_precision, linear, linear_scan, segment_sum
 from ..mamba.block import residual_block, residual_lm, rms_norm
 from .config import Config
 
@@ -226,10 +226,10 @@ def lm_forward(params: dict, ids, cfg: Config, capture: tuple[int, ...] = (), ta
     return residual_lm(params, ids, cfg, mixer_forward, capture, taps)
 
 
-lm_forward_jit = jax.jit(lm_forward, static_argnames=("cfg", "capture"))
-mixer_operator_jit = jax.jit(mixer_operator, static_argnames=("cfg", "variant"))
-mixer_forward_jit = jax.jit(mixer_forward, static_argnames=("cfg",))
-block_forward_jit = jax.jit(block_forward, static_argnames=("cfg",))
+lm_forward_jit = jax.jit(full_precision(lm_forward), static_argnames=("cfg", "capture"))
+mixer_operator_jit = jax.jit(full_precision(mixer_operator), static_argnames=("cfg", "variant"))
+mixer_forward_jit = jax.jit(full_precision(mixer_forward), static_argnames=("cfg",))
+block_forward_jit = jax.jit(full_precision(block_forward), static_argnames=("cfg",))
 
 
 __all__ = ["VARIANTS", "rms_norm", "split_heads", "mixer_parts", "ssd", "gated_norm_scale", "gated_rms_norm",

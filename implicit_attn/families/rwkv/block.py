@@ -20,6 +20,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ...ops import full_precision
 from ...operator import ImplicitOperator, RwkvCore
 from .config import Config
 
@@ -236,12 +237,12 @@ def lm_forward(params: dict, ids, cfg: Config, capture: tuple[int, ...] = (), ta
     return logits, captured
 
 
-lm_forward_jit = jax.jit(lm_forward, static_argnames=("cfg", "capture"))
-time_mix_operator_jit = jax.jit(time_mix_operator, static_argnames=("cfg", "variant"))
+lm_forward_jit = jax.jit(full_precision(lm_forward), static_argnames=("cfg", "capture"))
+time_mix_operator_jit = jax.jit(full_precision(time_mix_operator), static_argnames=("cfg", "variant"))
 # The layer index only picks the rescaling divisor: traced, so all blocks share one compile.
-time_mix_forward_jit = jax.jit(time_mix_forward, static_argnames=("cfg",))
-channel_mix_forward_jit = jax.jit(channel_mix_forward, static_argnames=("cfg",))
-block_forward_jit = jax.jit(block_forward, static_argnames=("cfg",))
+time_mix_forward_jit = jax.jit(full_precision(time_mix_forward), static_argnames=("cfg",))
+channel_mix_forward_jit = jax.jit(full_precision(channel_mix_forward), static_argnames=("cfg",))
+block_forward_jit = jax.jit(full_precision(block_forward), static_argnames=("cfg",))
 
 
 __all__ = ["VARIANTS", "layer_norm", "token_shift", "mix", "time_mix_parts", "past_decay", "wkv", "time_mix_inner",

@@ -11,6 +11,8 @@ Cores with a kernel: every type registered in ``plans.PLANS`` (``StateDecayCore`
 ``impl="pallas"``; ``impl="auto"`` uses XLA for them.
 
 On CPU the kernels run with ``interpret=True`` (correct, slow); on GPU/TPU compiled.
+``impl="auto"`` picks a compiled kernel only for core types verified on the platform
+(``plans.VERIFIED``; none yet) and falls back to XLA, with one warning, if it fails.
 Gradients go through the XLA reference (``operator.with_xla_backward``).
 """
 from __future__ import annotations
@@ -23,7 +25,7 @@ import numpy as np
 
 from ...operator import MODES, KernelBackend, register_backend, register_core, with_xla_backward
 from . import calls
-from .plans import PLANS, make_plan
+from .plans import PLANS, VERIFIED, make_plan
 
 DEFAULT_TILE = 32
 ACCELERATORS = ("gpu", "tpu", "cuda", "rocm")
@@ -105,6 +107,17 @@ def pallas_reduce(core, idx, how: str, qw, kw, tile: int | None = None, interpre
                   jnp.asarray(qw, jnp.float32), jnp.asarray(kw, jnp.float32))
 
 
+def platform() -> str:
+    """The lowering platform of the default backend (``"cuda"``, ``"rocm"``, ``"tpu"``, ``"cpu"``)."""
+    return jax.devices()[0].client.platform if jax.default_backend() == "gpu" else jax.default_backend()
+
+
+def trusted(core) -> bool:
+    """Whether ``impl="auto"`` may use the compiled kernel for ``core`` here: its core type
+    is verified on this platform (``plans.VERIFIED``)."""
+    return platform() in VERIFIED.get(type(core), frozenset())
+
+
 def has_kernel(core) -> bool:
     """True if ``impl="pallas"`` takes ``core``."""
     return BACKEND.problem(core) is None
@@ -112,10 +125,11 @@ def has_kernel(core) -> bool:
 
 BACKEND = register_backend(KernelBackend(
     name="pallas", dense=lambda core, idx: pallas_dense(core, idx),
-    reduce=lambda core, idx, how, qw, kw: pallas_reduce(core, idx, how, qw, kw), auto=on_accelerator))
+    reduce=lambda core, idx, how, qw, kw: pallas_reduce(core, idx, how, qw, kw), auto=on_accelerator,
+    trusted=trusted))
 for _type, (_, _check) in PLANS.items():
     register_core("pallas", _type, _check)
 
 
-__all__ = ["pallas_dense", "pallas_reduce", "has_kernel", "on_accelerator", "default_interpret",
+__all__ = ["pallas_dense", "pallas_reduce", "has_kernel", "trusted", "platform", "on_accelerator", "default_interpret",
            "DEFAULT_TILE", "BACKEND"]

@@ -26,13 +26,18 @@ f32 = jnp.float32
 
 # core type -> (plan function ``(core, idx, T) -> Plan``, ``core -> problem or None``)
 PLANS: dict[type, tuple[Callable, Callable]] = {}
+# core type -> the platforms ("cuda", "rocm", "tpu") where its compiled kernel is known to
+# lower, compile and match XLA; impl="auto" picks Pallas only there. None are yet: the
+# kernels index whole rows with dynamic slices, which only interpret mode accepts.
+VERIFIED: dict[type, frozenset] = {}
 
 
-def plan_for(core_type: type, check: Callable | None = None):
+def plan_for(core_type: type, check: Callable | None = None, verified=()):
     """Register a plan function for ``core_type`` (``check(core)``: why a particular core
-    cannot run, or None)."""
+    cannot run, or None; ``verified``: platforms where the compiled kernel is known to work)."""
     def wrap(fn):
         PLANS[core_type] = (fn, check or (lambda core: None))
+        VERIFIED[core_type] = frozenset(verified)
         return fn
 
     return wrap

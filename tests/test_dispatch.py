@@ -1,0 +1,102 @@
+"""impl="auto" never crashes because of a kernel: on an accelerator it picks a compiled
+kernel only where one is verified for the platform, and a kernel that fails under auto
+warns once and falls back to XLA. Simulated on CPU by switching the Pallas backend on."""
+import warnings
+
+import numpy as np
+import pytest
+
+from implicit_attn.families import mamba
+from implicit_attn.kernels import cpu, pallas
+from implicit_attn.operator import dispatch, resolve_impl
+
+
+@pytest.fixture(scope="module")
+def op():
+    cfg = mamba.Config(vocab_size=8, hidden_size=4, state_size=4, num_hidden_layers=1, conv_kernel=4)
+    model = mamba.LM(cfg, mamba.init_params(cfg, 0))
+    return model.operators(np.arange(6)[None] % 8)[0]
+
+
+@pytest.fixture
+def on_accelerator(monkeypatch):
+    """Pallas active as on a GPU, the CPU kernel inactive; failures forgotten afterwards."""
+    monkeypatch.setattr(pallas.BACKEND, "auto", lambda: True)
+    monkeypatch.setattr(cpu.BACKEND, "auto", lambda: False)
+    dispatch.clear_failed_kernels()
+    yield
+    dispatch.clear_failed_kernels()
+
+
+def test_auto_uses_no_unverified_kernel(op, on_accelerator):
+    assert not pallas.trusted(op.core)  # no core type is verified on any platform yet
+    assert resolve_impl("auto", op.core) == "xla"
+
+
+def test_a_failing_kernel_under_auto_warns_once_and_falls_back(op, on_accelerator, monkeypatch):
+    want_H = np.asarray(op.materialize(impl="xla"))
+    want_R = np.asarray(op.reduce("abs_mean", impl="xla"))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated: the kernel does not compile for this GPU")
+
+    monkeypatch.setattr(pallas.BACKEND, "trusted", lambda core: True)
+    monkeypatch.setattr(pallas.BACKEND, "dense", broken)
+    monkeypatch.setattr(pallas.BACKEND, "reduce", broken)
+    assert resolve_impl("auto", op.core) == "pallas"
+    with pytest.warns(UserWarning, match="simulated: the kernel does not compile"):
+        H = op.materialize()
+    np.testing.assert_array_equal(np.asarray(H), want_H)
+    assert (("pallas", type(op.core)) in dispatch.failed_kernels())
+    assert resolve_impl("auto", op.core) == "xla"  # not picked again
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the second call is silent
+        np.testing.assert_array_equal(np.asarray(op.reduce("abs_mean")), want_R)
+    with pytest.raises(RuntimeError, match="simulated"):  # an explicit request raises
+        op.materialize(impl="pallas")
+
+
+def test_a_failing_fused_reduce_under_auto_falls_back(op, on_accelerator, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated reduce failure")
+
+    monkeypatch.setattr(pallas.BACKEND, "trusted", lambda core: True)
+    monkeypatch.setattr(pallas.BACKEND, "reduce", broken)
+    with pytest.warns(UserWarning, match="simulated reduce failure"):
+        R = op.reduce("mean")
+    np.testing.assert_allclose(np.asarray(R), np.asarray(op.reduce("mean", impl="xla")), rtol=1e-6)
+
+
+def dot_precisions(jaxpr) -> list:
+    """The ``precision`` of every dot_general in a jaxpr, nested ones (jit, scan, cond) included."""
+    out = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            out.append(eqn.params["precision"])
+        for v in eqn.params.values():
+            for sub in (v if isinstance(v, (list, tuple)) else [v]):
+                if hasattr(sub, "eqns"):
+                    out += dot_precisions(sub)
+                elif hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):
+                    out += dot_precisions(sub.jaxpr)
+    return out
+
+
+def test_entry_points_trace_full_float32_products(op):
+    """GPUs run default float32 matmuls in TF32 (on an H100: logits 7e-4 off torch, Mamba-2
+    operators 1.7e-4 from their block); the library's entry points ask for HIGHEST."""
+    import jax
+
+    from implicit_attn.families import mamba2
+
+    cfg = mamba2.Config(vocab_size=8, hidden_size=8, num_heads=2, head_dim=4, state_size=4, chunk_size=4)
+    p = mamba2.init_params(cfg, 0)
+    ids = np.arange(6)[None] % 8
+    for fn in (lambda: mamba2.block.lm_forward_jit(p, ids, cfg=cfg),
+               lambda: mamba2.block.mixer_operator_jit(p["layers"][0]["mixer"], np.ones((1, 6, 8), np.float32),
+                                                      cfg=cfg, variant="full").materialize(impl="xla"),
+               lambda: op.reduce("abs_mean", impl="xla")):
+        precisions = dot_precisions(jax.make_jaxpr(fn)().jaxpr)
+        assert precisions, "no product traced"
+        highest = jax.lax.Precision.HIGHEST
+        assert all(pr is not None and all(x == highest for x in pr) for pr in precisions), precisions
