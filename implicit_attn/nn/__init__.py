@@ -6,8 +6,9 @@ from .checks import (SCAN_METHODS, check_block_input, check_input_ids, check_lay
 from .config import HFConfig
 from .init import fan_in_normal, random_tensors, seed_of
 from .lm import LanguageModel
+from .mapping import hf_from_params, init_from_table, params_from_hf
 from .modules import Mixer, Weights, check_variant
 from .spec import FamilySpec, perturb_parameters
 
 __all__ = ["CheckpointError", "check_tensors", "SCAN_METHODS", "check_block_input", "check_input_ids", "check_layers", "check_tap", "check_taps",
-           "count_params", "scan_method", "fan_in_normal", "random_tensors", "seed_of", "FamilySpec", "perturb_parameters", "HFConfig", "LanguageModel", "Mixer", "Weights", "check_variant"]
+           "count_params", "scan_method", "fan_in_normal", "random_tensors", "seed_of", "FamilySpec", "perturb_parameters", "HFConfig", "LanguageModel", "params_from_hf", "hf_from_params", "init_from_table", "Mixer", "Weights", "check_variant"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from ...nn import CheckpointError, check_tensors, fan_in_normal, random_tensors
+from ...nn import CheckpointError, fan_in_normal, hf_from_params, init_from_table, params_from_hf
 from .config import Config
 
 
@@ -58,10 +58,7 @@ def _sub(tensors: dict, prefix: str) -> dict:
 
 def to_params(config: dict, tensors: dict) -> tuple[Config, dict]:
     """HF config dict + tensors -> ``(Config, params)`` after strict checks."""
-    cfg = Config.from_hf(config)
-    req, opt = expected_shapes(cfg)
-    check_tensors(tensors, req, opt, where="recurrent_gemma checkpoint")
-    return cfg, params_from_tensors(cfg, tensors)
+    return params_from_hf(Config, expected_shapes, params_from_tensors, config, tensors, "recurrent_gemma")
 
 
 def params_from_tensors(cfg: Config, tensors: dict) -> dict:
@@ -92,10 +89,7 @@ def from_params(cfg: Config, params: dict) -> tuple[dict, dict]:
         if params.get("lm_head") is None:
             raise CheckpointError("untied RecurrentGemma model has no lm_head")
         t["lm_head.weight"] = params["lm_head"]
-    t = {k: np.asarray(v) for k, v in t.items()}
-    req, opt = expected_shapes(cfg)
-    check_tensors(t, req, opt, where="recurrent_gemma params")
-    return cfg.to_hf(), t
+    return hf_from_params(cfg, t, expected_shapes, "recurrent_gemma")
 
 
 def init_rule(name: str, shape: tuple, g: np.random.Generator) -> np.ndarray:
@@ -116,7 +110,7 @@ def init_rule(name: str, shape: tuple, g: np.random.Generator) -> np.ndarray:
 def init_params(cfg: Config, key, dtype=jnp.float32) -> dict:
     """Random parameters in the layout of ``LM``, drawn from the shape table. ``key``: int
     seed or JAX PRNG key."""
-    return params_from_tensors(cfg, random_tensors(expected_shapes(cfg)[0], init_rule, key, dtype))
+    return init_from_table(cfg, expected_shapes, init_rule, params_from_tensors, key, dtype)
 
 
 __all__ = ["expected_shapes", "to_params", "from_params", "params_from_tensors", "init_rule", "init_params"]

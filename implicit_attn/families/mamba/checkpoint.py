@@ -12,7 +12,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from ...nn import CheckpointError, check_tensors, fan_in_normal, random_tensors
+from ...nn import CheckpointError, fan_in_normal, hf_from_params, init_from_table, params_from_hf
 from .config import Config
 
 
@@ -72,21 +72,17 @@ def tensors_from_params(cfg, params: dict, label: str = "Mamba") -> dict:
         if params.get("lm_head") is None:
             raise CheckpointError(f"untied {label} model has no lm_head")
         t["lm_head.weight"] = params["lm_head"]
-    return {k: np.asarray(v) for k, v in t.items()}
+    return t
 
 
 def to_params(config: dict, tensors: dict) -> tuple[Config, dict]:
     """HF config dict + tensors -> ``(Config, params)`` after strict checks."""
-    cfg = Config.from_hf(config)
-    check_tensors(tensors, *expected_shapes(cfg), where="mamba checkpoint")
-    return cfg, params_from_tensors(cfg, tensors)
+    return params_from_hf(Config, expected_shapes, params_from_tensors, config, tensors, "mamba")
 
 
 def from_params(cfg: Config, params: dict) -> tuple[dict, dict]:
     """``(Config, params)`` -> HF ``(config dict, tensors)`` (numpy)."""
-    t = tensors_from_params(cfg, params)
-    check_tensors(t, *expected_shapes(cfg), where="mamba params")
-    return cfg.to_hf(), t
+    return hf_from_params(cfg, tensors_from_params(cfg, params), expected_shapes, "mamba")
 
 
 def inverse_softplus_dt(n: int, g: np.random.Generator, lo: float = 1e-3, hi: float = 0.1) -> np.ndarray:
@@ -122,7 +118,7 @@ def init_rule(name: str, shape: tuple, g: np.random.Generator) -> np.ndarray:
 def init_params(cfg: Config, key, dtype=jnp.float32) -> dict:
     """Random parameters in the layout of ``LM`` (HF-like scales), drawn from the shape
     table. ``key``: int seed or JAX PRNG key."""
-    return params_from_tensors(cfg, random_tensors(expected_shapes(cfg)[0], init_rule, key, dtype))
+    return init_from_table(cfg, expected_shapes, init_rule, params_from_tensors, key, dtype)
 
 
 __all__ = ["mixer_shapes", "expected_shapes", "params_from_tensors", "tensors_from_params", "to_params",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ...nn import CheckpointError, check_tensors, random_tensors
+from ...nn import hf_from_params, init_from_table, params_from_hf
 from ..mamba.checkpoint import expected_shapes as residual_shapes
 from ..mamba.checkpoint import init_rule, params_from_tensors, tensors_from_params
 from .config import Config
@@ -34,29 +34,22 @@ def expected_shapes(cfg: Config) -> tuple[dict, dict]:
 
 def to_params(config: dict, tensors: dict) -> tuple[Config, dict]:
     """HF config dict + tensors -> ``(Config, params)`` after strict checks."""
-    try:
-        cfg = Config.from_hf(config)
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"mamba2 config: {e}") from e
     # Old checkpoints name the embedding "embedding" (HF renames it on load too).
     if "backbone.embedding.weight" in tensors and "backbone.embeddings.weight" not in tensors:
         tensors = dict(tensors)
         tensors["backbone.embeddings.weight"] = tensors.pop("backbone.embedding.weight")
-    check_tensors(tensors, *expected_shapes(cfg), where="mamba2 checkpoint")
-    return cfg, params_from_tensors(cfg, tensors)
+    return params_from_hf(Config, expected_shapes, params_from_tensors, config, tensors, "mamba2")
 
 
 def from_params(cfg: Config, params: dict) -> tuple[dict, dict]:
     """``(Config, params)`` -> HF ``(config dict, tensors)`` (numpy)."""
-    t = tensors_from_params(cfg, params, "Mamba-2")
-    check_tensors(t, *expected_shapes(cfg), where="mamba2 params")
-    return cfg.to_hf(), t
+    return hf_from_params(cfg, tensors_from_params(cfg, params, "Mamba-2"), expected_shapes, "mamba2")
 
 
 def init_params(cfg: Config, key, dtype=jnp.float32) -> dict:
     """Random parameters in the layout of ``LM`` (HF-like scales), drawn from the shape
     table. ``key``: int seed or JAX PRNG key."""
-    return params_from_tensors(cfg, random_tensors(expected_shapes(cfg)[0], init_rule, key, dtype))
+    return init_from_table(cfg, expected_shapes, init_rule, params_from_tensors, key, dtype)
 
 
 __all__ = ["mixer_shapes", "expected_shapes", "to_params", "from_params", "init_params"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from ...nn import CheckpointError, check_tensors, fan_in_normal, random_tensors
+from ...nn import CheckpointError, fan_in_normal, hf_from_params, init_from_table, params_from_hf
 from .config import Config
 
 ATTENTION = ("time_decay", "time_first", "time_mix_key", "time_mix_value", "time_mix_receptance",
@@ -45,10 +45,7 @@ def expected_shapes(cfg: Config) -> tuple[dict, dict]:
 
 def to_params(config: dict, tensors: dict) -> tuple[Config, dict]:
     """HF config dict + tensors -> ``(Config, params)`` after strict checks."""
-    cfg = Config.from_hf(config)
-    req, opt = expected_shapes(cfg)
-    check_tensors(tensors, req, opt, where="rwkv checkpoint")
-    return cfg, params_from_tensors(cfg, tensors)
+    return params_from_hf(Config, expected_shapes, params_from_tensors, config, tensors, "rwkv")
 
 
 def params_from_tensors(cfg: Config, tensors: dict) -> dict:
@@ -87,7 +84,7 @@ def from_params(cfg: Config, params: dict) -> tuple[dict, dict]:
         if params.get("head") is None:
             raise CheckpointError("untied RWKV model has no head")
         t["head.weight"] = params["head"]
-    return cfg.to_hf(), {k: np.asarray(v) for k, v in t.items()}
+    return hf_from_params(cfg, t, expected_shapes, "rwkv")
 
 
 def init_rule(name: str, shape: tuple, g: np.random.Generator) -> np.ndarray:
@@ -110,7 +107,7 @@ def init_rule(name: str, shape: tuple, g: np.random.Generator) -> np.ndarray:
 def init_params(cfg: Config, key, dtype=jnp.float32) -> dict:
     """Random parameters in the layout of ``LM``, drawn from the shape table. ``key``: int
     seed or JAX PRNG key."""
-    return params_from_tensors(cfg, random_tensors(expected_shapes(cfg)[0], init_rule, key, dtype))
+    return init_from_table(cfg, expected_shapes, init_rule, params_from_tensors, key, dtype)
 
 
 __all__ = ["expected_shapes", "to_params", "from_params", "params_from_tensors", "init_rule", "init_params",
