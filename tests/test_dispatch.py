@@ -9,6 +9,7 @@ import pytest
 from implicit_attn.families import mamba
 from implicit_attn.kernels import cpu, pallas
 from implicit_attn.operator import dispatch, resolve_impl
+from kernel_cores import rwkv_op, scalar_lowrank_op
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,15 @@ def on_accelerator(monkeypatch):
 
 
 def test_auto_uses_no_unverified_kernel(op, on_accelerator):
-    assert not pallas.trusted(op.core)  # no core type is verified on any platform yet
+    assert not pallas.trusted(op.core)  # Mamba-1's kernel is slower than XLA on an H100
+    assert resolve_impl("auto", op.core) == "xla"
+
+
+@pytest.mark.parametrize("platform, want", [("cuda", "pallas"), ("tpu", "xla"), ("rocm", "xla")])
+def test_auto_uses_kernels_verified_for_the_platform(op, on_accelerator, monkeypatch, platform, want):
+    monkeypatch.setattr(pallas, "default_platform", lambda: platform)
+    assert resolve_impl("auto", scalar_lowrank_op().core) == want
+    assert resolve_impl("auto", rwkv_op(L_=4, B=1).core) == want
     assert resolve_impl("auto", op.core) == "xla"
 
 

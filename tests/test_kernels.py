@@ -11,11 +11,12 @@ import jax.numpy as jnp
 import pytest
 
 from implicit_attn import kernels
-from implicit_attn.families import griffin, mamba, mamba2, rwkv
+from implicit_attn.families import griffin
 from implicit_attn.kernels import pallas
-from implicit_attn.operator import ImplicitOperator, ScalarDecayCore, resolve_impl
+from implicit_attn.operator import ImplicitOperator, resolve_impl
+from kernel_cores import BUILDERS, griffin_cfg, griffin_op, scalar_lowrank_op
 
-B, L, TILE = 2, 37, 8
+B, L, TILE = 2, 37, 8  # the builders' default shapes; tile 8 gives 5 x 5 tiles
 HOWS = ("mean", "abs_mean", "pos_mean", "weighted")
 
 
@@ -30,64 +31,6 @@ def small_tile():
     pallas.DEFAULT_TILE = TILE
     yield
     pallas.DEFAULT_TILE = old
-
-
-def _mamba(L_=L):
-    cfg = mamba.Config(vocab_size=8, hidden_size=4, state_size=4, num_hidden_layers=1, conv_kernel=4)
-    p = mamba.init_params(cfg, jax.random.PRNGKey(1))["layers"][0]["mixer"]
-    h = jax.random.normal(jax.random.PRNGKey(2), (B, L_, 4))
-    return mamba.block.mixer_operator_jit(p, h, cfg=cfg)
-
-
-def _mamba2():
-    cfg = mamba2.Config(vocab_size=8, hidden_size=4, num_heads=2, head_dim=3, state_size=4, n_groups=2,
-                        expand=2, chunk_size=8)
-    p = mamba2.init_params(cfg, jax.random.PRNGKey(1))["layers"][0]["mixer"]
-    h = jax.random.normal(jax.random.PRNGKey(2), (B, L, 4))
-    return mamba2.block.mixer_operator_jit(p, h, cfg=cfg)
-
-
-def _griffin_cfg():
-    return griffin.Config(vocab_size=8, hidden_size=8, intermediate_size=4, num_hidden_layers=2,
-                          num_attention_heads=2, num_key_value_heads=1, lru_width=6,
-                          block_types=("recurrent", "attention"))
-
-
-def _griffin(L_=L, restart=True):
-    cfg = _griffin_cfg()
-    params = griffin.init_params(cfg, jax.random.PRNGKey(1))
-    p = params["layers"][0]["temporal_block"]
-    h = jax.random.normal(jax.random.PRNGKey(2), (B, L_, 8))
-    pos = np.tile(np.arange(L_), (B, 1))
-    if restart and L_ > 20:  # a second packed document in batch row 1
-        pos[1, 20:] = np.arange(L_ - 20)
-    return griffin.block.recurrent_operator_jit(p, h, jnp.asarray(pos), cfg=cfg)
-
-
-def _rwkv():
-    cfg = rwkv.Config(vocab_size=8, hidden_size=4, attention_hidden_size=4, intermediate_size=4,
-                      num_hidden_layers=1)
-    att = rwkv.init_params(cfg, jax.random.PRNGKey(1))["layers"][0]["attention"]
-    att["time_decay"] = jnp.array([-3.0, -0.5, 0.5, 1.6])  # slow to fast decays
-    h = jax.random.normal(jax.random.PRNGKey(2), (B, L, 4))
-    return rwkv.block.time_mix_operator_jit(att, h, cfg=cfg)
-
-
-def _scalar_lowrank():
-    """A generic ScalarDecayCore with q k^T groups, a diagonal, both scalings, a reset, a conv."""
-    r = np.random.default_rng(0)
-    f = lambda *s: jnp.asarray(r.standard_normal(s), jnp.float32)
-    C, G, N = 5, 2, 3
-    la = -jnp.abs(f(B, G, L))
-    la = la.at[0, 1, 17].set(-jnp.inf)
-    core = ScalarDecayCore(log_a=la, group=jnp.array([1, 0, 0, 1, 1]), q=f(B, G, L, N), k=f(B, G, L, N),
-                           left=f(B, C, L), right=f(B, C, L), diag=f(B, C, L), conv_w=f(C, 3))
-    v = f(B, C, L)
-    return ImplicitOperator(values=v, offset=jnp.zeros_like(v), output=v, core=core)
-
-
-BUILDERS = {"mamba": _mamba, "mamba2": _mamba2, "griffin": _griffin, "rwkv": _rwkv,
-            "scalar_lowrank": _scalar_lowrank}
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +71,7 @@ def test_document_mask_zeroes_cross_document_entries(ops):
 
 
 def test_length_one_and_single_tile():
-    op = _griffin(L_=1)
+    op = griffin_op(L_=1)
     for chans in ([3], None):
         a, b = op.materialize(chans, impl="pallas"), op.materialize(chans, impl="xla")
         assert a.shape[-2:] == (1, 1) and rel(a, b) <= 1e-5
@@ -177,8 +120,8 @@ def test_reduce_gradient_matches_xla(ops):
         assert rel(a, b) <= 1e-5
 
 
-def test_attention_core_has_no_kernel_and_auto_is_xla_on_cpu():
-    cfg = _griffin_cfg()
+def test_attention_core_has_no_kernel():
+    cfg = griffin_cfg()
     params = griffin.init_params(cfg, jax.random.PRNGKey(1))
     p = params["layers"][1]["temporal_block"]
     h = jax.random.normal(jax.random.PRNGKey(2), (1, 5, 8))
@@ -188,12 +131,15 @@ def test_attention_core_has_no_kernel_and_auto_is_xla_on_cpu():
     with pytest.raises(TypeError, match="AttentionCore"):
         op.reduce(impl="pallas")
     assert not pallas.has_kernel(op.core)
-    assert jax.default_backend() == "cpu"
     assert resolve_impl("auto", op.core) == "xla"
-    assert resolve_impl("auto", _scalar_lowrank().core) == "xla"  # CPU: XLA even with a kernel
-    assert resolve_impl("pallas", _scalar_lowrank().core) == "pallas"
+    assert resolve_impl("pallas", scalar_lowrank_op().core) == "pallas"
     with pytest.raises(ValueError, match="impl must be one of"):
         op.materialize(impl="triton")
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="what auto picks on CPU")
+def test_auto_never_picks_the_interpreter_on_cpu():
+    assert resolve_impl("auto", scalar_lowrank_op().core) == "xla"
 
 
 def test_bad_arguments_fail_loudly(ops):

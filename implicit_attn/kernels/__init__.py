@@ -3,7 +3,7 @@ CPU) and fused C++ CPU kernels (``cpu``). Importing this package registers both 
 ``implicit_attn.operator.dispatch``, each for the core types it takes."""
 from . import cpu, pallas
 from .cpu import CpuKernelUnavailable
-from .pallas import DEFAULT_TILE, default_interpret, on_accelerator, pallas_dense, pallas_reduce
+from .pallas import DEFAULT_TILE, on_accelerator, pallas_dense, pallas_reduce
 
 __all__ = ["cpu", "pallas", "CpuKernelUnavailable", "pallas_dense", "pallas_reduce", "on_accelerator",
-           "default_interpret", "DEFAULT_TILE"]
+           "DEFAULT_TILE"]

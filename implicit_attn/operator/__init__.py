@@ -10,12 +10,12 @@ from .base import (BLOCK_BUDGET, MODES, REDUCTIONS, OperatorCore, apply_mode, bl
                    channel_weights, pytree_dataclass)
 from .cores import (AttentionCore, DocumentMaskedCore, Mamba2Core, RwkvCore, ScalarDecayCore,
                     StateDecayCore)
-from .dispatch import (KernelBackend, blocked_reduce, impls, register_backend, register_core, resolve_impl,
-                       with_xla_backward)
+from .dispatch import (KernelBackend, blocked_reduce, default_platform, impls, register_backend, register_core,
+                       resolve_impl, with_xla_backward)
 from .implicit import HEAD_MATRICES, ImplicitOperator, Mamba2Operator
 
 __all__ = ["ImplicitOperator", "Mamba2Operator", "AttentionOperator", "OperatorCore", "StateDecayCore",
            "ScalarDecayCore", "DocumentMaskedCore", "Mamba2Core", "RwkvCore", "AttentionCore",
-           "KernelBackend", "register_backend", "register_core", "resolve_impl", "impls", "blocked_reduce",
+           "KernelBackend", "default_platform", "register_backend", "register_core", "resolve_impl", "impls", "blocked_reduce",
            "with_xla_backward", "pytree_dataclass", "channel_index", "channel_weights", "block_size",
            "apply_mode", "MODES", "REDUCTIONS", "BLOCK_BUDGET", "HEAD_MATRICES"]

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ...operator import MODES, KernelBackend, register_backend, register_core, with_xla_backward
+from ...operator import MODES, KernelBackend, default_platform, register_backend, register_core, with_xla_backward
 from . import calls
 from .plans import PLANS, VERIFIED, make_plan
 
@@ -36,11 +36,6 @@ def on_accelerator() -> bool:
     return jax.default_backend() in ACCELERATORS
 
 
-def default_interpret() -> bool:
-    """Pallas interpret mode everywhere except GPU/TPU."""
-    return not on_accelerator()
-
-
 def _check_tile(tile):
     if tile is None:
         return DEFAULT_TILE
@@ -49,21 +44,52 @@ def _check_tile(tile):
     return int(tile)
 
 
-def _planned(core, idx, tile, interpret):
-    plan = make_plan(core, idx, tile)
-    return calls.softmax_stats(plan, interpret) if plan.kind == "softmax" else plan
+def _kernels(target: calls.Target, tile: int):
+    """``(dense, reduce)`` of one target: plan (with its tile edge) and call."""
+    T = target.tile(tile)
+
+    def planned(core, idx):
+        plan = make_plan(core, idx, T)
+        return calls.softmax_stats(plan, target) if plan.kind == "softmax" else plan
+
+    def dense(core, idx):
+        return calls.materialize(planned(core, idx), target)
+
+    def reduce(core, idx, mode, qw, kw):
+        return calls.reduce(planned(core, idx), mode, qw, kw, target)
+
+    return dense, reduce
+
+
+def _per_platform(fns: dict):
+    """One function choosing among ``fns`` (platform -> function) by the platform the
+    computation is lowered for (so ``jax.export(..., platforms=["tpu"])`` from a CPU
+    machine gets the TPU kernel), not by the machine it is traced on."""
+    def f(*args):
+        return jax.lax.platform_dependent(*args, **fns)
+
+    return f
 
 
 @functools.lru_cache(maxsize=None)
-def _entry_points(tile: int, interpret: bool):
-    """Differentiable ``(dense, reduce)`` for one tile size and mode, each jitted."""
-    def dense(core, idx):
-        return calls.materialize(_planned(core, idx, tile, interpret), interpret)
+def _entry_points(tile: int, interpret: bool | None):
+    """Differentiable, jitted ``(dense, reduce)`` for one tile size.
 
-    def reduce(core, idx, mode, qw, kw):
-        return calls.reduce(_planned(core, idx, tile, interpret), mode, qw, kw, interpret)
-
-    d, r = with_xla_backward(dense, reduce)
+    ``interpret``: True = interpret mode everywhere; False = the compiled kernel of the
+    lowering platform (Triton on cuda/rocm, Mosaic on tpu); None = compiled on those,
+    interpret mode elsewhere (CPU)."""
+    interp = _kernels(calls.TARGETS["interpret"], tile)
+    if interpret:
+        d, r = interp
+    else:
+        triton = _kernels(calls.TARGETS["triton"], tile)
+        tpu = _kernels(calls.TARGETS["mosaic_tpu"], tile)
+        # Elsewhere (CPU): the interpreter, or for interpret=False the Triton kernel, whose
+        # lowering there fails with Pallas's "Only interpret mode is supported on CPU".
+        other = interp if interpret is None else triton
+        per = [{"cuda": t, "rocm": t, "tpu": m, "default": o} for t, m, o in zip(triton, tpu, other)]
+        d, r = (_per_platform(p) for p in per)
+    d, r = with_xla_backward(d, r)
     return jax.jit(d), jax.jit(r)  # mode is traced: one compilation serves every reduction
 
 
@@ -74,14 +100,16 @@ def pallas_dense(core, idx, tile: int | None = None, interpret: bool | None = No
       core: an operator core with a kernel (see module docstring).
       idx: ``(n,)`` int channel indices.
       tile: tile edge ``T`` (>= conv width - 1; None: ``DEFAULT_TILE``, read at call time so
-        it can be tuned); L need not be a multiple of it.
-      interpret: Pallas interpret mode; None = on unless on GPU/TPU.
+        it can be tuned); L need not be a multiple of it. Compiled kernels round it up to
+        what the platform needs (Triton: a power of two >= 16; TPU: a multiple of 128).
+      interpret: True: Pallas interpret mode; False: the compiled kernel of the platform
+        the computation is lowered for (an error on CPU); None: compiled on GPU/TPU,
+        interpret mode elsewhere, chosen per lowering platform.
     Returns:
       ``(B, n, L, L)`` float32, equal to ``core.dense(idx)`` to float32 rounding.
     """
     BACKEND.check_core(core)
-    interpret = default_interpret() if interpret is None else bool(interpret)
-    dense, _ = _entry_points(_check_tile(tile), interpret)
+    dense, _ = _entry_points(_check_tile(tile), None if interpret is None else bool(interpret))
     return dense(core, jnp.asarray(idx, jnp.int32))
 
 
@@ -90,32 +118,27 @@ def pallas_reduce(core, idx, how: str, qw, kw, tile: int | None = None, interpre
 
     ``f`` is the identity (``how="mean"`` / ``"weighted"``), ``abs`` (``"abs_mean"``) or
     ``max(., 0)`` (``"pos_mean"``); the caller puts ``1/n`` into ``qw`` for the means.
-    Loops over channels inside each output tile: ``(B, n, L, L)`` is never written.
+    ``(B, n, L, L)`` is never written: each output tile sums its channels in the kernel.
 
     Args:
       core: an operator core with a kernel; idx: ``(n,)`` int channels.
       qw, kw: ``(B, n, L)`` per-channel, per-position query / key weights.
+      tile, interpret: as for ``pallas_dense``.
     Returns:
       ``(B, L, L)`` float32.
     """
     BACKEND.check_core(core)
     if how not in MODES:
         raise ValueError(f"how must be one of {tuple(MODES)}, got {how!r}")
-    interpret = default_interpret() if interpret is None else bool(interpret)
-    _, reduce = _entry_points(_check_tile(tile), interpret)
+    _, reduce = _entry_points(_check_tile(tile), None if interpret is None else bool(interpret))
     return reduce(core, jnp.asarray(idx, jnp.int32), jnp.asarray(MODES[how], jnp.int32),
                   jnp.asarray(qw, jnp.float32), jnp.asarray(kw, jnp.float32))
-
-
-def platform() -> str:
-    """The lowering platform of the default backend (``"cuda"``, ``"rocm"``, ``"tpu"``, ``"cpu"``)."""
-    return jax.devices()[0].client.platform if jax.default_backend() == "gpu" else jax.default_backend()
 
 
 def trusted(core) -> bool:
     """Whether ``impl="auto"`` may use the compiled kernel for ``core`` here: its core type
     is verified on this platform (``plans.VERIFIED``)."""
-    return platform() in VERIFIED.get(type(core), frozenset())
+    return default_platform() in VERIFIED.get(type(core), frozenset())
 
 
 def has_kernel(core) -> bool:
@@ -131,5 +154,5 @@ for _type, (_, _check) in PLANS.items():
     register_core("pallas", _type, _check)
 
 
-__all__ = ["pallas_dense", "pallas_reduce", "has_kernel", "trusted", "platform", "on_accelerator", "default_interpret",
+__all__ = ["pallas_dense", "pallas_reduce", "has_kernel", "trusted", "on_accelerator"
            "DEFAULT_TILE", "BACKEND"]

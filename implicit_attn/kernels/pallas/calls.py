@@ -1,234 +1,397 @@
-"""The Pallas kernels: tiled materialize, fused channel reductions, softmax row statistics.
+"""The Pallas kernels: tiled materialize, fused channel reduction, softmax row statistics.
 
-One kernel family for every block: a tile of ``H_c`` is the plan's pre-conv tile
-(``tiles.py``), then the banded conv (two ``(T, T)`` matmuls: the conv reaches at most
-``K - 1 <= T`` columns into the next tile), then the optional document mask.
-Tiles above the diagonal are written as zeros without computing anything.
+One kernel family for every block: a tile of ``H_c`` is the plan's pre-conv tile, then
+the banded conv (two ``(T, T)`` matmuls: the conv reaches at most ``K - 1 <= T`` columns
+into the next column tile), then the optional document mask. Tiles above the diagonal
+are written as zeros without computing anything.
 
-Grids: materialize ``(B, n, nt, nt)`` with one ``(T, T)`` output tile per step;
-reduce ``(B, nt, nt)`` with a loop over channels inside the kernel, so only
-``(B, L, L)`` is ever written; softmax statistics ``(B, n, nt)``. Every grid axis is
-independent (no revisited outputs), as the GPU backends require.
+Every input reaches the kernel through a ``BlockSpec`` whose index map follows the grid
+``(B, nt, nt, channel blocks)``: per-position rows arrive as the ``(T, 1)`` column of the
+row tile ``I`` or the ``(1, T)`` row of the column tile ``J`` (and ``J + 1`` for the
+conv); nothing is sliced inside the kernel. The output has its exact shape; the ragged
+last tile is a partial block (inputs are zero-padded to whole tiles).
+
+The same kernels are built for three targets (``TARGETS``): interpret mode (CPU, tests),
+Triton (GPU) and Mosaic (TPU). They differ only in the smallest tile and in how ``reduce``
+visits channels: a loop inside the kernel over all channels (Triton runs grid steps in
+parallel, so an output tile cannot be revisited), or a sequential last grid axis of one
+channel per step that accumulates into the output tile (Mosaic keeps VMEM at one
+channel's inputs).
 """
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import triton as pltriton
 
 from ...operator import apply_mode
 from . import tiles
-from .plans import Plan
+from .plans import Plan, next_pow2
 
 f32 = jnp.float32
 
 
-class _Refs:
-    """Named access to the kernel's input refs for channel ``c`` (local to the block)."""
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """How the kernels are built for one lowering platform.
 
-    def __init__(self, names, refs, T):
-        self.r = dict(zip(names, refs))
-        self.T = T
+    Attributes:
+      name: ``"interpret"``, ``"triton"`` or ``"mosaic_tpu"``.
+      channel_grid: ``reduce`` visits channels as a sequential grid axis (else a loop).
+    """
 
-    def has(self, name):
-        return name in self.r
+    name: str
+    channel_grid: bool
 
-    def row(self, name, c, tile):
-        """``(T,)`` entries of tile ``tile`` of a per-channel row."""
-        return self.r[name][0, c, pl.ds(tile * self.T, self.T)]
+    def tile(self, tile: int) -> int:
+        """The tile edge used for a requested ``tile``: Triton needs a power of two >= 16
+        (its smallest dot), Mosaic TPU a multiple of 128 (the lane width)."""
+        if self.name == "triton":
+            return max(16, next_pow2(tile))
+        if self.name == "mosaic_tpu":
+            return -(-tile // 128) * 128
+        return tile
 
-    def full(self, name, c):
-        return self.r[name][0, c, :]
+    def call(self, kernel, *, grid, in_specs, out_specs, out_shape, sequential_last: bool = False):
+        """``pl.pallas_call`` for this target."""
+        kw = {}
+        if self.name == "triton":
+            kw["compiler_params"] = pltriton.CompilerParams(num_warps=4, num_stages=1)
+        elif self.name == "mosaic_tpu":
+            sem = ("parallel",) * (len(grid) - 1) + ("arbitrary" if sequential_last else "parallel",)
+            kw["compiler_params"] = pltpu.CompilerParams(dimension_semantics=sem)
+        return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+                              interpret=self.name == "interpret", **kw)
 
-    def small(self, name, c):
-        return self.r[name][c, :]
+    def store(self, ref, value, rows: int, cols: int):
+        """``ref[...] = value`` for a ``(T, T)`` output tile of which only the first ``rows``
+        rows and ``cols`` columns lie inside the array (the ragged last tiles). Triton does
+        not mask a partial block itself (the rest would land in the next rows), so the
+        store is masked there; interpret mode and Mosaic drop out-of-bounds entries."""
+        if self.name == "triton":
+            inside = (tiles.iota2(value.shape, 0) < rows) & (tiles.iota2(value.shape, 1) < cols)
+            pltriton.store(ref, value, mask=inside)
+        else:
+            ref[...] = value
 
-    def time_tile(self, name, tile, g=None):
-        """Tile ``tile`` of a shared per-example array (``(B, Lin, N)`` or ``(B, G, Lin, N)``)."""
-        ref = self.r[name]
-        sl = pl.ds(tile * self.T, self.T)
-        return ref[0, sl, :] if g is None else ref[0, g, sl, :]
+
+TARGETS = {"interpret": Target("interpret", channel_grid=False),
+           "triton": Target("triton", channel_grid=False),
+           "mosaic_tpu": Target("mosaic_tpu", channel_grid=True)}
 
 
-def _pre_tile(kind: str, R: _Refs, c, I, J):
-    """Tile ``(I, J)`` (``J <= I``) of ``H_c`` before the conv: ``(T, T)`` float32."""
-    T = R.T
-    if kind == "softmax":
-        wu = R.small("wu", c)
-        lg = tiles.decay_rows_logits(R.row("k", c, J), wu[0], wu[1], I * T, J * T, T)
-        P = jnp.exp(lg - R.row("m", c, I)[:, None]) / R.row("z", c, I)[:, None]
-        return R.row("gate", c, I)[:, None] * P if R.has("gate") else P
-    tI, tJ = R.row("t", c, I), R.row("t", c, J)
-    mid = tiles.between(R.full("tot", c), I, J)
-    if kind == "scalar":
-        H = tiles.scalar_decay_tile(tI, tJ, mid, I == J)
+class _Inputs:
+    """Kernel inputs with their BlockSpecs, on the grid ``(b, I, J, c)`` with ``Cb``
+    channels per block. Keys are ``(name, side)``; ``side`` is ``"i"`` (row tile),
+    ``"j0"`` / ``"j1"`` (column tile ``J`` / ``J + 1``) or None."""
+
+    def __init__(self, nt: int, Cb: int):
+        self.nt, self.Cb = nt, Cb
+        self.keys, self.arrays, self.specs = [], [], []
+
+    def _tile(self, side, I, J):
+        return {"i": I, "j0": J, "j1": jnp.minimum(J + 1, self.nt - 1)}[side]
+
+    def add(self, key, array, block, index):
+        self.keys.append(key)
+        self.arrays.append(array)
+        self.specs.append(pl.BlockSpec(block, index))
+
+    def col(self, name, x, side, T):
+        """``(B, n, Lp)`` -> ``(T, 1)`` per channel, of tile ``side``."""
+        self.add((name, side), x[..., None], (1, self.Cb, T, 1),
+                 lambda b, I, J, c: (b, c, self._tile(side, I, J), 0))
+
+    def row(self, name, x, side, T):
+        """``(B, n, Lp)`` -> ``(1, T)`` per channel, of tile ``side``."""
+        self.add((name, side), x[:, :, None, :], (1, self.Cb, 1, T),
+                 lambda b, I, J, c: (b, c, 0, self._tile(side, I, J)))
+
+    def param(self, name, p):
+        """``(n, X)`` -> ``(1, X)`` per channel."""
+        self.add((name, None), p[:, None, :], (self.Cb, 1, p.shape[-1]), lambda b, I, J, c: (c, 0, 0))
+
+    def time_tile(self, name, x, side, T, axis: int):
+        """A per-example array with time on ``axis`` (full along every other axis)."""
+        block = tuple(T if a == axis else (1 if a == 0 else s) for a, s in enumerate(x.shape))
+
+        def index(b, I, J, c):
+            return tuple(b if a == 0 else (self._tile(side, I, J) if a == axis else 0) for a in range(x.ndim))
+
+        self.add((name, side), x, block, index)
+
+
+class _Tile:
+    """The tile math's view of the kernel's refs for local channel ``cl``.
+
+    ``qk``: side -> the ``G`` tiles ``(T, T)`` of ``q_g k_g^T`` when computed once for all
+    the channels of a kernel step (``reduce``), else None (computed per channel)."""
+
+    def __init__(self, plan: Plan, refs: dict, cl, qk: dict | None = None):
+        self.plan, self.refs, self.cl, self.qk_cache = plan, refs, cl, qk
+
+    def has(self, name, side="i"):
+        return (name, side) in self.refs
+
+    def col(self, name, side="i"):
+        return self.refs[(name, side)][0, self.cl]
+
+    row = col  # same indexing: the BlockSpec fixed the layout, (T, 1) or (1, T)
+
+    def param(self, name):
+        return self.refs[(name, None)][self.cl]
+
+    def mid(self, Jx):
+        return tiles.pick(self.refs[("mid", "i")][0, self.cl, 0], Jx, 1)
+
+    def shared(self, name, side):
+        return self.refs[(name, side)][0]
+
+    def select_group(self, per_group: list):
+        """The entry of ``per_group`` (one array per group) for this channel's group: a
+        select over the ``G`` groups (no scalar read, no gather)."""
+        if len(per_group) == 1:
+            return per_group[0]
+        g = self.param("group")  # (1, 1)
+        return sum(jnp.where(g == gi, x, 0.0) for gi, x in enumerate(per_group))
+
+    def qk(self, side):
+        """``(T, T)`` tile of ``q_g k_g^T`` (rows: tile I; columns: tile ``side``)."""
+        if self.qk_cache is not None:
+            return self.select_group(self.qk_cache[side])
+        q, k = self.refs[("q", "i")], self.refs[("k", side)]
+        return tiles.dot_t(self.select_group([q[0, g] for g in range(q.shape[1])]),
+                           self.select_group([k[0, g] for g in range(k.shape[1])]))
+
+
+def group_products(refs: dict, sides) -> dict | None:
+    """side -> ``[q_g k_g^T]`` tiles of every group, for a kernel step that reuses them
+    across its channels (None if the plan has no per-group ``q, k``)."""
+    if ("q", "i") not in refs or ("k", "j0") not in refs or refs[("q", "i")].ndim != 4:
+        return None
+    q = refs[("q", "i")]
+    return {s: [tiles.dot_t(q[0, g], refs[("k", s)][0, g]) for g in range(q.shape[1])] for s in sides}
+
+
+def _pre_tile(R: _Tile, I, Jx, side):
+    """Tile ``(I, Jx)`` (``Jx <= I``) of ``H_c`` before the conv: ``(T, T)`` float32."""
+    plan, T = R.plan, R.plan.T
+    is_diag = Jx == I
+    if plan.kind == "softmax":
+        lg = tiles.decay_rows_logits(R.row("k", side), R.param("w"), R.param("u"), I * T, Jx * T, T)
+        H = jnp.exp(lg - R.col("m")) / R.col("z")
+        return R.col("gate") * H if R.has("gate") else H
+    if plan.kind == "scalar":
+        H = tiles.scalar_decay(R.col("t"), R.col("P"), R.mid(Jx), R.row("S", side), is_diag)
         if R.has("q"):
-            g = R.small("gidx", c)[0]
-            H = H * tiles.dot_t(R.time_tile("q", I, g), R.time_tile("k", J, g))
+            H = H * R.qk(side)
         if R.has("left"):
-            H = R.row("left", c, I)[:, None] * H
-        if R.has("right"):
-            H = H * R.row("right", c, J)[None, :]
+            H = R.col("left") * H
+        if R.has("right", side):
+            H = H * R.row("right", side)
     else:  # state: the scalings are folded into the (T, N) factors
-        qI, kJ = R.time_tile("q", I), R.time_tile("k", J)
+        q, k, kT = R.shared("q", "i"), R.shared("k", side), R.shared("kT", side)
         if R.has("left"):
-            qI = qI * R.row("left", c, I)[:, None]
-        if R.has("right"):
-            kJ = kJ * R.row("right", c, J)[:, None]
-        H = tiles.state_decay_tile(qI, kJ, R.small("A", c), tI, tJ, mid, I == J)
+            q = q * R.col("left")
+        if R.has("right", side):
+            k = k * R.col("right_col", side)
+            kT = kT * R.row("right", side)
+        H = tiles.state_decay(q, k, kT, R.param("A"), R.col("t"), R.col("P"), R.mid(Jx),
+                              R.col("S_col", side), is_diag)
     if R.has("diag"):
-        a, b = tiles.iota2(T)
-        H = H + jnp.where((a == b) & (I == J), R.row("diag", c, I)[:, None], 0.0)
+        H = tiles.add_diagonal(H, R.col("diag"), is_diag)
     return H
 
 
-def _tile(kind: str, R: _Refs, c, I, J):
+def _tile(R: _Tile, I, J):
     """Tile ``(I, J)`` (``J <= I``) of the full ``H_c``: conv and document mask applied."""
-    T = R.T
-    if not R.has("conv_w"):
-        H = _pre_tile(kind, R, c, I, J)
+    plan, T = R.plan, R.plan.T
+    if not plan.conv:
+        H = _pre_tile(R, I, J, "j0")
     else:
-        M0, M1 = tiles.conv_bands(R.small("conv_w", c), T)
-        # Column tile J+1 (if not above the diagonal) in a loop, so the tile math is traced once.
-        def step(s, acc):
-            return acc + tiles.dot(_pre_tile(kind, R, c, I, J + s), jnp.where(s == 0, M0, M1))
-
-        H = jax.lax.fori_loop(0, 1 + (J + 1 <= I).astype(jnp.int32), step, jnp.zeros((T, T), f32))
-    if R.has("seg"):
-        sl = lambda t: R.r["seg"][0, pl.ds(t * T, T)]
-        H = jnp.where(sl(I)[:, None] == sl(J)[None, :], H, 0.0)
+        M0, M1 = tiles.conv_bands(R.param("conv_w"), plan.conv, T)
+        H = tiles.dot(_pre_tile(R, I, J, "j0"), M0)
+        H = H + jax.lax.cond(J + 1 <= I, lambda: tiles.dot(_pre_tile(R, I, J + 1, "j1"), M1),
+                             lambda: jnp.zeros((T, T), f32))
+    if R.has("seg_col"):
+        H = jnp.where(R.shared("seg_col", "i") == R.shared("seg_row", "j0"), H, 0.0)
     return H
 
 
-def _specs(plan: Plan, chan_block, chan_index, small_block, small_index, shared_index):
-    """Input arrays and BlockSpecs in a fixed order (names returned alongside)."""
-    names, arrays, specs = [], [], []
-    for name, x in sorted(plan.chan.items()):
-        names.append(name)
-        arrays.append(x)
-        specs.append(pl.BlockSpec(chan_block(x), chan_index))
-    for name, x in sorted(plan.small.items()):
-        names.append(name)
-        arrays.append(x)
-        specs.append(pl.BlockSpec(small_block(x), small_index))
-    for name, x in sorted(plan.shared.items()):
-        names.append(name)
-        arrays.append(x)
-        rest = x.shape[1:]
-        specs.append(pl.BlockSpec((1,) + rest, shared_index(len(rest))))
-    return names, arrays, specs
+def _plan_inputs(plan: Plan, Cb: int) -> _Inputs:
+    """Every input the tiles of ``plan`` read, laid out for their BlockSpecs."""
+    T, nt = plan.T, plan.nt
+    inp = _Inputs(nt, Cb)
+    sides = ("j0", "j1") if plan.conv else ("j0",)
+    v = plan.vec
+    if plan.kind == "softmax":
+        for name in ("m", "z", "gate"):
+            if name in v:
+                inp.col(name, v[name], "i", T)
+        for s in sides:
+            inp.row("k", v["k"], s, T)
+        inp.param("w", plan.param["w"])
+        inp.param("u", plan.param["u"])
+    else:
+        for name in ("t", "P", "left", "diag"):
+            if name in v:
+                inp.col(name, v[name], "i", T)
+        inp.add(("mid", "i"), plan.mid[:, :, :, None, :], (1, Cb, 1, 1, plan.mid.shape[-1]),
+                lambda b, I, J, c: (b, c, I, 0, 0))
+        for s in sides:
+            if plan.kind == "scalar":
+                inp.row("S", v["S"], s, T)
+            else:
+                inp.col("S_col", v["S"], s, T)
+            if "right" in v:
+                inp.row("right", v["right"], s, T)
+                if plan.kind == "state":
+                    inp.col("right_col", v["right"], s, T)
+        for name in ("A", "group"):
+            if name in plan.param:
+                inp.param(name, plan.param[name])
+        if "q" in plan.shared:
+            q, k = plan.shared["q"], plan.shared["k"]
+            axis = q.ndim - 2
+            inp.time_tile("q", q, "i", T, axis)
+            for s in sides:
+                inp.time_tile("k", k, s, T, axis)
+                if plan.kind == "state":
+                    inp.time_tile("kT", jnp.swapaxes(k, 1, 2), s, T, 2)
+    if plan.conv:
+        inp.param("conv_w", plan.param["conv_w"])
+    if "seg" in plan.shared:
+        seg = plan.shared["seg"]
+        inp.time_tile("seg_col", seg[:, :, None], "i", T, 1)
+        inp.time_tile("seg_row", seg[:, None, :], "j0", T, 2)
+    return inp
 
 
-def materialize(plan: Plan, interpret: bool):
-    """Dense ``(B, n, L, L)`` float32 of the plan's channels."""
-    B, n = _batch_channels(plan)
-    T, Lp = plan.T, plan.Lp
-    nt = Lp // T
-    names, arrays, specs = _specs(
-        plan,
-        chan_block=lambda x: (1, 1, x.shape[-1]), chan_index=lambda b, c, I, J: (b, c, 0),
-        small_block=lambda x: (1, x.shape[-1]), small_index=lambda b, c, I, J: (c, 0),
-        shared_index=lambda r: (lambda b, c, I, J: (b,) + (0,) * r))
+def _channels(plan: Plan) -> tuple[int, int]:
+    x = next(iter(plan.vec.values()))
+    return x.shape[0], x.shape[1]
+
+
+def materialize(plan: Plan, target: Target):
+    """Dense ``(B, n, L, L)`` float32 of the plan's channels: one ``(T, T)`` tile per step."""
+    B, n = _channels(plan)
+    T, nt, L = plan.T, plan.nt, plan.L
+    inp = _plan_inputs(plan, 1)
 
     def kernel(*refs):
-        R = _Refs(names, refs[:-1], T)
+        R = _Tile(plan, dict(zip(inp.keys, refs[:-1])), 0)
         o = refs[-1]
-        I, J = pl.program_id(2), pl.program_id(3)
+        I, J = pl.program_id(1), pl.program_id(2)
+        store = lambda value: target.store(o.at[0, 0], value, L - I * T, L - J * T)
 
         @pl.when(J > I)
         def _():
-            o[...] = jnp.zeros(o.shape, f32)
+            store(jnp.zeros((T, T), f32))
 
         @pl.when(J <= I)
         def _():
-            o[0, 0] = _tile(plan.kind, R, 0, I, J)
+            store(_tile(R, I, J))
 
-    out = pl.pallas_call(
-        kernel, grid=(B, n, nt, nt), in_specs=specs,
-        out_specs=pl.BlockSpec((1, 1, T, T), lambda b, c, I, J: (b, c, I, J)),
-        out_shape=jax.ShapeDtypeStruct((B, n, Lp, Lp), f32), interpret=interpret)(*arrays)
-    L = plan.L
-    return out if Lp == L else out[:, :, :L, :L]
+    return target.call(
+        kernel, grid=(B, nt, nt, n), in_specs=inp.specs,
+        out_specs=pl.BlockSpec((1, 1, T, T), lambda b, I, J, c: (b, c, I, J)),
+        out_shape=jax.ShapeDtypeStruct((B, n, L, L), f32))(*inp.arrays)
 
 
-def reduce(plan: Plan, mode, qw, kw, interpret: bool):
+def reduce(plan: Plan, mode, qw, kw, target: Target):
     """``sum_c qw[b,c,i] f(H_c[i, j]) kw[b,c,j]`` -> ``(B, L, L)``; ``f`` is the identity,
     ``abs`` or ``max(., 0)`` for ``mode`` (int32 scalar array) 0, 1, 2 (``operator.MODES``).
     ``qw, kw (B, n, L)`` float32. Only ``(B, L, L)`` is written."""
-    B, n = _batch_channels(plan)
-    T, Lp, L = plan.T, plan.Lp, plan.L
-    nt = Lp // T
-    Lin = next(iter(plan.chan.values())).shape[-1]
-    pad = lambda w: jnp.pad(w.astype(f32), ((0, 0), (0, 0), (0, Lin - L)))
-    small = dict(plan.small, mode=jnp.broadcast_to(jnp.asarray(mode, jnp.int32), (n, 1)))
-    plan = Plan(plan.kind, L, Lp, T, dict(plan.chan, qw=pad(qw), kw=pad(kw)), small, plan.shared)
-    names, arrays, specs = _specs(
-        plan,
-        chan_block=lambda x: (1,) + x.shape[1:], chan_index=lambda b, I, J: (b, 0, 0),
-        small_block=lambda x: x.shape, small_index=lambda b, I, J: (0, 0),
-        shared_index=lambda r: (lambda b, I, J: (b,) + (0,) * r))
+    B, n = _channels(plan)
+    T, nt, L, Lp = plan.T, plan.nt, plan.L, plan.Lp
+    Cb, nC = (1, n) if target.channel_grid else (n, 1)
+    inp = _plan_inputs(plan, Cb)
+    pad = lambda w: jnp.pad(w.astype(f32), ((0, 0), (0, 0), (0, Lp - L)))
+    inp.col("qw", pad(qw), "i", T)
+    inp.row("kw", pad(kw), "j0", T)
+    inp.add(("mode", None), jnp.reshape(jnp.asarray(mode, jnp.int32), (1, 1)), (1, 1), lambda b, I, J, c: (0, 0))
 
     def kernel(*refs):
-        R = _Refs(names, refs[:-1], T)
+        refd = dict(zip(inp.keys, refs[:-1]))
         o = refs[-1]
-        I, J = pl.program_id(1), pl.program_id(2)
+        I, J, c = pl.program_id(1), pl.program_id(2), pl.program_id(3)
+        mode_ = refd[("mode", None)][...]
 
-        @pl.when(J > I)
-        def _():
-            o[...] = jnp.zeros(o.shape, f32)
+        def channels():
+            # The channels of one step share their group's q k^T tiles: one matmul per group.
+            qk = group_products(refd, ("j0", "j1") if plan.conv else ("j0",)) if Cb > 1 else None
 
-        @pl.when(J <= I)
-        def _():
-            def body(c, acc):
-                H = apply_mode(_tile(plan.kind, R, c, I, J), R.small("mode", c)[0])
-                return acc + R.row("qw", c, I)[:, None] * H * R.row("kw", c, J)[None, :]
+            def body(cl, acc):
+                R = _Tile(plan, refd, cl, qk)
+                H = apply_mode(_tile(R, I, J), mode_)
+                return acc + R.col("qw") * H * R.row("kw", "j0")
 
-            o[0] = jax.lax.fori_loop(0, n, body, jnp.zeros((T, T), f32))
+            zero = jnp.zeros((T, T), f32)
+            return body(0, zero) if Cb == 1 else jax.lax.fori_loop(0, Cb, body, zero)
 
-    out = pl.pallas_call(
-        kernel, grid=(B, nt, nt), in_specs=specs,
-        out_specs=pl.BlockSpec((1, T, T), lambda b, I, J: (b, I, J)),
-        out_shape=jax.ShapeDtypeStruct((B, Lp, Lp), f32), interpret=interpret)(*arrays)
-    return out if Lp == L else out[:, :L, :L]
+        if nC == 1:
+            store = lambda value: target.store(o.at[0], value, L - I * T, L - J * T)
+
+            @pl.when(J > I)
+            def _():
+                store(jnp.zeros((T, T), f32))
+
+            @pl.when(J <= I)
+            def _():
+                store(channels())
+        else:
+            @pl.when(c == 0)
+            def _():
+                o[...] = jnp.zeros(o.shape, f32)
+
+            @pl.when(J <= I)
+            def _():
+                o[0] = o[0] + channels()
+
+    return target.call(
+        kernel, grid=(B, nt, nt, nC), in_specs=inp.specs,
+        out_specs=pl.BlockSpec((1, T, T), lambda b, I, J, c: (b, I, J)),
+        out_shape=jax.ShapeDtypeStruct((B, L, L), f32), sequential_last=nC > 1)(*inp.arrays)
 
 
-def softmax_stats(plan: Plan, interpret: bool) -> Plan:
+def softmax_stats(plan: Plan, target: Target) -> Plan:
     """Row max ``m`` and normaliser ``z = sum_j exp(l[i, j] - m[i])`` of every RWKV row
     (online over the column tiles ``J <= I``, as flash attention does); returns the plan
-    with ``m, z (B, n, Lin)`` added."""
-    B, n = _batch_channels(plan)
-    T, Lp = plan.T, plan.Lp
-    nt = Lp // T
-    Lin = plan.chan["k"].shape[-1]
+    with ``m, z (B, n, Lp)`` added."""
+    B, n = _channels(plan)
+    T, nt, Lp = plan.T, plan.nt, plan.Lp
+    ntp = next_pow2(nt)
+    k4 = jnp.pad(plan.vec["k"], ((0, 0), (0, 0), (0, ntp * T - Lp))).reshape(B, n, ntp, T)
+    w, u = plan.param["w"][:, None, :], plan.param["u"][:, None, :]  # (n, 1, 1)
 
-    def kernel(k_ref, wu_ref, m_ref, z_ref):
-        I = pl.program_id(2)
-        wu = wu_ref[0, :]
+    def kernel(k_ref, w_ref, u_ref, m_ref, z_ref):
+        I = pl.program_id(1)
+        wc, uc = w_ref[0], u_ref[0]
 
         def body(J, mz):
             m, z = mz
-            lg = tiles.decay_rows_logits(k_ref[0, 0, pl.ds(J * T, T)], wu[0], wu[1], I * T, J * T, T)
-            m_new = jnp.maximum(m, jnp.max(lg, axis=1))
-            z = z * jnp.exp(m - m_new) + jnp.sum(jnp.exp(lg - m_new[:, None]), axis=1)
+            lg = tiles.decay_rows_logits(k_ref[0, 0, pl.ds(J, 1), :], wc, uc, I * T, J * T, T)
+            m_new = jnp.maximum(m, jnp.max(lg, axis=1, keepdims=True))
+            # A row whose entries so far are all -inf (w = -inf) keeps m = -inf: shift by 0.
+            shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+            z = z * jnp.exp(m - shift) + jnp.sum(jnp.exp(lg - shift), axis=1, keepdims=True)
             return m_new, z
 
-        m0 = jnp.full((T,), -jnp.inf, f32)
-        m, z = jax.lax.fori_loop(0, I + 1, body, (m0, jnp.zeros((T,), f32)))
+        m0 = jnp.full((T, 1), -jnp.inf, f32)
+        m, z = jax.lax.fori_loop(0, I + 1, body, (m0, jnp.zeros((T, 1), f32)))
         m_ref[0, 0] = m
         z_ref[0, 0] = z
 
-    m, z = pl.pallas_call(
-        kernel, grid=(B, n, nt),
-        in_specs=[pl.BlockSpec((1, 1, Lin), lambda b, c, I: (b, c, 0)),
-                  pl.BlockSpec((1, 2), lambda b, c, I: (c, 0))],
-        out_specs=[pl.BlockSpec((1, 1, T), lambda b, c, I: (b, c, I))] * 2,
-        out_shape=[jax.ShapeDtypeStruct((B, n, Lp), f32)] * 2,
-        interpret=interpret)(plan.chan["k"], plan.small["wu"])
-    padl = lambda x, v: jnp.pad(x, ((0, 0), (0, 0), (0, Lin - Lp)), constant_values=v)
-    chan = dict(plan.chan, m=padl(m, 0.0), z=padl(z, 1.0))
-    return Plan(plan.kind, plan.L, Lp, T, chan, plan.small, plan.shared)
-
-
-def _batch_channels(plan: Plan):
-    x = next(iter(plan.chan.values()))
-    return x.shape[0], x.shape[1]
+    m, z = target.call(
+        kernel, grid=(B, nt, n),
+        in_specs=[pl.BlockSpec((1, 1, ntp, T), lambda b, I, c: (b, c, 0, 0)),
+                  pl.BlockSpec((1, 1, 1), lambda b, I, c: (c, 0, 0)),
+                  pl.BlockSpec((1, 1, 1), lambda b, I, c: (c, 0, 0))],
+        out_specs=[pl.BlockSpec((1, 1, T, 1), lambda b, I, c: (b, c, I, 0))] * 2,
+        out_shape=[jax.ShapeDtypeStruct((B, n, Lp, 1), f32)] * 2)(k4, w, u)
+    vec = dict(plan.vec, m=m[..., 0], z=z[..., 0])
+    return dataclasses.replace(plan, vec=vec)

@@ -9,9 +9,12 @@ Three tile kinds serve every block:
 * ``"softmax"``: ``diag(gate) softmax_rows(l)`` (RWKV-4), with row statistics from a
   first pass.
 
-All then get the optional banded conv on the right. Per-channel vectors are gathered
-for the selected channels here (``O(B n L)``); per-group ``q, k`` stay per group and
-are indexed inside the kernel, so nothing of size ``n * L * N`` is built.
+All then get the optional banded conv on the right. Everything that is ``O(B n L)`` is
+computed here with XLA, once: the per-channel rows of the selected channels, and for the
+decay kinds the three parts of the chunked segment sum (``ops.chunk_sums``, the same
+parts the XLA reference uses). The kernels compute only what is ``O(L^2)``. Per-group
+``q, k`` stay per group and are selected inside the kernel, so nothing of size
+``n * L * N`` is built.
 """
 from __future__ import annotations
 
@@ -21,14 +24,17 @@ from typing import Callable
 import jax.numpy as jnp
 
 from ...operator import DocumentMaskedCore, Mamba2Core, RwkvCore, ScalarDecayCore, StateDecayCore
+from ...ops import chunk_sums
 
 f32 = jnp.float32
 
 # core type -> (plan function ``(core, idx, T) -> Plan``, ``core -> problem or None``)
 PLANS: dict[type, tuple[Callable, Callable]] = {}
-# core type -> the platforms ("cuda", "rocm", "tpu") where its compiled kernel is known to
-# lower, compile and match XLA; impl="auto" picks Pallas only there. None are yet: the
-# kernels index whole rows with dynamic slices, which only interpret mode accepts.
+# core type -> the platforms ("cuda", "rocm", "tpu") where impl="auto" uses its compiled
+# kernel: run there, equal to XLA, and faster than XLA for both materialize and reduce
+# (benchmarks/gpu.py). On an H100 (jax 0.11.2) every kernel compiled and matched XLA to
+# 2e-7, but Mamba-1's reduce and Mamba-2's materialize were slower than XLA, so auto keeps
+# XLA for those two core types. TPU: lowering is tested, compiling is not (no TPU here).
 VERIFIED: dict[type, frozenset] = {}
 
 
@@ -49,91 +55,104 @@ def next_pow2(n: int) -> int:
 
 @dataclasses.dataclass
 class Plan:
-    """Kernel inputs for ``n`` selected channels at padded length ``Lp`` (a multiple of ``T``).
+    """Kernel inputs for ``n`` selected channels, time padded to ``Lp = nt * T``.
 
-    ``chan``: name -> ``(B, n, X)`` float32 per-channel rows; ``small``: name -> ``(n, X)``
-    per-channel parameters; ``shared``: name -> ``(B, ...)`` per-example arrays.
+    Attributes:
+      kind: ``"scalar"``, ``"state"`` or ``"softmax"``.
+      L, T: true length and tile edge.
+      vec: name -> ``(B, n, Lp)`` float32 per-channel rows. Decay kinds: ``t`` (log decays
+        or step sizes), ``P`` (inclusive in-tile prefix sums of ``t``), ``S`` (exclusive
+        in-tile suffix sums), optional ``left, right, diag``. Softmax: ``k``, optional
+        ``gate``.
+      mid: ``(B, n, nt, ntp)`` sums of the whole tiles strictly between row tile ``I`` and
+        column tile ``J`` (decay kinds; ``ntp`` = ``nt`` padded to a power of two), else None.
+      param: name -> ``(n, X)`` per-channel parameters (``A``, ``conv_w``, ``w``, ``u``, ``group``).
+      shared: name -> per-example arrays: ``q, k`` (``(B, G, Lp, N)`` scalar kind,
+        ``(B, Lp, N)`` state kind; ``N`` padded to >= 16, a power of two), ``seg (B, Lp)``.
+      conv: the conv width ``K`` (0: no conv).
     """
 
     kind: str
     L: int
-    Lp: int
     T: int
-    chan: dict
-    small: dict
+    vec: dict
+    mid: object
+    param: dict
     shared: dict
+    conv: int = 0
 
     @property
-    def flags(self) -> tuple:
-        return tuple(sorted(list(self.chan) + list(self.small) + list(self.shared)))
+    def Lp(self) -> int:
+        return next(iter(self.vec.values())).shape[-1]
+
+    @property
+    def nt(self) -> int:
+        return self.Lp // self.T
 
 
-def _pad_last(x, size: int, value=0.0):
-    pad = [(0, 0)] * (x.ndim - 1) + [(0, size - x.shape[-1])]
+def _pad_axis(x, axis: int, size: int, value=0.0):
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, size - x.shape[axis])
     return jnp.pad(x, pad, constant_values=value)
 
 
-def _rows(x, idx, Lin):
-    """``(B, C, L)`` -> selected channels, float32, padded to ``Lin``."""
-    return _pad_last(jnp.take(x, idx, axis=1).astype(f32), Lin)
+def _rows(x, idx, Lp):
+    """``(B, C, L)`` -> selected channels, float32, padded to ``Lp`` with zeros."""
+    return _pad_axis(jnp.take(x, idx, axis=1).astype(f32), 2, Lp)
 
 
-def _tile_totals(t, Lp: int, T: int):
-    """Per-tile sums ``(B, n, nt)`` of ``t (B, n, >= Lp)``, padded to a power of two."""
-    B, n = t.shape[:2]
+def _feature_pad(x, axis: int):
+    """Zero-pad a contraction axis to a power of two >= 16 (Triton's smallest dot)."""
+    return _pad_axis(x.astype(f32), axis, max(16, next_pow2(x.shape[axis])))
+
+
+def _decay_plan(kind, T, t, idx, left, right, diag, conv_w, shared, param, L):
+    """Common tail of the decay kinds: segment-sum parts, optional rows, the conv."""
+    B, n, Lp = t.shape
     nt = Lp // T
-    tot = jnp.sum(t[..., :Lp].reshape(B, n, nt, T), axis=-1)
-    return _pad_last(tot, next_pow2(nt))
-
-
-def _geometry(L: int, T: int):
-    Lp = -(-L // T) * T
-    return Lp, next_pow2(Lp)
-
-
-def _finish_decay(plan_kind, L, T, Lp, Lin, t, idx, left, right, diag, conv_w, shared, small):
-    chan = {"t": t, "tot": _tile_totals(t, Lp, T)}
+    P, S, between = chunk_sums(t.reshape(B, n, nt, T))
+    vec = {"t": t, "P": P.reshape(B, n, Lp), "S": S.reshape(B, n, Lp)}
     for name, v in (("left", left), ("right", right), ("diag", diag)):
         if v is not None:
-            chan[name] = _pad_last(v.astype(f32), Lin)
+            vec[name] = _pad_axis(v.astype(f32), 2, Lp)
+    K = 0
     if conv_w is not None:
-        if conv_w.shape[-1] - 1 > T:
-            raise ValueError(f"conv width {conv_w.shape[-1]} needs a tile of at least {conv_w.shape[-1] - 1}, got {T}")
-        small["conv_w"] = jnp.take(conv_w, idx, axis=0).astype(f32)
-    return Plan(plan_kind, L, Lp, T, chan, small, shared)
+        K = conv_w.shape[-1]
+        if K - 1 > T:
+            raise ValueError(f"conv width {K} needs a tile of at least {K - 1}, got {T}")
+        param["conv_w"] = _pad_axis(jnp.take(conv_w, idx, axis=0).astype(f32), 1, next_pow2(K))
+    mid = _pad_axis(between, 3, next_pow2(nt))
+    return Plan(kind, L, T, vec, mid, param, shared, K)
 
 
-@plan_for(ScalarDecayCore)
+def _padded_length(L: int, T: int) -> int:
+    return -(-L // T) * T
+
+
+@plan_for(ScalarDecayCore, verified=("cuda",))
 def plan_scalar(core, idx, T: int, seg=None) -> Plan:
     """``ScalarDecayCore`` -> scalar plan (``seg (B, L)``: optional document ids)."""
     B, G, L = core.log_a.shape
-    Lp, Lin = _geometry(L, T)
+    Lp = _padded_length(L, T)
     g = jnp.take(core.group, idx)
-    t = _rows(core.log_a, g, Lin)
-    small, shared = {}, {}
+    param, shared = {}, {}
     if core.q is not None:
-        small["gidx"] = g.astype(jnp.int32)[:, None]
-        shared["q"] = _pad_time4(core.q, Lin)
-        shared["k"] = _pad_time4(core.k, Lin)
+        param["group"] = g.astype(jnp.int32)[:, None]
+        shared["q"] = _feature_pad(_pad_axis(core.q, 2, Lp), 3)
+        shared["k"] = _feature_pad(_pad_axis(core.k, 2, Lp), 3)
     if seg is not None:
-        shared["seg"] = _pad_last(seg.astype(jnp.int32), Lin, -1)
+        shared["seg"] = _pad_axis(seg.astype(jnp.int32), 1, Lp, -1)
     take = lambda x: None if x is None else jnp.take(x, idx, axis=1)
-    return _finish_decay("scalar", L, T, Lp, Lin, t, idx, take(core.left), take(core.right),
-                         take(core.diag), core.conv_w, shared, small)
-
-
-def _pad_time4(x, Lin):
-    """``(B, G, L, N)`` -> float32, time padded to ``Lin``."""
-    return jnp.pad(x.astype(f32), ((0, 0), (0, 0), (0, Lin - x.shape[2]), (0, 0)))
+    return _decay_plan("scalar", T, _rows(core.log_a, g, Lp), idx, take(core.left), take(core.right),
+                       take(core.diag), core.conv_w, shared, param, L)
 
 
 @plan_for(Mamba2Core)
 def plan_mamba2(core, idx, T: int) -> Plan:
     """``Mamba2Core`` -> scalar plan: ``alpha = K diag(dt) + D I`` folded into ``right`` and ``diag``."""
     B, H, L = core.log_a.shape
-    Lp, Lin = _geometry(L, T)
+    Lp = _padded_length(L, T)
     h = jnp.take(core.head, idx)
-    t = _rows(core.log_a, h, Lin)
     dt = jnp.take(core.dt, h, axis=1).astype(f32)
     left = None if core.left is None else jnp.take(core.left, idx, axis=1).astype(f32)
     right = None if core.right is None else jnp.take(core.right, idx, axis=1).astype(f32)
@@ -141,35 +160,34 @@ def plan_mamba2(core, idx, T: int) -> Plan:
     diag = D * (1.0 if left is None else left) * (1.0 if right is None else right)
     diag = jnp.broadcast_to(diag, dt.shape)
     right = dt if right is None else dt * right
-    small = {"gidx": (h // core.heads_per_group).astype(jnp.int32)[:, None]}
-    shared = {"q": _pad_time4(core.q, Lin), "k": _pad_time4(core.k, Lin)}
-    return _finish_decay("scalar", L, T, Lp, Lin, t, idx, left, right, diag, core.conv_w, shared, small)
+    param = {"group": (h // core.heads_per_group).astype(jnp.int32)[:, None]}
+    shared = {"q": _feature_pad(_pad_axis(core.q, 2, Lp), 3), "k": _feature_pad(_pad_axis(core.k, 2, Lp), 3)}
+    return _decay_plan("scalar", T, _rows(core.log_a, h, Lp), idx, left, right, diag, core.conv_w,
+                       shared, param, L)
 
 
 @plan_for(StateDecayCore)
 def plan_state(core, idx, T: int) -> Plan:
     """``StateDecayCore`` (Mamba-1) -> state plan."""
     B, C, L = core.dt.shape
-    Lp, Lin = _geometry(L, T)
-    t = _rows(core.dt, idx, Lin)
-    small = {"A": jnp.take(core.A, idx, axis=0).astype(f32)}
-    pad3 = lambda x: jnp.pad(x.astype(f32), ((0, 0), (0, Lin - L), (0, 0)))
-    shared = {"q": pad3(core.q), "k": pad3(core.k)}
+    Lp = _padded_length(L, T)
+    param = {"A": _feature_pad(jnp.take(core.A, idx, axis=0), 1)}
+    shared = {"q": _feature_pad(_pad_axis(core.q, 1, Lp), 2), "k": _feature_pad(_pad_axis(core.k, 1, Lp), 2)}
     take = lambda x: None if x is None else jnp.take(x, idx, axis=1)
-    return _finish_decay("state", L, T, Lp, Lin, t, idx, take(core.left), take(core.right),
-                         take(core.diag), core.conv_w, shared, small)
+    return _decay_plan("state", T, _rows(core.dt, idx, Lp), idx, take(core.left), take(core.right),
+                       take(core.diag), core.conv_w, shared, param, L)
 
 
-@plan_for(RwkvCore)
+@plan_for(RwkvCore, verified=("cuda",))
 def plan_softmax(core, idx, T: int) -> Plan:
     """``RwkvCore`` -> softmax plan (row statistics are added by the caller)."""
     B, C, L = core.k.shape
-    Lp, Lin = _geometry(L, T)
-    chan = {"k": _rows(core.k, idx, Lin)}
+    Lp = _padded_length(L, T)
+    vec = {"k": _rows(core.k, idx, Lp)}
     if core.gate is not None:
-        chan["gate"] = _rows(core.gate, idx, Lin)
-    wu = jnp.stack([jnp.take(core.w, idx), jnp.take(core.u, idx)], axis=1).astype(f32)
-    return Plan("softmax", L, Lp, T, chan, {"wu": wu}, {})
+        vec["gate"] = _rows(core.gate, idx, Lp)
+    param = {"w": jnp.take(core.w, idx)[:, None].astype(f32), "u": jnp.take(core.u, idx)[:, None].astype(f32)}
+    return Plan("softmax", L, T, vec, None, param, {})
 
 
 def _inner_scalar(core) -> str | None:
@@ -178,7 +196,7 @@ def _inner_scalar(core) -> str | None:
     return None
 
 
-@plan_for(DocumentMaskedCore, _inner_scalar)
+@plan_for(DocumentMaskedCore, _inner_scalar, verified=("cuda",))
 def plan_document_masked(core, idx, T: int) -> Plan:
     """``DocumentMaskedCore(ScalarDecayCore)`` -> scalar plan with the document ids."""
     return plan_scalar(core.inner, idx, T, seg=core.seg)

@@ -1,16 +1,21 @@
-"""Tile math shared by the Pallas kernels: small pure functions on one ``(T, T)`` tile.
+"""Tile math shared by the Pallas kernels: pure functions on the values of one tile.
 
 Every recurrent operator is ``diag(left) K diag(right) + diag(d)`` followed by a short
 banded conv, with ``K`` a causal decayed kernel. For a tile of rows ``I`` and columns
-``J < I`` the segment sum splits into three sums of non-positive log decays::
+``J < I`` the segment sum splits into three sums of same-signed terms (``ops.chunk_sums``,
+computed outside the kernel)::
 
     T[i, j] = P[i] + Mid + S[j],  P[i] = sum_{k=I0..i} t_k,  S[j] = sum_{k=j+1..J0+T-1} t_k,
-                                   Mid = sum of the whole tiles strictly between J and I,
 
-so every exponent is ``<= 0`` and no difference of partial sums is ever formed (``-inf``
-log decays, i.e. resets, give exact zeros instead of NaN). Diagonal tiles use a masked
-in-tile segment sum. All functions here work on values (not refs) and are plain jnp,
-so they run in interpret mode and lower to the GPU/TPU backends alike.
+so no difference of partial sums is ever formed (``-inf`` log decays, i.e. resets, give
+exact zeros instead of NaN). Diagonal tiles get their in-tile segment sum from one masked
+matmul.
+
+The functions keep every value two-dimensional: a per-row quantity is a ``(T, 1)`` column,
+a per-column one a ``(1, T)`` row, a scalar ``(1, 1)``. Entries are picked with masked sums,
+never by slicing or indexing a value, and sizes are powers of two, so the same code runs in
+interpret mode and lowers to Triton (which has no value slicing) and to Mosaic TPU (which
+wants 2-D vectors).
 """
 from __future__ import annotations
 
@@ -19,63 +24,20 @@ import jax.numpy as jnp
 
 f32 = jnp.float32
 HIGHEST = jax.lax.Precision.HIGHEST
+# A finite stand-in for -inf inside the in-tile matmul (0 * -inf would be NaN); any sum
+# of T such terms still underflows exp() to exactly 0, as -inf does.
+NEG_BIG = -1e30
 
 
-def iota2(T: int):
-    """Row and column index grids ``(T, T)`` int32."""
-    i = jax.lax.broadcasted_iota(jnp.int32, (T, T), 0)
-    j = jax.lax.broadcasted_iota(jnp.int32, (T, T), 1)
-    return i, j
+def iota2(shape, axis: int):
+    """int32 index grid of a 2-D ``shape`` along ``axis``."""
+    return jax.lax.broadcasted_iota(jnp.int32, shape, axis)
 
 
-def seg_diag(t):
-    """In-tile segment sums ``seg[i, j] = sum_{k=j+1..i} t_k`` (``(T,) -> (T, T)``),
-    ``-inf`` above the diagonal. A masked sum (no cumsum, no subtraction)."""
-    T = t.shape[0]
-    i = jax.lax.broadcasted_iota(jnp.int32, (T, T, T), 0)
-    j = jax.lax.broadcasted_iota(jnp.int32, (T, T, T), 1)
-    k = jax.lax.broadcasted_iota(jnp.int32, (T, T, T), 2)
-    s = jnp.sum(jnp.where((k > j) & (k <= i), t[None, None, :], 0.0), axis=-1)
-    ii, jj = iota2(T)
-    return jnp.where(ii >= jj, s, -jnp.inf)
-
-
-def prefix_incl(t):
-    """``P[i] = sum_{k<=i} t_k`` within the tile: ``(T,) -> (T,)``."""
-    i, k = iota2(t.shape[0])
-    return jnp.sum(jnp.where(k <= i, t[None, :], 0.0), axis=1)
-
-
-def suffix_excl(t):
-    """``S[j] = sum_{k>j} t_k`` within the tile: ``(T,) -> (T,)``."""
-    j, k = iota2(t.shape[0])
-    return jnp.sum(jnp.where(k > j, t[None, :], 0.0), axis=1)
-
-
-def between(tot, I, J):
-    """Sum of the tile totals ``tot (nt,)`` of tiles strictly between ``J`` and ``I``: scalar."""
-    m = jax.lax.broadcasted_iota(jnp.int32, tot.shape, 0)
-    return jnp.sum(jnp.where((m > J) & (m < I), tot, 0.0))
-
-
-def conv_bands(w, T: int):
-    """The two ``(T, T)`` pieces of the banded conv matrix ``M`` that a column tile needs.
-
-    ``(H M)[:, tile J] = H[:, tile J] @ M0 + H[:, tile J+1] @ M1`` with
-    ``M[a, b] = w[K-1-(a-b)]`` for ``0 <= a-b <= K-1`` (``K - 1 <= T``).
-    Args:
-      w: ``(K,)`` float32 filter of one channel.
-    """
-    K = w.shape[0]
-    a, b = iota2(T)
-    d0 = a - b
-    d1 = T + a - b
-    M0 = jnp.zeros((T, T), f32)
-    M1 = jnp.zeros((T, T), f32)
-    for s in range(K):
-        M0 = jnp.where(d0 == s, w[K - 1 - s], M0)
-        M1 = jnp.where(d1 == s, w[K - 1 - s], M1)
-    return M0, M1
+def pick(x, k, axis: int):
+    """Entry ``k`` (static or traced int) of ``x (R, C)`` along ``axis``, kept 2-D:
+    ``(1, C)`` for ``axis=0``, ``(R, 1)`` for ``axis=1``."""
+    return jnp.sum(jnp.where(iota2(x.shape, axis) == k, x, 0.0), axis=axis, keepdims=True)
 
 
 def dot(a, b):
@@ -89,56 +51,89 @@ def dot_t(a, b):
                                preferred_element_type=f32)
 
 
-def scalar_decay_tile(tI, tJ, mid, is_diag):
-    """``exp(T[i, j])`` for one tile of a scalar (per-channel) log decay.
+def diag_segment(t_col):
+    """In-tile segment sums ``seg[i, j] = sum_{k=j+1..i} t_k`` of a ``(T, 1)`` column of
+    increments: ``(T, T)``, ``-inf`` above the diagonal. One masked ``(T, T)`` matmul."""
+    T = t_col.shape[0]
+    lower = (iota2((T, T), 1) <= iota2((T, T), 0)).astype(f32)  # [i, k]: k <= i
+    after = jnp.where(iota2((T, T), 0) > iota2((T, T), 1), jnp.maximum(t_col, NEG_BIG), 0.0)  # [k, j]
+    s = dot(lower, after)
+    return jnp.where(iota2((T, T), 0) >= iota2((T, T), 1), s, -jnp.inf)
+
+
+def add_diagonal(H, d_col, is_diag):
+    """``H + diag(d)`` on a diagonal tile (``d_col (T, 1)``), ``H`` elsewhere."""
+    on = (iota2(H.shape, 0) == iota2(H.shape, 1)) & is_diag
+    return H + jnp.where(on, d_col, 0.0)
+
+
+def scalar_decay(t_col, P_col, mid, S_row, is_diag):
+    """``exp(T[i, j])`` for one tile of a scalar log decay: ``(T, T)``.
 
     Args:
-      tI, tJ: ``(T,)`` log decays of the row and column tiles (``<= 0``, ``-inf`` allowed).
-      mid: scalar sum of the tiles between (ignored on the diagonal).
+      t_col, P_col: ``(T, 1)`` log decays and inclusive prefix sums of the row tile.
+      mid: ``(1, 1)`` sum of the tiles between; S_row: ``(1, T)`` suffix sums of the column
+        tile (both ignored on the diagonal).
       is_diag: traced bool, row tile == column tile.
-    Returns:
-      ``(T, T)`` float32, exact zeros above the diagonal of a diagonal tile.
     """
-    def diag_branch():
-        return seg_diag(tI)
-
-    def off_branch():
-        return prefix_incl(tI)[:, None] + mid + suffix_excl(tJ)[None, :]
-
-    return jnp.exp(jax.lax.cond(is_diag, diag_branch, off_branch))
+    return jnp.exp(jax.lax.cond(is_diag, lambda: diag_segment(t_col), lambda: P_col + mid + S_row))
 
 
-def state_decay_tile(qI, kJ, A, tI, tJ, mid, is_diag):
-    """``sum_n qI[i, n] kJ[j, n] exp(A[n] T[i, j])`` for one tile (Mamba-1's per-state decay).
+def state_decay(q, k, kT, A_row, t_col, P_col, mid, S_col, is_diag):
+    """``sum_n q[i, n] k[j, n] exp(A[n] T[i, j])`` for one tile (Mamba-1's per-state decay).
 
     Args:
-      qI, kJ: ``(T, N)`` (row scalings already folded into ``qI``, column ones into ``kJ``).
-      A: ``(N,)`` rates (``<= 0``); tI, tJ: ``(T,)`` step sizes (``>= 0``); mid: scalar.
+      q, k: ``(T, N)`` row-tile queries, column-tile keys (row / column scalings folded in);
+        kT: ``(N, T)`` the same keys transposed.
+      A_row: ``(1, N)`` rates (``<= 0``); t_col, P_col: ``(T, 1)`` step sizes (``>= 0``) and
+        their prefix sums in the row tile; mid: ``(1, 1)``; S_col: ``(T, 1)`` suffix sums of
+        the column tile.
     Returns:
-      ``(T, T)`` float32. Off the diagonal the decay factorises over the three parts, each
-      factor ``<= 1``; on it a ``(T, T, N)`` masked exponential.
+      ``(T, T)``. Off the diagonal the decay factorises over the three parts (each factor
+      ``<= 1``) into one matmul; on it a loop over the states.
     """
-    def diag_branch():
-        s = seg_diag(tI)
-        lower = s > -jnp.inf
-        s0 = jnp.where(lower, s, 0.0)
-        dec = jnp.where(lower[:, :, None], jnp.exp(A[None, None, :] * s0[:, :, None]), 0.0)
-        return jnp.sum(qI[:, None, :] * kJ[None, :, :] * dec, axis=-1)
+    def diag():
+        seg = diag_segment(t_col)
+        lower = seg > -jnp.inf
+        s0 = jnp.where(lower, seg, 0.0)
 
-    def off_branch():
-        qd = qI * jnp.exp(A[None, :] * prefix_incl(tI)[:, None])
-        kd = kJ * jnp.exp(A[None, :] * (suffix_excl(tJ) + mid)[:, None])
-        return dot_t(qd, kd)
+        def one(n, acc):
+            dec = jnp.exp(pick(A_row, n, 1) * s0)
+            return acc + pick(q, n, 1) * pick(kT, n, 0) * dec
 
-    return jax.lax.cond(is_diag, diag_branch, off_branch)
+        H = jax.lax.fori_loop(0, q.shape[1], one, jnp.zeros(s0.shape, f32))
+        return jnp.where(lower, H, 0.0)
+
+    def off():
+        return dot_t(q * jnp.exp(A_row * P_col), k * jnp.exp(A_row * (S_col + mid)))
+
+    return jax.lax.cond(is_diag, diag, off)
 
 
-def decay_rows_logits(kJ, w, u, I0, J0, T: int):
+def conv_bands(w_row, K: int, T: int):
+    """The two ``(T, T)`` pieces of the banded conv matrix ``M`` that a column tile needs.
+
+    ``(H M)[:, tile J] = H[:, tile J] @ M0 + H[:, tile J+1] @ M1`` with
+    ``M[a, b] = w[K-1-(a-b)]`` for ``0 <= a-b <= K-1`` (``K - 1 <= T``).
+    Args:
+      w_row: ``(1, Kp)`` filter of one channel (zero-padded past ``K``).
+    """
+    d0 = iota2((T, T), 0) - iota2((T, T), 1)
+    M0 = jnp.zeros((T, T), f32)
+    M1 = jnp.zeros((T, T), f32)
+    for s in range(K):
+        ws = pick(w_row, K - 1 - s, 1)
+        M0 = jnp.where(d0 == s, ws, M0)
+        M1 = jnp.where(d0 + T == s, ws, M1)
+    return M0, M1
+
+
+def decay_rows_logits(k_row, w, u, I0, J0, T: int):
     """RWKV-4 logits ``l[i, j]`` of one tile: ``(i-1-j) w + k_j`` for ``j < i``, ``u + k_i``
-    on the diagonal, ``-inf`` above. ``kJ (T,)``, ``w, u`` scalars, ``I0, J0`` tile starts."""
-    a, b = iota2(T)
-    i = a + I0
-    j = b + J0
+    on the diagonal, ``-inf`` above. ``k_row (1, T)``, ``w, u (1, 1)``, ``I0, J0`` tile starts."""
+    i = iota2((T, T), 0) + I0
+    j = iota2((T, T), 1) + J0
     dist = (i - 1 - j).astype(f32)
+    # where(): dist 0 (j = i-1) must give 0 even for w = -inf.
     rel = jnp.where(j < i, jnp.where(dist > 0, dist * w, 0.0), u)
-    return jnp.where(j <= i, rel + kJ[None, :], -jnp.inf)
+    return jnp.where(j <= i, rel + k_row, -jnp.inf)

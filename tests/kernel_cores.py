@@ -1,0 +1,71 @@
+"""Operators for the kernel tests: every core type with a Pallas kernel, built from each
+family's own pure functions on random weights (tiny configs), so the cores are exactly
+what the models produce, plus a generic ``ScalarDecayCore`` with every optional part.
+Each builder takes the length ``L_`` and batch ``B``."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from implicit_attn.families import griffin, mamba, mamba2, rwkv
+from implicit_attn.operator import ImplicitOperator, ScalarDecayCore
+
+B, L = 2, 37
+
+
+def mamba_op(L_=L, B=B):
+    cfg = mamba.Config(vocab_size=8, hidden_size=4, state_size=4, num_hidden_layers=1, conv_kernel=4)
+    p = mamba.init_params(cfg, jax.random.PRNGKey(1))["layers"][0]["mixer"]
+    h = jax.random.normal(jax.random.PRNGKey(2), (B, L_, 4))
+    return mamba.block.mixer_operator_jit(p, h, cfg=cfg)
+
+
+def mamba2_op(L_=L, B=B):
+    cfg = mamba2.Config(vocab_size=8, hidden_size=4, num_heads=2, head_dim=3, state_size=4, n_groups=2,
+                        expand=2, chunk_size=8)
+    p = mamba2.init_params(cfg, jax.random.PRNGKey(1))["layers"][0]["mixer"]
+    h = jax.random.normal(jax.random.PRNGKey(2), (B, L_, 4))
+    return mamba2.block.mixer_operator_jit(p, h, cfg=cfg)
+
+
+def griffin_cfg():
+    return griffin.Config(vocab_size=8, hidden_size=8, intermediate_size=4, num_hidden_layers=2,
+                          num_attention_heads=2, num_key_value_heads=1, lru_width=6,
+                          block_types=("recurrent", "attention"))
+
+
+def griffin_op(L_=L, B=B, restart=True):
+    cfg = griffin_cfg()
+    params = griffin.init_params(cfg, jax.random.PRNGKey(1))
+    p = params["layers"][0]["temporal_block"]
+    h = jax.random.normal(jax.random.PRNGKey(2), (B, L_, 8))
+    pos = np.tile(np.arange(L_), (B, 1))
+    if restart and L_ > 20 and B > 1:  # a second packed document in batch row 1
+        pos[1, 20:] = np.arange(L_ - 20)
+    return griffin.block.recurrent_operator_jit(p, h, jnp.asarray(pos), cfg=cfg)
+
+
+def rwkv_op(L_=L, B=B):
+    cfg = rwkv.Config(vocab_size=8, hidden_size=4, attention_hidden_size=4, intermediate_size=4,
+                      num_hidden_layers=1)
+    att = rwkv.init_params(cfg, jax.random.PRNGKey(1))["layers"][0]["attention"]
+    att["time_decay"] = jnp.array([-3.0, -0.5, 0.5, 1.6])  # slow to fast decays
+    h = jax.random.normal(jax.random.PRNGKey(2), (B, L_, 4))
+    return rwkv.block.time_mix_operator_jit(att, h, cfg=cfg)
+
+
+def scalar_lowrank_op(L_=L, B=B):
+    """A generic ScalarDecayCore with q k^T groups, a diagonal, both scalings, a reset, a conv."""
+    r = np.random.default_rng(0)
+    f = lambda *s: jnp.asarray(r.standard_normal(s), jnp.float32)
+    C, G, N = 5, 2, 3
+    la = -jnp.abs(f(B, G, L_))
+    if L_ > 17:
+        la = la.at[0, 1, 17].set(-jnp.inf)
+    core = ScalarDecayCore(log_a=la, group=jnp.array([1, 0, 0, 1, 1]), q=f(B, G, L_, N), k=f(B, G, L_, N),
+                           left=f(B, C, L_), right=f(B, C, L_), diag=f(B, C, L_), conv_w=f(C, 3))
+    v = f(B, C, L_)
+    return ImplicitOperator(values=v, offset=jnp.zeros_like(v), output=v, core=core)
+
+
+BUILDERS = {"mamba": mamba_op, "mamba2": mamba2_op, "griffin": griffin_op, "rwkv": rwkv_op,
+            "scalar_lowrank": scalar_lowrank_op}

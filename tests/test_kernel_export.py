@@ -1,0 +1,112 @@
+"""The Pallas kernels lower for GPU and TPU, checked from this CPU machine.
+
+For every core type with a kernel (the test fails if one is added without a builder
+here), both entry points (``materialize`` and the fused ``reduce``) are exported with
+``jax.export`` for ``cuda`` (Triton) and ``tpu`` (Mosaic) at several shapes, and the
+exported module must hold the compiled kernel calls (a Triton or ``tpu_custom_call``
+per ``pallas_call``), not interpreted ops. The kernel is chosen by the lowering platform
+(``jax.lax.platform_dependent``), so the same traced function gives the CPU interpreter
+here and the compiled kernel in the export.
+
+Lowering is what a CPU machine can check; that the Triton kernels also compile and match
+XLA was measured on an H100 (README), and Mosaic's own compile runs only on a TPU.
+"""
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import export
+
+from implicit_attn.kernels import pallas
+from implicit_attn.kernels.pallas.plans import PLANS
+from kernel_cores import BUILDERS
+
+# Exporting a Triton call is allowed only with this check off (Triton IR has no
+# serialization guarantee across versions).
+TRITON = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
+KERNEL_CALL = {"cuda": "__gpu$xla.gpu.triton", "tpu": "tpu_custom_call"}
+# Per pallas_call: RWKV-4 runs a row-statistics kernel before the tile kernel.
+CALLS = {"rwkv": 2}
+# (B, L): a single position, a ragged last tile (37 is no multiple of 32 or 128), one
+# whole tile of the Triton kernels.
+SHAPES = [(2, 1), (2, 37), (1, 32)]
+
+
+@pytest.fixture(scope="module")
+def ops():
+    return {(name, B, L): build(L_=L, B=B) for name, build in BUILDERS.items() for B, L in SHAPES}
+
+
+def test_every_kernel_core_type_has_a_builder():
+    built = set()
+    for name, build in BUILDERS.items():
+        core = build(L_=3, B=1).core
+        built.add(type(core))
+        if hasattr(core, "inner"):
+            built.add(type(core.inner))
+    assert set(PLANS) <= built, set(PLANS) - built
+
+
+def kernel_calls(text: str, platform: str) -> int:
+    """Number of compiled kernel calls in an exported StableHLO module."""
+    return len(re.findall(re.escape(KERNEL_CALL[platform]), text))
+
+
+@pytest.mark.parametrize("platform", ["cuda", "tpu"])
+@pytest.mark.parametrize("what", ["materialize", "reduce"])
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_kernel_exports_as_a_compiled_call(ops, name, what, platform):
+    for B, L in SHAPES:
+        op = ops[(name, B, L)]
+        if what == "materialize":
+            f = lambda o: o.materialize(impl="pallas")
+            shape = (B, op.shape[1], L, L)
+        else:
+            f = lambda o: o.reduce("weighted", weights=o.values, key_weights=o.values, impl="pallas")
+            shape = (B, L, L)
+        exp = export.export(jax.jit(f), platforms=[platform], disabled_checks=[TRITON])(op)
+        text = exp.mlir_module()
+        assert exp.platforms == (platform,)
+        assert exp.out_avals[0].shape == shape
+        assert kernel_calls(text, platform) == CALLS.get(name, 1), (name, B, L)
+        # no interpreted tile math left in the HLO: every exp is inside the kernel calls
+        assert "stablehlo.exponential" not in text
+        other = "tpu" if platform == "cuda" else "cuda"
+        assert kernel_calls(text, other) == 0
+
+
+CPU_ONLY = pytest.mark.skipif(jax.default_backend() != "cpu", reason="runs the interpreter on this CPU machine")
+
+
+@CPU_ONLY
+def test_interpret_flag_is_per_lowering_platform(ops):
+    """Traced once, the same function runs the interpreter on CPU (and equals XLA) while
+    its cuda export holds the Triton kernel."""
+    op = ops[("mamba2", 2, 37)]
+    f = jax.jit(lambda o: o.materialize([0, 3], impl="pallas"))
+    out = f(op)
+    ref = op.materialize([0, 3], impl="xla")
+    assert float(jnp.max(jnp.abs(out - ref))) <= 1e-5 * float(jnp.max(jnp.abs(ref)))
+    text = export.export(f, platforms=["cuda"], disabled_checks=[TRITON])(op).mlir_module()
+    assert kernel_calls(text, "cuda") == 1
+    cpu_text = f.lower(op).as_text()
+    assert kernel_calls(cpu_text, "cuda") == 0 and kernel_calls(cpu_text, "tpu") == 0
+    assert "stablehlo.exponential" in cpu_text  # the interpreter's tile math
+
+
+def test_interpreted_export_is_told_apart(ops):
+    """The check above can fail: an interpret-mode export has the tile math as HLO and
+    no kernel call."""
+    op = ops[("mamba", 2, 37)]
+    f = jax.jit(lambda c: pallas.pallas_dense(c, np.arange(2), interpret=True))
+    text = export.export(f, platforms=["cuda"])(op.core).mlir_module()
+    assert kernel_calls(text, "cuda") == 0 and "stablehlo.exponential" in text
+
+
+@CPU_ONLY
+def test_compiled_kernel_on_cpu_fails_loudly(ops):
+    op = ops[("griffin", 2, 37)]
+    with pytest.raises(Exception, match="interpret"):
+        jax.block_until_ready(pallas.pallas_dense(op.core, np.arange(2), interpret=False))
