@@ -228,12 +228,12 @@ def _in_fresh_process(tmp_path, body, env):
     script = tmp_path / "child.py"
     script.write_text(textwrap.dedent("""
         import sys
-        sys.path.insert(0, {tests!r})
+        sys.path[:0] = [{tests!r}, {root!r}]
         import jax, pytest
         from implicit_attn.kernels import cpu
         from implicit_attn.operator import resolve_impl
         from test_cpu_kernel import _op
-    """).format(tests=str(Path(__file__).parent)) + textwrap.dedent(body) + "\nprint('CHILD OK')\n")
+    """).format(tests=str(Path(__file__).parent), root=str(Path(__file__).parent.parent)) + textwrap.dedent(body) + "\nprint('CHILD OK')\n")
     p = subprocess.run([sys.executable, str(script)], env=full, capture_output=True, text=True,
                        cwd=str(tmp_path))
     assert p.returncode == 0 and "CHILD OK" in p.stdout, p.stdout + p.stderr

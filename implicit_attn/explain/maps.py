@@ -203,14 +203,15 @@ def model_kwargs(model, ids, segment_pos=None) -> dict:
 
     ``ids`` is the ``(B, L)`` batch; a ``(L,)`` ``segment_pos`` is given a batch axis.
     Raises ``ValueError`` for a family without documents or a shape unlike ``ids``
-    (the model itself checks the values: starts at 0, +1 or restart at 0)."""
+    (the model itself checks the values: starts at 0, +1 or restart at 0). A tracer
+    (positions inside ``jax.jit``) stays one."""
     if segment_pos is None:
         return {}
     if not takes_segment_pos(model):
         fam = getattr(model, "family", type(model).__name__)
         raise ValueError(f"segment_pos (packed documents) is only taken by Griffin / RecurrentGemma "
                          f"models; this {fam!r} model does not take it")
-    pos = np.asarray(segment_pos)
+    pos = segment_pos if isinstance(segment_pos, jax.core.Tracer) else np.asarray(segment_pos)
     shape = np.shape(ids)
     if len(shape) == 1:
         shape = (1,) + shape

@@ -168,8 +168,9 @@ def check_query(query: int, L: int) -> int:
 
 
 def as_ids(ids) -> np.ndarray:
-    """Token ids as a ``(B, L)`` numpy array (a ``(L,)`` sequence gets a batch axis)."""
-    a = np.asarray(ids)
+    """Token ids as a ``(B, L)`` numpy array (a ``(L,)`` sequence gets a batch axis); a
+    tracer (ids inside ``jax.jit``) stays one."""
+    a = ids if isinstance(ids, jax.core.Tracer) else np.asarray(ids)
     if a.ndim == 1:
         a = a[None]
     if a.ndim != 2:
@@ -179,14 +180,16 @@ def as_ids(ids) -> np.ndarray:
 
 def resolve_target(model, ids, query: int, target=None, logits=None, segment_pos=None) -> np.ndarray:
     """``(B,)`` target token ids: the argmax at ``query`` (None), or the given int / ``(B,)``.
-    ``segment_pos``: document positions for the model call (Griffin only)."""
+    ``segment_pos``: document positions for the model call (Griffin only). Under ``jax.jit``
+    the argmax is a traced int32 array."""
     ids = as_ids(ids)
     B = ids.shape[0]
     V = model.config.vocab_size
     kw = model_kwargs(model, ids, segment_pos)
     if target is None:
         lg = model(ids, **kw) if logits is None else logits
-        return np.asarray(jnp.argmax(lg[:, query], axis=-1)).astype(np.int64)
+        t = jnp.argmax(lg[:, query], axis=-1)
+        return t if isinstance(t, jax.core.Tracer) else np.asarray(t).astype(np.int64)
     t = np.asarray(target)
     if t.ndim > 1 or t.size not in (1, B) or t.dtype == object or not np.issubdtype(t.dtype, np.integer):
         raise ValueError(f"target must be an int or {B} ints (one per example), got {target!r}")

@@ -146,6 +146,18 @@ def scan_method(method: str) -> str:
     return method
 
 
+def run_scan(method: str, sequential, parallel, *args):
+    """``sequential(*args)`` or ``parallel(*args)`` as ``method`` says. ``"auto"`` picks by
+    the platform the computation is lowered for (``lax.platform_dependent``): sequential
+    for CPU, parallel for GPU/TPU, as ``scan_method`` does for the default backend, so a
+    function exported on a CPU machine for an accelerator gets the accelerator's scan."""
+    if method not in SCAN_METHODS:
+        raise ValueError(f"scan method must be one of {SCAN_METHODS}, got {method!r}")
+    if method == "auto":
+        return jax.lax.platform_dependent(*args, cpu=sequential, default=parallel)
+    return (parallel if method == "parallel" else sequential)(*args)
+
+
 def count_params(tree) -> int:
     """Number of scalars in a pytree of arrays."""
     return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(tree)))

@@ -14,6 +14,7 @@ import warnings
 from typing import Callable
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 
@@ -133,16 +134,31 @@ def clear_failed_kernels():
     _FAILED.clear()
 
 
+def default_platform() -> str:
+    """The lowering platform of JAX's default backend: ``"cpu"``, ``"cuda"``, ``"rocm"``,
+    ``"tpu"``, ... (``jax.default_backend()`` and the client say ``"gpu"`` for every GPU
+    platform; ``jax.extend.backend.backends()`` names each backend by its platform)."""
+    default = jax.extend.backend.get_backend()
+    for name, client in jax.extend.backend.backends().items():
+        if client is default:
+            return name
+    return jax.default_backend()
+
+
 def with_fallback(requested: str, impl: str, core, kernel: Callable, xla: Callable):
     """``kernel()``, except that under ``impl="auto"`` a kernel that raises (a compile or
     run-time failure on this machine) warns once, is not picked again for this core type,
     and ``xla()`` gives the result. An explicitly requested kernel raises as it is.
     (Inside an outer ``jit`` a compile failure surfaces when the caller compiles; ``auto``
-    picks only trusted kernels there.)"""
+    picks only trusted kernels there.)
+
+    ``auto`` chooses a kernel for the platform JAX runs on here, so the kernel is used
+    only where the computation is lowered for that platform: lowered for another one
+    (``jax.export(..., platforms=["cuda"])`` on a CPU machine) it is ``xla()``."""
     if impl == "xla" or requested != "auto":
         return kernel()
     try:
-        return kernel()
+        return jax.lax.platform_dependent(**{default_platform(): kernel}, default=xla)
     except Exception as e:  # noqa: BLE001 - any kernel failure: fall back, loudly
         _FAILED.add((impl, type(core)))
         warnings.warn(f"implicit_attn: impl={impl!r} failed for {type(core).__name__} on this machine; "
@@ -270,6 +286,6 @@ def with_xla_backward(dense_kernel: Callable, reduce_kernel: Callable):
     return dense, reduce
 
 
-__all__ = ["KernelBackend", "register_backend", "register_core", "backend", "impls", "resolve_impl", "with_fallback", "failed_kernels", "clear_failed_kernels",
+__all__ = ["KernelBackend", "register_backend", "register_core", "backend", "impls", "resolve_impl", "default_platform", "with_fallback", "failed_kernels", "clear_failed_kernels",
            "dense_fn", "materialize_blocks", "materialize_jit", "blocked_reduce", "blocked_reduce_jit",
            "with_xla_backward"]

@@ -62,7 +62,9 @@ class ImplicitOperator:
         idx = channel_index(channels, C)
         bc = block_size(idx.shape[0], B, L, block_channels)
         if isinstance(idx, jax.core.Tracer):
-            return materialize_blocks(self.core, idx, bc, impl, B, L)
+            return with_fallback(requested, impl, self.core,
+                                 lambda: materialize_blocks(self.core, idx, bc, impl, B, L),
+                                 lambda: materialize_blocks(self.core, idx, bc, "xla", B, L))
         key = tuple(int(i) for i in idx)
         return with_fallback(requested, impl, self.core,
                              lambda: materialize_jit(self.core, key, bc, impl, B, L),

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ...nn import scan_method
+from ...nn import run_scan
 from ...operator import AttentionCore, AttentionOperator, DocumentMaskedCore, ImplicitOperator, ScalarDecayCore
 from ...ops import attention_probs, causal_conv, full_precision, linear, linear_scan
 from .config import Config
@@ -143,21 +143,25 @@ def rglru_scan(a, u, method: str = "auto"):
     ``method="sequential"``: one ``lax.scan``, the same accumulation order as the reference
     loop; on CPU it is the faster choice and compiles in a fraction of the time of an
     associative scan (3x at L = 1024, 13x at 8192). ``"parallel"``: ``ops.linear_scan``
-    (``jax.lax.associative_scan``, O(log L) depth; for GPU/TPU). ``"auto"`` picks by backend
-    (``base.scan_method``, as Mamba's ``selective_scan``). Document resets (``a_t = 0``) cut
+    (``jax.lax.associative_scan``, O(log L) depth; for GPU/TPU). ``"auto"`` picks by the
+    platform lowered for (``nn.run_scan``, as Mamba's ``selective_scan``). Document resets (``a_t = 0``) cut
     the state exactly with either method.
     """
     a, u = a.astype(f32), u.astype(f32)
-    if scan_method(method) == "parallel":
+
+    def parallel(a, u):
         return linear_scan(a, u, axis=1)
 
-    def step(h, au):
-        h = au[0] * h + au[1]
-        return h, h
+    def sequential(a, u):
+        def step(h, au):
+            h = au[0] * h + au[1]
+            return h, h
 
-    a, u = (jnp.swapaxes(t, 0, 1) for t in (a, u))
-    _, hs = jax.lax.scan(step, jnp.zeros_like(u[0]), (a, u))
-    return jnp.swapaxes(hs, 0, 1)
+        a, u = (jnp.swapaxes(t, 0, 1) for t in (a, u))
+        _, hs = jax.lax.scan(step, jnp.zeros_like(u[0]), (a, u))
+        return jnp.swapaxes(hs, 0, 1)
+
+    return run_scan(method, sequential, parallel, a, u)
 
 
 def recurrent_inner(p: dict, h, pos, cfg: Config):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ...nn import scan_method
+from ...nn import run_scan
 from ...operator import ImplicitOperator, StateDecayCore
 from ...ops import causal_conv, full_precision, linear, linear_scan
 from .config import Config
@@ -54,7 +54,8 @@ def selective_scan(u, dt, A, Bm, Cm, D=None, method: str = "auto"):
     ``method="parallel"``: ``jax.lax.associative_scan`` over all states
     ``(B, L, C, N)`` (O(log L) depth; for accelerators). ``"sequential"``: one
     ``lax.scan`` whose step forms the decay and input on the fly and keeps only the
-    ``(B, C, N)`` state (fastest on CPU). ``"auto"`` picks by backend. Same numbers.
+    ``(B, C, N)`` state (fastest on CPU). ``"auto"`` picks by the platform lowered for
+    (``nn.run_scan``). Same numbers.
 
     Args:
       u: ``(B, L, C)`` inputs; dt: ``(B, L, C)`` step sizes; A: ``(C, N)``;
@@ -63,11 +64,13 @@ def selective_scan(u, dt, A, Bm, Cm, D=None, method: str = "auto"):
       ``(B, L, C)`` float32.
     """
     u = u.astype(f32)
-    if scan_method(method) == "parallel":
+
+    def parallel(u, dt, A, Bm, Cm):
         a = jnp.exp(dt[..., None] * A)  # (B, L, C, N)
         b = (dt * u)[..., None] * Bm[:, :, None, :]
-        y = jnp.einsum("blcn,bln->blc", linear_scan(a, b, axis=1), Cm)
-    else:
+        return jnp.einsum("blcn,bln->blc", linear_scan(a, b, axis=1), Cm)
+
+    def sequential(u, dt, A, Bm, Cm):
         def step(h, xs):
             d, uu, bb, cc = xs
             h = jnp.exp(d[..., None] * A) * h + (d * uu)[..., None] * bb[:, None, :]
@@ -75,7 +78,9 @@ def selective_scan(u, dt, A, Bm, Cm, D=None, method: str = "auto"):
 
         xs = tuple(jnp.moveaxis(v, 1, 0) for v in (dt, u, Bm, Cm))
         h0 = jnp.zeros((u.shape[0], u.shape[2], A.shape[1]), f32)
-        y = jnp.moveaxis(jax.lax.scan(step, h0, xs)[1], 0, 1)
+        return jnp.moveaxis(jax.lax.scan(step, h0, xs)[1], 0, 1)
+
+    y = run_scan(method, sequential, parallel, u, dt, A, Bm, Cm)
     if D is not None:
         y = y + u * D.astype(f32)
     return y
