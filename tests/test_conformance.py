@@ -219,6 +219,33 @@ def test_bad_inputs_fail_with_named_errors(fam):
     if not model.takes_segment_pos:
         with pytest.raises(ValueError, match="segment_pos"):
             model(np.array([[1, 2]]), segment_pos=np.array([[0, 1]]))
+    with pytest.raises(ValueError, match="non-empty"):
+        model([[]])
+    op = model.operators(np.array([[1, 2]]), layers=[0])[0]
+    if not hasattr(op.core, "num_heads"):  # Mamba-2 operators have head matrices
+        with pytest.raises(TypeError, match="head_matrices needs a Mamba-2 operator"):
+            op.head_matrices()
+
+
+def test_out_of_range_ids_under_jit_give_nan_logits(fam):
+    """Under jit the range cannot be checked: a bad id makes its logits NaN, never the
+    logits of a clamped, valid token. (Mamba-2, RecurrentGemma and RWKV also spread the
+    NaN to earlier positions: a 0 * NaN in their chunked / masked products; issue 16.)"""
+    spec, _, model, _ = fam
+    V = model.config.vocab_size
+    f = jax.jit(lambda ids: model(ids))
+    for bad in (V, V + 7, -5):
+        out = np.asarray(f(jnp.array([[1, 2, bad]])))
+        assert np.all(np.isnan(out[0, 2])), bad
+    assert not np.any(np.isnan(np.asarray(f(jnp.array([[1, 2, V - 1]])))))
+
+
+def test_low_precision_models_warn_that_operators_are_not_exact(fam):
+    spec, _, model, _ = fam
+    cast = lambda x: x.astype(jnp.bfloat16) if jnp.issubdtype(x.dtype, jnp.floating) else x
+    half = spec.lm(model.config, jax.tree.map(cast, model.params()))
+    with pytest.warns(UserWarning, match="dtype='float32'"):
+        half.operators(np.array([[1, 2, 3, 4]]), layers=[0])
 
 
 @pytest.mark.parametrize("case", list(BAD_BLOCK_INPUTS))

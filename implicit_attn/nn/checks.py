@@ -2,6 +2,7 @@
 taps), the scan-method switch and a parameter count."""
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Mapping
 
 import jax
@@ -18,9 +19,8 @@ def check_input_ids(input_ids, vocab_size: int):
     Returns:
       ``(B, L)`` int32 jax array.
     Raises:
-      ValueError/TypeError naming the problem. JAX gathers clamp out-of-range ids
-      silently, so the range is checked here (on concrete inputs; under ``jit`` the
-      caller is responsible).
+      ValueError/TypeError naming the problem. The range is checked here on concrete
+      inputs; under ``jit`` an out-of-range id gives NaN logits (``ops.embed``).
     """
     if isinstance(input_ids, jax.core.Tracer):
         if input_ids.ndim != 2:
@@ -31,13 +31,13 @@ def check_input_ids(input_ids, vocab_size: int):
     arr = np.asarray(input_ids)
     if arr.dtype == object:
         raise TypeError("input_ids must be a rectangular integer array")
+    if arr.size == 0:  # before the dtype: numpy makes [[]] float64
+        raise ValueError(f"input_ids must be non-empty, got shape {arr.shape}")
     if not (np.issubdtype(arr.dtype, np.integer)):
         raise TypeError(f"input_ids must be integers, got dtype {arr.dtype}")
     if arr.ndim != 2:
         hint = " (add a batch axis: ids[None])" if arr.ndim == 1 else ""
         raise ValueError(f"input_ids must have shape (batch, length), got shape {arr.shape}{hint}")
-    if arr.shape[0] < 1 or arr.shape[1] < 1:
-        raise ValueError(f"input_ids must be non-empty, got shape {arr.shape}")
     lo, hi = int(arr.min()), int(arr.max())
     if lo < 0 or hi >= vocab_size:
         bad = lo if lo < 0 else hi
@@ -156,6 +156,21 @@ def run_scan(method: str, sequential, parallel, *args):
     if method == "auto":
         return jax.lax.platform_dependent(*args, cpu=sequential, default=parallel)
     return (parallel if method == "parallel" else sequential)(*args)
+
+
+def warn_low_precision(dtype):
+    """Warn (Python shows it once per call site) that a model below float32 may give
+    operators that are not exact.
+
+    Where a family computes its blocks in the parameters' dtype, ``H v + offset`` matches
+    the block's output only to that rounding (4e-3 to 8e-3 seen with bfloat16), not to
+    float32's 1e-7; loading with ``dtype="float32"`` restores exactness."""
+    dtype = jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
+        warnings.warn(f"implicit_attn: this model's parameters are {dtype.name}; where its blocks compute in "
+                      f"{dtype.name} the operators reproduce them only to that rounding (relative error up to "
+                      f"~{float(jnp.finfo(dtype).eps):.0e}; see op.relative_error()). Load it with "
+                      f"ia.load(path, dtype='float32') for exact operators", stacklevel=3)
 
 
 def count_params(tree) -> int:

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import jax
 from flax import nnx
 
-from .checks import check_input_ids, check_layers, check_taps, count_params
+from .checks import check_input_ids, check_layers, check_taps, count_params, warn_low_precision
 from .modules import check_variant
 
 
@@ -90,6 +90,7 @@ class LanguageModel(nnx.Module):
         ``layers[i].mixer.as_operator`` of each layer's mixer input."""
         self.check_variant(variant)
         sel = check_layers(layers, len(self.layers))
+        warn_low_precision(self.dtype)
         xs = self.mixer_inputs(input_ids, sel, segment_pos)
         kw = {} if segment_pos is None else {"segment_pos": segment_pos}
         return [self.layers[i].mixer.as_operator(xs[i], variant, **kw) for i in sel]

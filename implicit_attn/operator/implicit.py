@@ -70,6 +70,12 @@ class ImplicitOperator:
                              lambda: materialize_jit(self.core, key, bc, impl, B, L),
                              lambda: materialize_jit(self.core, key, bc, "xla", B, L))
 
+    def head_matrices(self, how: str = "alpha", heads=None):
+        """Per-head matrices exist for operators whose channels share a head matrix
+        (Mamba-2, ``Mamba2Operator``); this operator's channels each have their own ``H``."""
+        raise TypeError(f"head_matrices needs a Mamba-2 operator (heads share one matrix); this operator's "
+                        f"core is {type(self.core).__name__}: use materialize(channels) or reduce(how)")
+
     def reduce(self, how: str = "mean", weights=None, key_weights=None, channels=None,
                impl: str = "auto", block_channels: int | None = None):
         """Summarise all (or the selected) channels into one ``(B, L, L)`` map.

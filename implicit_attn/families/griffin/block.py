@@ -26,7 +26,7 @@ import numpy as np
 
 from ...nn import run_scan
 from ...operator import AttentionCore, AttentionOperator, DocumentMaskedCore, ImplicitOperator, ScalarDecayCore
-from ...ops import attention_probs, causal_conv, full_precision, linear, linear_scan
+from ...ops import attention_probs, causal_conv, embed, full_precision, linear, linear_scan
 from .config import Config
 
 VARIANTS = ("full", "no_conv", "no_gate")
@@ -315,7 +315,7 @@ def lm_forward(params: dict, ids, pos, cfg: Config, capture: tuple[int, ...] = (
     (``(B, C, L)`` recurrent, ``(B, H, L, d)`` attention)."""
     taps = taps or {}
     emb = params["embed_tokens"]
-    h = emb[ids] * embed_scale(cfg, emb.dtype)
+    h = embed(emb, ids) * embed_scale(cfg, emb.dtype)
     captured = []
     for i, (kind, layer) in enumerate(zip(cfg.layer_types, params["layers"])):
         h, hn = layer_forward(layer, h, pos, cfg, kind, taps.get(i))

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from ...nn import run_scan
 from ...operator import ImplicitOperator, StateDecayCore
-from ...ops import causal_conv, full_precision, linear, linear_scan
+from ...ops import causal_conv, embed, full_precision, linear, linear_scan
 from .config import Config
 
 VARIANTS = ("full", "s6_only", "no_conv", "no_gate", "no_act")
@@ -179,7 +179,7 @@ def residual_lm(params: dict, ids, cfg, mixer_forward, capture: tuple[int, ...] 
     optional ``{layer: (B, C, L)}`` added to those layers' operator outputs (zeros give
     the same logits; their gradients are d target / d op.output)."""
     taps = taps or {}
-    h = params["embeddings"][ids]
+    h = embed(params["embeddings"], ids)
     captured = []
     for i, layer in enumerate(params["layers"]):
         h, hn = residual_block(layer, h, cfg, mixer_forward, taps.get(i))

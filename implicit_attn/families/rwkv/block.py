@@ -20,7 +20,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ...ops import full_precision
+from ...ops import embed, full_precision
 from ...operator import ImplicitOperator, RwkvCore
 from .config import Config
 
@@ -215,7 +215,7 @@ def lm_forward(params: dict, ids, cfg: Config, capture: tuple[int, ...] = (), ta
     eps = cfg.layer_norm_epsilon
     layers = params["layers"]
     n = len(layers)
-    h = params["embeddings"][ids]
+    h = embed(params["embeddings"], ids)
     pre = layers[0]["pre_ln"]
     h = layer_norm(h, pre["weight"], pre["bias"], eps)
     tap = None
