@@ -216,10 +216,10 @@ def test_rollout_of_identity_operators_is_identity():
     L = 5
     model = ToyLM([np.eye(L), np.eye(L), np.eye(L)])
     ids = np.array([[1, 2, 3, 4, 5]])
-    ex = explain(model, ids, "rollout", normalize_rows=True)
+    ex = explain(model, ids, "rollout", normalize_rows=True, how="mean")
     np.testing.assert_allclose(ex.matrix[0], np.eye(L), atol=1e-6)
     np.testing.assert_allclose(ex.relevance[0], np.eye(L)[-1], atol=1e-6)
-    ex = explain(model, ids, "rollout", query=2)  # unnormalised: (2I)^3
+    ex = explain(model, ids, "rollout", query=2, how="mean")  # unnormalised: (2I)^3
     np.testing.assert_allclose(ex.matrix[0], 8 * np.eye(L), atol=1e-5)
     assert ex.query == 2 and np.all(ex.relevance[0, 3:] == 0)
 
@@ -228,7 +228,7 @@ def test_rollout_of_identity_operators_is_identity():
 
 def test_toy_rollout_is_the_exact_influence(toy):
     model, ids, rho, _ = toy
-    ex = explain(model, ids, "rollout")
+    ex = explain(model, ids, "rollout", how="mean")
     np.testing.assert_allclose(ex.matrix[0], rho, rtol=1e-5, atol=1e-6)
     # independent check through the model: d target / d (scale of position j's embedding)
     t = int(ex.target[0])
@@ -248,7 +248,7 @@ def test_toy_rollout_is_the_exact_influence(toy):
 
 def test_toy_attribution_closed_form(toy):
     model, ids, rho, (H0, H1) = toy
-    ex = explain(model, ids, "attribution")
+    ex = explain(model, ids, "attribution", how="mean")
     t = int(ex.target[0])
     w = np.asarray(model.W[t], np.float64)
     q = L_TOY - 1
@@ -263,7 +263,7 @@ def test_toy_attribution_closed_form(toy):
 @pytest.mark.parametrize("method", METHODS)
 def test_toy_each_method_ranks_the_relevant_token_first(toy, method):
     model, ids, rho, _ = toy
-    ex = explain(model, ids, method)
+    ex = explain(model, ids, method, how="mean")
     assert ex.relevance.shape == (1, L_TOY)
     assert int(np.argmax(ex.relevance[0])) == P_STAR, (method, ex.relevance)
 
@@ -282,7 +282,7 @@ def test_toy_metrics_order_oracle_random_anti(toy):
         r = np.mean([fn(model, ids, x, **kw).mean_area for x in rand])
         assert better * (o - r) > 0 and better * (r - a) > 0, (name, o, r, a)
     # rollout is exact on this model, so it scores like the oracle
-    ex = explain(model, ids, "rollout")
+    ex = explain(model, ids, "rollout", how="mean")
     np.testing.assert_allclose(activation(model, ids, ex.relevance).area, activation(model, ids, oracle).area)
 
 
@@ -318,7 +318,7 @@ def test_contributions_reproduce_first_order_change(mm, mm_ops, mm_dense, mm_gra
             d = H[:, :, :, j] * v[:, :, None, j]
             np.testing.assert_allclose(R[:, :, j].sum(-1), jvp(d), rtol=1e-4, atol=1e-6)
         assert np.abs(R[:, q + 1:]).max() == 0  # nothing after the query reaches the target
-    ex = explain(model, ids, "contributions", query=-2)
+    ex = explain(model, ids, "contributions", query=-2, how="mean")
     R0 = np.asarray(contribution_map(mm_ops[0], grads[0]))
     np.testing.assert_allclose(ex.layer_relevance[0], R0.sum(1), rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(ex.relevance, ex.layer_relevance.mean(0), rtol=1e-6)
@@ -327,11 +327,11 @@ def test_contributions_reproduce_first_order_change(mm, mm_ops, mm_dense, mm_gra
 def test_methods_on_mamba_shapes_variants_and_channels(mm, mm_ops, mm_dense, mm_grads):
     model, ids = mm
     for m in METHODS:
-        ex = explain(model, ids, m, query=4)
+        ex = explain(model, ids, m, query=4, how="mean")
         assert ex.relevance.shape == (2, 7) and np.all(ex.relevance[:, 5:] == 0)
         assert np.isfinite(ex.relevance).all() and ex.layer_maps.shape == (2, 2, 7, 7)
-    ex_nc = explain(model, ids, "rollout", variant="no_conv", query=4)
-    assert np.abs(ex_nc.relevance - explain(model, ids, "rollout", query=4).relevance).max() > 1e-4
+    ex_nc = explain(model, ids, "rollout", variant="no_conv", query=4, how="mean")
+    assert np.abs(ex_nc.relevance - explain(model, ids, "rollout", query=4, how="mean").relevance).max() > 1e-4
     # attribution uses the channel-mean gradient and map (Eq. 23)
     grads, q, t = mm_grads
     ops = mm_ops
@@ -339,7 +339,7 @@ def test_methods_on_mamba_shapes_variants_and_channels(mm, mm_ops, mm_dense, mm_
     for l in range(2):
         gm = np.asarray(grads[l], np.float64).mean(1)
         manual.append(np.eye(7) + np.maximum(gm[:, :, None] * mm_dense[l].mean(1), 0))
-    ex = explain(model, ids, "attribution", query=-2)
+    ex = explain(model, ids, "attribution", query=-2, how="mean")
     np.testing.assert_allclose(ex.matrix, np.einsum("bij,bjk->bik", manual[1], manual[0]), rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(position_mean(grads[0]), np.asarray(grads[0]).mean(1), rtol=1e-6)
     # channel selection in contributions = the sum over those channels only
@@ -349,7 +349,7 @@ def test_methods_on_mamba_shapes_variants_and_channels(mm, mm_ops, mm_dense, mm_
     ref = np.einsum("bci,bcij,bcj->bij", np.asarray(grads[0])[:, sel], H, np.asarray(ops[0].values)[:, sel])
     np.testing.assert_allclose(R, ref, rtol=1e-4, atol=1e-7)
     # explicit target and BOS exclusion
-    ex = explain(model, ids, "rollout", target=[3, 4], exclude=(0,))
+    ex = explain(model, ids, "rollout", target=[3, 4], exclude=(0,), how="mean")
     assert ex.target.tolist() == [3, 4] and np.all(ex.relevance[:, 0] == 0)
 
 
@@ -476,23 +476,23 @@ def test_adapters_recurrent(mm_ops, mm_dense):
 def test_bad_inputs(mm, mm_ops, toy):
     model, ids = mm
     with pytest.raises(ValueError, match="method"):
-        explain(model, ids, "lrp")
+        explain(model, ids, "lrp", how="mean")
     with pytest.raises(ValueError, match="query position"):
-        explain(model, ids, query=7)
+        explain(model, ids, query=7, how="mean")
     with pytest.raises(ValueError, match="vocabulary"):
-        explain(model, ids, target=32)
+        explain(model, ids, target=32, how="mean")
     with pytest.raises(ValueError, match="one per example"):
-        explain(model, ids, target=[1, 2, 3])
+        explain(model, ids, target=[1, 2, 3], how="mean")
     with pytest.raises(ValueError, match="one per example"):
-        explain(model, ids, target=2.5)
+        explain(model, ids, target=2.5, how="mean")
     with pytest.raises(ValueError, match="start_layer"):
-        explain(model, ids, start_layer=2)
+        explain(model, ids, start_layer=2, how="mean")
     with pytest.raises(ValueError, match="exclude position"):
-        explain(model, ids, exclude=(9,))
+        explain(model, ids, exclude=(9,), how="mean")
     with pytest.raises(ValueError, match="how"):
         explain(model, ids, how="max")
     with pytest.raises(ValueError, match="variant"):
-        explain(model, ids, variant="nope")
+        explain(model, ids, variant="nope", how="mean")
     with pytest.raises(ValueError, match="channels out of range"):
         operator_map(mm_ops[0], channels=[16])
     with pytest.raises(ValueError, match="gradient shape"):

@@ -119,7 +119,7 @@ def test_references_are_exact(fam):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_method_matches_reference(fam, method):
-    ex = explain(fam.model, fam.ids, method, query=Q)
+    ex = explain(fam.model, fam.ids, method, query=Q, how="mean")
     N = len(fam.ops)
     assert ex.relevance.shape == (B, L) and ex.layer_maps.shape == (N, B, L, L)
     assert ex.layer_relevance.shape == (N, B, L)
@@ -173,7 +173,7 @@ def test_contributions_total_is_first_order_change(name):
     dirs = {l: op.output - op.offset for l, op in enumerate(fam.ops)}
     target = lambda taps: fam.model.tapped_logits(fam.ids, taps)[rows, Q, t]
     want = np.asarray(jax.jvp(target, (taps0,), (dirs,))[1])
-    ex = explain(fam.model, fam.ids, "contributions", query=Q)
+    ex = explain(fam.model, fam.ids, "contributions", query=Q, how="mean")
     got = ex.layer_maps.astype(np.float64).sum((0, 2, 3))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
 
@@ -184,7 +184,7 @@ def test_griffin_contributions_rows_and_columns_vs_jvp():
     j is the change when token j's value is scaled, through every position that reads it."""
     f = get_fam("griffin")
     jvp = _target_jvp(f)
-    ex = explain(f.model, f.ids, "contributions", query=Q)
+    ex = explain(f.model, f.ids, "contributions", query=Q, how="mean")
     for l, op in enumerate(f.ops):
         R = ex.layer_maps[l].astype(np.float64)
         y = np.asarray(op.output - op.offset, np.float64)
@@ -220,7 +220,7 @@ def test_variant_reaches_every_method(name):
     assert np.abs(maps - fam.maps).max() > 1e-4  # the ablation matters
     tol = dict(rtol=1e-4, atol=1e-6)
     for method in METHODS:
-        ex = explain(fam.model, fam.ids, method, variant=variant, query=Q)
+        ex = explain(fam.model, fam.ids, method, variant=variant, query=Q, how="mean")
         assert ex.variant == variant and np.isfinite(ex.relevance).all()
         assert np.all(ex.relevance[:, Q + 1:] == 0)
         if method == "raw":
@@ -258,7 +258,7 @@ def test_mamba2_head_selection_matches_direct_computation():
     # through the model and the methods
     mm = model_maps(f.model, f.ids, heads=[0])
     np.testing.assert_allclose(mm, np.stack([Hl[:, :P].mean(1) for Hl in f.H]), **tol)
-    ex = explain(f.model, f.ids, "rollout", query=Q, heads=[0])
+    ex = explain(f.model, f.ids, "rollout", query=Q, heads=[0], how="mean")
     np.testing.assert_allclose(ex.layer_maps, mm, **tol)
     R = contribution_map(op, f.grads[1], heads=[3])
     want = np.einsum("bci,bcij,bcj->bij", f.g[1][:, 3 * P:], H[:, 3 * P:], f.v[1][:, 3 * P:])
@@ -273,7 +273,7 @@ def test_attention_heads_and_heads_errors():
     with pytest.raises(ValueError, match="has none: use channels="):
         operator_map(f.ops[0], heads=[0])  # the recurrent layer has no heads
     with pytest.raises(ValueError, match="has none"):
-        explain(get_fam("rwkv").model, f.ids, "raw", heads=0)
+        explain(get_fam("rwkv").model, f.ids, "raw", heads=0, how="mean")
     with pytest.raises(ValueError, match="heads out of range for an operator with 2"):
         operator_map(att, heads=[2])
     with pytest.raises(ValueError, match="not both"):
@@ -292,12 +292,12 @@ def test_packed_documents_explain_like_separate_inputs(method):
     its own (same model, B first, query at the same offset in B). Row 1 (one document) is
     unchanged by the positions."""
     f = get_fam("griffin")
-    ex = explain(f.model, f.ids, method, query=Q, segment_pos=POS)
+    ex = explain(f.model, f.ids, method, query=Q, segment_pos=POS, how="mean")
     alone = f.ids.copy()
     a, nb = 3, L - 3  # document A: positions 0..2, document B: 3..L-1
     alone[0] = np.concatenate([f.ids[0, a:], f.ids[0, :a]])  # B then A: B is causally alone
-    ref = explain(f.model, alone, method, query=Q - a)
-    plain = explain(f.model, f.ids, method, query=Q)
+    ref = explain(f.model, alone, method, query=Q - a, how="mean")
+    plain = explain(f.model, f.ids, method, query=Q, how="mean")
     assert np.all(ex.relevance[0, :a] == 0) and np.abs(plain.relevance[0, :a]).max() > 1e-6
     assert ex.target[0] == ref.target[0]
     np.testing.assert_allclose(ex.relevance[0, a:], ref.relevance[0, :nb], rtol=1e-4, atol=1e-6)
@@ -326,13 +326,13 @@ def test_packed_documents_metrics_and_errors():
     curves = faithfulness(f.model, f.ids, rel, query=Q, segment_pos=POS, batch_size=B)
     assert all(np.isfinite(c.area).all() for c in curves.values())
     mm = get_fam("mamba")
-    for fn in (lambda: explain(mm.model, mm.ids, "raw", segment_pos=POS),
+    for fn in (lambda: explain(mm.model, mm.ids, "raw", segment_pos=POS, how="mean"),
                lambda: activation(mm.model, mm.ids, rel, segment_pos=POS),
                lambda: model_maps(mm.model, mm.ids, segment_pos=POS)):
         with pytest.raises(ValueError, match="segment_pos .* only taken by Griffin"):
             fn()
     with pytest.raises(ValueError, match=r"segment_pos must have the shape of ids \(2, 7\)"):
-        explain(f.model, f.ids, "raw", segment_pos=POS[:, :4])
+        explain(f.model, f.ids, "raw", segment_pos=POS[:, :4], how="mean")
     with pytest.raises(ValueError, match="segment_pos"):  # the model's own check of the values
-        explain(f.model, f.ids, "raw", segment_pos=POS + 1)
+        explain(f.model, f.ids, "raw", segment_pos=POS + 1, how="mean")
 

@@ -48,7 +48,8 @@ def add_parser(subparsers):
     s.add_argument("--layers", default=None, help="layer indices, e.g. '0,2' (default: all)")
     s.add_argument("--query", type=int, default=-1, help="query position (default: last)")
     s.add_argument("--target", type=int, default=None, help="target token id (default: argmax at query)")
-    s.add_argument("--how", default="mean", choices=list(HOWS), help="channel aggregation of H")
+    s.add_argument("--how", default="abs_mean", choices=list(HOWS),
+                   help="channel aggregation of H (default: abs_mean; signed channels cancel in mean)")
     s.add_argument("--heads", default=None,
                    help="only these heads, e.g. '0,3' (Mamba-2 mixers, attention layers)")
     s.add_argument("--segment-pos", default=None,
