@@ -51,6 +51,12 @@ class OperatorCore(abc.ABC):
     def dense(self, idx):
         """``(B, len(idx), L, L)`` float32 operators of channels ``idx``."""
 
+    def named_factors(self) -> dict:
+        """The data-dependent factors a researcher looks at, by role: ``"gate"`` (the
+        output gate, per channel ``(B, C, L)``) and ``"log_decay"`` (the per-step log decay;
+        its shape is the core's, see the subclass). Cores without one omit the key."""
+        return {}
+
 
 def take(x, idx, axis=1):
     """``jnp.take`` that passes None through (optional factors)."""

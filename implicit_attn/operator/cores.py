@@ -24,6 +24,11 @@ from .base import OperatorCore, diag_embed, pytree_dataclass, take
 f32 = jnp.float32
 
 
+def _present(**factors) -> dict:
+    """The factors that are not None."""
+    return {k: v for k, v in factors.items() if v is not None}
+
+
 def _sandwich(K, left, right, diag, conv_w):
     """``(diag(left) K diag(right) + diag(diag)) M`` for a block of channels."""
     H = K
@@ -61,6 +66,10 @@ class StateDecayCore(OperatorCore):
     def num_channels(self) -> int:
         return self.A.shape[0]
 
+    def named_factors(self) -> dict:
+        """``gate = left (B, C, L)``, ``log_decay = dt A (B, C, L, N)`` per state."""
+        return _present(gate=self.left, log_decay=self.dt[..., None] * self.A[None, :, None, :])
+
     def dense(self, idx):
         H = state_decay_kernel(self.q, self.k, self.A[idx], take(self.dt, idx), self.chunk,
                                take(self.left, idx), take(self.right, idx), take(self.diag, idx))
@@ -91,6 +100,10 @@ class ScalarDecayCore(OperatorCore):
     def num_channels(self) -> int:
         return self.group.shape[0]
 
+    def named_factors(self) -> dict:
+        """``gate = left (B, C, L)``, ``log_decay = log_a (B, G, L)`` per group."""
+        return _present(gate=self.left, log_decay=self.log_a)
+
     def dense(self, idx):
         g = self.group[idx]
         K = scalar_decay_kernel(take(self.log_a, g), take(self.q, g), take(self.k, g))
@@ -112,6 +125,10 @@ class DocumentMaskedCore(OperatorCore):
     @property
     def num_channels(self) -> int:
         return self.inner.num_channels
+
+    def named_factors(self) -> dict:
+        """The inner core's."""
+        return self.inner.named_factors()
 
     def dense(self, idx):
         H = self.inner.dense(idx)
@@ -207,6 +224,10 @@ class Mamba2Core(OperatorCore):
             return gathered()
         return jax.lax.cond(jnp.all(uniq[inv] == heads), gathered, lambda: self.alpha(heads))
 
+    def named_factors(self) -> dict:
+        """``gate = left (B, C, L)``, ``log_decay = log_a (B, H, L)`` per head."""
+        return _present(gate=self.left, log_decay=self.log_a)
+
     def dense(self, idx):
         H = self.block_alpha(idx)
         if self.left is not None:
@@ -261,6 +282,10 @@ class RwkvCore(OperatorCore):
     @property
     def num_channels(self) -> int:
         return self.w.shape[0]
+
+    def named_factors(self) -> dict:
+        """``gate = sigmoid(r) (B, A, L)``, ``log_decay = w (A,)`` (constant per channel)."""
+        return _present(gate=self.gate, log_decay=self.w)
 
     def dense(self, idx):
         """``(B, len(idx), L, L)`` float32 operators of channels ``idx``."""

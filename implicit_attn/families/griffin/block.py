@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...nn import run_scan
+from ...nn.hooks import ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
 from ...operator import AttentionCore, AttentionOperator, DocumentMaskedCore, ImplicitOperator, ScalarDecayCore
 from ...ops import attention_probs, causal_conv, embed, full_precision, linear, linear_scan
 from .config import Config
@@ -172,14 +173,13 @@ def recurrent_inner(p: dict, h, pos, cfg: Config):
     return hs * q["y"]
 
 
-def recurrent_forward(p: dict, h, pos, cfg: Config, tap=None):
+def recurrent_forward(p: dict, h, pos, cfg: Config, hook=None):
     """HF ``RecurrentGemmaRecurrentBlock.forward``: ``(B, L, d_model) -> (B, L, d_model)``.
 
-    ``tap``: optional ``(B, C, L)`` added to the inner output (the operator's ``output``).
+    ``hook``: optional ``(B, C, L) -> (B, C, L)`` applied to the inner output in the
+    operator's ``output`` layout (``mixer.hook_out``; see ``nn.hooks``).
     """
-    y = recurrent_inner(p, h, pos, cfg)
-    if tap is not None:
-        y = y + jnp.swapaxes(tap, 1, 2).astype(y.dtype)
+    y = apply_out_hook(recurrent_inner(p, h, pos, cfg), hook)
     return linear(y, p["linear_out.weight"], p["linear_out.bias"])
 
 
@@ -255,13 +255,13 @@ def attention_inner(p: dict, h, pos, cfg: Config):
     return jnp.einsum("bhij,bhjd->bhid", probs.astype(a["v"].dtype), repeat_kv(a["v"], cfg))
 
 
-def attention_forward(p: dict, h, pos, cfg: Config, tap=None):
+def attention_forward(p: dict, h, pos, cfg: Config, hook=None):
     """HF ``RecurrentGemmaAttention.forward`` (local, multi-query, partial rotary):
-    ``(B, L, d_model) -> (B, L, d_model)``. ``tap``: optional ``(B, H, L, d)`` added to
-    the per-head output (the operator's ``output``)."""
+    ``(B, L, d_model) -> (B, L, d_model)``. ``hook``: optional ``(B, H, L, d) -> (B, H, L, d)``
+    applied to the per-head output (the operator's ``output``; ``mixer.hook_out``)."""
     o = attention_inner(p, h, pos, cfg)
-    if tap is not None:
-        o = o + tap.astype(o.dtype)
+    if hook is not None:
+        o = hook(o)
     B, H, L, d = o.shape
     return linear(jnp.swapaxes(o, 1, 2).reshape(B, L, H * d), p["o_proj.weight"], p.get("o_proj.bias"))
 
@@ -289,44 +289,50 @@ def embed_scale(cfg: Config, dtype):
     return jnp.asarray(math.sqrt(cfg.hidden_size), jnp.bfloat16).astype(dtype)
 
 
-def layer_forward(layer: dict, h, pos, cfg: Config, kind: str, tap=None):
+def decoder_layer(layer: dict, h, pos, cfg: Config, kind: str, hook=None):
     """HF ``RecurrentGemmaDecoderLayer``: ``h + temporal(norm(h))``, then ``+ mlp(norm(.))``.
 
     Args:
       layer: ``{"temporal_pre_norm", "channel_pre_norm", "temporal_block", "mlp_block"}``;
       h: ``(B, L, d_model)`` residual stream; pos: ``(B, L)`` positions;
-      kind: ``"recurrent"`` or ``"attention"``; tap: optional array added to the temporal
-        block's operator output (``(B, C, L)`` recurrent, ``(B, H, L, d)`` attention).
+      kind: ``"recurrent"`` or ``"attention"``; hook: optional ``(point, x) -> x`` called at
+        the layer's hook points (``nn.hooks``; ``mixer.hook_out`` is ``(B, C, L)`` recurrent,
+        ``(B, H, L, d)`` attention).
     Returns:
       ``(h_next (B, L, d_model), hn (B, L, d_model))``: the layer output and the temporal
       block's input.
     """
-    hn = rms_norm(h, layer["temporal_pre_norm"], cfg.rms_norm_eps)
+    hook = hook or no_hook
+    h = hook("hook_resid_pre", h)
+    hn = hook("mixer.hook_in", rms_norm(h, layer["temporal_pre_norm"], cfg.rms_norm_eps))
     fwd = recurrent_forward if kind == "recurrent" else attention_forward
-    h = fwd(layer["temporal_block"], hn, pos, cfg, tap) + h
+    h = hook("hook_resid_mid", fwd(layer["temporal_block"], hn, pos, cfg, out_hook(hook)) + h)
     h = mlp_forward(layer["mlp_block"], rms_norm(h, layer["channel_pre_norm"], cfg.rms_norm_eps)) + h
-    return h, hn
+    return hook("hook_resid_post", h), hn
 
 
-def lm_forward(params: dict, ids, pos, cfg: Config, capture: tuple[int, ...] = (), taps=None):
+def layer_forward(layer: dict, h, pos, cfg: Config, kind: str, tap=None):
+    """``decoder_layer`` with an optional ``tap`` added to the temporal block's operator
+    output (``(B, C, L)`` recurrent, ``(B, H, L, d)`` attention)."""
+    return decoder_layer(layer, h, pos, cfg, kind, layer_tap(tap))
+
+
+def lm_forward(params: dict, ids, pos, cfg: Config, capture: tuple[str, ...] = (), adds=None, sets=None):
     """Full LM: ``ids (B, L)``, positions ``pos (B, L)`` -> ``logits (B, L, vocab)`` float32
-    (soft-capped), and the temporal-block inputs of the layers in ``capture`` (list of
-    ``(B, L, d_model)``). ``taps``: ``{layer: array}`` added to those layers' operator outputs
-    (``(B, C, L)`` recurrent, ``(B, H, L, d)`` attention)."""
-    taps = taps or {}
+    (soft-capped), and ``{name: activation}`` of the hook names in ``capture``. ``adds`` /
+    ``sets``: ``{name: array}`` added to / replacing activations (``nn.hooks.ForwardHooks``;
+    ``hook_embed`` is the embedding before the ``sqrt(d_model)`` scale)."""
+    hooks = ForwardHooks(capture, adds, sets)
     emb = params["embed_tokens"]
-    h = embed(emb, ids) * embed_scale(cfg, emb.dtype)
-    captured = []
+    h = hooks("hook_embed", embed(emb, ids)) * embed_scale(cfg, emb.dtype)
     for i, (kind, layer) in enumerate(zip(cfg.layer_types, params["layers"])):
-        h, hn = layer_forward(layer, h, pos, cfg, kind, taps.get(i))
-        if i in capture:
-            captured.append(hn)
+        h, _ = decoder_layer(layer, h, pos, cfg, kind, hooks.layer(i))
     h = rms_norm(h, params["final_norm"], cfg.rms_norm_eps)
     head = emb if params.get("lm_head") is None else params["lm_head"]
     logits = h.astype(head.dtype) @ head.T
     cap = cfg.logits_soft_cap
     logits = jnp.tanh(logits / cap) * cap
-    return logits.astype(f32), captured
+    return logits.astype(f32), hooks.captured
 
 
 lm_forward_jit = jax.jit(full_precision(lm_forward), static_argnames=("cfg", "capture"))
@@ -340,5 +346,5 @@ layer_forward_jit = jax.jit(full_precision(layer_forward), static_argnames=("cfg
 __all__ = ["VARIANTS", "check_segment_pos", "segment_ids", "rms_norm", "gelu_tanh", "document_conv", "rglru_gates",
            "recurrent_parts", "rglru_scan", "recurrent_inner", "recurrent_forward", "recurrent_operator", "rotary",
            "attention_parts", "repeat_kv", "attention_inner", "attention_forward", "attention_operator",
-           "mlp_forward", "embed_scale", "layer_forward", "lm_forward", "lm_forward_jit", "recurrent_forward_jit",
+           "mlp_forward", "embed_scale", "decoder_layer", "layer_forward", "lm_forward", "lm_forward_jit", "recurrent_forward_jit",
            "attention_forward_jit", "recurrent_operator_jit", "attention_operator_jit", "layer_forward_jit"]

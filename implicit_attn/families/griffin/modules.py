@@ -6,6 +6,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ...nn import LanguageModel, Mixer, Weights, check_block_input, check_tap
+from ...nn.hooks import MID_POINTS
 from .block import (VARIANTS, attention_forward_jit, attention_operator_jit, check_segment_pos,
                     layer_forward_jit, lm_forward_jit, recurrent_forward_jit, recurrent_operator_jit)
 from .config import Config
@@ -117,6 +118,7 @@ class LM(LanguageModel):
     variants = VARIANTS
     forward_fn = staticmethod(lm_forward_jit)
     takes_segment_pos = True
+    hook_points = MID_POINTS
 
     def __init__(self, cfg: Config, params: dict):
         if len(params["layers"]) != cfg.num_hidden_layers:

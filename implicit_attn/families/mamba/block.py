@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from ...nn import run_scan
+from ...nn.hooks import ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
 from ...operator import ImplicitOperator, StateDecayCore
 from ...ops import causal_conv, embed, full_precision, linear, linear_scan
 from .config import Config
@@ -93,15 +94,13 @@ def mixer_inner(p: dict, h, cfg: Config):
     return y * jax.nn.silu(q["z"].astype(f32))
 
 
-def mixer_forward(p: dict, h, cfg: Config, tap=None):
+def mixer_forward(p: dict, h, cfg: Config, hook=None):
     """HF ``MambaMixer.forward``: ``(B, L, d_model) -> (B, L, d_model)``.
 
-    ``tap``: optional ``(B, C, L)`` float32 added to the inner output (the operator's
-    ``output`` layout) before ``out_proj``; its gradient is the gradient w.r.t. ``output``.
+    ``hook``: optional ``(B, C, L) -> (B, C, L)`` applied to the inner output in the
+    operator's ``output`` layout before ``out_proj`` (``mixer.hook_out``; see ``nn.hooks``).
     """
-    y = mixer_inner(p, h, cfg)
-    if tap is not None:
-        y = y + jnp.swapaxes(tap, 1, 2)
+    y = apply_out_hook(mixer_inner(p, h, cfg), hook)
     y = y.astype(h.dtype)
     return linear(y, p["out_proj.weight"], p.get("out_proj.bias"))
 
@@ -156,50 +155,51 @@ def mixer_operator(p: dict, h, cfg: Config, variant: str = "full", chunk: int = 
     return ImplicitOperator(values=values, offset=offset, output=T(output), core=core)
 
 
-def residual_block(layer: dict, h, cfg, mixer_forward, tap=None):
+def residual_block(layer: dict, h, cfg, mixer_forward, hook=None):
     """HF ``MambaBlock`` / ``Mamba2Block``: ``h + mixer(rms_norm(h))`` (residual in float32
     when ``cfg.residual_in_fp32``).
 
     Args:
       layer: ``{"norm": (d_model,), "mixer": {...}}``; h: ``(B, L, d_model)`` residual stream;
-      mixer_forward: ``(params, hn, cfg, tap) -> (B, L, d_model)``;
-      tap: optional ``(B, C, L)`` added to the mixer's operator output.
+      mixer_forward: ``(params, hn, cfg, out_hook) -> (B, L, d_model)``;
+      hook: optional ``(point, x) -> x`` called at the layer's hook points (``nn.hooks``).
     Returns:
       ``(h_next (B, L, d_model), hn (B, L, d_model))``: the block output and the mixer input.
     """
+    hook = hook or no_hook
+    h = hook("hook_resid_pre", h)
     residual = h.astype(f32) if cfg.residual_in_fp32 else h
     hn = rms_norm(h.astype(layer["norm"].dtype), layer["norm"], cfg.layer_norm_epsilon)
-    return residual + mixer_forward(layer["mixer"], hn, cfg, tap), hn
+    hn = hook("mixer.hook_in", hn)
+    h = hook("hook_resid_post", residual + mixer_forward(layer["mixer"], hn, cfg, out_hook(hook)))
+    return h, hn
 
 
-def residual_lm(params: dict, ids, cfg, mixer_forward, capture: tuple[int, ...] = (), taps=None):
+def residual_lm(params: dict, ids, cfg, mixer_forward, capture: tuple[str, ...] = (), adds=None, sets=None):
     """A stack of ``residual_block``s between embeddings and a final RMSNorm + head (HF
     ``MambaForCausalLM`` / ``Mamba2ForCausalLM``): ``ids (B, L) -> logits (B, L, vocab)``
-    float32, and the mixer inputs of the layers in ``capture`` (in order). ``taps``:
-    optional ``{layer: (B, C, L)}`` added to those layers' operator outputs (zeros give
-    the same logits; their gradients are d target / d op.output)."""
-    taps = taps or {}
-    h = embed(params["embeddings"], ids)
-    captured = []
+    float32, and ``{name: activation}`` of the hook names in ``capture``. ``adds`` /
+    ``sets``: ``{name: array}`` added to / replacing activations (``nn.hooks.ForwardHooks``)."""
+    hooks = ForwardHooks(capture, adds, sets)
+    h = hooks("hook_embed", embed(params["embeddings"], ids))
     for i, layer in enumerate(params["layers"]):
-        h, hn = residual_block(layer, h, cfg, mixer_forward, taps.get(i))
-        if i in capture:
-            captured.append(hn)
+        h, _ = residual_block(layer, h, cfg, mixer_forward, hooks.layer(i))
     h = rms_norm(h, params["norm_f"], cfg.layer_norm_epsilon)
     head = params["embeddings"] if params.get("lm_head") is None else params["lm_head"]
     logits = (h.astype(head.dtype) @ head.T).astype(f32)
-    return logits, captured
+    return logits, hooks.captured
 
 
 def block_forward(layer: dict, h, cfg: Config, tap=None):
-    """HF ``MambaBlock.forward`` (``residual_block`` with the Mamba mixer)."""
-    return residual_block(layer, h, cfg, mixer_forward, tap)
+    """HF ``MambaBlock.forward`` (``residual_block`` with the Mamba mixer); ``tap``: optional
+    ``(B, C, L)`` added to the mixer's operator output."""
+    return residual_block(layer, h, cfg, mixer_forward, layer_tap(tap))
 
 
-def lm_forward(params: dict, ids, cfg: Config, capture: tuple[int, ...] = (), taps=None):
+def lm_forward(params: dict, ids, cfg: Config, capture: tuple[str, ...] = (), adds=None, sets=None):
     """Full ``MambaForCausalLM``: ``ids (B, L) -> (logits (B, L, vocab) float32, captured)``
     (see ``residual_lm``)."""
-    return residual_lm(params, ids, cfg, mixer_forward, capture, taps)
+    return residual_lm(params, ids, cfg, mixer_forward, capture, adds, sets)
 
 
 lm_forward_jit = jax.jit(full_precision(lm_forward), static_argnames=("cfg", "capture"))

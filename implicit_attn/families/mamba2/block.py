@@ -21,6 +21,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ...nn.hooks import apply_out_hook, layer_tap
 from ...operator import Mamba2Core, Mamba2Operator
 from ...ops import causal_conv, full_precision, linear, linear_scan, segment_sum
 from ..mamba.block import residual_block, residual_lm, rms_norm
@@ -135,15 +136,14 @@ def mixer_inner(p: dict, h, cfg: Config):
     return y.astype(f32), q
 
 
-def mixer_forward(p: dict, h, cfg: Config, tap=None):
+def mixer_forward(p: dict, h, cfg: Config, hook=None):
     """HF ``Mamba2Mixer.forward`` (no cache): ``(B, L, d_model) -> (B, L, d_model)``.
 
-    ``tap``: optional ``(B, C, L)`` float32 added to the normed SSM output (the operator's
-    ``output`` layout) before ``out_proj``; its gradient is the gradient w.r.t. ``output``.
+    ``hook``: optional ``(B, C, L) -> (B, C, L)`` applied to the normed SSM output in the
+    operator's ``output`` layout before ``out_proj`` (``mixer.hook_out``; see ``nn.hooks``).
     """
     y, q = mixer_inner(p, h, cfg)
-    if tap is not None:
-        y = y + jnp.swapaxes(tap, 1, 2)
+    y = apply_out_hook(y, hook)
     if cfg.d_mlp:
         mlp = jax.nn.silu(q["z0"].astype(f32)) * q["x0"].astype(f32)
         y = jnp.concatenate([mlp, y], axis=-1)
@@ -216,14 +216,15 @@ def head_matrices(op: Mamba2Operator, how: str = "alpha", heads=None):
 
 
 def block_forward(layer: dict, h, cfg: Config, tap=None):
-    """HF ``Mamba2Block.forward`` (Mamba's ``residual_block`` with the Mamba-2 mixer)."""
-    return residual_block(layer, h, cfg, mixer_forward, tap)
+    """HF ``Mamba2Block.forward`` (``residual_block`` with the Mamba-2 mixer); ``tap``:
+    optional ``(B, C, L)`` added to the mixer's operator output."""
+    return residual_block(layer, h, cfg, mixer_forward, layer_tap(tap))
 
 
-def lm_forward(params: dict, ids, cfg: Config, capture: tuple[int, ...] = (), taps=None):
+def lm_forward(params: dict, ids, cfg: Config, capture: tuple[str, ...] = (), adds=None, sets=None):
     """Full ``Mamba2ForCausalLM``: ``ids (B, L) -> (logits (B, L, vocab) float32, captured)``
-    (Mamba's ``residual_lm`` with the Mamba-2 mixer)."""
-    return residual_lm(params, ids, cfg, mixer_forward, capture, taps)
+    (see ``mamba.block.residual_lm``)."""
+    return residual_lm(params, ids, cfg, mixer_forward, capture, adds, sets)
 
 
 lm_forward_jit = jax.jit(full_precision(lm_forward), static_argnames=("cfg", "capture"))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ...nn.hooks import MID_POINTS, ForwardHooks, ScannedLayerHook, apply_out_hook, layer_tap, no_hook, out_hook
 from ...ops import embed, full_precision
 from ...operator import ImplicitOperator, RwkvCore
 from .config import Config
@@ -130,15 +131,13 @@ def time_mix_inner(p: dict, h, cfg: Config):
     return jax.nn.sigmoid(q["r"].astype(f32)) * wkv(q["w"], q["u"], q["k"], q["v"])
 
 
-def time_mix_forward(p: dict, h, cfg: Config, layer: int = 0, tap=None):
+def time_mix_forward(p: dict, h, cfg: Config, layer: int = 0, hook=None):
     """HF ``RwkvSelfAttention.forward`` in eval mode (block ``layer``): ``(B, L, D) -> (B, L, D)``.
 
-    ``tap``: optional ``(B, A, L)`` float32 added to ``sigmoid(r) * wkv`` (the operator's
-    ``output`` layout) before the ``output`` projection.
+    ``hook``: optional ``(B, A, L) -> (B, A, L)`` applied to ``sigmoid(r) * wkv`` in the
+    operator's ``output`` layout before the ``output`` projection (``mixer.hook_out``).
     """
-    y = time_mix_inner(p, h, cfg)
-    if tap is not None:
-        y = y + jnp.swapaxes(tap, 1, 2)
+    y = apply_out_hook(time_mix_inner(p, h, cfg), hook)
     wo = p["output.weight"] / cfg.rescale(layer)
     return y.astype(h.dtype) @ wo.T
 
@@ -178,7 +177,7 @@ def stack_layers(layers: list) -> dict:
     return jax.tree.map(lambda *a: jnp.stack(a), *[{k: l[k] for k in keep} for l in layers])
 
 
-def block_forward(lp: dict, h, cfg: Config, layer=0, tap=None):
+def rwkv_block(lp: dict, h, cfg: Config, layer=0, hook=None):
     """HF ``RwkvBlock.forward`` in eval mode: ``(pre_ln on block 0), h + attention(ln1 h),
     h + feed_forward(ln2 h)``, halved after every ``rescale_every``-th block.
 
@@ -186,55 +185,60 @@ def block_forward(lp: dict, h, cfg: Config, layer=0, tap=None):
       lp: ``{"ln1", "ln2", "attention", "feed_forward"}`` and optionally ``"pre_ln"``
         (block 0 only; ``lm_forward`` applies it before its scan over blocks);
       h: ``(B, L, D)`` residual stream; layer: block index (may be traced: it only picks
-        the rescaling divisor); tap: optional ``(B, A, L)`` added to the time mix's
-        operator output.
+        the rescaling divisor); hook: optional ``(point, x) -> x`` called at the block's
+        hook points (``nn.hooks``; ``mixer.hook_out`` is ``(B, A, L)``).
     Returns:
       ``(h_next (B, L, D), x (B, L, D))``: the block output and the time-mix input (``ln1`` output).
     """
+    hook = hook or no_hook
     eps = cfg.layer_norm_epsilon
     pre = lp.get("pre_ln")
     if pre is not None:
         h = layer_norm(h, pre["weight"], pre["bias"], eps)
-    x = layer_norm(h, lp["ln1"]["weight"], lp["ln1"]["bias"], eps)
-    h = h + time_mix_forward(lp["attention"], x, cfg, layer, tap)
+    h = hook("hook_resid_pre", h)
+    x = hook("mixer.hook_in", layer_norm(h, lp["ln1"]["weight"], lp["ln1"]["bias"], eps))
+    h = hook("hook_resid_mid", h + time_mix_forward(lp["attention"], x, cfg, layer, out_hook(hook)))
     hn = layer_norm(h, lp["ln2"]["weight"], lp["ln2"]["bias"], eps)
     h = h + channel_mix_forward(lp["feed_forward"], hn, cfg, layer)
     if cfg.rescale_every > 0:
         h = jnp.where((layer + 1) % cfg.rescale_every == 0, h / 2, h)
-    return h, x
+    return hook("hook_resid_post", h), x
 
 
-def lm_forward(params: dict, ids, cfg: Config, capture: tuple[int, ...] = (), taps=None):
-    """Full LM in eval mode: ``ids (B, L) -> logits (B, L, vocab)`` float32.
+def block_forward(lp: dict, h, cfg: Config, layer=0, tap=None):
+    """``rwkv_block`` with an optional ``tap (B, A, L)`` added to the time mix's operator output."""
+    return rwkv_block(lp, h, cfg, layer, layer_tap(tap))
 
-    Also returns the time-mix inputs (``ln1`` outputs, ``(B, L, D)``) of the layers in
-    ``capture``, in order. ``taps``: optional ``{layer: (B, A, L)}`` added to those
-    layers' operator outputs (zeros give the same logits). The blocks run under one
-    ``lax.scan`` (compile time independent of depth); block 0 adds ``pre_ln`` first.
+
+def lm_forward(params: dict, ids, cfg: Config, capture: tuple[str, ...] = (), adds=None, sets=None):
+    """Full LM in eval mode: ``ids (B, L) -> logits (B, L, vocab)`` float32, and
+    ``{name: activation}`` of the hook names in ``capture``. ``adds`` / ``sets``:
+    ``{name: array}`` added to / replacing activations (``nn.hooks.ForwardHooks``;
+    ``hook_embed`` is the embedding before block 0's ``pre_ln``, ``blocks.0.hook_resid_pre``
+    after it). The blocks run under one ``lax.scan`` (compile time independent of depth).
     """
     eps = cfg.layer_norm_epsilon
     layers = params["layers"]
     n = len(layers)
-    h = embed(params["embeddings"], ids)
+    hooks = ForwardHooks(capture, adds, sets)
+    h = hooks("hook_embed", embed(params["embeddings"], ids))
     pre = layers[0]["pre_ln"]
     h = layer_norm(h, pre["weight"], pre["bias"], eps)
-    tap = None
-    if taps:
-        B, L = ids.shape
-        zero = jnp.zeros((B, cfg.attention_hidden_size, L), f32)
-        tap = jnp.stack([jnp.asarray(taps[i], f32) if i in taps else zero for i in range(n)])
+    edits = hooks.scan_inputs(n, MID_POINTS)
+    keep = hooks.scan_captures(n, MID_POINTS)
 
     def block(h, xs):
-        i, lp, t = xs
-        h, x = block_forward(lp, h, cfg, i, t)
-        return h, (x if capture else None)
+        i, lp, e = xs
+        hook = ScannedLayerHook(e, keep)
+        h, _ = rwkv_block(lp, h, cfg, i, hook)
+        return h, hook.captured
 
-    h, xs = jax.lax.scan(block, h, (jnp.arange(n), stack_layers(layers), tap))
-    captured = [xs[i] for i in capture]
+    h, ys = jax.lax.scan(block, h, (jnp.arange(n), stack_layers(layers), edits))
+    hooks.store_scanned(n, ys)
     h = layer_norm(h, params["ln_out"]["weight"], params["ln_out"]["bias"], FINAL_LN_EPS)
     head = params["embeddings"] if params.get("head") is None else params["head"]
     logits = (h.astype(head.dtype) @ head.T).astype(f32)
-    return logits, captured
+    return logits, hooks.captured
 
 
 lm_forward_jit = jax.jit(full_precision(lm_forward), static_argnames=("cfg", "capture"))
@@ -246,6 +250,6 @@ block_forward_jit = jax.jit(full_precision(block_forward), static_argnames=("cfg
 
 
 __all__ = ["VARIANTS", "layer_norm", "token_shift", "mix", "time_mix_parts", "past_decay", "wkv", "time_mix_inner",
-           "time_mix_forward", "channel_mix_forward", "time_mix_operator", "stack_layers", "block_forward",
+           "time_mix_forward", "channel_mix_forward", "time_mix_operator", "stack_layers", "rwkv_block", "block_forward",
            "lm_forward", "lm_forward_jit", "time_mix_operator_jit", "time_mix_forward_jit",
            "channel_mix_forward_jit", "block_forward_jit"]

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ...nn import LanguageModel, Mixer, Weights, check_block_input, check_tap
+from ...nn.hooks import MID_POINTS
 from .block import (VARIANTS, block_forward_jit, channel_mix_forward_jit, lm_forward_jit, time_mix_forward_jit,
                     time_mix_operator_jit)
 from .config import Config
@@ -93,6 +94,7 @@ class LM(LanguageModel):
     label = "RWKV"
     variants = VARIANTS
     forward_fn = staticmethod(lm_forward_jit)
+    hook_points = MID_POINTS
 
     def __init__(self, cfg: Config, params: dict):
         self.config = cfg

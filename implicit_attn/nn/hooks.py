@@ -1,0 +1,159 @@
+"""Named hook points of a forward pass: capture, add to or replace activations by name.
+
+Names follow TransformerLens: ``hook_embed`` (the token embeddings, before any scaling or
+norm), then per layer ``i``:
+
+* ``blocks.{i}.hook_resid_pre``  ``(B, L, d_model)`` residual stream entering the layer;
+* ``blocks.{i}.mixer.hook_in``   ``(B, L, d_model)`` the token mixer's input (after the norm);
+* ``blocks.{i}.mixer.hook_out``  the mixer's operator output ``H v + offset`` before its
+  output projection, in the operator's layout: ``(B, C, L)`` (``(B, heads, L, head_dim)``
+  for attention layers);
+* ``blocks.{i}.hook_resid_mid``  ``(B, L, d_model)`` after the mixer's residual add (families
+  with an MLP / channel mix after the mixer);
+* ``blocks.{i}.hook_resid_post`` ``(B, L, d_model)`` residual stream leaving the layer.
+
+Block functions take ``hook(point, x) -> x`` (``point`` without the ``blocks.{i}.`` prefix)
+and call it at each point; ``ForwardHooks`` is the one the LM forward passes build.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+RESIDUAL_POINTS = ("hook_resid_pre", "mixer.hook_in", "mixer.hook_out", "hook_resid_post")
+MID_POINTS = ("hook_resid_pre", "mixer.hook_in", "mixer.hook_out", "hook_resid_mid", "hook_resid_post")
+# Read off the layer's operator (run_with_cache builds it from the captured mixer input).
+OPERATOR_POINTS = ("mixer.hook_values", "mixer.hook_offset", "mixer.hook_gate", "mixer.hook_log_decay",
+                   "mixer.hook_pattern")
+
+
+def no_hook(point: str, x):
+    """The identity hook (block functions' default)."""
+    return x
+
+
+def out_hook(hook: Callable | None) -> Callable | None:
+    """``hook`` restricted to ``mixer.hook_out`` (what a mixer forward function takes)."""
+    return None if hook is None else (lambda x: hook("mixer.hook_out", x))
+
+
+def layer_tap(tap) -> Callable | None:
+    """A per-layer hook that adds ``tap`` at ``mixer.hook_out`` (the blocks' ``tap=`` argument)."""
+    if tap is None:
+        return None
+    return lambda point, x: x + tap.astype(x.dtype) if point == "mixer.hook_out" else x
+
+
+def apply_out_hook(y, hook: Callable | None):
+    """Apply a mixer-output hook to ``y (B, L, C)`` in the operator layout ``(B, C, L)``."""
+    if hook is None:
+        return y
+    return jnp.swapaxes(hook(jnp.swapaxes(y, 1, 2)), 1, 2)
+
+
+def block_name(i: int, point: str) -> str:
+    return f"blocks.{i}.{point}"
+
+
+class ForwardHooks:
+    """What one traced forward pass does at its hook points.
+
+    Args:
+      capture: names whose activations to return.
+      adds: ``{name: array}`` added at those points (exactly the activation's shape).
+      sets: ``{name: array}`` replacing those activations (applied before ``adds``).
+    ``captured`` collects ``{name: array}`` as the forward runs.
+    """
+
+    def __init__(self, capture=(), adds=None, sets=None):
+        self.capture = frozenset(capture)
+        self.adds = dict(adds or {})
+        self.sets = dict(sets or {})
+        self.captured: dict = {}
+
+    def __call__(self, name: str, x):
+        if name in self.sets:
+            x = jnp.asarray(self.sets[name]).astype(x.dtype)
+        if name in self.adds:
+            x = x + jnp.asarray(self.adds[name]).astype(x.dtype)
+        if name in self.capture:
+            self.captured[name] = x
+        return x
+
+    def layer(self, i: int) -> Callable:
+        """The hook of layer ``i``: ``(point, x) -> x``."""
+        return lambda point, x: self(block_name(i, point), x)
+
+    def scan_inputs(self, n: int, points) -> dict:
+        """Per-layer edits stacked for layers run under ``lax.scan``:
+        ``{point: (add (n, ...) or None, value (n, ...) or None, on (n,) bool or None)}``
+        for the points some layer edits (zeros / False for the others)."""
+        out = {}
+        for point in points:
+            names = [block_name(i, point) for i in range(n)]
+
+            def stack(table):
+                given = [table.get(nm) for nm in names]
+                ref = next((g for g in given if g is not None), None)
+                if ref is None:
+                    return None, None
+                ref = jnp.asarray(ref)
+                vals = jnp.stack([ref * 0 if g is None else jnp.asarray(g).astype(ref.dtype) for g in given])
+                return vals, jnp.asarray([g is not None for g in given])
+
+            add, _ = stack(self.adds)
+            value, on = stack(self.sets)
+            if add is not None or value is not None:
+                out[point] = (add, value, on)
+        return out
+
+    def scan_captures(self, n: int, points) -> tuple:
+        """Points some layer captures (the scan body returns these per layer)."""
+        return tuple(p for p in points if any(block_name(i, p) in self.capture for i in range(n)))
+
+    def store_scanned(self, n: int, stacked: dict):
+        """Record ``{point: (n, ...)}`` returned by a scan over layers under the captured names."""
+        for point, ys in stacked.items():
+            for i in range(n):
+                if block_name(i, point) in self.capture:
+                    self.captured[block_name(i, point)] = ys[i]
+
+
+class ScannedLayerHook:
+    """The hook of one layer inside a ``lax.scan`` over layers: the layer's slices of
+    ``ForwardHooks.scan_inputs`` and the points to capture (returned by the body)."""
+
+    def __init__(self, edits: dict, capture: tuple):
+        self.edits = edits
+        self.capture = capture
+        self.captured: dict = {}
+
+    def __call__(self, point: str, x):
+        add, value, on = self.edits.get(point, (None, None, None))
+        if value is not None:
+            x = jnp.where(on, value.astype(x.dtype), x)
+        if add is not None:
+            x = x + add.astype(x.dtype)
+        if point in self.capture:
+            self.captured[point] = x
+        return x
+
+
+def hook_names(num_layers: int, points) -> list[str]:
+    """Every forward hook name of a model with ``num_layers`` layers and per-layer ``points``."""
+    return ["hook_embed"] + [block_name(i, p) for i in range(num_layers) for p in points]
+
+
+def parse_name(name: str) -> tuple[int | None, str]:
+    """``"blocks.3.mixer.hook_in" -> (3, "mixer.hook_in")``; ``"hook_embed" -> (None, "hook_embed")``."""
+    if name.startswith("blocks."):
+        head, _, point = name[len("blocks."):].partition(".")
+        if head.isdigit() and point:
+            return int(head), point
+    return None, name
+
+
+__all__ = ["RESIDUAL_POINTS", "MID_POINTS", "OPERATOR_POINTS", "no_hook", "out_hook", "layer_tap", "apply_out_hook",
+           "block_name", "ForwardHooks", "ScannedLayerHook", "hook_names", "parse_name"]
