@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from html import escape as html_escape
 
 import jax
 import numpy as np
@@ -63,6 +64,12 @@ def test_explain_cli_text_with_tokenizer(ckpt, capsys):
     html = (out / "report.html").read_text()
     assert "&lt;script&gt;" in html and "<script>" not in html and "a&amp;b" in html
     assert html.count("data:image/png;base64,") == 3  # strip, layer grid, layer-mean matrix
+    # the target is shown as the token text the tokenizer knows, with its id
+    t = res["target"]
+    known = WORDS[t] if t < len(WORDS) else None
+    assert res["target_token"] == known
+    shown = f"{known!r} (id {t})" if known is not None else f"id {t}"
+    assert f"<b>target token</b>: {html_escape(shown)}<" in html
 
 
 def test_explain_cli_ids_and_errors(ckpt, capsys):

@@ -42,6 +42,7 @@ from ..nn import check_layers
 from ..ops import full_precision
 from .maps import (check_how, check_normalize, iter_operators, model_kwargs, operator_map, position_mean,
                    select_channels)
+from .report import explanation_html
 
 METHODS = ("raw", "rollout", "attribution", "contributions")
 
@@ -244,6 +245,11 @@ class Explanation:
     layer_maps: np.ndarray
     layer_relevance: np.ndarray
     matrix: np.ndarray | None = None
+
+    def _repr_html_(self) -> str:
+        """Notebook view: summary, relevance of example 0, heatmap (``report.explanation_html``;
+        call that with ``tokens=`` for token text)."""
+        return explanation_html(self)
 
 
 def explain(model, ids, method: str = "rollout", variant: str = "full", layers=None, query: int = -1,

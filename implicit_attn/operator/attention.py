@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from ..ops import full_precision
 from .base import channel_index, pytree_dataclass
+from .html import operator_html
 from .implicit import ImplicitOperator
 
 
@@ -69,6 +70,11 @@ class AttentionOperator:
         """``max |apply() - output| / max |output|`` over all heads (a self-check)."""
         err = jnp.max(jnp.abs(self.apply() - self.output))
         return float(err / jnp.maximum(jnp.max(jnp.abs(self.output)), 1e-30))
+
+    def _repr_html_(self) -> str:
+        """Notebook view: type, core, shape, dtypes and a small log-scale heatmap of
+        example 0's head-mean probabilities (``html.operator_html``)."""
+        return operator_html(self)
 
 
 __all__ = ["AttentionOperator"]

@@ -17,6 +17,7 @@ from ..ops import full_precision
 from .base import REDUCTIONS, block_size, channel_index, channel_weights, pytree_dataclass
 from .dispatch import (backend, blocked_reduce_jit, materialize_blocks, materialize_jit, resolve_impl,
                        with_fallback)
+from .html import operator_html
 
 HEAD_MATRICES = ("alpha", "mean")
 
@@ -134,6 +135,11 @@ class ImplicitOperator:
         """``max |apply() - output| / max |output|`` over all channels (a self-check)."""
         err = jnp.max(jnp.abs(self.apply() - self.output))
         return float(err / jnp.maximum(jnp.max(jnp.abs(self.output)), 1e-30))
+
+    def _repr_html_(self) -> str:
+        """Notebook view: type, core, shape, dtypes and a small log-scale heatmap of
+        example 0's channel-mean ``|H|`` (``html.operator_html``; skipped for huge operators)."""
+        return operator_html(self)
 
 
 @pytree_dataclass
