@@ -25,15 +25,11 @@ from weights_convert import CheckpointError, read_hf_dir, write_hf_dir
 from bad_inputs import BAD_BLOCK_INPUTS
 from hf_build import build_hf
 
+testing = pytest.importorskip("implicit_attn.testing")  # torch parity helpers (test extra)
+rel = testing.max_rel_error
+
 L = 11  # odd, not a multiple of any chunk or tile
 FAMILY_IDS = sorted(FAMILIES)
-
-
-def hf_module(model, path: str):
-    obj = model
-    for part in path.split("."):
-        obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
-    return obj
 
 
 @pytest.fixture(scope="module", params=FAMILY_IDS)
@@ -50,59 +46,21 @@ def ids_for(model, B=2, seed=0, length=L):
     return np.random.default_rng(seed).integers(0, model.config.vocab_size, (B, length))
 
 
-def torch_run(spec, tm, ids):
-    """Logits and ``{layer: (mixer input, mixer output)}`` of the torch model."""
-    import torch
-
-    io = {}
-    n = tm.config.num_hidden_layers
-    hooks = []
-    for i in range(n):
-        def hook(mod, inp, out, i=i):
-            out = out[0] if isinstance(out, tuple) else out
-            io[i] = (inp[0].detach().numpy().copy(), out.detach().numpy().copy())
-        hooks.append(hf_module(tm, spec.hf_mixer.format(i=i)).register_forward_hook(hook))
-    with torch.no_grad():
-        logits = tm(torch.tensor(ids), use_cache=False).logits.numpy()
-    for h in hooks:
-        h.remove()
-    return logits, io
-
-
-def rel(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
-
-
 # ----------------------------------------------------------------------------- torch parity
 
-def test_logits_and_every_mixer_match_torch(fam):
+def test_parity_with_torch_and_exact_operators(fam):
+    """Logits and every layer's mixer input and output against torch, and every exact
+    variant's operator exact on every layer (``implicit_attn.testing.assert_hf_parity``)."""
     spec, tm, model, _ = fam
     ids = ids_for(model, B=2)
-    logits, io = torch_run(spec, tm, ids)
-    ours = np.asarray(model(ids))
-    assert ours.shape == logits.shape and ours.dtype == np.float32
-    assert np.max(np.abs(ours - logits)) <= 1e-4
-    xs = model.mixer_inputs(ids)
-    for i, (x_t, y_t) in io.items():
-        np.testing.assert_allclose(np.asarray(xs[i]), x_t, atol=1e-5, rtol=1e-5)
-        y = np.asarray(model.layers[i].mixer(x_t))
-        assert rel(y, y_t) <= 1e-5, (spec.model_type, i)
+    assert np.asarray(model(ids)).dtype == np.float32
+    r = testing.assert_hf_parity(tm, input_ids=ids, jax_model=model, atol=1e-4, rtol=1e-5, exact_tol=1e-5)
+    assert len(r["mixers"]) == len(model.layers)
+    assert set(r["exactness"]) == set(spec.exact_variants)
+    assert all(len(errs) == len(model.layers) for errs in r["exactness"].values())
 
 
 # ----------------------------------------------------------------------------- operators
-
-def test_every_layer_has_a_mixer_with_an_exact_operator(fam):
-    spec, _, model, _ = fam
-    ids = ids_for(model, B=2)
-    for v in spec.exact_variants:
-        ops = model.operators(ids, variant=v)
-        assert len(ops) == len(model.layers)
-        for i, op in enumerate(ops):
-            B, C, Lq, Lk = op.shape
-            assert (B, Lq, Lk) == (2, L, L) and C >= 1
-            assert op.relative_error() <= 1e-5, (spec.model_type, v, i)
-
 
 def test_full_operator_equals_the_float64_reference(fam):
     spec, _, model, _ = fam

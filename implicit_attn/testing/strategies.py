@@ -1,0 +1,134 @@
+"""Hypothesis strategies for property tests: valid small HF configs of every registered
+family, and token ids for them.
+
+Needs the ``test`` extra (hypothesis): ``pip install implicit-attn[test]``.
+
+A config is a dict of keyword arguments of the family's HF config class
+(``FamilySpec.hf_config_class``), e.g. ``transformers.MambaConfig(**config)``; it starts
+from the family's tiny test config and varies widths, heads, state sizes, depth, conv
+widths, biases, and (RecurrentGemma) the layer pattern and attention window, always
+within what both HF and ``implicit_attn`` accept. Sizes stay small: every new shape is a
+new XLA compilation.
+"""
+from __future__ import annotations
+
+from ..registry import FAMILIES, family
+from ..registry import model_types as registered_types
+from .deps import require
+
+require("hypothesis")
+import hypothesis.extra.numpy as hnp  # noqa: E402
+import numpy as np  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+VOCAB = st.sampled_from([32, 61, 64])
+
+
+def divisors(n: int, limit: int | None = None) -> list[int]:
+    """Divisors of ``n`` (at most ``limit``), ascending."""
+    return [d for d in range(1, n + 1) if n % d == 0 and (limit is None or d <= limit)]
+
+
+@st.composite
+def mamba_configs(draw) -> dict:
+    """``MambaConfig`` kwargs: width, state size, depth, conv width, expansion, dt rank, biases."""
+    return {**family("mamba").tiny,
+            "vocab_size": draw(VOCAB), "hidden_size": draw(st.sampled_from([8, 12, 16])),
+            "state_size": draw(st.integers(1, 6)), "num_hidden_layers": draw(st.integers(1, 3)),
+            "conv_kernel": draw(st.integers(1, 4)), "expand": draw(st.sampled_from([1, 2])),
+            "time_step_rank": draw(st.integers(1, 4)), "use_conv_bias": draw(st.booleans()),
+            "use_bias": draw(st.booleans()), "tie_word_embeddings": draw(st.booleans())}
+
+
+@st.composite
+def mamba2_configs(draw) -> dict:
+    """``Mamba2Config`` kwargs with ``num_heads * head_dim == expand * hidden_size`` (HF's
+    layout) and ``n_groups`` dividing ``num_heads``; chunk sizes below and above ``L``."""
+    hidden = draw(st.sampled_from([8, 12, 16]))
+    expand = draw(st.sampled_from([1, 2]))
+    head_dim = draw(st.sampled_from(divisors(expand * hidden, 8)[1:]))
+    heads = expand * hidden // head_dim
+    return {**family("mamba2").tiny,
+            "vocab_size": draw(VOCAB), "hidden_size": hidden, "expand": expand, "head_dim": head_dim,
+            "num_heads": heads, "n_groups": draw(st.sampled_from(divisors(heads, 4))),
+            "state_size": draw(st.integers(1, 6)), "num_hidden_layers": draw(st.integers(1, 3)),
+            "conv_kernel": draw(st.integers(1, 4)), "chunk_size": draw(st.sampled_from([4, 8, 16])),
+            "use_conv_bias": draw(st.booleans()), "use_bias": draw(st.booleans()),
+            "tie_word_embeddings": draw(st.booleans())}
+
+
+@st.composite
+def recurrent_gemma_configs(draw) -> dict:
+    """``RecurrentGemmaConfig`` kwargs: heads (``num_key_value_heads`` dividing them), head
+    width a multiple of 4 (even rotary half), LRU width a multiple of the heads, the
+    ``block_types`` pattern and depth, attention window, conv width, soft cap, biases."""
+    heads = draw(st.sampled_from([1, 2, 4]))
+    head_dim = draw(st.sampled_from([4, 8]))
+    return {**family("recurrent_gemma").tiny,
+            "vocab_size": draw(VOCAB), "hidden_size": heads * head_dim, "num_attention_heads": heads,
+            "num_key_value_heads": draw(st.sampled_from(divisors(heads))),
+            "lru_width": heads * draw(st.sampled_from([2, 4, 6])),
+            "intermediate_size": 2 * draw(st.integers(4, 16)), "num_hidden_layers": draw(st.integers(1, 4)),
+            "block_types": draw(st.lists(st.sampled_from(["recurrent", "attention"]), min_size=1, max_size=3)),
+            "attention_window_size": draw(st.integers(1, 8)), "conv1d_width": draw(st.integers(1, 4)),
+            "logits_soft_cap": draw(st.sampled_from([30.0, 5.0])), "attention_bias": draw(st.booleans()),
+            "rope_parameters": dict(rope_type="default", rope_theta=draw(st.sampled_from([10000.0, 100.0])),
+                                    partial_rotary_factor=0.5)}
+
+
+@st.composite
+def rwkv_configs(draw) -> dict:
+    """``RwkvConfig`` kwargs: widths of the residual stream, attention and feed-forward,
+    depth (at least 2: HF's initialisation divides by ``num_hidden_layers - 1``), and eval
+    rescaling (``rescale_every`` 0 is none)."""
+    return {**family("rwkv").tiny,
+            "vocab_size": draw(VOCAB), "hidden_size": draw(st.sampled_from([8, 12, 16])),
+            "attention_hidden_size": draw(st.sampled_from([4, 8, 12, 16])),
+            "intermediate_size": draw(st.sampled_from([8, 16, 24])), "num_hidden_layers": draw(st.integers(2, 4)),
+            "rescale_every": draw(st.sampled_from([0, 1, 2, 6])), "tie_word_embeddings": draw(st.booleans())}
+
+
+CONFIGS = {"mamba": mamba_configs, "mamba2": mamba2_configs, "recurrent_gemma": recurrent_gemma_configs,
+           "rwkv": rwkv_configs}
+
+
+def model_types():
+    """Strategy of every registered ``model_type`` that has a config strategy here."""
+    return st.sampled_from([t for t in registered_types() if t in CONFIGS])
+
+
+def configs(model_type: str | None = None):
+    """Strategy of valid small HF config dicts (kwargs of ``FamilySpec.hf_config_class``)
+    of ``model_type`` (None: of any registered family, drawn with ``model_types()``)."""
+    if model_type is None:
+        return model_types().flatmap(configs)
+    family(model_type)  # ValueError naming the supported types
+    if model_type not in CONFIGS:
+        raise NotImplementedError(f"no config strategy for {model_type!r} yet (registered: {sorted(FAMILIES)}); "
+                                  f"add one to implicit_attn.testing.strategies.CONFIGS")
+    return CONFIGS[model_type]()
+
+
+def as_strategy(x):
+    """``x`` if it is a strategy, else ``just(x)``."""
+    return x if isinstance(x, st.SearchStrategy) else st.just(x)
+
+
+def input_ids(vocab_size: int, batch=st.integers(1, 2), length=st.integers(1, 12)):
+    """Strategy of ``(batch, length)`` int64 token id arrays in ``[0, vocab_size)``;
+    ``batch`` and ``length`` are ints or integer strategies."""
+    return st.tuples(as_strategy(batch), as_strategy(length)).flatmap(
+        lambda bl: hnp.arrays(np.int64, bl, elements=st.integers(0, vocab_size - 1)))
+
+
+@st.composite
+def model_inputs(draw, model_type: str | None = None, batch=st.integers(1, 2), length=st.integers(1, 12)):
+    """Strategy of ``(model_type, config, ids (B, L))`` drawn together (ids within the
+    config's vocabulary); ``model_type`` None draws the family too."""
+    t = draw(as_strategy(model_type) if model_type is not None else model_types())
+    config = draw(configs(t))
+    return t, config, draw(input_ids(config["vocab_size"], batch, length))
+
+
+__all__ = ["configs", "model_types", "input_ids", "model_inputs", "mamba_configs", "mamba2_configs",
+           "recurrent_gemma_configs", "rwkv_configs", "CONFIGS", "divisors"]
