@@ -16,12 +16,14 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from . import kernels  # registers the Pallas and CPU kernels with operator.dispatch
-from .io import family_of, load, save
+from .io import family_of, hub_cache_dir, load, load_tokenizer, resolve, save, tokenize
+from .nn import AttentionEdit
 from .nn.checkpoint import CheckpointError
 from .operator import (AttentionOperator, ImplicitOperator, Mamba2Operator, OperatorCore, ScalarDecayCore,
                        StateDecayCore)
 from .registry import FAMILIES, family, model_types
 
-__all__ = ["load", "save", "family_of", "family", "model_types", "FAMILIES", "CheckpointError",
+__all__ = ["AttentionEdit", "load", "save", "family_of", "load_tokenizer", "tokenize", "resolve", "hub_cache_dir", "family",
+           "model_types", "FAMILIES", "CheckpointError",
            "ImplicitOperator", "Mamba2Operator", "AttentionOperator", "OperatorCore", "ScalarDecayCore",
            "StateDecayCore", "kernels", "__version__"]

@@ -12,7 +12,8 @@ import numpy as np
 from .demo import induction
 from .explain import cli as explain_cli
 from .explain import explain, relevance_strip
-from .io import load
+from .explain.viz import SCALES, heatmap
+from .io import load, tokenize
 
 
 def _parse_ids(text: str) -> np.ndarray:
@@ -25,27 +26,10 @@ def _parse_ids(text: str) -> np.ndarray:
     return np.asarray(ids, np.int64)[None]
 
 
-def save_heatmap(matrix: np.ndarray, path: Path, title: str, tokens=None) -> Path:
-    """Write an ``(L, L)`` map as a PNG heatmap (query rows, key columns)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    L = matrix.shape[0]
-    fig, ax = plt.subplots(figsize=(5.5, 4.8), dpi=110)
-    im = ax.imshow(np.where(np.tril(np.ones((L, L), bool)), matrix, np.nan), cmap="viridis")
-    ax.set_title(title, fontsize=9)
-    ax.set_xlabel("key position j")
-    ax.set_ylabel("query position i")
-    if tokens is not None and L <= 40:
-        ax.set_xticks(range(L), tokens, rotation=90, fontsize=6)
-        ax.set_yticks(range(L), tokens, fontsize=6)
-    fig.colorbar(im, ax=ax, shrink=0.8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+def save_heatmap(matrix: np.ndarray, path: Path, title: str, tokens=None, scale: str = "log") -> Path:
+    """Write an ``(L, L)`` map as a PNG heatmap (query rows, key columns; ``scale``:
+    ``"log"`` or ``"linear"`` colours, see ``explain.viz``)."""
+    return heatmap(matrix, path, title, tokens=tokens, scale=scale)
 
 
 def cmd_info(args) -> int:
@@ -61,14 +45,20 @@ def _operator_map(model, ids, layer: int, variant: str, how: str):
 
 def cmd_operator(args) -> int:
     model = load(args.ckpt)
-    ids = _parse_ids(args.ids)
+    ids, tokens = tokenize(args.ckpt, args.text) if args.text is not None else (_parse_ids(args.ids), None)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    n = len(model.layers)
+    # An attention layer's operator (softmax attention) has no ablations: say so rather than
+    # writing a "full" map under an ablation's name.
+    if args.variant != "full" and -n <= args.layer < n and explain_cli.layer_kind(model, args.layer) == "attention":
+        raise ValueError(explain_cli.attention_variant_error(model, [args.layer % n], args.variant))
     op, m = _operator_map(model, ids, args.layer, args.variant, args.how)
     stem = f"layer{args.layer}_{args.variant}_{args.how}"
     np.save(out / f"{stem}.npy", m)
     png = save_heatmap(m, out / f"{stem}.png",
-                       f"{model.family} layer {args.layer}: channel {args.how} of H ({args.variant})")
+                       f"{model.family} layer {args.layer}: channel {args.how} of H ({args.variant})",
+                       tokens=tokens, scale=args.scale)
     print(f"operator of layer {args.layer}: {op.shape[1]} channels, L = {op.shape[2]}")
     if args.variant == "full":
         print(f"exactness (max |H v + offset - output| / max |output|): {op.relative_error():.2e}")
@@ -108,7 +98,7 @@ def cmd_demo(args) -> int:
     m = np.asarray(ops[-1].reduce("abs_mean"))[0]
     png = save_heatmap(m, out / "demo_layer_last_abs_mean.png",
                        f"induction Mamba, layer {len(ops) - 1}: mean |H| over channels "
-                       f"(earlier occurrence {e}, answer position {t})", tokens=toks)
+                       f"(earlier occurrence {e}, answer position {t})", tokens=toks, scale=args.scale)
     np.save(out / "demo_layer_last_abs_mean.npy", m)
     print(f"4. wrote the channel-mean |H| map of the last layer to {png}")
     # abs_mean channel maps: on this model the signed mean cancels across channels and its
@@ -136,27 +126,41 @@ def cmd_demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="implicit-attn", description=__doc__)
+    fmt = explain_cli.HelpFormatter
+    p = argparse.ArgumentParser(prog="implicit-attn", description=explain_cli.plain(__doc__), formatter_class=fmt)
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("info", help="family, layers, widths and parameter count of a checkpoint")
-    s.add_argument("ckpt", help="Hugging Face checkpoint directory")
+    s = sub.add_parser("info", help="family, layers, widths and parameter count of a checkpoint",
+                       formatter_class=fmt)
+    s.add_argument("ckpt", help="Hugging Face checkpoint directory, or a repository id ORG/NAME in the "
+                                "local Hugging Face cache")
     s.set_defaults(func=cmd_info)
 
-    s = sub.add_parser("operator", help="heatmap + raw array of one layer's channel-summarised operator")
-    s.add_argument("ckpt")
-    s.add_argument("--ids", required=True, help="token ids, e.g. '1,2,3'")
-    s.add_argument("--layer", type=int, default=0)
-    s.add_argument("--variant", default="full")
-    s.add_argument("--how", default="abs_mean", choices=["mean", "abs_mean", "pos_mean"])
-    s.add_argument("--out", default="out")
+    s = sub.add_parser("operator", help="heatmap + raw array of one layer's channel-summarised operator",
+                       formatter_class=fmt)
+    s.add_argument("ckpt", help="Hugging Face checkpoint directory, or a repository id ORG/NAME in the "
+                                "local Hugging Face cache")
+    src = s.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", help="input text (tokenized with the checkpoint's tokenizer.json)")
+    src.add_argument("--ids", help="token ids, e.g. '1,2,3'")
+    s.add_argument("--layer", type=int, default=0, help="layer index (negative counts from the end)")
+    s.add_argument("--variant", default="full",
+                   help="operator variant (ablation); attention layers accept only 'full'. Per family: "
+                        + explain_cli.variants_help())
+    s.add_argument("--how", default="abs_mean", choices=["mean", "abs_mean", "pos_mean"],
+                   help="channel summary of H: mean of H, of |H|, or of max(H, 0)")
+    s.add_argument("--scale", default="log", choices=list(SCALES), help="heatmap colour scale")
+    s.add_argument("--out", default="out", help="output directory")
     s.set_defaults(func=cmd_operator)
 
-    s = sub.add_parser("demo", help="end-to-end demo on the embedded default model")
-    s.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "implicit_attn_demo"))
+    s = sub.add_parser("demo", help="end-to-end demo on the embedded default model", formatter_class=fmt,
+                       description=explain_cli.plain(cmd_demo.__doc__))
+    s.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "implicit_attn_demo"),
+                   help="output directory")
     s.add_argument("--length", type=int, default=None,
                    help="sequence length (default: the length the model was trained at)")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=int, default=0, help="seed of the random induction sequence")
+    s.add_argument("--scale", default="log", choices=list(SCALES), help="heatmap colour scale")
     s.set_defaults(func=cmd_demo)
 
     explain_cli.add_parser(sub)
