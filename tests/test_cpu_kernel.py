@@ -67,7 +67,8 @@ def griffin_op(L, variant="full", restart=True):
     return griffin.block.recurrent_operator_jit(p, h, jnp.asarray(pos), cfg=cfg, variant=variant)
 
 
-@pytest.mark.parametrize("L", [1, 5, 37, 100])
+# 1: a single position; 37: several tiles, ragged, a document restart at 20; 100: longer rows
+@pytest.mark.parametrize("L", [1, 37, 100])
 @pytest.mark.parametrize("variant", griffin.VARIANTS)
 def test_griffin_matches_xla(L, variant):
     op = griffin_op(L, variant)
@@ -79,7 +80,8 @@ def test_griffin_matches_xla(L, variant):
         assert rel(y, op.output) <= 1e-5
 
 
-@pytest.mark.parametrize("L", [1, 16, 17, 37, 100])
+# 1; 16: exactly one chunk; 37: several chunks with a ragged last one
+@pytest.mark.parametrize("L", [1, 16, 37])
 @pytest.mark.parametrize("variant", mamba.VARIANTS)
 def test_materialize_matches_xla(L, variant):
     op = _op(L, variant)

@@ -24,7 +24,7 @@ def hf_setup(model, torch, seed: int = 0):
 
 
 SPEC = FamilySpec(
-    model_type="mamba", label="Mamba", config=Config, lm=LM, variants=VARIANTS, exact_variants=("full",),
+    model_type="mamba", label="Mamba", config=Config, lm=LM, variants=VARIANTS, exact_variants=("full", "no_conv"),
     to_params=to_params, from_params=from_params, expected_shapes=expected_shapes, init_params=init_params,
     naive_operator=naive_operator, hf_class="MambaForCausalLM", hf_config_class="MambaConfig",
     tiny=dict(vocab_size=64, hidden_size=16, state_size=4, num_hidden_layers=2, conv_kernel=4, expand=2,
