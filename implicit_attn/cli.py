@@ -17,13 +17,7 @@ from .io import load, tokenize
 
 
 def _parse_ids(text: str) -> np.ndarray:
-    try:
-        ids = [int(t) for t in text.replace(",", " ").split()]
-    except ValueError:
-        raise SystemExit(f"--ids must be integers separated by commas or spaces, got {text!r}")
-    if not ids:
-        raise SystemExit("--ids is empty")
-    return np.asarray(ids, np.int64)[None]
+    return np.asarray(explain_cli.int_list(text, "--ids", low=0), np.int64)[None]
 
 
 def save_heatmap(matrix: np.ndarray, path: Path, title: str, tokens=None, scale: str = "log") -> Path:
@@ -61,7 +55,8 @@ def cmd_operator(args) -> int:
                        tokens=tokens, scale=args.scale)
     print(f"operator of layer {args.layer}: {op.shape[1]} channels, L = {op.shape[2]}")
     if args.variant == "full":
-        print(f"exactness (max |H v + offset - output| / max |output|): {op.relative_error():.2e}")
+        print(f"exactness (max |H v + offset - output| / max |output|, against the block computed in "
+              f"{model.dtype}): {op.relative_error():.2e}")
     print(f"wrote {png}")
     print(f"wrote {out / (stem + '.npy')}")
     return 0
@@ -93,7 +88,7 @@ def cmd_demo(args) -> int:
         status = "exact" if err <= 1e-5 else "NOT EXACT"
         print(f"3. layer {i}: H of shape {op.shape}; max|H v + offset - output|/max|output| = "
               f"{err:.2e} ({status})")
-        if err > 1e-5:
+        if not err <= 1e-5:  # NaN (nothing compared) fails too
             return 1
     m = np.asarray(ops[-1].reduce("abs_mean"))[0]
     png = save_heatmap(m, out / "demo_layer_last_abs_mean.png",
@@ -142,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "local Hugging Face cache")
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="input text (tokenized with the checkpoint's tokenizer.json)")
-    src.add_argument("--ids", help="token ids, e.g. '1,2,3'")
+    src.add_argument("--ids", type=explain_cli.int_list_type("--ids", low=0), help="token ids, e.g. '1,2,3'")
     s.add_argument("--layer", type=int, default=0, help="layer index (negative counts from the end)")
     s.add_argument("--variant", default="full",
                    help="operator variant (ablation); attention layers accept only 'full'. Per family: "
@@ -167,13 +162,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def one_line(e: BaseException) -> str:
+    """An exception's message on one line (its lines joined with "; ")."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return "; ".join(lines) or type(e).__name__
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run the command line; returns the exit code: 0, 2 for a usage error (argparse's
+    message) or a library error (``ValueError``/``TypeError``/``OSError``, including
+    ``CheckpointError``), 1 for any other exception. Errors are one line on stderr,
+    never a traceback."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # argparse: usage errors (2, message printed), --help (0)
+        return e.code if isinstance(e.code, int) else 2
     try:
         return args.func(args)
     except (ValueError, TypeError, OSError) as e:
-        print(f"implicit-attn: error: {e}", file=sys.stderr)
+        print(f"implicit-attn: error: {one_line(e)}", file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001 - anything else is still one line, not a traceback
+        print(f"implicit-attn: error: {type(e).__name__}: {one_line(e)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

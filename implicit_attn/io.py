@@ -13,9 +13,13 @@ import os
 import re
 from pathlib import Path
 
+import warnings
+
+import jax.numpy as jnp
 import numpy as np
 
-from .nn.checkpoint import INDEX, SINGLE, CheckpointError, cast_floating, read_config, read_hf_dir, write_hf_dir
+from .nn.checkpoint import (INDEX, SINGLE, CheckpointError, check_floating, floating_dtype, read_config, read_hf_dir,
+                            release, write_hf_dir)
 from .registry import FAMILIES, family
 
 # ORG/NAME with Hugging Face's characters (letters, digits, "-", "_", "."); exactly one "/".
@@ -151,11 +155,62 @@ def load(path_or_repo_id, dtype=None, revision: str | None = None):
         raise CheckpointError(f"{path}: config.json has no model_type; supported: {sorted(FAMILIES)}")
     spec = family(model_type)  # fails early for unknown types
     _check_safetensors(path, path_or_repo_id)
-    config, tensors = read_hf_dir(path)
-    cfg, params = spec.to_params(config, cast_floating(tensors, dtype))
+    dt = floating_dtype(dtype)
+    config, tensors = read_hf_dir(path)  # header-checked views into memory maps: nothing read yet
+    check_floating(tensors, where=str(path))
+    config, tensors = _untie_like_hf(spec, config, tensors, path)
+    spec.to_params(config, tensors)  # config and every name and shape checked before any data is read
+    arrays = {}
+    for name in sorted(tensors):  # one tensor at a time: its pages are dropped once copied
+        view = tensors.pop(name)
+        arrays[name] = jnp.asarray(view if dt is None else view.astype(dt)).block_until_ready()  # copied...
+        release(view)  # ...before the pages go
+        del view
+    cfg, params = spec.to_params(config, arrays)
     model = spec.lm(cfg, params)
     model.source = str(path)
     return model
+
+
+def _head_names(spec, config: dict) -> tuple[set, set] | None:
+    """``(output-head tensor names, required names)`` of a tied ``config``: the tensors the
+    untied form of the config requires on top of the tied one; None when the config is not
+    tied (or not parseable: ``to_params`` reports that)."""
+    try:
+        tied = spec.config.from_hf(config)
+        if not getattr(tied, "tie_word_embeddings", False):
+            return None
+        untied = spec.config.from_hf({**config, "tie_word_embeddings": False})
+    except (TypeError, ValueError, ArithmeticError):
+        return None
+    req_tied = set(spec.expected_shapes(tied)[0])
+    return set(spec.expected_shapes(untied)[0]) - req_tied, req_tied
+
+
+def _untie_like_hf(spec, config: dict, tensors: dict, path) -> tuple[dict, dict]:
+    """Follow ``transformers`` (checked against 5.23 for every family) when a config ties
+    the output head to the embeddings but the file also holds an output head: if the head
+    equals the embedding matrix it is dropped (tied, same numbers); if it differs, HF does
+    not tie and uses the file's head, so the model is loaded untied (``tie_word_embeddings``
+    False, a warning names the tensors) and gives HF's logits."""
+    names = _head_names(spec, config)
+    if names is None:
+        return config, tensors
+    heads, required = names
+    present = sorted(h for h in heads if h in tensors)
+    if not present:
+        return config, tensors
+    embeds = [n for n in sorted(required) if "embed" in n and n in tensors]
+    same = all(len(embeds) == 1 and tensors[h].shape == tensors[embeds[0]].shape
+               and tensors[h].dtype == tensors[embeds[0]].dtype and np.array_equal(tensors[h], tensors[embeds[0]])
+               for h in present)
+    if same:
+        return config, {k: v for k, v in tensors.items() if k not in heads}
+    warnings.warn(f"{path}: config.json ties the output head to the embeddings (tie_word_embeddings) but the "
+                  f"checkpoint holds a different {', '.join(present)}; like transformers, the file's head is "
+                  f"used and the model is loaded untied (set tie_word_embeddings to false to silence this)",
+                  stacklevel=3)
+    return {**config, "tie_word_embeddings": False}, tensors
 
 
 def load_tokenizer(path_or_repo_id, revision: str | None = None):
@@ -196,7 +251,11 @@ def tokenize(path_or_repo_id, text: str, revision: str | None = None) -> tuple[n
 
 
 def save(model, path, max_shard_bytes: int | None = None):
-    """Write ``model`` back to Hugging Face layout (config.json + safetensors)."""
+    """Write ``model`` back to Hugging Face layout (config.json + safetensors, sharded with
+    an index when ``max_shard_bytes`` is given). Each file is written to a temporary file
+    and renamed into place, and the weight files of an earlier save into ``path`` that this
+    one supersedes (an old index, single file or shards) are removed, so ``load(path)``
+    returns this model."""
     config, tensors = family(model.family).from_params(model.config, model.params())
     write_hf_dir(path, config, tensors, max_shard_bytes=max_shard_bytes)
 

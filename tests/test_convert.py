@@ -8,7 +8,7 @@ import pytest
 
 import implicit_attn as ia
 from implicit_attn.families import mamba
-from weights_convert import (CheckpointError, read_hf_dir, read_safetensors, write_hf_dir,
+from weights_convert import (CheckpointError, convert, read_hf_dir, read_safetensors, release, write_hf_dir,
                              write_safetensors)
 
 CFG = mamba.Config(vocab_size=40, hidden_size=8, state_size=4, num_hidden_layers=2, conv_kernel=3)
@@ -278,3 +278,198 @@ def test_unsupported_load_dtype(ckpt):
         ia.load(ckpt, dtype="int8")
     with pytest.raises(ValueError, match="dtype 'float33' is not a dtype"):
         ia.load(ckpt, dtype="float33")
+
+
+# ----------------------------------------------------------------------------- issue 16: saving
+
+def _other_model():
+    return mamba.LM(CFG, mamba.init_params(CFG, jax.random.PRNGKey(1)))
+
+
+def _same_logits(a, b):
+    ids = np.arange(10)[None] % 40
+    np.testing.assert_array_equal(np.asarray(a(ids)), np.asarray(b(ids)))
+
+
+def test_save_replaces_a_previous_save_in_every_layout(model, tmp_path):
+    d, other = tmp_path / "m", _other_model()
+    d.mkdir()
+    (d / "tokenizer.json").write_text("{}")  # not a weight file: kept
+    ia.save(model, d, max_shard_bytes=1500)
+    ia.save(other, d)  # the stale index used to win here and load the first model
+    assert sorted(p.name for p in d.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    _same_logits(ia.load(d), other)
+    ia.save(model, d, max_shard_bytes=1500)
+    assert not (d / "model.safetensors").exists()
+    _same_logits(ia.load(d), model)
+    n = len(list(d.glob("model-*.safetensors")))
+    ia.save(other, d, max_shard_bytes=4000)  # fewer shards: the old ones go
+    shards = sorted(p.name for p in d.glob("model-*.safetensors"))
+    assert len(shards) < n and sorted(set(_index(d)["weight_map"].values())) == shards
+    _same_logits(ia.load(d), other)
+    assert not [p for p in d.iterdir() if p.name.startswith(".")]  # no temporary files left
+
+
+def test_failed_save_leaves_the_previous_checkpoint(model, tmp_path):
+    d = tmp_path / "m"
+    ia.save(model, d, max_shard_bytes=1500)
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    ia.save(_other_model(), tmp_path / "o")
+    config, tensors = read_hf_dir(tmp_path / "o")
+    tensors = {**tensors, "zzz.bad": np.zeros(2, np.complex64)}  # other weights; fails on the last file
+    with pytest.raises(CheckpointError, match="dtype complex64 cannot be stored"):
+        write_hf_dir(d, config, tensors)
+    with pytest.raises(CheckpointError, match="dtype complex64 cannot be stored"):
+        write_hf_dir(d, config, tensors, max_shard_bytes=1500)
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before
+    _same_logits(ia.load(d), model)
+
+
+def test_single_file_wins_over_an_index_like_transformers(model, tmp_path):
+    d, other = tmp_path / "m", _other_model()
+    ia.save(model, d, max_shard_bytes=1500)
+    ia.save(other, tmp_path / "o")
+    shutil.copy(tmp_path / "o" / "model.safetensors", d / "model.safetensors")  # a stray index stays
+    _same_logits(ia.load(d), other)
+
+
+# ----------------------------------------------------------------------------- issue 16: strict headers
+
+def _header(f):
+    data = f.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    return json.loads(data[8:8 + n]), data[8 + n:]
+
+
+def _rewrite_header(f, edit):
+    header, body = _header(f)
+    edit(header)
+    _raw_safetensors(f, json.dumps(header).encode(), body)
+
+
+def test_overlapping_offsets_are_rejected(ckpt):
+    f = ckpt / "model.safetensors"
+
+    def alias(h):  # D of layer 1 reads the bytes of D of layer 0; the freed bytes stay
+        h["backbone.layers.1.mixer.D"]["data_offsets"] = h["backbone.layers.0.mixer.D"]["data_offsets"]
+    _rewrite_header(f, alias)
+    with pytest.raises(CheckpointError, match=r"tensor 'backbone\.layers\.(0|1)\.mixer\.D' .*overlaps tensor"):
+        ia.load(ckpt)
+    st = pytest.importorskip("safetensors.numpy")
+    with pytest.raises(Exception):  # the reference reader rejects it too
+        st.load_file(str(f))
+
+
+def test_sizes_are_computed_without_overflow(ckpt):
+    f = ckpt / "model.safetensors"
+    _raw_safetensors(f, json.dumps({"backbone.norm_f.weight": {"dtype": "F32", "shape": [2 ** 32, 2 ** 32],
+                                                               "data_offsets": [0, 0]}}).encode())
+    with pytest.raises(CheckpointError, match=r"tensor 'backbone\.norm_f\.weight' has 0 bytes .* which needs "
+                                              r"73786976294838206464"):
+        ia.load(ckpt)
+
+
+def test_offsets_must_tile_the_data_section(ckpt):
+    f = ckpt / "model.safetensors"
+    header, body = _header(f)
+    _raw_safetensors(f, json.dumps(header).encode(), body + bytes(8))
+    with pytest.raises(CheckpointError, match=r"the data section has \d+ bytes but the tensors cover \d+ \(trailing bytes belong to no tensor\)"):
+        ia.load(ckpt)
+    first = min((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
+    del header[first]
+    _raw_safetensors(f, json.dumps(header).encode(), body)
+    with pytest.raises(CheckpointError, match=r"unused bytes before tensor"):
+        ia.load(ckpt)
+
+
+def test_duplicate_names_and_bad_metadata(ckpt):
+    f = ckpt / "model.safetensors"
+    header, body = _header(f)
+    text = json.dumps(header)
+    name = "backbone.norm_f.weight"
+    dup = text[:-1] + f', "{name}": ' + json.dumps(header[name]) + "}"
+    _raw_safetensors(f, dup.encode(), body)
+    with pytest.raises(CheckpointError, match=rf"corrupt safetensors header \(key '{name}' appears twice\)"):
+        ia.load(ckpt)
+    header["__metadata__"] = {"format": 1}
+    _raw_safetensors(f, json.dumps(header).encode(), body)
+    with pytest.raises(CheckpointError, match="__metadata__ must map strings to strings"):
+        ia.load(ckpt)
+
+
+@pytest.mark.parametrize("where", ["../outside/{}", "/abs/{}", "sub/../../outside/{}", ""])
+def test_shard_names_stay_inside_the_directory(sharded, tmp_path, where):
+    path, shards = sharded
+    (tmp_path / "outside").mkdir(exist_ok=True)
+    shutil.copy(path / shards[0], tmp_path / "outside" / shards[0])  # a loadable file out there
+    name = where.format(shards[0]).replace("/abs", str(tmp_path / "outside").replace("\\", "/"))
+    index = _index(path)
+    index["weight_map"] = {k: (name if v == shards[0] else v) for k, v in index["weight_map"].items()}
+    _write_index(path, index)
+    with pytest.raises(CheckpointError, match="must be a file name inside the checkpoint directory"):
+        ia.load(path)
+
+
+def test_tensors_are_lazy_read_only_views(ckpt):
+    t = read_safetensors(ckpt / "model.safetensors")
+    a = t["backbone.embeddings.weight"]
+    assert isinstance(a, np.ndarray) and not a.flags.writeable and not a.flags.owndata
+    release(a)  # pages dropped: reading again reads the file
+    np.testing.assert_array_equal(a, read_safetensors(ckpt / "model.safetensors")["backbone.embeddings.weight"])
+
+
+# ----------------------------------------------------------------------------- issue 16: dtypes
+
+@pytest.mark.parametrize("code,dtype", [("I32", np.int32), ("I64", np.int64), ("U8", np.uint8), ("BOOL", np.bool_)])
+def test_non_floating_weights_are_rejected(ckpt, code, dtype):
+    def f(c, t):  # a tied Mamba: integer embeddings used to give integer-truncated logits
+        t["backbone.embeddings.weight"] = (np.asarray(t["backbone.embeddings.weight"]) * 10).astype(dtype)
+        return c, t
+    _rewrite(ckpt, f)
+    msg = rf"parameters must be floating point .*non-floating tensors: backbone\.embeddings\.weight \({code}\)"
+    with pytest.raises(CheckpointError, match=msg):
+        ia.load(ckpt)
+    with pytest.raises(CheckpointError, match=msg):
+        convert(ckpt)
+
+
+# ----------------------------------------------------------------------------- issue 16: tied heads vs HF
+
+@pytest.mark.parametrize("model_type", ["mamba", "mamba2", "recurrent_gemma", "rwkv"])
+def test_tied_config_with_a_head_in_the_file_follows_transformers(model_type, tmp_path):
+    """transformers 5.23 (every family): when a tied config's file also holds an output head
+    that differs from the embeddings, the head is NOT tied and the file's head is used; an
+    equal head changes nothing."""
+    from hf_build import build_hf
+    from implicit_attn.testing import random_ids, torch_forward
+
+    torch, transformers = pytest.importorskip("torch"), pytest.importorskip("transformers")
+    spec = ia.registry.family(model_type)
+    d = tmp_path / "hf"
+    build_hf(model_type, d, tie_word_embeddings=True)
+    f = d / "model.safetensors"
+    tensors = {k: np.array(v) for k, v in read_safetensors(f).items()}
+    cfg = spec.config.from_hf(read_hf_dir(d)[0])
+    head = sorted(set(spec.expected_shapes(spec.config.from_hf({**cfg.to_hf(), "tie_word_embeddings": False}))[0])
+                  - set(spec.expected_shapes(cfg)[0]))
+    assert len(head) == 1 and head[0] not in tensors
+    emb = next(k for k in tensors if "embed" in k)
+    ids = random_ids(cfg.vocab_size, 1, 7)
+
+    write_safetensors(f, {**tensors, head[0]: tensors[emb]}, {"format": "pt"})  # equal head: still tied
+    mine = ia.load(d)
+    assert mine.config.tie_word_embeddings
+    ref = getattr(transformers, spec.hf_class).from_pretrained(d).eval()
+    np.testing.assert_allclose(np.asarray(mine(ids)), torch_forward(ref, ids)[0], atol=1e-4, rtol=1e-4)
+
+    other = np.random.default_rng(1).standard_normal(tensors[emb].shape).astype(tensors[emb].dtype)
+    write_safetensors(f, {**tensors, head[0]: other}, {"format": "pt"})
+    with pytest.warns(UserWarning, match=rf"ties the output head .* holds a different {head[0]}; like "
+                                         r"transformers, the file's head is used"):
+        mine = ia.load(d)
+    assert not mine.config.tie_word_embeddings
+    ref = getattr(transformers, spec.hf_class).from_pretrained(d).eval()
+    got, want = np.asarray(mine(ids)), torch_forward(ref, ids)[0]
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+    ia.save(mine, tmp_path / "back")  # round trip keeps the file's head
+    np.testing.assert_array_equal(np.asarray(ia.load(tmp_path / "back")(ids)), got)

@@ -107,4 +107,4 @@ def test_explain_cli_heads_and_segment_pos_reach_explain(ckpt, capsys):
     assert main(["explain", str(root / "no_tok"), "--ids", "1,2", "--heads", "0", "--out", str(out)]) == 2
     assert "use channels=" in capsys.readouterr().err
     assert main(["explain", str(root / "no_tok"), "--ids", "1,2", "--heads", "x", "--out", str(out)]) == 2
-    assert "--heads must be integers" in capsys.readouterr().err
+    assert "argument --heads: must be integers" in capsys.readouterr().err

@@ -10,9 +10,9 @@ family changes nothing here.
 """
 from __future__ import annotations
 
-from implicit_attn.nn.checkpoint import (INDEX, SINGLE, CheckpointError, cast_floating, check_tensors,
-                                         read_config, read_hf_dir, read_index, read_safetensors,
-                                         write_hf_dir, write_safetensors)
+from implicit_attn.nn.checkpoint import (INDEX, SINGLE, CheckpointError, cast_floating, check_floating,
+                                         check_tensors, read_config, read_header, read_hf_dir, read_index,
+                                         read_safetensors, release, write_hf_dir, write_safetensors)
 from implicit_attn.registry import family, model_types
 
 
@@ -33,11 +33,14 @@ def expected_shapes(cfg) -> tuple[dict, dict]:
 
 
 def convert(path, dtype=None):
-    """Read an HF directory into ``(Config, params)`` (optionally cast to a float ``dtype``)."""
+    """Read an HF directory into ``(Config, params)`` (optionally cast to a float ``dtype``).
+    Without ``dtype`` the params are read-only views into memory maps of the files (see
+    ``read_safetensors``); a non-floating tensor is a ``CheckpointError``."""
     config, tensors = read_hf_dir(path)
+    check_floating(tensors, where=str(path))
     return to_params(config, cast_floating(tensors, dtype))
 
 
-__all__ = ["CheckpointError", "read_safetensors", "write_safetensors", "read_config", "read_index", "read_hf_dir",
+__all__ = ["CheckpointError", "read_header", "read_safetensors", "release", "check_floating", "write_safetensors", "read_config", "read_index", "read_hf_dir",
            "write_hf_dir", "check_tensors", "cast_floating", "to_params", "from_params", "expected_shapes",
            "convert", "model_types", "SINGLE", "INDEX"]

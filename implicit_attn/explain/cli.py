@@ -28,14 +28,44 @@ from .report import write_html
 from .viz import curves_plot, heatmap_grid, relevance_strip
 
 
-def _int_list(text: str, what: str) -> list[int]:
-    try:
-        vals = [int(t) for t in text.replace(",", " ").split()]
-    except ValueError:
-        raise ValueError(f"{what} must be integers separated by commas or spaces, got {text!r}")
-    if not vals:
-        raise ValueError(f"{what} is empty")
+INT_ARG_LIMIT = 2**31 - 1  # bound of every integer in a list option (token ids, layers, positions)
+
+
+def int_list(text: str, what: str, low: int = -INT_ARG_LIMIT) -> list[int]:
+    """The integers of a list option such as ``--ids '1,2 3'`` (commas and/or spaces).
+
+    Raises ``ValueError`` naming ``what`` and the text: no integers, an empty entry
+    (``'1,,2'``, a leading or trailing comma), something not a plain decimal integer,
+    or a value outside ``[low, INT_ARG_LIMIT]``."""
+    vals = []
+    for k, part in enumerate(str(text).split(",")):
+        toks = part.split()
+        if not toks:
+            where = "the text is blank" if not str(text).strip() else f"entry {k + 1} is empty"
+            raise ValueError(f"{what} must be integers separated by commas or spaces, got {text!r} ({where})")
+        for t in toks:
+            if not re.fullmatch(r"[+-]?[0-9]+", t):
+                raise ValueError(f"{what} must be integers separated by commas or spaces, got {text!r} "
+                                 f"({t!r} is not an integer)")
+            v = int(t)
+            if not low <= v <= INT_ARG_LIMIT:
+                raise ValueError(f"{what} must be integers in [{low}, {INT_ARG_LIMIT}], got {t} in {text!r}")
+            vals.append(v)
     return vals
+
+
+def int_list_type(what: str, low: int = -INT_ARG_LIMIT):
+    """An ``argparse`` ``type`` that checks a list option with ``int_list`` when the command
+    line is parsed (a usage error, exit code 2, before any checkpoint is read) and keeps
+    the text as given."""
+    def check(text: str) -> str:
+        try:
+            int_list(text, what, low)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e).removeprefix(f"{what} ")) from None
+        return text
+
+    return check
 
 
 def plain(text: str | None) -> str | None:
@@ -75,27 +105,29 @@ def add_parser(subparsers):
                         "Hugging Face cache")
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="input text (needs CKPT/tokenizer.json)")
-    src.add_argument("--ids", help="token ids, e.g. '1,2,3'")
+    src.add_argument("--ids", type=int_list_type("--ids", low=0), help="token ids, e.g. '1,2,3'")
     s.add_argument("--method", default="rollout", choices=list(METHODS) + ["all"],
                    help="relevance method; 'all' runs every one")
     s.add_argument("--variant", default="full",
                    help="operator variant (ablation); attention layers always use 'full'. Per family: "
                         + variants_help())
-    s.add_argument("--layers", default=None, help="layer indices, e.g. '0,2' (default: all)")
+    s.add_argument("--layers", default=None, type=int_list_type("--layers"),
+                   help="layer indices, e.g. '0,2' (default: all)")
     s.add_argument("--query", type=int, default=-1, help="query position (default: -1, the last)")
     s.add_argument("--target", type=int, default=None, help="target token id (default: argmax at query)")
     s.add_argument("--how", default="abs_mean", choices=list(HOWS),
                    help="channel aggregation of H (default: abs_mean; signed channels cancel in mean)")
-    s.add_argument("--heads", default=None,
+    s.add_argument("--heads", default=None, type=int_list_type("--heads"),
                    help="only these heads, e.g. '0,3' (Mamba-2 mixers, attention layers; default: all channels)")
-    s.add_argument("--segment-pos", default=None,
+    s.add_argument("--segment-pos", default=None, type=int_list_type("--segment-pos"),
                    help="document positions of packed input, e.g. '0,1,2,0,1' (Griffin / RecurrentGemma; "
                         "default: one document)")
     s.add_argument("--start-layer", type=int, default=0,
                    help="index, into the selected layers, of the first layer that raw / rollout / "
                         "attribution combine")
     s.add_argument("--normalize-rows", action="store_true", help="row-normalise I + A in rollout (default: off)")
-    s.add_argument("--exclude", default=None, help="positions to exclude (sink/BOS), e.g. '0' (default: none)")
+    s.add_argument("--exclude", default=None, type=int_list_type("--exclude"),
+                   help="positions to exclude (sink/BOS), e.g. '0' (default: none)")
     s.add_argument("--metrics", action="store_true",
                    help="also compute faithfulness metrics and curves (default: off; runs the model many times)")
     s.add_argument("--baseline-id", type=int, default=0, help="token id that replaces removed tokens in the metrics")
@@ -107,7 +139,7 @@ def add_parser(subparsers):
 def _inputs(args, tok):
     if args.text is not None:
         return tokenize(args.ckpt, args.text)
-    ids = np.asarray(_int_list(args.ids, "--ids"), np.int64)[None]
+    ids = np.asarray(int_list(args.ids, "--ids", low=0), np.int64)[None]
     if tok is not None:
         toks = [tok.id_to_token(int(i)) for i in ids[0]]
         return ids, [t if t is not None else str(i) for t, i in zip(toks, ids[0])]
@@ -148,13 +180,13 @@ def run(args) -> int:
     model = load(args.ckpt)
     tok = load_tokenizer(args.ckpt)
     ids, tokens = _inputs(args, tok)
-    layers = None if args.layers is None else _int_list(args.layers, "--layers")
+    layers = None if args.layers is None else int_list(args.layers, "--layers")
     note = _attention_note(model, layers, args.variant)
     if note:
         print(f"note: {note}", file=sys.stderr)
-    exclude = () if args.exclude is None else tuple(_int_list(args.exclude, "--exclude"))
-    heads = None if args.heads is None else _int_list(args.heads, "--heads")
-    pos = None if args.segment_pos is None else np.asarray(_int_list(args.segment_pos, "--segment-pos"))[None]
+    exclude = () if args.exclude is None else tuple(int_list(args.exclude, "--exclude"))
+    heads = None if args.heads is None else int_list(args.heads, "--heads")
+    pos = None if args.segment_pos is None else np.asarray(int_list(args.segment_pos, "--segment-pos"))[None]
     methods = list(METHODS) if args.method == "all" else [args.method]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -217,4 +249,4 @@ def run(args) -> int:
     return 0
 
 
-__all__ = ["add_parser", "run", "load_tokenizer"]
+__all__ = ["add_parser", "run", "load_tokenizer", "int_list", "int_list_type", "INT_ARG_LIMIT"]

@@ -2,30 +2,48 @@
 ``(config dict, {name: numpy array})``, with strict checks. Imports nothing else of the
 library; families use ``check_tensors`` and ``CheckpointError`` for their mappings.
 
-The safetensors format is read and written here directly (an 8-byte header length,
-a JSON header, raw little-endian data) so that bfloat16 works through ``ml_dtypes``
-and a damaged file gets an error naming the file and the problem.
+Reading is lazy and zero-copy: the header of each ``.safetensors`` file is parsed and
+checked here (an 8-byte length, a JSON header, raw little-endian data), then the file is
+memory-mapped read-only and every tensor is a numpy view into the mapping, so nothing is
+read until a tensor is used and a loaded model holds the only copy of its weights
+(``release`` drops the mapped pages of a tensor once it has been copied). bfloat16 works
+through ``ml_dtypes``. The checks are stricter than the ``safetensors`` package where a
+damaged file could otherwise load: offsets must tile the data section exactly (sorted, no
+overlap, no gap), sizes are computed with Python integers (no overflow), names appear once,
+shard names in an index stay inside the checkpoint directory. Writing is atomic per file
+(temporary file + rename) and removes the files of a previous save that the new one
+supersedes.
 """
 from __future__ import annotations
 
 import json
+import math
+import mmap
 import os
+import re
 import struct
-from pathlib import Path
+import tempfile
+from pathlib import Path, PurePosixPath
 from typing import Mapping
 
 import ml_dtypes
 import numpy as np
 
 _DTYPES = {
-    "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16), "I64": np.dtype(np.int64), "I32": np.dtype(np.int32),
-    "I16": np.dtype(np.int16), "I8": np.dtype(np.int8), "U8": np.dtype(np.uint8),
+    "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
+    "BF16": np.dtype(ml_dtypes.bfloat16), "I64": np.dtype("<i8"), "I32": np.dtype("<i4"),
+    "I16": np.dtype("<i2"), "I8": np.dtype(np.int8), "U8": np.dtype(np.uint8),
     "BOOL": np.dtype(np.bool_),
 }
 _CODES = {v: k for k, v in _DTYPES.items()}
+FLOAT_CODES = ("F64", "F32", "F16", "BF16")
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
+# the largest header accepted (the safetensors package's limit too): a damaged length field
+# must not make us read a whole file as JSON
+MAX_HEADER_BYTES = 100_000_000
+# shard file names written by ``write_hf_dir`` (and by Hugging Face's save_pretrained)
+SHARD_NAME = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 
 
 class CheckpointError(ValueError):
@@ -34,74 +52,207 @@ class CheckpointError(ValueError):
 
 # --------------------------------------------------------------------------- safetensors
 
-def read_safetensors(path) -> dict[str, np.ndarray]:
-    """Read every tensor of one ``.safetensors`` file into numpy arrays."""
-    path = Path(path)
-    data = path.read_bytes()
-    if len(data) < 8:
-        raise CheckpointError(f"{path}: truncated safetensors file ({len(data)} bytes, no header)")
-    (n,) = struct.unpack("<Q", data[:8])
-    if 8 + n > len(data):
-        raise CheckpointError(f"{path}: truncated safetensors file (header says {n} bytes, "
-                              f"file has {len(data) - 8})")
+def _unique_keys(pairs):
+    """``json.loads`` object hook: a name given twice is an error, not "the last one wins"."""
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"key {k!r} appears twice")
+        out[k] = v
+    return out
+
+
+def _strict_json(raw):
+    """Parse JSON (bytes or str) with unique keys; ``ValueError`` for anything unreadable
+    (bad UTF-8, bad syntax, duplicate keys, absurd nesting)."""
     try:
-        header = json.loads(data[8:8 + n])
+        return json.loads(raw, object_pairs_hook=_unique_keys)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def _is_index_list(v) -> bool:
+    return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
+
+
+def read_header(path) -> tuple[dict[str, tuple[np.dtype, tuple, int, int]], dict, int]:
+    """Parse and check the header of a ``.safetensors`` file without reading its data.
+
+    Returns ``(tensors, metadata, data_start)``: ``tensors`` maps each name to
+    ``(dtype, shape, start, end)`` (byte offsets relative to ``data_start``, the file offset
+    of the data section); ``metadata`` is the ``__metadata__`` dict (str -> str).
+    Raises ``CheckpointError`` naming the file and the problem: truncated file, header not a
+    JSON object, a tensor entry without ``dtype``/``shape``/``data_offsets``, an unknown
+    dtype, a byte count that does not match the shape, offsets that overlap, leave gaps or
+    do not end at the end of the file.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise CheckpointError(f"{path}: truncated safetensors file ({len(head)} bytes, no header)")
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER_BYTES:
+                raise CheckpointError(f"{path}: corrupt safetensors header (header length {n} exceeds "
+                                      f"{MAX_HEADER_BYTES} bytes)")
+            if 8 + n > size:
+                raise CheckpointError(f"{path}: truncated safetensors file (header says {n} bytes, "
+                                      f"file has {size - 8})")
+            raw = f.read(n)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read safetensors file ({e})") from None
+    try:
+        header = _strict_json(raw)
     except ValueError as e:
         raise CheckpointError(f"{path}: corrupt safetensors header ({e})") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: corrupt safetensors header (a JSON object is expected, "
                               f"got {type(header).__name__})")
-    body = memoryview(data)[8 + n:]
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise CheckpointError(f"{path}: corrupt safetensors header (__metadata__ must map strings to "
+                              f"strings, got {metadata!r})")
+    body = size - 8 - n
     out = {}
     for name, info in header.items():
-        if name == "__metadata__":
-            continue
         if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
             raise CheckpointError(f"{path}: corrupt safetensors header: tensor {name!r} needs dtype, shape "
                                   f"and data_offsets, got {info!r}")
         code = info["dtype"]
-        if code not in _DTYPES:
+        if not isinstance(code, str) or code not in _DTYPES:
             raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {code!r} "
                                   f"(supported: {', '.join(_DTYPES)})")
         dt = _DTYPES[code]
         offs, shape = info["data_offsets"], info["shape"]
-        ints = lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
-                                                    for x in v)
-        if not ints(offs) or len(offs) != 2 or offs[1] < offs[0] or not ints(shape):
+        if not _is_index_list(offs) or len(offs) != 2 or offs[1] < offs[0] or not _is_index_list(shape):
             raise CheckpointError(f"{path}: corrupt safetensors header: tensor {name!r} has shape {shape!r} "
                                   f"and data_offsets {offs!r} (non-negative ints, start <= end expected)")
         start, end = offs
-        shape = tuple(shape)
-        if end > len(body):
+        nbytes = dt.itemsize * math.prod(shape)  # Python ints: no wrap-around
+        if end - start != nbytes:
+            raise CheckpointError(f"{path}: tensor {name!r} has {end - start} bytes (data_offsets "
+                                  f"{offs}) for shape {tuple(shape)} of {code}, which needs {nbytes}")
+        if end > body:
             raise CheckpointError(f"{path}: truncated safetensors file (tensor {name!r} needs bytes "
-                                  f"{start}..{end}, only {len(body)} present)")
-        if end - start != dt.itemsize * int(np.prod(shape)):
-            raise CheckpointError(f"{path}: tensor {name!r} has {end - start} bytes for shape {shape}")
-        out[name] = np.frombuffer(body[start:end], dtype=dt).reshape(shape).copy()
+                                  f"{start}..{end}, only {body} present)")
+        out[name] = (dt, tuple(shape), start, end)
+    pos, prev = 0, None
+    for name, (_, _, start, end) in sorted(out.items(), key=lambda kv: (kv[1][2], kv[1][3])):
+        if start < pos:
+            raise CheckpointError(f"{path}: corrupt safetensors header: tensor {name!r} (bytes {start}..{end}) "
+                                  f"overlaps tensor {prev!r} (which ends at {pos})")
+        if start > pos:
+            raise CheckpointError(f"{path}: corrupt safetensors header: {start - pos} unused bytes before "
+                                  f"tensor {name!r} (bytes {pos}..{start} belong to no tensor)")
+        pos, prev = end, name
+    if pos != body:
+        raise CheckpointError(f"{path}: corrupt safetensors header: the data section has {body} bytes but "
+                              f"the tensors cover {pos} (trailing bytes belong to no tensor)")
+    return out, metadata, 8 + n
+
+
+def read_safetensors(path) -> dict[str, np.ndarray]:
+    """Every tensor of one ``.safetensors`` file, as read-only numpy views into a memory
+    map of the file (zero-copy, lazy: pages are read when a tensor is used). The header is
+    checked first (``read_header``). Copy a tensor (``np.array(t)``) to own it; do not
+    modify the file in place while its views are in use (``write_hf_dir`` replaces files,
+    which is safe)."""
+    path = Path(path)
+    entries, _, data_start = read_header(path)
+    if not any(end > start for _, _, start, end in entries.values()):
+        return {name: np.zeros(shape, dt) for name, (dt, shape, _, _) in entries.items()}
+    try:
+        with open(path, "rb") as f:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: cannot memory-map safetensors file ({e})") from None
+    if len(mm) != data_start + max(end for _, _, _, end in entries.values()):
+        raise CheckpointError(f"{path}: the file changed size while being read")
+    out = {}
+    for name, (dt, shape, start, end) in entries.items():
+        a = np.frombuffer(mm, dtype=dt, count=(end - start) // dt.itemsize, offset=data_start + start)
+        out[name] = a.reshape(shape)
     return out
 
 
-def write_safetensors(path, tensors: Mapping[str, np.ndarray], metadata: dict | None = None):
-    """Write ``{name: array}`` as one ``.safetensors`` file (names sorted, 8-byte aligned)."""
+def release(array) -> None:
+    """Tell the OS that the memory-mapped pages under ``array`` (a view returned by
+    ``read_safetensors``) are no longer needed, after it has been copied: the pages leave
+    this process's resident memory (they are read back from the file if used again).
+    A no-op for any other array."""
+    base = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    if not isinstance(base, mmap.mmap) or base.closed or not hasattr(base, "madvise"):
+        return
+    origin = np.frombuffer(base, np.uint8, count=1).ctypes.data
+    start = array.ctypes.data - origin
+    page = mmap.PAGESIZE
+    lo = -(-start // page) * page
+    hi = (start + array.nbytes) // page * page
+    if hi > lo:
+        base.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+
+def _encode(tensors: Mapping[str, np.ndarray], metadata: dict | None) -> tuple[bytes, list]:
+    """Header bytes (8-byte aligned JSON) and the array blobs of a safetensors file."""
     header, blobs, offset = {}, [], 0
     for name in sorted(tensors):
         a = np.ascontiguousarray(np.asarray(tensors[name]))
-        if a.dtype not in _CODES:
+        code = _CODES.get(a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype)
+        if code is None:
             raise CheckpointError(f"tensor {name!r}: dtype {a.dtype} cannot be stored in safetensors")
-        raw = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
-        header[name] = {"dtype": _CODES[a.dtype], "shape": list(a.shape),
-                        "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
+        a = a.astype(_DTYPES[code], copy=False)
+        header[name] = {"dtype": code, "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
+        blobs.append(a)
+        offset += a.nbytes
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     hbytes = json.dumps(header, separators=(",", ":")).encode()
     hbytes += b" " * (-len(hbytes) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hbytes)))
-        f.write(hbytes)
-        for b in blobs:
-            f.write(b)
+    return struct.pack("<Q", len(hbytes)) + hbytes, blobs
+
+
+def _write_file(f, header: bytes, blobs) -> None:
+    f.write(header)
+    for a in blobs:
+        if a.nbytes:
+            f.write(a.reshape(-1).view(np.uint8).data)
+
+
+def _temp_in(directory: Path, name: str):
+    """A new temporary file next to ``directory / name`` (same file system, so the final
+    rename is atomic); returns ``(file object, path)``."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    return os.fdopen(fd, "wb"), Path(tmp)
+
+
+def _atomic_write(path: Path, write) -> Path:
+    """Write a temporary file with ``write(f)`` next to ``path`` (flushed and synced);
+    returns its path, to be renamed onto ``path`` by the caller."""
+    f, tmp = _temp_in(path.parent, path.name)
+    try:
+        with f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def write_safetensors(path, tensors: Mapping[str, np.ndarray], metadata: dict | None = None):
+    """Write ``{name: array}`` as one ``.safetensors`` file (names sorted, 8-byte aligned
+    header, little-endian data), atomically: a temporary file renamed onto ``path``."""
+    path = Path(path)
+    header, blobs = _encode(tensors, metadata)
+    tmp = _atomic_write(path, lambda f: _write_file(f, header, blobs))
+    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------- HF directories
@@ -115,19 +266,34 @@ def read_config(path) -> dict:
     if not cfg.exists():
         raise CheckpointError(f"{path}: no config.json")
     try:
-        config = json.loads(cfg.read_text())
-    except ValueError as e:
+        config = json.loads(cfg.read_bytes())
+    except (ValueError, RecursionError) as e:
         raise CheckpointError(f"{cfg}: not valid JSON ({e})") from None
     if not isinstance(config, dict):
         raise CheckpointError(f"{cfg}: a JSON object is expected, got {type(config).__name__}")
     return config
 
 
+def shard_path(path, shard) -> Path:
+    """``path / shard`` for a shard name from an index, which must be a relative path that
+    stays inside the checkpoint directory (no absolute path, no ``..``, no backslash);
+    ``CheckpointError`` otherwise. Symbolic links inside the directory are followed as
+    they are (the Hugging Face cache links snapshot files to its blobs)."""
+    path = Path(path)
+    p = PurePosixPath(shard) if isinstance(shard, str) else None
+    if (p is None or not shard or "\\" in shard or "\0" in shard or p.is_absolute() or ".." in p.parts
+            or str(p) in ("", ".")):
+        raise CheckpointError(f"{path / INDEX}: shard name {shard!r} must be a file name inside the "
+                              f"checkpoint directory")
+    return path.joinpath(*p.parts)
+
+
 def read_index(path) -> dict[str, str]:
-    """``weight_map`` (tensor name -> shard file) of ``model.safetensors.index.json``."""
+    """``weight_map`` (tensor name -> shard file) of ``model.safetensors.index.json``;
+    every shard name is checked to stay inside the directory."""
     f = Path(path) / INDEX
     try:
-        index = json.loads(f.read_text())
+        index = _strict_json(f.read_bytes())
     except ValueError as e:
         raise CheckpointError(f"{f}: not valid JSON ({e})") from None
     wmap = index.get("weight_map") if isinstance(index, dict) else None
@@ -137,24 +303,31 @@ def read_index(path) -> dict[str, str]:
     if bad:
         raise CheckpointError(f"{f}: weight_map entries must name a shard file; {bad[0]!r} maps to "
                               f"{wmap[bad[0]]!r}")
+    for shard in sorted(set(wmap.values())):
+        shard_path(path, shard)
     return wmap
 
 
 def read_hf_dir(path) -> tuple[dict, dict[str, np.ndarray]]:
     """Read a Hugging Face directory: ``config.json`` plus ``model.safetensors`` or shards
-    listed in ``model.safetensors.index.json``. Returns ``(config, tensors)``."""
+    listed in ``model.safetensors.index.json`` (``model.safetensors`` wins when both exist,
+    as in ``transformers``). Returns ``(config, tensors)``; the tensors are read-only views
+    into memory maps (see ``read_safetensors``)."""
     path = Path(path)
     config = read_config(path)
+    if (path / SINGLE).exists():
+        return config, read_safetensors(path / SINGLE)
     if (path / INDEX).exists():
         wmap = read_index(path)
         tensors = {}
         for shard in sorted(set(wmap.values())):
-            if not (path / shard).exists():
+            file = shard_path(path, shard)
+            if not file.is_file():
                 raise CheckpointError(f"{path}: shard {shard} listed in {INDEX} is missing")
-            part = read_safetensors(path / shard)
+            part = read_safetensors(file)
             for name, arr in part.items():
                 if wmap.get(name) != shard:
-                    raise CheckpointError(f"{path / shard}: tensor {name!r} is not mapped to this "
+                    raise CheckpointError(f"{file}: tensor {name!r} is not mapped to this "
                                           f"shard in {INDEX}")
                 tensors[name] = arr
         lost = sorted(set(wmap) - set(tensors))
@@ -163,39 +336,69 @@ def read_hf_dir(path) -> tuple[dict, dict[str, np.ndarray]]:
             raise CheckpointError(f"{path}: tensors listed in {INDEX} not found in their shard files: "
                                   f"{where}" + (f" and {len(lost) - 5} more" if len(lost) > 5 else ""))
         return config, tensors
-    if (path / SINGLE).exists():
-        return config, read_safetensors(path / SINGLE)
     raise CheckpointError(f"{path}: no {SINGLE} or {INDEX} (only safetensors checkpoints are read)")
+
+
+def _weight_files(path: Path) -> set[str]:
+    """The weight files a previous save may have left in ``path``: the single file, the
+    index, the shards it lists (when readable) and files named like shards."""
+    names = {p.name for p in path.iterdir() if p.is_file()}
+    found = {n for n in names if n in (SINGLE, INDEX) or SHARD_NAME.fullmatch(n)}
+    if INDEX in found:
+        try:
+            found |= set(read_index(path).values()) & names  # plain file names only
+        except CheckpointError:
+            pass  # an unreadable old index is removed; the shards it named cannot be known
+    return found
 
 
 def write_hf_dir(path, config: dict, tensors: Mapping[str, np.ndarray],
                  max_shard_bytes: int | None = None):
     """Write ``config.json`` and the tensors (one file, or shards of at most
-    ``max_shard_bytes`` with an index) in Hugging Face layout."""
+    ``max_shard_bytes`` with an index) in Hugging Face layout.
+
+    Every file is written to a temporary file in ``path`` and renamed into place (shards
+    first, then the index or single file, then ``config.json``), so a reader never sees a
+    half-written file; then the weight files of a previous save that the new one does not
+    use (an old index, single file or shards) are removed, so the directory holds exactly
+    the new model. Other files (tokenizer, generation config) are kept."""
     path = Path(path)
     os.makedirs(path, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    old = _weight_files(path)
     meta = {"format": "pt"}
     if max_shard_bytes is None:
-        write_safetensors(path / SINGLE, tensors, meta)
-        return
-    shards, cur, size = [], {}, 0
-    for name in sorted(tensors):
-        nb = np.asarray(tensors[name]).nbytes
-        if cur and size + nb > max_shard_bytes:
-            shards.append(cur)
-            cur, size = {}, 0
-        cur[name] = tensors[name]
-        size += nb
-    shards.append(cur)
-    wmap = {}
-    for k, shard in enumerate(shards):
-        fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
-        write_safetensors(path / fname, shard, meta)
-        wmap.update({n: fname for n in shard})
-    total = sum(np.asarray(t).nbytes for t in tensors.values())
-    (path / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": wmap},
-                                         indent=2, sort_keys=True))
+        files = [(SINGLE, dict(tensors))]
+    else:
+        shards, cur, size = [], {}, 0
+        for name in sorted(tensors):
+            nb = np.asarray(tensors[name]).nbytes
+            if cur and size + nb > max_shard_bytes:
+                shards.append(cur)
+                cur, size = {}, 0
+            cur[name] = tensors[name]
+            size += nb
+        shards.append(cur)
+        files = [(f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors", s) for k, s in enumerate(shards)]
+    temps = []
+    try:
+        for fname, part in files:
+            header, blobs = _encode(part, meta)
+            temps.append((_atomic_write(path / fname, lambda f: _write_file(f, header, blobs)), fname))
+        if max_shard_bytes is not None:
+            wmap = {n: fname for fname, part in files for n in part}
+            total = sum(np.asarray(t).nbytes for t in tensors.values())
+            text = json.dumps({"metadata": {"total_size": total}, "weight_map": wmap}, indent=2, sort_keys=True)
+            temps.append((_atomic_write(path / INDEX, lambda f: f.write(text.encode())), INDEX))
+        text = json.dumps(config, indent=2, sort_keys=True)
+        temps.append((_atomic_write(path / "config.json", lambda f: f.write(text.encode())), "config.json"))
+    except BaseException:
+        for tmp, _ in temps:
+            tmp.unlink(missing_ok=True)
+        raise
+    for tmp, fname in temps:
+        os.replace(tmp, path / fname)
+    for fname in sorted(old - {f for _, f in temps}):
+        (path / fname).unlink(missing_ok=True)
 
 
 def check_tensors(tensors: Mapping[str, np.ndarray], expected: Mapping[str, tuple],
@@ -220,19 +423,43 @@ def check_tensors(tensors: Mapping[str, np.ndarray], expected: Mapping[str, tupl
         raise CheckpointError(f"{where}: " + "; ".join(problems))
 
 
-def cast_floating(tensors: Mapping[str, np.ndarray], dtype) -> dict[str, np.ndarray]:
-    """Cast floating tensors to ``dtype`` (None keeps the checkpoint dtype)."""
+def _is_floating(dt) -> bool:
+    return np.issubdtype(dt, np.floating) or dt == _DTYPES["BF16"]
+
+
+def check_floating(tensors: Mapping[str, np.ndarray], where: str = "checkpoint"):
+    """Raise ``CheckpointError`` naming every tensor whose dtype is not floating: model
+    parameters are floating point, and an integer or boolean weight would otherwise load
+    and silently truncate what is computed from it."""
+    bad = [(n, np.dtype(t.dtype)) for n, t in sorted(tensors.items()) if not _is_floating(np.dtype(t.dtype))]
+    if bad:
+        what = ", ".join(f"{n} ({_CODES.get(d, str(d))})" for n, d in bad[:5])
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise CheckpointError(f"{where}: parameters must be floating point ({', '.join(FLOAT_CODES)}); "
+                              f"non-floating tensors: {what}{more}")
+
+
+def floating_dtype(dtype):
+    """``np.dtype`` of a floating ``dtype`` argument (None stays None); ``ValueError`` otherwise."""
     if dtype is None:
-        return dict(tensors)
+        return None
     try:
         dt = np.dtype(dtype)
     except TypeError:
         raise ValueError(f"dtype {dtype!r} is not a dtype (use e.g. 'float32', 'bfloat16')") from None
-    if not (np.issubdtype(dt, np.floating) or dt == _DTYPES["BF16"]):
+    if not _is_floating(dt):
         raise ValueError(f"dtype must be a floating type, got {dtype!r}")
-    return {k: (v.astype(dt) if (np.issubdtype(v.dtype, np.floating) or v.dtype == _DTYPES["BF16"])
-                else v) for k, v in tensors.items()}
+    return dt
 
 
-__all__ = ["CheckpointError", "read_safetensors", "write_safetensors", "read_config", "read_index", "read_hf_dir",
-           "write_hf_dir", "check_tensors", "cast_floating"]
+def cast_floating(tensors: Mapping[str, np.ndarray], dtype) -> dict[str, np.ndarray]:
+    """Cast floating tensors to ``dtype`` (None keeps the checkpoint dtype)."""
+    dt = floating_dtype(dtype)
+    if dt is None:
+        return dict(tensors)
+    return {k: (v.astype(dt) if _is_floating(v.dtype) else v) for k, v in tensors.items()}
+
+
+__all__ = ["CheckpointError", "read_header", "read_safetensors", "release", "write_safetensors", "read_config",
+           "read_index", "shard_path", "read_hf_dir", "write_hf_dir", "check_tensors", "check_floating",
+           "floating_dtype", "cast_floating", "SINGLE", "INDEX", "FLOAT_CODES", "MAX_HEADER_BYTES"]

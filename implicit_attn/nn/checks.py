@@ -28,9 +28,22 @@ def check_input_ids(input_ids, vocab_size: int):
         if not jnp.issubdtype(input_ids.dtype, jnp.integer):
             raise TypeError(f"input_ids must be integers, got dtype {input_ids.dtype}")
         return input_ids.astype(jnp.int32)
-    arr = np.asarray(input_ids)
-    if arr.dtype == object:
-        raise TypeError("input_ids must be a rectangular integer array")
+    try:
+        arr = np.asarray(input_ids)
+    except (TypeError, ValueError) as e:  # numpy refuses ragged nesting ("inhomogeneous shape")
+        raise ValueError(f"input_ids must be a rectangular (batch, length) array of integers, got "
+                         f"{_ragged_rows(input_ids) or e}") from None
+    if isinstance(input_ids, (list, tuple)) or arr.dtype == object:
+        # numpy stores ints beyond int64 as objects or floats and [True, 2] as ints: look at
+        # the elements themselves
+        leaves = list(_leaves(input_ids)) if isinstance(input_ids, (list, tuple)) else list(arr.flat)
+        odd = [v for v in leaves if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer))]
+        if odd and (arr.dtype == object or any(isinstance(v, (bool, np.bool_)) for v in odd)):
+            raise TypeError(f"input_ids must be a rectangular (batch, length) array of integers, got an "
+                            f"element {odd[0]!r} of type {type(odd[0]).__name__}")
+        if leaves and not odd and arr.dtype.kind not in "iu":
+            big = max(leaves, key=abs)
+            raise ValueError(f"token id {big} is outside the vocabulary [0, {vocab_size})")
     if arr.size == 0:  # before the dtype: numpy makes [[]] float64
         raise ValueError(f"input_ids must be non-empty, got shape {arr.shape}")
     if not (np.issubdtype(arr.dtype, np.integer)):
@@ -43,6 +56,27 @@ def check_input_ids(input_ids, vocab_size: int):
         bad = lo if lo < 0 else hi
         raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
     return jnp.asarray(arr, jnp.int32)
+
+
+def _ragged_rows(seq) -> str | None:
+    """``"rows of unequal lengths [2, 1]"`` when the rows of a nested sequence differ in
+    length (or mix scalars and sequences), for messages; None otherwise."""
+    try:
+        lens = [len(r) if isinstance(r, (list, tuple, np.ndarray)) else "scalar" for r in seq]
+    except TypeError:
+        return None
+    if len(set(map(str, lens))) < 2:
+        return None
+    return f"rows of unequal lengths {lens[:8]}{' ...' if len(lens) > 8 else ''}"
+
+
+def _leaves(seq):
+    """The non-sequence elements of a nested list/tuple."""
+    for v in seq:
+        if isinstance(v, (list, tuple)):
+            yield from _leaves(v)
+        else:
+            yield v
 
 
 def check_layers(layers, num_layers: int) -> list[int]:

@@ -17,7 +17,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from ..ops import full_precision
-from .base import channel_index, pytree_dataclass
+from .base import channel_index, pytree_dataclass, relative_error
 from .html import operator_html
 from .implicit import ImplicitOperator
 
@@ -67,9 +67,11 @@ class AttentionOperator:
         return jnp.einsum("bhij,bhjd->bhid", P, v) + jnp.take(self.offset, idx, axis=1)
 
     def relative_error(self) -> float:
-        """``max |apply() - output| / max |output|`` over all heads (a self-check)."""
-        err = jnp.max(jnp.abs(self.apply() - self.output))
-        return float(err / jnp.maximum(jnp.max(jnp.abs(self.output)), 1e-30))
+        """``max |apply() - output| / max |output|`` over all heads: the exactness self-check
+        (``base.relative_error``: ``inf`` if either holds NaN/inf where the other does not).
+        It measures the operator against the block's own computation in the model's dtype;
+        for a bfloat16/float16 model that is that dtype's rounding (~1e-2), not float32's."""
+        return relative_error(self.apply(), self.output)
 
     def _repr_html_(self) -> str:
         """Notebook view: type, core, shape, dtypes and a small log-scale heatmap of

@@ -58,6 +58,29 @@ class OperatorCore(abc.ABC):
         return {}
 
 
+def relative_error(applied, output) -> float:
+    """The exactness self-check ``max |applied - output| / max |output|`` (float64, host).
+
+    Non-finite entries are compared, not skipped (``jnp.max`` over an array holding NaN is
+    not NaN on every backend): an entry that is NaN or inf in one array but not the same in
+    the other makes the error ``inf``. Entries that are NaN in both (a NaN input reaches both
+    the operator and the block the same way) are left out of the maximum; if nothing finite
+    remains, the result is NaN (nothing was compared).
+
+    Args:
+      applied: ``H @ values + offset``; output: the block's own output; same shape.
+    """
+    a = np.asarray(applied, np.float64)
+    o = np.asarray(output, np.float64)
+    fa, fo = np.isfinite(a), np.isfinite(o)
+    same_nonfinite = ~fa & ~fo & ((np.isnan(a) & np.isnan(o)) | (a == o))
+    if ((fa != fo) | (~fa & ~fo & ~same_nonfinite)).any():
+        return float("inf")
+    if not fa.any():
+        return float("nan")
+    return float(np.max(np.abs(a[fa] - o[fa])) / max(float(np.max(np.abs(o[fa]))), 1e-30))
+
+
 def take(x, idx, axis=1):
     """``jnp.take`` that passes None through (optional factors)."""
     return None if x is None else jnp.take(x, idx, axis=axis)
@@ -78,16 +101,27 @@ def channel_index(channels, C: int):
     if channels is None:
         return np.arange(C)
     if isinstance(channels, slice):
-        return np.arange(C)[channels]
+        try:
+            idx = np.arange(C)[channels]
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"channels {channels!r} is not a valid slice ({e})") from None
+        if idx.size == 0:
+            raise ValueError(f"channels {channels!r} selects no channel of an operator with {C} channels")
+        return idx
+    if isinstance(channels, (bool, np.bool_)):
+        raise ValueError(f"channels must be an int, a slice or a 1-D list of ints, got {channels!r}")
     if isinstance(channels, (int, np.integer)):
         channels = [channels]
     if isinstance(channels, jax.core.Tracer):
         return channels
-    idx = np.asarray(channels)
+    try:
+        idx = np.asarray(channels)
+    except (TypeError, ValueError):  # ragged nesting
+        idx = np.asarray(None, dtype=object)
+    if idx.size == 0 and idx.ndim == 1:
+        raise ValueError(f"channels is empty ({channels!r}): select at least one channel")
     if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
         raise ValueError(f"channels must be an int, a slice or a 1-D list of ints, got {channels!r}")
-    if idx.size == 0:
-        raise ValueError("channels is empty")
     if idx.min() < -C or idx.max() >= C:
         raise ValueError(f"channels out of range for an operator with {C} channels: {idx.tolist()}")
     return idx % C

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..ops import (attention_probs, conv_right, decay_matrix, full_precision, scalar_decay_kernel,
+from ..ops import (attention_probs, conv_right, decay_matrix, full_precision, keep_causal, scalar_decay_kernel,
                    softmax_decay_rows, state_decay_kernel)
 from .base import OperatorCore, diag_embed, pytree_dataclass, take
 
@@ -38,6 +38,7 @@ def _sandwich(K, left, right, diag, conv_w):
         H = H * right[..., None, :]
     if diag is not None:
         H = H + diag_embed(diag)
+    H = keep_causal(H)  # before the conv: it reads entries above the diagonal
     if conv_w is not None:
         H = conv_right(H, conv_w)
     return H
@@ -234,6 +235,7 @@ class Mamba2Core(OperatorCore):
             H = jnp.take(self.left, idx, axis=1)[..., :, None] * H
         if self.right is not None:
             H = H * jnp.take(self.right, idx, axis=1)[..., None, :]
+        H = keep_causal(H)  # before the conv: it reads entries above the diagonal
         return H if self.conv_w is None else conv_right(H, jnp.take(self.conv_w, idx, axis=0))
 
     def head_mean(self, h):

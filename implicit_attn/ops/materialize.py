@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from .segsum import causal_mask, chunk_sums, segment_sum
+from .segsum import causal_mask, chunk_sums, keep_causal, rate_times_time, segment_sum
 
 
 def _pad_time(x, axis: int, Lp: int):
@@ -64,7 +64,7 @@ def state_decay_kernel(q, k, A, dt, chunk: int = 16, left=None, right=None, diag
     seg = segment_sum(dtc)  # (B, c, nc, Q, Q), -inf above the diagonal
     lower = causal_mask(Q)
     seg0 = jnp.where(lower, seg, 0.0)[..., None]  # (B, c, nc, Q, Q, 1)
-    dec = jnp.where(lower[..., None], jnp.exp(An[:, :, :, :, None, :] * seg0), 0.0)
+    dec = jnp.where(lower[..., None], jnp.exp(rate_times_time(An[:, :, :, :, None, :], seg0)), 0.0)
     diag_blocks = jnp.einsum("bcIijn,bcIin,bcIjn->bcIij", dec, qc, kc)
     if diag is not None:
         d = _pad_time(diag.astype(f32), 2, Lp).reshape(Bn, c, nc, Q)
@@ -72,17 +72,17 @@ def state_decay_kernel(q, k, A, dt, chunk: int = 16, left=None, right=None, diag
 
     # Blocks below the diagonal: (S_i - S_I0) + (S_I0 - S_Jend) + (S_Jend - S_j).
     prefix, suffix, between = chunk_sums(dtc)
-    qd = qc * jnp.exp(An * prefix[..., None])
-    kd = kc * jnp.exp(An * suffix[..., None])
+    qd = qc * jnp.exp(rate_times_time(An, prefix[..., None]))
+    kd = kc * jnp.exp(rate_times_time(An, suffix[..., None]))
     strict = causal_mask(nc, strict=True)
-    mid = jnp.where(strict[..., None], jnp.exp(A[None, :, None, None, :] * between[..., None]), 0.0)
+    mid = jnp.where(strict[..., None], jnp.exp(rate_times_time(A[None, :, None, None, :], between[..., None])), 0.0)
     # Batch over the query chunk I so the matmul writes rows of the output in place.
     kdm = mid[:, :, :, :, None, :] * kd[:, :, None]  # (B, c, I, J, Q, N)
     full = jnp.einsum("bcIin,bcIJjn->bcIiJj", qd, kdm)
     ar = jnp.arange(nc)
     # Diagonal blocks are written in place (mid is 0 there).
     full = full.at[:, :, ar, :, ar, :].set(jnp.moveaxis(diag_blocks, 2, 0))
-    full = full.reshape(Bn, c, Lp, Lp)
+    full = keep_causal(full.reshape(Bn, c, Lp, Lp))
     return full if Lp == L else full[:, :, :L, :L]
 
 
@@ -97,5 +97,5 @@ def scalar_decay_kernel(log_a, q=None, k=None):
     """
     K = jnp.exp(segment_sum(log_a.astype(jnp.float32)))
     if q is not None:
-        K = K * jnp.einsum("bgin,bgjn->bgij", q.astype(jnp.float32), k.astype(jnp.float32))
+        K = keep_causal(K * jnp.einsum("bgin,bgjn->bgij", q.astype(jnp.float32), k.astype(jnp.float32)))
     return K

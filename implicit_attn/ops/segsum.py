@@ -18,6 +18,22 @@ def causal_mask(n: int, m: int | None = None, *, strict: bool = False):
     return i > j if strict else i >= j
 
 
+def keep_causal(H):
+    """``H (..., L, L)`` with every entry above the diagonal exactly 0.
+
+    Products that are 0 there by construction (a decay of 0, a masked probability) turn
+    into NaN when a later position holds NaN or inf (``0 * nan``); this keeps such values
+    out of earlier rows, so row ``i`` depends on positions ``<= i`` only, NaN included."""
+    L = H.shape[-1]
+    return jnp.where(causal_mask(H.shape[-2], L), H, 0.0)
+
+
+def rate_times_time(rate, T):
+    """``rate * T`` with ``0`` wherever ``T == 0``: the log decay over an empty segment is 0
+    even for an infinite rate (``-inf * 0`` would be NaN). ``rate``, ``T`` broadcastable."""
+    return jnp.where(T == 0, 0.0, rate * T)
+
+
 def _segment_sum_masked(t):
     """Masked-cumsum segment sums: ``O(L^2)`` memory, a cumsum of window ``L``."""
     L = t.shape[-1]

@@ -5,6 +5,7 @@ import dataclasses
 from typing import ClassVar
 
 from ...nn import HFConfig
+from ...nn.config import MAX_LAYERS
 
 BLOCK_TYPES = ("recurrent", "attention")
 
@@ -37,25 +38,34 @@ class Config(HFConfig):
     tie_word_embeddings: bool = True
 
     def __post_init__(self):
+        """Validate every field (``ValueError`` naming the field and its value) and fill
+        the derived defaults (``lru_width`` and ``num_key_value_heads`` 0)."""
+        self.check_ints("vocab_size", "hidden_size", "num_attention_heads", "attention_window_size",
+                        "conv1d_width")
+        self.check_ints("num_hidden_layers", high=MAX_LAYERS)
+        self.check_ints("intermediate_size", low=2)  # the MLP is intermediate_size // 2 wide
+        self.check_ints("num_key_value_heads", "lru_width", low=0)
+        self.check_floats("logits_soft_cap", "rope_theta", above=0.0)
+        self.check_floats("rms_norm_eps", low=0.0)
+        self.check_floats("partial_rotary_factor", low=0.0, high=1.0)
+        self.check_bools("attention_bias", "tie_word_embeddings")
+        self.check_choice("hidden_activation", ("gelu_pytorch_tanh",), "RecurrentGemma")
         if not self.lru_width:
             object.__setattr__(self, "lru_width", self.hidden_size)
         if not self.num_key_value_heads:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
-        object.__setattr__(self, "block_types", tuple(self.block_types))
-        bad = [b for b in self.block_types if b not in BLOCK_TYPES]
-        if bad or not self.block_types:
-            raise ValueError(f"block_types must be a non-empty list of {BLOCK_TYPES}, got {list(self.block_types)}")
-        if self.hidden_activation != "gelu_pytorch_tanh":
-            raise ValueError(f"RecurrentGemma hidden_activation {self.hidden_activation!r} is not supported "
-                             "(only 'gelu_pytorch_tanh')")
-        H, KV = self.num_attention_heads, self.num_key_value_heads
-        if self.hidden_size % H or self.lru_width % H or H % KV:
-            raise ValueError(f"hidden_size {self.hidden_size} and lru_width {self.lru_width} must be multiples "
-                             f"of num_attention_heads {H}, itself a multiple of num_key_value_heads {KV}")
+        bt = self.block_types
+        if (not isinstance(bt, (list, tuple)) or not bt
+                or any(not isinstance(b, str) or b not in BLOCK_TYPES for b in bt)):
+            raise ValueError(f"block_types must be a non-empty list of {BLOCK_TYPES}, "
+                             f"got {list(bt) if isinstance(bt, tuple) else bt!r}")
+        object.__setattr__(self, "block_types", tuple(bt))
+        self.check_multiple("hidden_size", "num_attention_heads")
+        self.check_multiple("lru_width", "num_attention_heads")
+        self.check_multiple("num_attention_heads", "num_key_value_heads")
         if self.rotary_dim % 2:
-            raise ValueError(f"rotary dimension head_dim * partial_rotary_factor = {self.rotary_dim} must be even")
-        if self.attention_window_size < 1 or self.conv1d_width < 1:
-            raise ValueError("attention_window_size and conv1d_width must be >= 1")
+            raise ValueError(f"rotary dimension head_dim * partial_rotary_factor = {self.rotary_dim} must be even "
+                             f"(head_dim {self.head_dim}, partial_rotary_factor {self.partial_rotary_factor})")
 
     @property
     def head_dim(self) -> int:
@@ -74,6 +84,8 @@ class Config(HFConfig):
     @classmethod
     def read_hf(cls, d: dict, kw: dict) -> dict:
         rope = d.get("rope_parameters") or {}
+        if not isinstance(rope, dict):
+            raise ValueError(f"rope_parameters must be an object, got {rope!r}")
         if rope.get("rope_type", "default") != "default":
             raise ValueError(f"RecurrentGemma rope_type {rope['rope_type']!r} is not supported (only 'default')")
         for k in ("rope_theta", "partial_rotary_factor"):

@@ -6,6 +6,7 @@ import math
 from typing import ClassVar
 
 from ...nn import HFConfig
+from ...nn.config import MAX_LAYERS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,12 +32,21 @@ class Config(HFConfig):
     hidden_act: str = "silu"
 
     def __post_init__(self):
+        """Validate every field (``ValueError`` naming the field and its value) and fill
+        the derived defaults (``intermediate_size`` 0, ``time_step_rank`` 0 or ``"auto"``)."""
+        self.check_ints("vocab_size", "hidden_size", "state_size", "conv_kernel", "expand")
+        self.check_ints("num_hidden_layers", high=MAX_LAYERS)
+        self.check_ints("intermediate_size", low=0)
+        if self.time_step_rank != "auto":
+            self.check_ints("time_step_rank", low=0)
+        self.check_floats("layer_norm_epsilon", low=0.0)
+        self.check_bools("use_bias", "use_conv_bias", "residual_in_fp32", "tie_word_embeddings")
+        self.check_choice("hidden_act", ("silu",), "Mamba")
         if self.intermediate_size == 0:
-            object.__setattr__(self, "intermediate_size", int(self.expand * self.hidden_size))
+            object.__setattr__(self, "intermediate_size", self.expand * self.hidden_size)
         if self.time_step_rank in (0, "auto"):
             object.__setattr__(self, "time_step_rank", math.ceil(self.hidden_size / 16))
-        if self.hidden_act != "silu":
-            raise ValueError(f"Mamba hidden_act {self.hidden_act!r} is not supported (only 'silu')")
+        self.check_ints("intermediate_size", "time_step_rank")
 
 
 __all__ = ["Config"]

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import ClassVar
 
 from ...nn import HFConfig
+from ...nn.config import MAX_LAYERS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,27 +37,33 @@ class Config(HFConfig):
     time_step_limit: tuple = (0.0, float("inf"))
 
     def __post_init__(self):
-        object.__setattr__(self, "time_step_limit", tuple(float(t) for t in self.time_step_limit))
-        if self.hidden_act != "silu":
-            raise ValueError(f"Mamba-2 hidden_act {self.hidden_act!r} is not supported (only 'silu')")
-        for name in ("vocab_size", "hidden_size", "num_heads", "head_dim", "state_size", "n_groups",
-                     "num_hidden_layers", "conv_kernel", "chunk_size"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"Mamba-2 config {name} must be >= 1, got {getattr(self, name)}")
+        """Validate every field (``ValueError`` naming the field and its value)."""
+        self.check_ints("vocab_size", "hidden_size", "num_heads", "head_dim", "state_size", "n_groups",
+                        "conv_kernel", "expand", "chunk_size")
+        self.check_ints("num_hidden_layers", high=MAX_LAYERS)
+        self.check_floats("layer_norm_epsilon", low=0.0)
+        self.check_bools("use_bias", "use_conv_bias", "residual_in_fp32", "tie_word_embeddings")
+        self.check_choice("hidden_act", ("silu",), "Mamba-2")
+        lim = self.time_step_limit
+        if (not isinstance(lim, (tuple, list)) or len(lim) != 2
+                or any(isinstance(t, bool) or not isinstance(t, numbers.Real) for t in lim)):
+            raise ValueError(f"time_step_limit must be a pair of numbers (low, high), got {lim!r}")
+        lim = tuple(float(t) for t in lim)
+        if not (math.isfinite(lim[0]) and 0 <= lim[0] <= lim[1]):
+            raise ValueError(f"Mamba-2 time_step_limit must be (low, high) with 0 <= low <= high and low finite, "
+                             f"got {lim}")
+        object.__setattr__(self, "time_step_limit", lim)
         if self.num_heads % self.n_groups:
             raise ValueError(f"Mamba-2 num_heads ({self.num_heads}) must be a multiple of "
                              f"n_groups ({self.n_groups})")
         if self.d_ssm > self.intermediate_size:
             raise ValueError(f"Mamba-2 num_heads * head_dim ({self.d_ssm}) exceeds expand * hidden_size "
                              f"({self.intermediate_size})")
-        if len(self.time_step_limit) != 2 or not 0 <= self.time_step_limit[0] <= self.time_step_limit[1]:
-            raise ValueError(f"Mamba-2 time_step_limit must be (low, high) with 0 <= low <= high, "
-                             f"got {self.time_step_limit}")
 
     @property
     def intermediate_size(self) -> int:
         """Input width of ``out_proj`` (``expand * hidden_size``)."""
-        return int(self.expand * self.hidden_size)
+        return self.expand * self.hidden_size
 
     @property
     def d_ssm(self) -> int:
@@ -77,8 +85,9 @@ class Config(HFConfig):
 
     @classmethod
     def read_hf(cls, d: dict, kw: dict) -> dict:
-        if "time_step_limit" in kw:
-            kw["time_step_limit"] = tuple(_float_from_json(t) for t in kw["time_step_limit"])
+        lim = kw.get("time_step_limit")
+        if isinstance(lim, list):
+            kw["time_step_limit"] = tuple(_float_from_json(t) for t in lim)
         return kw
 
     def write_hf(self, d: dict) -> dict:
@@ -87,12 +96,13 @@ class Config(HFConfig):
 
 
 def _float_from_json(v):
-    """HF writes non-finite floats as ``{"__float__": "Infinity"}`` (strict JSON)."""
+    """HF writes non-finite floats as ``{"__float__": "Infinity"}`` (strict JSON); other
+    values are returned as they are (``__post_init__`` checks them)."""
     if isinstance(v, dict):
-        if set(v) != {"__float__"}:
-            raise ValueError(f"cannot read {v!r} as a number")
+        if set(v) != {"__float__"} or v["__float__"] not in ("Infinity", "-Infinity", "NaN"):
+            raise ValueError(f"time_step_limit: cannot read {v!r} as a number")
         return float(v["__float__"])
-    return float(v)
+    return v
 
 
 def _float_to_json(v: float):

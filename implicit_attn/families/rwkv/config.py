@@ -5,6 +5,7 @@ import dataclasses
 from typing import ClassVar
 
 from ...nn import HFConfig
+from ...nn.config import MAX_LAYERS, MAX_SIZE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,17 +26,19 @@ class Config(HFConfig):
     context_length: int = 1024
 
     def __post_init__(self):
+        """Validate every field (``ValueError`` naming the field and its value) and fill
+        the derived defaults (``attention_hidden_size`` and ``intermediate_size`` 0)."""
+        self.check_ints("vocab_size", "hidden_size", "context_length")
+        self.check_ints("num_hidden_layers", high=MAX_LAYERS)
+        self.check_ints("attention_hidden_size", "intermediate_size", low=0)
+        self.check_ints("rescale_every", low=-MAX_SIZE)  # <= 0: no rescaling
+        self.check_floats("layer_norm_epsilon", low=0.0)
+        self.check_bools("tie_word_embeddings")
         if not self.attention_hidden_size:
             object.__setattr__(self, "attention_hidden_size", self.hidden_size)
         if not self.intermediate_size:
             object.__setattr__(self, "intermediate_size", 4 * self.hidden_size)
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "attention_hidden_size",
-                     "intermediate_size"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"RWKV config {name} must be a positive integer, got {v!r}")
-        if not isinstance(self.rescale_every, int) or isinstance(self.rescale_every, bool):
-            raise ValueError(f"RWKV config rescale_every must be an integer, got {self.rescale_every!r}")
+        self.check_ints("intermediate_size")
 
     def rescale(self, layer):
         """Eval-mode divisor ``2 ** (layer // rescale_every)`` of block ``layer``'s

@@ -6,8 +6,12 @@ products, diagonal blocks, the conv, the block copy); each costs about as much a
 write itself. These kernels form one row at a time in a small scratch buffer and write
 it once. The source (``*.cc`` next to this file) is compiled on first use with the
 machine's C++ compiler against the XLA FFI headers that ship with ``jaxlib``, and cached
-in ``$IMPLICIT_ATTN_CACHE`` (default ``~/.cache/implicit_attn``). Without a compiler
-``impl="auto"`` falls back to XLA (with one warning); ``impl="cpu"`` raises.
+in ``$IMPLICIT_ATTN_CACHE`` (default ``~/.cache/implicit_attn``), keyed by the source, the
+jax version, the compiler's path and version and the CPU. A cached library is loaded only
+after its size and SHA-256 match the record written when it was built, and rebuilt
+otherwise (``cache.py``). Without a compiler (or with a broken build, or a ``$CXX`` that
+does not exist) ``impl="auto"`` falls back to XLA (with one warning); ``impl="cpu"``
+raises ``CpuKernelUnavailable``.
 
 Supported cores: ``StateDecayCore`` (Mamba-1) and rank-one ``ScalarDecayCore`` (Griffin's
 RG-LRU), also inside Griffin's ``DocumentMaskedCore`` (packed documents). ``cpu_dense``
@@ -17,13 +21,7 @@ Gradients: a ``custom_vjp`` whose backward pass is the XLA path (``jax.vjp`` of
 """
 from __future__ import annotations
 
-import ctypes
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import threading
 import warnings
 from pathlib import Path
@@ -34,76 +32,68 @@ import numpy as np
 
 from ...operator import (MODES, DocumentMaskedCore, KernelBackend, ScalarDecayCore, StateDecayCore,
                          register_backend, register_core, with_xla_backward)
+from . import cache
+from .cache import CpuKernelUnavailable, cache_dir
 
 _SRC = Path(__file__).with_name("state_decay.cc")
 _TARGET = "implicit_attn_state_decay_dense"
 _REDUCE_TARGET = "implicit_attn_state_decay_reduce"
+_SYMBOLS = ("IaStateDecayDense", "IaStateDecayReduce")
 _FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread"]
 _lock = threading.Lock()
 _state: dict = {}
 
 
-class CpuKernelUnavailable(RuntimeError):
-    """The fused CPU kernel could not be built on this machine."""
+def library_path() -> Path:
+    """Where the kernel library for this source, jax version, compiler (``$CXX`` or the
+    first of ``c++``/``g++``/``clang++``) and CPU is cached; it need not be built yet.
+    Raises ``CpuKernelUnavailable`` if there is no usable compiler."""
+    return cache.library_path(_SRC, _FLAGS, cache.find_compiler(), (jax.__version__,))
 
 
-def cache_dir() -> Path:
-    """Where compiled kernels are kept: ``$IMPLICIT_ATTN_CACHE`` or ``~/.cache/implicit_attn``
-    (a per-user directory under the system temp dir if that cannot be created)."""
-    root = os.environ.get("IMPLICIT_ATTN_CACHE") or Path.home() / ".cache" / "implicit_attn"
-    path = Path(root) / "kernels"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        path = Path(tempfile.gettempdir()) / f"implicit_attn_{os.getuid()}" / "kernels"
-    return path
+def _build(force: bool = False) -> tuple[Path, bytes, bool]:
+    return cache.build_library(_SRC, _FLAGS, [jax.ffi.include_dir()], (jax.__version__,), force=force)
 
 
-def _compiler() -> str:
-    for cxx in (os.environ.get("CXX"), "c++", "g++", "clang++"):
-        if cxx and shutil.which(cxx):
-            return cxx
-    raise CpuKernelUnavailable("no C++ compiler found (set CXX, or install g++)")
+def build() -> Path:
+    """Compile the kernel library into the cache unless a verified build is there (its
+    size and SHA-256 match the record written when it was built), and return its path.
+    Does not load it. Raises ``CpuKernelUnavailable`` (no compiler, a failed compile) or
+    ``OSError`` (the cache cannot be written)."""
+    return _build()[0]
 
 
-def _cpu_model() -> str:
-    """The CPU's model and feature flags (the library is built with ``-march=native``)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor()
-    first = lambda key: next((x for x in lines if x.startswith(key)), "")
-    return first("model name") + "\n" + first("flags")
-
-
-def _build() -> Path:
-    """Compile the kernel library (once per source, jax version, compiler and CPU)."""
-    cxx = _compiler()
-    key = hashlib.sha256(b"\0".join([
-        _SRC.read_bytes(), jax.__version__.encode(), " ".join([cxx] + _FLAGS).encode(),
-        _cpu_model().encode(), platform.machine().encode()])).hexdigest()[:16]
-    lib = cache_dir() / f"implicit_attn_cpu_{key}.so"
-    if lib.exists():
-        return lib
-    with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
-        out = Path(tmp) / lib.name
-        cmd = [cxx, *_FLAGS, "-I", jax.ffi.include_dir(), str(_SRC), "-o", str(out)]
-        p = subprocess.run(cmd, capture_output=True, text=True)
-        if p.returncode != 0:
-            raise CpuKernelUnavailable(f"compiling {_SRC.name} failed ({' '.join(cmd)}):\n{p.stderr[-2000:]}")
-        os.replace(out, lib)  # atomic: concurrent builders never see a partial file
-    return lib
+def _load_checked():
+    """Build or find the verified library, load its bytes and check its symbols. A cached
+    build that lacks them is rebuilt once; a fresh build that lacks them is an error."""
+    lib_path, data, fresh = _build()
+    while True:
+        lib = cache.load_library(data, lib_path.name)
+        missing = cache.missing_symbols(lib, _SYMBOLS)
+        if not missing:
+            return lib
+        if fresh:
+            raise CpuKernelUnavailable(
+                f"the kernel library built at {lib_path} lacks the symbol(s) {', '.join(missing)}: "
+                "the compiler produced a broken build (check $CXX)")
+        warnings.warn(f"implicit_attn: the cached CPU kernel {lib_path} lacks the symbol(s) "
+                      f"{', '.join(missing)}; rebuilding it", stacklevel=4)
+        lib_path, data, fresh = _build(force=True)
 
 
 def load():
-    """Build (if needed) and register the kernels with XLA; raises ``CpuKernelUnavailable``."""
+    """Build (if needed), verify, load and register the kernels with XLA.
+
+    Raises ``CpuKernelUnavailable`` (no compiler, a failed build, an unusable cache, a
+    library without the kernels' symbols); the error is kept, so later calls in this
+    process raise it again without retrying."""
     with _lock:
         if "error" in _state:
             raise _state["error"]
         if "lib" not in _state:
             try:
                 try:
-                    lib = ctypes.CDLL(str(_build()))
+                    lib = _load_checked()
                 except OSError as e:  # no writable cache, a compiler that cannot start, a bad .so
                     raise CpuKernelUnavailable(f"building or loading the kernel failed: {e}") from e
                 jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.IaStateDecayDense),
@@ -169,15 +159,37 @@ def check_core(core):
     BACKEND.check_core(core)
 
 
-def num_threads() -> int:
-    """Worker threads per call: ``$IMPLICIT_ATTN_CPU_THREADS`` or the usable cores."""
-    env = os.environ.get("IMPLICIT_ATTN_CPU_THREADS")
-    if env:
-        return max(1, int(env))
+def _default_threads() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def num_threads(strict: bool = False) -> int:
+    """Worker threads per call: ``$IMPLICIT_ATTN_CPU_THREADS`` (a positive integer) or the
+    usable cores.
+
+    An invalid value raises ``ValueError`` naming the variable if ``strict`` (``impl="cpu"``
+    checks it so), else warns once per value and uses the usable cores (``impl="auto"``
+    never fails because of it)."""
+    env = os.environ.get("IMPLICIT_ATTN_CPU_THREADS", "").strip()
+    if not env:
+        return _default_threads()
+    try:
+        n = int(env)
+    except ValueError:
+        n = 0
+    if n >= 1:
+        return n
+    msg = f"IMPLICIT_ATTN_CPU_THREADS={env!r} is not a positive integer (the fused CPU kernel's thread count)"
+    if strict:
+        raise ValueError(msg + "; set it to e.g. 4, or unset it to use every usable core")
+    warned = _state.setdefault("bad_threads", set())
+    if env not in warned:
+        warned.add(env)
+        warnings.warn(f"implicit_attn: {msg}; using the {_default_threads()} usable cores", stacklevel=2)
+    return _default_threads()
 
 
 def huge_pages() -> bool:
@@ -277,6 +289,7 @@ def _require():
     if jax.default_backend() != "cpu":
         raise ValueError(f"impl='cpu' runs on JAX's CPU backend; the default backend is "
                          f"{jax.default_backend()!r} (use 'auto' or 'pallas' there)")
+    num_threads(strict=True)
     load()
 
 
@@ -287,5 +300,5 @@ for _type in (StateDecayCore, ScalarDecayCore, DocumentMaskedCore):
     register_core("cpu", _type, _problem)
 
 
-__all__ = ["cpu_dense", "cpu_reduce", "available", "has_kernel", "check_core", "load", "cache_dir",
-           "num_threads", "CpuKernelUnavailable"]
+__all__ = ["cpu_dense", "cpu_reduce", "available", "has_kernel", "check_core", "load", "build",
+           "library_path", "cache_dir", "num_threads", "CpuKernelUnavailable"]

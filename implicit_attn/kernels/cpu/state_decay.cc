@@ -66,6 +66,10 @@ inline v16 vexp(v16 x) {
   return x < lo ? splat(0.0f) : (x > hi ? splat(__builtin_inff()) : y);
 }
 
+// exp(rate * t) with exp(rate * 0) = 1 also for rate = -inf (a decay rate that overflowed):
+// an empty segment decays nothing, and -inf * 0 would be NaN.
+inline v16 vexp_rt(v16 rate, v16 t) { return t == splat(0.0f) ? splat(1.0f) : vexp(rate * t); }
+
 struct Dims {
   int64_t B, C, L, N, K;
 };
@@ -115,7 +119,7 @@ void prepare(const Channel& ch, const Dims& d, Scratch& s) {
     }
     s.tot[J] = acc;
     const v16 dtj = load(dtv);
-    for (int64_t n = 0; n < N; ++n) store(dAT + (J * N + n) * kQ, vexp(dtj * splat(ch.A[n])));
+    for (int64_t n = 0; n < N; ++n) store(dAT + (J * N + n) * kQ, vexp_rt(splat(ch.A[n]), dtj));
     for (int64_t t = J0; t < J0 + kQ; ++t) {
       const bool in = t < L;
       const float lt = in ? (ch.left ? ch.left[t] : 1.0f) : 0.0f;
@@ -147,7 +151,7 @@ void begin_chunk(int64_t I, const Dims& d, Scratch& s) {
   float between = 0.0f;
   for (int64_t J = I - 1; J >= 0; --J) {
     for (int64_t n = 0; n < Np; n += kQ)
-      store(s.mid.data() + J * Np + n, vexp(load(s.Ap.data() + n) * splat(between)));
+      store(s.mid.data() + J * Np + n, vexp_rt(load(s.Ap.data() + n), splat(between)));
     between += s.tot[J];
   }
   for (int64_t n = 0; n < d.N; ++n) s.G[n] = splat(0.0f);

@@ -1,0 +1,261 @@
+"""The fused CPU kernel's build cache: a cached library is verified (size and SHA-256
+recorded at build time) before it is loaded and rebuilt on any mismatch; a library without
+the kernel's symbols is a bad build (XLA under ``impl="auto"``, a clear error under
+``impl="cpu"``); the compiler's identity is part of the cache key and a ``$CXX`` that does
+not exist is never replaced by another compiler; an unusable cache dir falls back to a
+private temp dir; a bad ``$IMPLICIT_ATTN_CPU_THREADS`` is named.
+
+The real kernel is compiled once per session (or found in the package's cache). Rebuilds
+use a stand-in compiler that copies that library to its ``-o`` argument and logs each
+build, so no test waits for a second compile. Cases that load a damaged library run in a
+fresh interpreter, so a crash there fails the test instead of killing pytest.
+"""
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from implicit_attn.families import mamba
+from implicit_attn.kernels import cpu
+from implicit_attn.kernels.cpu import cache
+from implicit_attn.operator import StateDecayCore
+from implicit_attn.operator.dispatch import clear_failed_kernels, failed_kernels
+
+HERE = Path(__file__).resolve().parent
+
+
+def small_op(L):
+    """A Mamba-1 mixer operator on random weights (batch 2, 4 channels, state size 4)."""
+    cfg = mamba.Config(vocab_size=8, hidden_size=4, state_size=4, num_hidden_layers=1, conv_kernel=4)
+    p = mamba.init_params(cfg, jax.random.PRNGKey(1))["layers"][0]["mixer"]
+    h = jax.random.normal(jax.random.PRNGKey(2), (2, L, 4))
+    return mamba.block.mixer_operator_jit(p, h, cfg=cfg)
+
+
+def rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+def have_compiler() -> bool:
+    cxx = os.environ.get("CXX", "").split()
+    return any(shutil.which(c) for c in ([cxx[0]] if cxx else []) + ["c++", "g++", "clang++"])
+
+
+@pytest.fixture(scope="session")
+def libs(tmp_path_factory):
+    """``(good, no_symbols)``: copies of the real kernel library (built here, or found in the
+    package's cache) and of a valid shared library without the kernel's symbols."""
+    if not have_compiler():
+        pytest.skip("no C++ compiler: the fused CPU kernel cannot be built here")
+    cpu.load()
+    d = tmp_path_factory.mktemp("libs")
+    good = d / "good.so"
+    good.write_bytes(cache.verified_bytes(cpu.library_path()))
+    src = d / "empty.cc"
+    src.write_text("int implicit_attn_not_a_kernel;\n")
+    empty = d / "no_symbols.so"
+    subprocess.run([*cache.find_compiler().command, "-shared", "-fPIC", str(src), "-o", str(empty)], check=True)
+    return good, empty
+
+
+def fake_compiler(path: Path, payload: Path, version: str = "fakecc 1.0") -> Path:
+    """An executable at ``path`` that answers ``--version`` with ``version`` and otherwise
+    copies ``payload`` to its ``-o`` argument, appending a line to ``$FAKECC_LOG``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import os, shutil, sys
+        args = sys.argv[1:]
+        if args == ["--version"]:
+            print({version!r})
+            sys.exit(0)
+        with open(os.environ["FAKECC_LOG"], "a") as f:
+            f.write("build\\n")
+        shutil.copyfile({str(payload)!r}, args[args.index("-o") + 1])
+    """))
+    path.chmod(0o755)
+    return path
+
+
+def run_child(tmp_path, body, env):
+    """Run ``body`` in a fresh interpreter (the kernel is loaded once per process) with
+    ``env`` replacing the variables it names (``None`` removes one); fails with its output
+    unless it exits 0 after reaching its end."""
+    full = dict(os.environ)
+    for k, v in env.items():
+        if v is None:
+            full.pop(k, None)
+        else:
+            full[k] = str(v)
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(HERE)!r}, {str(HERE.parent)!r}]
+        import warnings
+        import pytest
+        from implicit_attn.kernels import cpu
+        from implicit_attn.operator import resolve_impl
+        from test_kernel_cache import rel, small_op
+    """) + textwrap.dedent(body) + "\nprint('CHILD OK')\n")
+    p = subprocess.run([sys.executable, str(script)], env=full, capture_output=True, text=True,
+                       cwd=str(tmp_path), timeout=300)
+    assert p.returncode == 0 and "CHILD OK" in p.stdout, f"exit {p.returncode}\n{p.stdout}\n{p.stderr}"
+    return p
+
+
+@pytest.fixture
+def stand_in(libs, tmp_path, monkeypatch):
+    """This test's cache (``tmp_path/cache``) and a stand-in compiler that copies the real
+    library (``$CXX``), logging builds to ``tmp_path/log``; returns the log's path."""
+    monkeypatch.setenv("IMPLICIT_ATTN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", str(fake_compiler(tmp_path / "bin" / "fakecc", libs[0])))
+    monkeypatch.setenv("FAKECC_LOG", str(tmp_path / "log"))
+    return tmp_path / "log"
+
+
+def builds(log: Path) -> int:
+    return log.read_text().count("build") if log.exists() else 0
+
+
+def test_a_truncated_cached_library_is_rebuilt_not_loaded(libs, stand_in, tmp_path):
+    """Half of the cached library (an interrupted copy, a full disk): loading it killed the
+    interpreter with SIGBUS, in every later process too. A fresh process now checks it
+    against the size and SHA-256 recorded at build time, rebuilds it, and the kernel runs."""
+    lib = cpu.build()
+    assert builds(stand_in) == 1
+    data = libs[0].read_bytes()
+    lib.write_bytes(data[:len(data) // 2])
+    run_child(tmp_path, """
+        op = small_op(6)
+        assert rel(op.materialize(impl="cpu"), op.materialize(impl="xla")) <= 1e-5
+    """, {})
+    assert builds(stand_in) == 2
+    assert lib.read_bytes() == data and cache.verified_bytes(lib) == data
+    record = json.loads(cache.sidecar_path(lib).read_text())
+    assert record["size"] == len(data) and "fakecc 1.0" in record["compiler"]
+    # both files were replaced atomically: no temporary files are left behind
+    assert sorted(p.name for p in lib.parent.iterdir()) == sorted([lib.name, cache.sidecar_path(lib).name])
+
+
+@pytest.mark.parametrize("damage", ["garbage", "no_symbols", "no_record", "bad_record"])
+def test_a_cached_library_that_fails_verification_is_rebuilt(damage, libs, stand_in):
+    """A garbage file (fell back to XLA but was never rebuilt, before), a valid ELF without
+    the kernel's symbols (``AttributeError`` under ``impl="auto"``, before), a library
+    without its record or with an unreadable one: each is rebuilt, never loaded."""
+    lib = cpu.build()
+    data = libs[0].read_bytes()
+    if damage == "garbage":
+        lib.write_bytes(b"not a library\n")
+    elif damage == "no_symbols":
+        lib.write_bytes(libs[1].read_bytes())
+    elif damage == "no_record":
+        cache.sidecar_path(lib).unlink()
+    else:
+        cache.sidecar_path(lib).write_text("{")
+    with pytest.warns(UserWarning, match="failed verification.*rebuilding"):
+        assert cpu.build() == lib
+    assert builds(stand_in) == 2 and cache.verified_bytes(lib) == data
+    cpu.build()
+    assert builds(stand_in) == 2  # verified: not built again
+
+
+def cpu_raises_auto_falls_back(why: str) -> str:
+    """A child body: ``impl="cpu"`` raises ``CpuKernelUnavailable`` matching ``why``;
+    ``impl="auto"`` warns once, naming it, and gives XLA's result."""
+    return f"""
+        op = small_op(6)
+        with pytest.raises(cpu.CpuKernelUnavailable, match={why!r}):
+            op.materialize(impl="cpu")
+        with pytest.warns(UserWarning, match="fused CPU kernel unavailable.*" + {why!r}):
+            assert resolve_impl("auto", op.core) == "xla"
+        assert rel(op.materialize(impl="auto"), op.materialize(impl="xla")) == 0
+    """
+
+
+def test_a_build_without_the_kernel_symbols_is_a_bad_build(libs, tmp_path):
+    """A compiler that produces a library lacking the kernel's symbols: ``impl="cpu"`` raises
+    ``CpuKernelUnavailable`` naming them, ``impl="auto"`` warns once and uses XLA (before:
+    ``AttributeError: undefined symbol`` from both)."""
+    cxx = fake_compiler(tmp_path / "bin" / "fakecc", libs[1])
+    run_child(tmp_path, cpu_raises_auto_falls_back("lacks the symbol.*IaStateDecayDense"), dict(IMPLICIT_ATTN_CACHE=tmp_path / "cache", CXX=cxx, FAKECC_LOG=tmp_path / "log"))
+
+
+def test_a_cxx_that_does_not_exist_is_never_replaced(libs, tmp_path, monkeypatch):
+    """``CXX=/nonexistent/c++`` with another compiler's build in the cache: before, that build
+    was used silently. Now ``impl="cpu"`` raises naming ``CXX`` and ``"auto"`` warns and uses
+    XLA; the cache is the package's own, which holds the real build."""
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    with pytest.raises(cpu.CpuKernelUnavailable, match=r"CXX='/nonexistent/c\+\+'.*not an executable"):
+        cpu.library_path()
+    run_child(tmp_path, cpu_raises_auto_falls_back("CXX='/nonexistent/c[+][+]'"), dict(CXX="/nonexistent/c++"))
+
+
+def test_the_compiler_identity_is_part_of_the_cache_key(libs, tmp_path, monkeypatch):
+    """Another compiler path, or the same path answering another ``--version``, is another
+    cache entry (a different or upgraded compiler never reuses an old build)."""
+    monkeypatch.setenv("IMPLICIT_ATTN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("FAKECC_LOG", str(tmp_path / "log"))
+    a = fake_compiler(tmp_path / "a" / "c++", libs[0], "fakecc 1.0")
+    b = fake_compiler(tmp_path / "b" / "c++", libs[0], "fakecc 1.0")
+    paths = []
+    for cxx, version in [(a, None), (b, None), (a, "fakecc 2.0")]:
+        if version:
+            fake_compiler(cxx, libs[0], version)
+        monkeypatch.setenv("CXX", str(cxx))
+        paths.append(cpu.library_path())
+    assert len(set(paths)) == 3, paths
+    assert cpu.build() == paths[2] and cpu.build() == paths[2]
+    assert (tmp_path / "log").read_text().count("build") == 1  # the second call found it verified
+
+
+def test_an_unusable_cache_dir_falls_back_to_a_private_temp_dir(libs, tmp_path, monkeypatch):
+    """``$IMPLICIT_ATTN_CACHE`` under a regular file cannot be created: the documented
+    fallback ``<tempdir>/implicit_attn_<uid>/kernels`` is created (before: never created, so
+    the build failed with "No such file or directory") and the kernel builds there. A
+    fallback dir writable by others is refused, naming it."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setenv("IMPLICIT_ATTN_CACHE", str(blocker / "cache"))
+    monkeypatch.setenv("CXX", str(fake_compiler(tmp_path / "bin" / "fakecc", libs[0])))
+    monkeypatch.setenv("FAKECC_LOG", str(tmp_path / "log"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    base = tmp_path / "tmp" / f"implicit_attn_{os.getuid()}"
+    assert cpu.cache_dir() == base / "kernels" and (base / "kernels").is_dir()
+    assert stat.S_IMODE(base.stat().st_mode) & 0o077 == 0
+    lib = cpu.build()
+    assert lib.parent == base / "kernels" and cache.verified_bytes(lib) == libs[0].read_bytes()
+    base.chmod(0o777)
+    with pytest.raises(cpu.CpuKernelUnavailable, match="writable by others"):
+        cpu.cache_dir()
+
+
+def test_a_bad_thread_count_is_named(libs, monkeypatch):
+    """``IMPLICIT_ATTN_CPU_THREADS=abc``: ``impl="cpu"`` raises naming the variable,
+    ``impl="auto"`` warns naming it and still runs the kernel on the usable cores (before:
+    a bare ``int()`` error, and auto dropped the kernel)."""
+    clear_failed_kernels()
+    op = small_op(9)  # a length no other test compiles in this process: the call is traced here
+    want = op.materialize(impl="xla")
+    for bad in ("abc", "0", "-2"):
+        monkeypatch.setenv("IMPLICIT_ATTN_CPU_THREADS", bad)
+        with pytest.raises(ValueError, match=f"IMPLICIT_ATTN_CPU_THREADS='{bad}' is not a positive integer"):
+            op.materialize(impl="cpu")
+    monkeypatch.setenv("IMPLICIT_ATTN_CPU_THREADS", "four")
+    with pytest.warns(UserWarning, match="IMPLICIT_ATTN_CPU_THREADS='four'.*usable cores"):
+        got = op.materialize(impl="auto")
+    assert rel(got, want) <= 1e-5
+    assert ("cpu", StateDecayCore) not in failed_kernels()
+    monkeypatch.setenv("IMPLICIT_ATTN_CPU_THREADS", " 3 ")
+    assert cpu.num_threads(strict=True) == 3
