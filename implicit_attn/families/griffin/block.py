@@ -27,7 +27,8 @@ import numpy as np
 from ...nn import run_scan
 from ...nn.hooks import ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
 from ...operator import AttentionCore, AttentionOperator, DocumentMaskedCore, ImplicitOperator, ScalarDecayCore
-from ...ops import attention_probs, causal_conv, embed, full_precision, linear, linear_scan
+from ...ops import (attention_probs, causal_conv, embed, from_first, full_precision, linear, linear_scan, mark_nan,
+                    zero_nan)
 from .config import Config
 
 VARIANTS = ("full", "no_conv", "no_gate")
@@ -251,8 +252,12 @@ def repeat_kv(t, cfg: Config):
 def attention_inner(p: dict, h, pos, cfg: Config):
     """Per-head attention output before ``o_proj``: ``(B, H, L, d)`` in the parameter dtype."""
     a = attention_parts(p, h, pos, cfg)
-    probs = attention_probs(a["q"], repeat_kv(a["k"], cfg), a["seg"], cfg.attention_window_size)
-    return jnp.einsum("bhij,bhjd->bhid", probs.astype(a["v"].dtype), repeat_kv(a["v"], cfg))
+    k, v = repeat_kv(a["k"], cfg), repeat_kv(a["v"], cfg)
+    # NaN stays causal (ops.nan): a NaN key or value reaches every later row, a NaN query its own.
+    bad = from_first(jnp.isnan(k).any(-1) | jnp.isnan(v).any(-1), axis=2) | jnp.isnan(a["q"]).any(-1)
+    probs = attention_probs(zero_nan(a["q"]), zero_nan(k), a["seg"], cfg.attention_window_size)
+    o = jnp.einsum("bhij,bhjd->bhid", probs.astype(v.dtype), zero_nan(v))
+    return mark_nan(o, bad[..., None])
 
 
 def attention_forward(p: dict, h, pos, cfg: Config, hook=None):

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from ...nn.hooks import apply_out_hook, layer_tap
 from ...operator import Mamba2Core, Mamba2Operator
-from ...ops import causal_conv, full_precision, linear, linear_scan, segment_sum
+from ...ops import causal_conv, from_first, full_precision, linear, linear_scan, mark_nan, segment_sum, zero_nan
 from ..mamba.block import residual_block, residual_lm, rms_norm
 from .config import Config
 
@@ -75,6 +75,11 @@ def ssd(x, dt, A, Bm, Cm, chunk: int, D=None):
     Bn, L, H, P = x.shape
     G, N = Bm.shape[2:]
     hg = H // G
+    # NaN stays causal (ops.nan): x, dt, B feed the state (NaN from there on), C only its row.
+    per_head = lambda g: jnp.repeat(jnp.isnan(g).any(-1), hg, axis=2)  # (B, L, G, N) -> (B, L, H)
+    state_bad = from_first(jnp.isnan(x).any(-1) | jnp.isnan(dt) | per_head(Bm), axis=1)
+    bad = (state_bad | per_head(Cm))[..., None]
+    x, dt, Bm, Cm = (zero_nan(a) for a in (x, dt, Bm, Cm))
     Q = min(chunk, L)
     nc = -(-L // Q)
     pad = nc * Q - L
@@ -102,7 +107,7 @@ def ssd(x, dt, A, Bm, Cm, chunk: int, D=None):
     y = y.reshape(Bn, nc * Q, H, P)[:, :L]
     if D is not None:
         y = y + xf * D.astype(f32)[:, None]
-    return y
+    return mark_nan(y, bad)
 
 
 def gated_norm_scale(g, group_size: int, eps: float):

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from ...nn.hooks import MID_POINTS, ForwardHooks, ScannedLayerHook, apply_out_hook, layer_tap, no_hook, out_hook
-from ...ops import embed, full_precision
+from ...ops import embed, from_first, full_precision, mark_nan, zero_nan
 from ...operator import ImplicitOperator, RwkvCore
 from .config import Config
 
@@ -87,6 +87,8 @@ def wkv(w, u, k, v, chunk: int = 32):
       ``(B, L, A)`` float32 ``wkv_i = sum_j e^{l[i,j]} v_j / sum_j e^{l[i,j]}``.
     """
     B, L, A = k.shape
+    bad = from_first(jnp.isnan(k) | jnp.isnan(v), axis=1)  # NaN stays causal (ops.nan)
+    k, v = zero_nan(k), zero_nan(v)
     T = max(1, min(chunk, L))
     nc = -(-L // T)
     pad = nc * T - L
@@ -122,7 +124,7 @@ def wkv(w, u, k, v, chunk: int = 32):
 
     init = (jnp.full((B, A), EMPTY_LOG_MAX, f32), jnp.zeros((B, A), f32), jnp.zeros((B, A), f32))
     _, out = jax.lax.scan(step, init, (kc, vc))  # (nc, B, T, A)
-    return out.swapaxes(0, 1).reshape(B, nc * T, A)[:, :L]
+    return mark_nan(out.swapaxes(0, 1).reshape(B, nc * T, A)[:, :L], bad)
 
 
 def time_mix_inner(p: dict, h, cfg: Config):

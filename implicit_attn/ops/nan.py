@@ -1,0 +1,32 @@
+"""Keeping NaN causal in chunked and matrix-form computations.
+
+A chunked scan or a masked matmul multiplies later positions by exact zeros; when a later
+position holds NaN, ``0 * NaN`` puts NaN into earlier outputs, which a sequential recurrence
+never does. The fix used here: replace NaN inputs by 0 for the computation (so earlier
+outputs are computed from exactly the numbers a sequential pass would use), then mark as
+NaN every output a sequential pass would make NaN: from the first NaN that reaches the
+carried state onwards, plus the positions whose own read-out input is NaN.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+
+def zero_nan(x):
+    """``x`` with NaN entries replaced by 0 (for a computation whose NaN outputs are
+    restored by ``mark_nan``)."""
+    return jnp.where(jnp.isnan(x), jnp.zeros((), x.dtype), x)
+
+
+def from_first(bad, axis: int = 1):
+    """Boolean: True at and after the first True along ``axis`` (a state that took in a NaN
+    stays NaN)."""
+    return jnp.cumsum(bad.astype(jnp.int32), axis=axis) > 0
+
+
+def mark_nan(y, bad):
+    """``y`` with NaN where ``bad`` (broadcast against ``y``) is True."""
+    return jnp.where(bad, jnp.asarray(jnp.nan, y.dtype), y)
+
+
+__all__ = ["zero_nan", "from_first", "mark_nan"]
