@@ -22,6 +22,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ...ops import rate_times_time
+
 f32 = jnp.float32
 HIGHEST = jax.lax.Precision.HIGHEST
 # A finite stand-in for -inf inside the in-tile matmul (0 * -inf would be NaN); any sum
@@ -98,14 +100,14 @@ def state_decay(q, k, kT, A_row, t_col, P_col, mid, S_col, is_diag):
         s0 = jnp.where(lower, seg, 0.0)
 
         def one(n, acc):
-            dec = jnp.exp(pick(A_row, n, 1) * s0)
+            dec = jnp.exp(rate_times_time(pick(A_row, n, 1), s0))
             return acc + pick(q, n, 1) * pick(kT, n, 0) * dec
 
         H = jax.lax.fori_loop(0, q.shape[1], one, jnp.zeros(s0.shape, f32))
         return jnp.where(lower, H, 0.0)
 
     def off():
-        return dot_t(q * jnp.exp(A_row * P_col), k * jnp.exp(A_row * (S_col + mid)))
+        return dot_t(q * jnp.exp(rate_times_time(A_row, P_col)), k * jnp.exp(rate_times_time(A_row, S_col + mid)))
 
     return jax.lax.cond(is_diag, diag, off)
 
