@@ -6,10 +6,10 @@ and one line in ``_SPECS`` below (see the README, "Adding an architecture").
 """
 from __future__ import annotations
 
-from .families import griffin, mamba, mamba2, rwkv
+from .families import falcon_mamba, griffin, mamba, mamba2, rwkv
 from .nn import FamilySpec
 
-_SPECS = (mamba.SPEC, mamba2.SPEC, griffin.SPEC, rwkv.SPEC)
+_SPECS = (mamba.SPEC, mamba2.SPEC, griffin.SPEC, rwkv.SPEC, falcon_mamba.SPEC)
 
 FAMILIES: dict[str, FamilySpec] = {s.model_type: s for s in _SPECS}
 

@@ -2,8 +2,13 @@
 from __future__ import annotations
 
 import os
+import re
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+# Compiling dominates the suite (hundreds of tiny XLA programs, ~0.3 s each): the tests
+# compile with LLVM's cheap optimisation level, which cuts compile time by about a fifth.
+# Same HLO and the same float semantics, only slower code; benchmarks use XLA's defaults.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0 "
+                                   "--xla_llvm_disable_expensive_passes=true")
 
 import numpy as np
 import pytest
@@ -27,8 +32,91 @@ def rng():
 # each model is built and compiled once instead of once per worker.
 MODEL_FIXTURES = ("fam", "pair")
 
+# Two tiers. The default run (``python -m pytest``, the README's test command) holds every
+# family's contract (torch parity, exactness against float64, causality, NaN causality, bad
+# inputs, hooks, interventions, exports for cuda and tpu) and every feature checked at
+# least once. ``-m deep`` holds the repeats: the same check on more configurations,
+# lengths, variants and families. CI runs both (``.ci/run``).
+#
+# A family-parametrized test named here runs in the default tier for the given family
+# only, and for the other families in the deep tier.
+ONE_FAMILY_BY_DEFAULT = {
+    "test_conformance.py::test_jit_vmap_and_grad": "mamba",
+    "test_conformance.py::test_zero_taps_keep_the_logits_and_give_gradients": "recurrent_gemma",
+    "test_conformance.py::test_reduce_equals_materialize_for_every_reduction": "mamba2",
+    "test_conformance.py::test_low_precision_models_warn_that_operators_are_not_exact": "mamba",
+    "test_hooks.py::test_pattern_by_name_and_predicates": "mamba",
+    "test_hooks.py::test_embedding_gradients_equal_torch": "recurrent_gemma",
+    "test_hooks.py::test_knocking_out_every_entry_leaves_the_offset": "mamba2",
+    "test_hooks.py::test_patching_a_whole_activation_gives_the_other_inputs_logits": "rwkv",
+    "test_explain_families.py::test_references_are_exact": "griffin",
+    "test_explain_families.py::test_method_matches_reference": "griffin",
+    "test_conformance.py::test_kernels_agree_with_xla": "mamba",
+    "test_hooks.py::test_knockout_changes_the_mixer_output_by_minus_h_v": "recurrent_gemma",
+    "test_nan.py::test_nan_at_t_leaves_rows_before_t_of_h_and_outputs_unchanged": "mamba2",
+    "test_kernels.py::test_materialize_and_reduce_match_xla": "mamba2",
+    "test_explain_families.py::test_contributions_total_is_first_order_change": "mamba2",
+    "test_explain_families.py::test_variant_reaches_every_method": "griffin",
+}
+# Files whose ``pair`` fixture runs over a ``CONFIGS`` dict: the first configuration is in
+# the default tier, the others are deep.
+FIRST_CONFIG_BY_DEFAULT = ("test_mamba.py", "test_mamba2.py", "test_griffin.py", "test_rwkv.py")
+# Single deep items (a node-id regex after the file name) and why they are only repeats.
+DEEP = {
+    # README: the full pass runs on mamba by default; the Griffin pass repeats it.
+    "test_readme.py": r"test_readme_blocks_run\[recurrent_gemma\]",
+    # CPU kernel: every variant at L = 37 and the full variant at every length by default.
+    "test_cpu_kernel.py": (r"test_materialize_matches_xla\[(?!full)\w+-(1|16)\]"
+                           r"|test_griffin_matches_xla\[(?!full)\w+-1\]|test_griffin_matches_xla\[\w+-100\]"
+                           r"|test_fused_reduce_matches_xla\[\w+-(abs_mean|pos_mean)\]"
+                           r"|test_bare_cores_every_optional_factor\[parts[23]\]"
+                           r"|test_fused_reduce_gradients_match_xla"),  # materialize's gradient is kept
+    # float64 rows at long length: Mamba-2 and RWKV by default (segment sums, large keys).
+    "test_mamba.py": r"test_long_input_rows_match_float64",
+    "test_griffin.py": r"test_long_input_rows_match_float64|test_rglru_parallel_and_sequential_scans_agree",
+    "test_ops.py": r"test_state_decay_kernel_matches_brute_force\[(7-16|48-16)\]",
+    # exports: every family for cuda, Mamba for tpu (the lowering differs by platform, not
+    # by family); a given target next to argmax once.
+    "test_export_library.py": (r"test_(forward|operators|explain_maps)_export\[(?!mamba-)[\w-]+-tpu\]"
+                               r"|test_explain_methods_export\[(?!mamba-)[\w-]+-given-\w+\]"),
+}
 
+
+def family_param(item) -> str | None:
+    spec = getattr(item, "callspec", None)
+    if spec is None:
+        return None
+    for name in MODEL_FIXTURES + ("model_type", "family", "name"):
+        if name in spec.params:
+            value = spec.params[name]
+            return str(getattr(value, "model_type", value))
+    return None
+
+
+def is_deep(item) -> bool:
+    file = item.path.name
+    name = item.name
+    base = f"{file}::{item.originalname}"
+    if base in ONE_FAMILY_BY_DEFAULT:
+        fam = family_param(item)
+        return fam is not None and fam != ONE_FAMILY_BY_DEFAULT[base]
+    if file in FIRST_CONFIG_BY_DEFAULT:
+        spec = getattr(item, "callspec", None)
+        if spec is not None and "pair" in spec.params:
+            return spec.params["pair"] != next(iter(item.module.CONFIGS))
+    pattern = DEEP.get(file)
+    return pattern is not None and re.fullmatch(pattern, name) is not None
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "deep: a repeat of a default-tier check (run with -m deep)")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker hook reads the groups into node ids
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if is_deep(item):
+            item.add_marker(pytest.mark.deep)
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:

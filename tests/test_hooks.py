@@ -44,7 +44,9 @@ def test_cache_has_every_documented_name_and_the_forward_values(fam):
         np.testing.assert_allclose(np.asarray(cache[f"blocks.{i}.mixer.hook_in"]), np.asarray(xs[i]), atol=1e-6, rtol=1e-6)
         np.testing.assert_allclose(np.asarray(cache[f"blocks.{i}.mixer.hook_out"]), np.asarray(ops[i].output),
                                    atol=1e-5, rtol=1e-5)
-        np.testing.assert_array_equal(np.asarray(cache[f"blocks.{i}.mixer.hook_values"]), np.asarray(ops[i].values))
+        # two separately compiled programs: equal up to float32 rounding
+        np.testing.assert_allclose(np.asarray(cache[f"blocks.{i}.mixer.hook_values"]), np.asarray(ops[i].values),
+                                   atol=1e-6, rtol=1e-6)
         if i + 1 < n:
             np.testing.assert_array_equal(np.asarray(cache[f"blocks.{i}.hook_resid_post"]),
                                           np.asarray(cache[f"blocks.{i + 1}.hook_resid_pre"]))

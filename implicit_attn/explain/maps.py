@@ -66,7 +66,9 @@ def minmax_normalize(m, causal: bool = True):
     lo = jnp.min(jnp.where(mask, m, jnp.inf), axis=(-2, -1), keepdims=True)
     hi = jnp.max(jnp.where(mask, m, -jnp.inf), axis=(-2, -1), keepdims=True)
     span = hi - lo
-    out = jnp.where(span > 0, (m - lo) / jnp.where(span > 0, span, 1.0), 0.0)
+    # m - lo >= 0, but XLA may fuse m's computation into both uses with different rounding
+    # (seen: -9e-11 at XLA CPU's low optimisation level); the shift stays at or above 0.
+    out = jnp.where(span > 0, jnp.maximum(m - lo, 0.0) / jnp.where(span > 0, span, 1.0), 0.0)
     return jnp.where(mask, out, 0.0)
 
 

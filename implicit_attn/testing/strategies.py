@@ -41,6 +41,12 @@ def mamba_configs(draw) -> dict:
 
 
 @st.composite
+def falcon_mamba_configs(draw) -> dict:
+    """``FalconMambaConfig`` kwargs: Mamba's, and the eps of the norm on dt, B and C."""
+    return {**draw(mamba_configs()), "mixer_rms_eps": draw(st.sampled_from([1e-6, 1e-3]))}
+
+
+@st.composite
 def mamba2_configs(draw) -> dict:
     """``Mamba2Config`` kwargs with ``num_heads * head_dim == expand * hidden_size`` (HF's
     layout) and ``n_groups`` dividing ``num_heads``; chunk sizes below and above ``L``."""
@@ -89,7 +95,7 @@ def rwkv_configs(draw) -> dict:
 
 
 CONFIGS = {"mamba": mamba_configs, "mamba2": mamba2_configs, "recurrent_gemma": recurrent_gemma_configs,
-           "rwkv": rwkv_configs}
+           "rwkv": rwkv_configs, "falcon_mamba": falcon_mamba_configs}
 
 
 def model_types():

@@ -33,6 +33,6 @@ SPEC = FamilySpec(
     bench={"full": dict(vocab_size=1024, hidden_size=768, state_size=16, num_hidden_layers=24, conv_kernel=4),
            "quick": dict(vocab_size=256, hidden_size=128, state_size=16, num_hidden_layers=2, conv_kernel=4)})
 
-__all__ = ["SPEC", "Config", "LM", "MambaMixer", "MambaBlock", "VARIANTS", "init_params", "to_params",
+__all__ = ["SPEC", "Config", "LM", "MambaMixer", "MambaBlock", "VARIANTS", "hf_setup", "init_params", "to_params",
            "from_params", "expected_shapes", "lm_forward", "mixer_forward", "mixer_inner", "mixer_operator",
            "mixer_parts", "selective_scan", "rms_norm", "naive_operator"]

@@ -4,6 +4,8 @@ exact implicit operator of each mixer.
 Mixer (per channel c, inner width C = expand * d_model):
   ``x, z = in_proj(h)``; ``xc = conv(x)``; ``u = SiLU(xc)``; ``dt, B, C = proj(u)``;
   ``y = S6(u) * SiLU(z)`` with ``S6(u)_i = sum_j alpha[i, j] u_j``, then ``out_proj``.
+Falcon-Mamba adds a weightless RMSNorm on ``dt`` (before ``dt_proj``), ``B`` and ``C``
+(``Config.bcdt_norm_eps``); they only change the data-dependent factors of the operator.
 Operator: ``H_c = diag(SiLU(z_c)) alpha_c diag(sigmoid(xc_c)) M_c`` acting on ``x``,
 plus ``offset_c = diag(SiLU(z_c)) alpha_c (sigmoid(xc_c) * b_c)`` from the conv bias.
 """
@@ -44,6 +46,8 @@ def mixer_parts(p: dict, h, cfg: Config) -> dict:
     u = jax.nn.silu(xc)
     xdbl = u @ p["x_proj.weight"].T
     dt_in, Bm, Cm = xdbl[..., :R], xdbl[..., R:R + N], xdbl[..., R + N:]
+    if cfg.bcdt_norm_eps is not None:  # Falcon-Mamba
+        dt_in, Bm, Cm = (rms_norm(v, jnp.ones((), v.dtype), cfg.bcdt_norm_eps) for v in (dt_in, Bm, Cm))
     dt = jax.nn.softplus(linear(dt_in, p["dt_proj.weight"], p["dt_proj.bias"]).astype(f32))
     A = -jnp.exp(p["A_log"].astype(f32))
     return dict(x=x, z=z, xc=xc, u=u, dt=dt, Bm=Bm.astype(f32), Cm=Cm.astype(f32), A=A)

@@ -48,5 +48,11 @@ class Config(HFConfig):
             object.__setattr__(self, "time_step_rank", math.ceil(self.hidden_size / 16))
         self.check_ints("intermediate_size", "time_step_rank")
 
+    @property
+    def bcdt_norm_eps(self) -> float | None:
+        """``eps`` of the weightless RMSNorm on ``dt`` (before ``dt_proj``), ``B`` and ``C``
+        (Falcon-Mamba); None: the block has no such norm (Mamba)."""
+        return None
+
 
 __all__ = ["Config"]

@@ -39,8 +39,10 @@ def naive_operator(p: dict, x, cfg, layer: int = 0):
     xc = np.einsum("cij,bjc->bic", M, xs) + p.get("conv1d.bias", 0.0)
     u = xc * sigmoid(xc)
     xdbl = u @ p["x_proj.weight"].T
-    dt = softplus(xdbl[..., :R] @ p["dt_proj.weight"].T + p["dt_proj.bias"])  # (B, L, C)
-    Bm, Cm = xdbl[..., R:R + N], xdbl[..., R + N:]
+    dt_in, Bm, Cm = xdbl[..., :R], xdbl[..., R:R + N], xdbl[..., R + N:]
+    if cfg.bcdt_norm_eps is not None:  # Falcon-Mamba: weightless RMSNorm on dt, B, C
+        dt_in, Bm, Cm = (v / np.sqrt(np.mean(v * v, -1, keepdims=True) + cfg.bcdt_norm_eps) for v in (dt_in, Bm, Cm))
+    dt = softplus(dt_in @ p["dt_proj.weight"].T + p["dt_proj.bias"])  # (B, L, C)
     A = -np.exp(p["A_log"])  # (C, N)
     S = np.cumsum(dt, axis=1)
     alpha = np.zeros((Bn, C, L, L))
