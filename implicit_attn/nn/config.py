@@ -109,4 +109,42 @@ class HFConfig:
         return d
 
 
-__all__ = ["HFConfig", "MAX_SIZE", "MAX_LAYERS"]
+def float_from_json(v, name: str):
+    """HF writes non-finite floats as ``{"__float__": "Infinity"}`` (strict JSON); other
+    values are returned as they are (the config's ``__post_init__`` checks them)."""
+    if isinstance(v, dict):
+        if set(v) != {"__float__"} or v["__float__"] not in ("Infinity", "-Infinity", "NaN"):
+            raise ValueError(f"{name}: cannot read {v!r} as a number")
+        return float(v["__float__"])
+    return v
+
+
+def float_to_json(v: float):
+    """``v``, or HF's strict-JSON object for a non-finite float."""
+    return v if math.isfinite(v) else {"__float__": "Infinity" if v > 0 else "-Infinity"}
+
+
+def read_rope_parameters(d: dict, kw: dict, label: str) -> dict:
+    """Fold HF's ``rope_parameters`` object of config dict ``d`` into the flat ``rope_theta`` /
+    ``partial_rotary_factor`` fields of ``kw``; only ``rope_type: "default"`` is accepted."""
+    rope = d.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        raise ValueError(f"rope_parameters must be an object, got {rope!r}")
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"{label} rope_type {rope['rope_type']!r} is not supported (only 'default')")
+    for k in ("rope_theta", "partial_rotary_factor"):
+        if rope.get(k) is not None:
+            kw[k] = rope[k]
+    return kw
+
+
+def write_rope_parameters(d: dict) -> dict:
+    """Move the flat ``rope_theta`` / ``partial_rotary_factor`` of HF dict ``d`` into
+    ``rope_parameters`` (the inverse of ``read_rope_parameters``)."""
+    d["rope_parameters"] = {"rope_type": "default", "rope_theta": d.pop("rope_theta"),
+                            "partial_rotary_factor": d.pop("partial_rotary_factor")}
+    return d
+
+
+__all__ = ["HFConfig", "MAX_SIZE", "MAX_LAYERS", "float_from_json", "float_to_json", "read_rope_parameters",
+           "write_rope_parameters"]

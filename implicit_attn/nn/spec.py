@@ -31,7 +31,8 @@ class FamilySpec:
         from trivial initial values before a test saves the model (torch is passed in; the
         library never imports it).
       hf_mixer: the dotted path of layer ``{i}``'s token mixer in the HF model (e.g.
-        ``"backbone.layers.{i}.mixer"``), for per-mixer parity tests.
+        ``"backbone.layers.{i}.mixer"``; alternatives separated by ``|`` where the mixer's
+        name depends on the layer kind), for per-mixer parity tests.
       bench: ``{"full": HF kwargs, "quick": HF kwargs}`` of the forward benchmark.
       has_heads: operators of this family have heads (``heads=``, ``head_matrices``).
     """

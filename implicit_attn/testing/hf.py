@@ -80,11 +80,18 @@ def load_jax_from_hf(torch_model, dtype=None):
 
 
 def hf_module(torch_model, path: str):
-    """The submodule of ``torch_model`` at dotted ``path`` (digits index lists)."""
-    obj = torch_model
-    for part in path.split("."):
-        obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
-    return obj
+    """The submodule of ``torch_model`` at dotted ``path`` (digits index lists). ``path`` may
+    list alternatives separated by ``|`` (hybrid layers: ``"...{i}.mamba|...{i}.self_attn"``):
+    the first that exists. ``AttributeError`` if none does."""
+    for alt in path.split("|"):
+        obj = torch_model
+        try:
+            for part in alt.split("."):
+                obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
+        except AttributeError:
+            continue
+        return obj
+    raise AttributeError(f"{type(torch_model).__name__} has no submodule {path!r}")
 
 
 def torch_forward(torch_model, input_ids, mixer_path: str | None = None):
@@ -103,10 +110,11 @@ def torch_forward(torch_model, input_ids, mixer_path: str | None = None):
     io_ = {}
     hooks = []
     for i in range(torch_model.config.num_hidden_layers):
-        def hook(mod, inp, out, i=i):
+        def hook(mod, args, kwargs, out, i=i):
+            x = args[0] if args else kwargs["hidden_states"]  # some HF layers call mixers by keyword
             out = out[0] if isinstance(out, tuple) else out
-            io_[i] = (inp[0].detach().float().numpy().copy(), out.detach().float().numpy().copy())
-        hooks.append(hf_module(torch_model, path.format(i=i)).register_forward_hook(hook))
+            io_[i] = (x.detach().float().numpy().copy(), out.detach().float().numpy().copy())
+        hooks.append(hf_module(torch_model, path.format(i=i)).register_forward_hook(hook, with_kwargs=True))
     try:
         with torch.no_grad():
             logits = torch_model(torch.as_tensor(np.asarray(input_ids), dtype=torch.long), use_cache=False).logits

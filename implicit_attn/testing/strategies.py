@@ -83,6 +83,28 @@ def recurrent_gemma_configs(draw) -> dict:
 
 
 @st.composite
+def bamba_configs(draw) -> dict:
+    """``BambaConfig`` kwargs: attention heads (KV heads dividing them, head width a multiple
+    of 4 for the half-width RoPE), Mamba-2 heads dividing ``mamba_expand * hidden_size`` and
+    groups dividing the heads, the attention layers, depth, state, conv width, chunk, biases."""
+    heads = draw(st.sampled_from([1, 2, 4]))
+    hidden = heads * draw(st.sampled_from([4, 8]))
+    expand = draw(st.sampled_from([1, 2]))
+    m_heads = draw(st.sampled_from(divisors(expand * hidden, 8)))
+    layers = draw(st.integers(1, 3))
+    return {**family("bamba").tiny,
+            "vocab_size": draw(VOCAB), "hidden_size": hidden, "num_attention_heads": heads,
+            "num_key_value_heads": draw(st.sampled_from(divisors(heads))),
+            "intermediate_size": draw(st.sampled_from([8, 16, 24])), "num_hidden_layers": layers,
+            "attn_layer_indices": draw(st.lists(st.integers(0, layers - 1), max_size=layers, unique=True)),
+            "mamba_n_heads": m_heads, "mamba_n_groups": draw(st.sampled_from(divisors(m_heads, 4))),
+            "mamba_expand": expand, "mamba_d_state": draw(st.integers(1, 6)), "mamba_d_conv": draw(st.integers(1, 4)),
+            "mamba_chunk_size": draw(st.sampled_from([4, 8, 16])), "mamba_conv_bias": draw(st.booleans()),
+            "mamba_proj_bias": draw(st.booleans()), "attention_bias": draw(st.booleans()),
+            "mlp_bias": draw(st.booleans()), "tie_word_embeddings": draw(st.booleans())}
+
+
+@st.composite
 def rwkv_configs(draw) -> dict:
     """``RwkvConfig`` kwargs: widths of the residual stream, attention and feed-forward,
     depth (at least 2: HF's initialisation divides by ``num_hidden_layers - 1``), and eval
@@ -95,7 +117,8 @@ def rwkv_configs(draw) -> dict:
 
 
 CONFIGS = {"mamba": mamba_configs, "mamba2": mamba2_configs, "recurrent_gemma": recurrent_gemma_configs,
-           "rwkv": rwkv_configs, "falcon_mamba": falcon_mamba_configs}
+           "rwkv": rwkv_configs, "falcon_mamba": falcon_mamba_configs,
+           "bamba": bamba_configs}
 
 
 def model_types():

@@ -25,10 +25,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...nn import run_scan
+from ...nn.attention import (attention_forward, attention_inner, attention_operator, attention_parts, repeat_kv,
+                             rotary, segment_ids)
 from ...nn.hooks import ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
-from ...operator import AttentionCore, AttentionOperator, DocumentMaskedCore, ImplicitOperator, ScalarDecayCore
-from ...ops import (attention_probs, causal_conv, embed, from_first, full_precision, linear, linear_scan, mark_nan,
-                    zero_nan)
+from ...operator import DocumentMaskedCore, ImplicitOperator, ScalarDecayCore
+from ...ops import causal_conv, embed, full_precision, linear, linear_scan
 from .config import Config
 
 VARIANTS = ("full", "no_conv", "no_gate")
@@ -69,11 +70,6 @@ def check_segment_pos(segment_pos, shape: tuple[int, int]):
         raise ValueError(f"segment_pos[{b}, {t + 1}] = {int(pos[b, t + 1])} after {int(pos[b, t])}: positions "
                          "must count up by one inside a document and restart at 0 at a new one")
     return jnp.asarray(pos, jnp.int32)
-
-
-def segment_ids(pos):
-    """``(B, L)`` document index of every token (0, 1, ...) from positions ``(B, L)``."""
-    return jnp.cumsum(pos == 0, axis=-1) - 1
 
 
 # ----------------------------------------------------------------------------- math
@@ -216,70 +212,6 @@ def recurrent_operator(p: dict, h, pos, cfg: Config, variant: str = "full",
     values = T(values)
     offset = jnp.zeros_like(values) if offset is None else T(offset)
     return ImplicitOperator(values=values, offset=offset, output=T(output), core=core)
-
-
-def rotary(x, pos, cfg: Config):
-    """HF partial rotary embedding on the first ``rotary_dim`` features of ``x (B, h, L, d)``
-    at positions ``pos (B, L)`` (rotate-half convention)."""
-    R = cfg.rotary_dim
-    inv = 1.0 / (cfg.rope_theta ** (jnp.arange(0, R, 2, dtype=f32) / R))
-    fr = pos.astype(f32)[..., None] * inv  # (B, L, R/2)
-    emb = jnp.concatenate([fr, fr], axis=-1)[:, None]  # (B, 1, L, R)
-    cos, sin = jnp.cos(emb).astype(x.dtype), jnp.sin(emb).astype(x.dtype)
-    xr, xp = x[..., :R], x[..., R:]
-    rot = jnp.concatenate([-xr[..., R // 2:], xr[..., :R // 2]], axis=-1)
-    return jnp.concatenate([xr * cos + rot * sin, xp], axis=-1)
-
-
-def attention_parts(p: dict, h, pos, cfg: Config) -> dict:
-    """Queries (scaled, rotated) ``(B, H, L, d)``, keys ``(B, KV, L, d)``, values
-    ``(B, KV, L, d)`` and document ids ``seg (B, L)`` of the attention block."""
-    B, L, _ = h.shape
-    d = cfg.head_dim
-    heads = lambda t, n: jnp.swapaxes(t.reshape(B, L, n, d), 1, 2)
-    q = heads(linear(h, p["q_proj.weight"], p.get("q_proj.bias")), cfg.num_attention_heads)
-    k = heads(linear(h, p["k_proj.weight"], p.get("k_proj.bias")), cfg.num_key_value_heads)
-    v = heads(linear(h, p["v_proj.weight"], p.get("v_proj.bias")), cfg.num_key_value_heads)
-    q, k = rotary(q, pos, cfg), rotary(k, pos, cfg)
-    return dict(q=q * jnp.asarray(d ** -0.5, q.dtype), k=k, v=v, seg=segment_ids(pos))
-
-
-def repeat_kv(t, cfg: Config):
-    """Repeat the shared key/value heads ``(B, KV, L, d)`` for every query head: ``(B, H, L, d)``."""
-    return jnp.repeat(t, cfg.num_attention_heads // cfg.num_key_value_heads, axis=1)
-
-
-def attention_inner(p: dict, h, pos, cfg: Config):
-    """Per-head attention output before ``o_proj``: ``(B, H, L, d)`` in the parameter dtype."""
-    a = attention_parts(p, h, pos, cfg)
-    k, v = repeat_kv(a["k"], cfg), repeat_kv(a["v"], cfg)
-    # NaN stays causal (ops.nan): a NaN key or value reaches every later row, a NaN query its own.
-    bad = from_first(jnp.isnan(k).any(-1) | jnp.isnan(v).any(-1), axis=2) | jnp.isnan(a["q"]).any(-1)
-    probs = attention_probs(zero_nan(a["q"]), zero_nan(k), a["seg"], cfg.attention_window_size)
-    o = jnp.einsum("bhij,bhjd->bhid", probs.astype(v.dtype), zero_nan(v))
-    return mark_nan(o, bad[..., None])
-
-
-def attention_forward(p: dict, h, pos, cfg: Config, hook=None):
-    """HF ``RecurrentGemmaAttention.forward`` (local, multi-query, partial rotary):
-    ``(B, L, d_model) -> (B, L, d_model)``. ``hook``: optional ``(B, H, L, d) -> (B, H, L, d)``
-    applied to the per-head output (the operator's ``output``; ``mixer.hook_out``)."""
-    o = attention_inner(p, h, pos, cfg)
-    if hook is not None:
-        o = hook(o)
-    B, H, L, d = o.shape
-    return linear(jnp.swapaxes(o, 1, 2).reshape(B, L, H * d), p["o_proj.weight"], p.get("o_proj.bias"))
-
-
-def attention_operator(p: dict, h, pos, cfg: Config) -> AttentionOperator:
-    """The attention block's explicit operator: per-head softmax probabilities acting on
-    the value vectors (channels = heads)."""
-    a = attention_parts(p, h, pos, cfg)
-    values = repeat_kv(a["v"], cfg).astype(f32)
-    core = AttentionCore(q=a["q"].astype(f32), k=a["k"].astype(f32), seg=a["seg"],
-                         window=cfg.attention_window_size)
-    out = attention_inner(p, h, pos, cfg).astype(f32)
-    return AttentionOperator(values=values, offset=jnp.zeros_like(values), output=out, core=core)
 
 
 def mlp_forward(p: dict, h):

@@ -5,7 +5,7 @@ import dataclasses
 from typing import ClassVar
 
 from ...nn import HFConfig
-from ...nn.config import MAX_LAYERS
+from ...nn.config import MAX_LAYERS, read_rope_parameters, write_rope_parameters
 
 BLOCK_TYPES = ("recurrent", "attention")
 
@@ -83,22 +83,12 @@ class Config(HFConfig):
 
     @classmethod
     def read_hf(cls, d: dict, kw: dict) -> dict:
-        rope = d.get("rope_parameters") or {}
-        if not isinstance(rope, dict):
-            raise ValueError(f"rope_parameters must be an object, got {rope!r}")
-        if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"RecurrentGemma rope_type {rope['rope_type']!r} is not supported (only 'default')")
-        for k in ("rope_theta", "partial_rotary_factor"):
-            if rope.get(k) is not None:
-                kw[k] = rope[k]
-        return kw
+        return read_rope_parameters(d, kw, "RecurrentGemma")
 
     def write_hf(self, d: dict) -> dict:
         d["block_types"] = list(self.block_types)
-        d["rope_parameters"] = {"rope_type": "default", "rope_theta": d.pop("rope_theta"),
-                                "partial_rotary_factor": d.pop("partial_rotary_factor")}
         d["head_dim"] = self.head_dim
-        return d
+        return write_rope_parameters(d)
 
 
 __all__ = ["Config", "BLOCK_TYPES"]

@@ -7,7 +7,7 @@ import numbers
 from typing import ClassVar
 
 from ...nn import HFConfig
-from ...nn.config import MAX_LAYERS
+from ...nn.config import MAX_LAYERS, float_from_json, float_to_json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,26 +87,12 @@ class Config(HFConfig):
     def read_hf(cls, d: dict, kw: dict) -> dict:
         lim = kw.get("time_step_limit")
         if isinstance(lim, list):
-            kw["time_step_limit"] = tuple(_float_from_json(t) for t in lim)
+            kw["time_step_limit"] = tuple(float_from_json(t, "time_step_limit") for t in lim)
         return kw
 
     def write_hf(self, d: dict) -> dict:
-        d["time_step_limit"] = [_float_to_json(t) for t in self.time_step_limit]
+        d["time_step_limit"] = [float_to_json(t) for t in self.time_step_limit]
         return d
-
-
-def _float_from_json(v):
-    """HF writes non-finite floats as ``{"__float__": "Infinity"}`` (strict JSON); other
-    values are returned as they are (``__post_init__`` checks them)."""
-    if isinstance(v, dict):
-        if set(v) != {"__float__"} or v["__float__"] not in ("Infinity", "-Infinity", "NaN"):
-            raise ValueError(f"time_step_limit: cannot read {v!r} as a number")
-        return float(v["__float__"])
-    return v
-
-
-def _float_to_json(v: float):
-    return v if math.isfinite(v) else {"__float__": "Infinity" if v > 0 else "-Infinity"}
 
 
 __all__ = ["Config"]

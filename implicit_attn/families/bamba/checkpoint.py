@@ -1,0 +1,113 @@
+"""Bamba checkpoints: the shape table (HF names), HF tensors <-> params, and
+``init_params`` drawn from the same table.
+
+HF layout: ``model.embed_tokens.weight``, ``model.final_layernorm.weight``, ``lm_head.weight``
+(unless tied); per layer ``model.layers.{i}.{input_layernorm,pre_ff_layernorm}.weight``,
+``feed_forward.{gate,up,down}_proj.*`` and the mixer, ``mamba.*`` (HF Mamba-2 mixer names)
+or ``self_attn.{q,k,v,o}_proj.*``.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from ...nn import CheckpointError, hf_from_params, init_from_table, params_from_hf
+from ..mamba.checkpoint import init_rule as mamba_init_rule
+from ..mamba2.checkpoint import mixer_shapes as mamba_shapes
+from .config import Config
+
+MIXER_PREFIX = {"mamba": "mamba.", "attention": "self_attn."}
+
+
+def attention_shapes(cfg: Config) -> dict:
+    """Local tensor names -> shapes of one attention mixer."""
+    D, H, KV, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    m = {"q_proj.weight": (H * d, D), "k_proj.weight": (KV * d, D), "v_proj.weight": (KV * d, D),
+         "o_proj.weight": (D, H * d)}
+    if cfg.attention_bias:
+        m.update({"q_proj.bias": (H * d,), "k_proj.bias": (KV * d,), "v_proj.bias": (KV * d,), "o_proj.bias": (D,)})
+    return m
+
+
+def mlp_shapes(cfg: Config) -> dict:
+    D, F = cfg.hidden_size, cfg.intermediate_size
+    m = {"gate_proj.weight": (F, D), "up_proj.weight": (F, D), "down_proj.weight": (D, F)}
+    if cfg.mlp_bias:
+        m.update({"gate_proj.bias": (F,), "up_proj.bias": (F,), "down_proj.bias": (D,)})
+    return m
+
+
+def expected_shapes(cfg: Config) -> tuple[dict, dict]:
+    """``(required, optional)`` HF tensor names -> shapes."""
+    D, V = cfg.hidden_size, cfg.vocab_size
+    req = {"model.embed_tokens.weight": (V, D), "model.final_layernorm.weight": (D,)}
+    mixers = {"mamba": mamba_shapes(cfg.mixer_config), "attention": attention_shapes(cfg)}
+    mlp = mlp_shapes(cfg)
+    for i, kind in enumerate(cfg.layer_types):
+        p = f"model.layers.{i}."
+        req[p + "input_layernorm.weight"] = (D,)
+        req[p + "pre_ff_layernorm.weight"] = (D,)
+        req.update({p + MIXER_PREFIX[kind] + k: s for k, s in mixers[kind].items()})
+        req.update({p + "feed_forward." + k: s for k, s in mlp.items()})
+    opt = {}
+    if cfg.tie_word_embeddings:
+        opt["lm_head.weight"] = (V, D)
+    else:
+        req["lm_head.weight"] = (V, D)
+    return req, opt
+
+
+def sub(tensors: dict, prefix: str) -> dict:
+    """The tensors under ``prefix``, with it removed."""
+    return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+
+def params_from_tensors(cfg: Config, tensors: dict) -> dict:
+    """HF tensors (already checked) -> the ``LM`` parameter tree."""
+    layers = []
+    for i, kind in enumerate(cfg.layer_types):
+        p = f"model.layers.{i}."
+        layers.append({"input_layernorm": tensors[p + "input_layernorm.weight"],
+                       "pre_ff_layernorm": tensors[p + "pre_ff_layernorm.weight"],
+                       "mixer": sub(tensors, p + MIXER_PREFIX[kind]), "feed_forward": sub(tensors, p + "feed_forward.")})
+    return {"embed_tokens": tensors["model.embed_tokens.weight"], "layers": layers,
+            "final_layernorm": tensors["model.final_layernorm.weight"],
+            "lm_head": None if cfg.tie_word_embeddings else tensors["lm_head.weight"]}
+
+
+def to_params(config: dict, tensors: dict) -> tuple[Config, dict]:
+    """HF config dict + tensors -> ``(Config, params)`` after strict checks."""
+    return params_from_hf(Config, expected_shapes, params_from_tensors, config, tensors, "bamba")
+
+
+def from_params(cfg: Config, params: dict) -> tuple[dict, dict]:
+    """``(Config, params)`` -> HF ``(config dict, tensors)`` (numpy)."""
+    t = {"model.embed_tokens.weight": params["embed_tokens"], "model.final_layernorm.weight": params["final_layernorm"]}
+    for i, (kind, layer) in enumerate(zip(cfg.layer_types, params["layers"])):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = layer["input_layernorm"]
+        t[p + "pre_ff_layernorm.weight"] = layer["pre_ff_layernorm"]
+        t.update({p + MIXER_PREFIX[kind] + k: v for k, v in layer["mixer"].items()})
+        t.update({p + "feed_forward." + k: v for k, v in layer["feed_forward"].items()})
+    if not cfg.tie_word_embeddings:
+        if params.get("lm_head") is None:
+            raise CheckpointError("untied Bamba model has no lm_head")
+        t["lm_head.weight"] = params["lm_head"]
+    return hf_from_params(cfg, t, expected_shapes, "bamba")
+
+
+def init_rule(name: str, shape: tuple, g: np.random.Generator) -> np.ndarray:
+    """Mamba-2's rules for the mixer tensors; norm weights near 1 (not exactly 1, so a
+    misplaced weight shows in tests)."""
+    if name.endswith("layernorm.weight") or name.endswith("mamba.norm.weight"):
+        return 1.0 + 0.1 * g.standard_normal(shape)
+    return mamba_init_rule(name, shape, g)
+
+
+def init_params(cfg: Config, key, dtype=jnp.float32) -> dict:
+    """Random parameters in the layout of ``LM``, drawn from the shape table."""
+    return init_from_table(cfg, expected_shapes, init_rule, params_from_tensors, key, dtype)
+
+
+__all__ = ["MIXER_PREFIX", "attention_shapes", "mlp_shapes", "expected_shapes", "params_from_tensors", "to_params",
+           "from_params", "init_rule", "init_params", "sub"]

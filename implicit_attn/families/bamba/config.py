@@ -1,0 +1,143 @@
+"""Bamba configuration (HF ``BambaConfig`` fields) and the Mamba-2 mixer config its
+Mamba layers run with."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import re
+from typing import ClassVar
+
+from ...nn import HFConfig
+from ...nn.attention import FULL_WINDOW
+from ...nn.config import MAX_LAYERS, float_from_json, float_to_json, read_rope_parameters, write_rope_parameters
+from ..mamba2 import Config as Mamba2Config
+
+LAYER_KINDS = ("mamba", "attention")
+# Mamba-2 config field -> the Bamba field it comes from (for error messages).
+MAMBA_FIELDS = {"num_heads": "mamba_n_heads", "head_dim": "mamba_d_head", "state_size": "mamba_d_state",
+                "n_groups": "mamba_n_groups", "conv_kernel": "mamba_d_conv", "expand": "mamba_expand",
+                "chunk_size": "mamba_chunk_size", "layer_norm_epsilon": "rms_norm_eps", "use_bias": "mamba_proj_bias",
+                "use_conv_bias": "mamba_conv_bias"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(HFConfig):
+    """The fields of HF ``BambaConfig`` the forward pass needs. Layer ``i`` is attention
+    if ``i`` is in ``attn_layer_indices``, Mamba-2 otherwise (HF ``layers_block_type``)."""
+
+    model_type: ClassVar[str] = "bamba"
+    architecture: ClassVar[str] = "BambaForCausalLM"
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int = 14336
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int = 8
+    hidden_act: str = "silu"
+    rms_norm_eps: float = 1e-5
+    attn_layer_indices: tuple = ()
+    mamba_n_heads: int = 128
+    mamba_d_head: int | str = "auto"
+    mamba_n_groups: int = 1
+    mamba_d_state: int = 256
+    mamba_d_conv: int = 4
+    mamba_expand: int = 2
+    mamba_chunk_size: int = 256
+    mamba_conv_bias: bool = True
+    mamba_proj_bias: bool = False
+    time_step_limit: tuple = (0.0, float("inf"))
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+    rope_theta: float = 10000.0
+    partial_rotary_factor: float = 0.5
+
+    def __post_init__(self):
+        """Validate every field (``ValueError`` naming it) and resolve ``mamba_d_head="auto"``."""
+        self.check_ints("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
+                        "num_key_value_heads", "mamba_n_heads", "mamba_n_groups", "mamba_d_state", "mamba_d_conv",
+                        "mamba_expand", "mamba_chunk_size")
+        self.check_ints("num_hidden_layers", high=MAX_LAYERS)
+        self.check_floats("rms_norm_eps", low=0.0)
+        self.check_floats("rope_theta", above=0.0)
+        self.check_floats("partial_rotary_factor", low=0.0, high=1.0)
+        self.check_bools("mamba_conv_bias", "mamba_proj_bias", "attention_bias", "mlp_bias", "tie_word_embeddings")
+        self.check_choice("hidden_act", ("silu",), "Bamba")
+        idx = self.attn_layer_indices if self.attn_layer_indices is not None else ()
+        if (not isinstance(idx, (tuple, list))
+                or any(isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in idx)):
+            raise ValueError(f"attn_layer_indices must be a list of layer indices, got {idx!r}")
+        bad = [i for i in idx if not 0 <= i < self.num_hidden_layers]
+        if bad:
+            raise ValueError(f"attn_layer_indices {bad} out of range for num_hidden_layers {self.num_hidden_layers}")
+        object.__setattr__(self, "attn_layer_indices", tuple(sorted(set(int(i) for i in idx))))
+        lim = self.time_step_limit
+        if isinstance(lim, list):
+            object.__setattr__(self, "time_step_limit", tuple(lim))
+        inner = self.mamba_expand * self.hidden_size
+        if self.mamba_d_head == "auto":
+            if inner % self.mamba_n_heads:
+                raise ValueError(f"Bamba mamba_n_heads ({self.mamba_n_heads}) must divide mamba_expand * hidden_size "
+                                 f"({inner})")
+            object.__setattr__(self, "mamba_d_head", inner // self.mamba_n_heads)
+        self.check_ints("mamba_d_head")
+        if self.mamba_d_head * self.mamba_n_heads != inner:
+            raise ValueError(f"Bamba mamba_d_head * mamba_n_heads ({self.mamba_d_head} * {self.mamba_n_heads}) must "
+                             f"equal mamba_expand * hidden_size ({inner})")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"Bamba hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
+                             f"({self.num_attention_heads})")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"Bamba num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                             f"num_key_value_heads ({self.num_key_value_heads})")
+        if self.rotary_dim % 2:
+            raise ValueError(f"rotary dimension head_dim * partial_rotary_factor = {self.rotary_dim} must be even")
+        self.mixer_config  # validates the Mamba-2 fields (n_groups, time_step_limit) with their messages
+
+    @property
+    def layer_types(self) -> tuple[str, ...]:
+        """``"attention"`` or ``"mamba"`` per layer."""
+        return tuple("attention" if i in self.attn_layer_indices else "mamba" for i in range(self.num_hidden_layers))
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def attention_window_size(self) -> int:
+        return FULL_WINDOW  # full causal attention
+
+    @property
+    def mixer_config(self) -> Mamba2Config:
+        """The Mamba-2 config of the Mamba layers (HF ``BambaMixer`` is ``Mamba2Mixer``)."""
+        try:
+            return Mamba2Config(
+                vocab_size=self.vocab_size, hidden_size=self.hidden_size, num_heads=self.mamba_n_heads,
+                head_dim=self.mamba_d_head, state_size=self.mamba_d_state, n_groups=self.mamba_n_groups,
+                conv_kernel=self.mamba_d_conv, expand=self.mamba_expand, chunk_size=self.mamba_chunk_size,
+                layer_norm_epsilon=self.rms_norm_eps, use_bias=self.mamba_proj_bias,
+                use_conv_bias=self.mamba_conv_bias, time_step_limit=self.time_step_limit)
+        except ValueError as e:
+            msg = re.sub(r"\b(" + "|".join(MAMBA_FIELDS) + r")\b", lambda m: MAMBA_FIELDS[m.group(1)], str(e))
+            raise ValueError(f"Bamba {msg}") from None
+
+    @classmethod
+    def read_hf(cls, d: dict, kw: dict) -> dict:
+        lim = kw.get("time_step_limit")
+        if isinstance(lim, list):
+            kw["time_step_limit"] = tuple(float_from_json(t, "time_step_limit") for t in lim)
+        return read_rope_parameters(d, kw, "Bamba")
+
+    def write_hf(self, d: dict) -> dict:
+        d["attn_layer_indices"] = list(self.attn_layer_indices)
+        d["time_step_limit"] = [float_to_json(t) for t in self.time_step_limit]
+        return write_rope_parameters(d)
+
+
+__all__ = ["Config", "LAYER_KINDS"]
