@@ -1,6 +1,7 @@
-"""Bamba beyond the conformance suite: the layout of the released Bamba-9B (attention at
-every ninth layer, GQA 4:1, one Mamba group, ``d_head = hidden / 64``, MLP ~3.5x, untied)
-scaled down, on an input spanning several chunks; and the attention layers' operator is
+"""Bamba beyond the conformance suite: the layout of the released Bamba-9B (a few attention
+layers among Mamba-2 layers, GQA 4:1, one Mamba group, Mamba expand 2, MLP 3.5x, untied)
+scaled down (4 layers, attention at layer 2, 8 Mamba heads of width d/4) on an input
+spanning several chunks; and the attention layers' operator is
 the softmax attention HF computes (rows sum to 1, half-width RoPE)."""
 from __future__ import annotations
 
