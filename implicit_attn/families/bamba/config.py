@@ -3,6 +3,7 @@ Mamba layers run with."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 import re
@@ -113,7 +114,7 @@ class Config(HFConfig):
     def attention_window_size(self) -> int:
         return FULL_WINDOW  # full causal attention
 
-    @property
+    @functools.cached_property  # built once per config (its fields are frozen)
     def mixer_config(self) -> Mamba2Config:
         """The Mamba-2 config of the Mamba layers (HF ``BambaMixer`` is ``Mamba2Mixer``)."""
         try:
