@@ -6,7 +6,8 @@ import re
 
 # Compiling dominates the suite (hundreds of tiny XLA programs, ~0.3 s each): the tests
 # compile with LLVM's cheap optimisation level, which cuts compile time by about a fifth.
-# Same HLO and the same float semantics, only slower code; benchmarks use XLA's defaults.
+# Same HLO, slower machine code; two separately compiled programs may round differently
+# (as at any level), so tests compare them with tolerances. Benchmarks use XLA's defaults.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0 "
                                    "--xla_llvm_disable_expensive_passes=true")
 
@@ -34,7 +35,7 @@ MODEL_FIXTURES = ("fam", "pair")
 
 # Two tiers. The default run (``python -m pytest``, the README's test command) holds every
 # family's contract (torch parity, exactness against float64, causality, NaN causality, bad
-# inputs, hooks, interventions, exports for cuda and tpu) and every feature checked at
+# inputs, hooks, interventions, exports for cuda; tpu for Mamba) and every feature checked at
 # least once. ``-m deep`` holds the repeats: the same check on more configurations,
 # lengths, variants and families. CI runs both (``.ci/run``).
 #
