@@ -17,6 +17,29 @@ f32 = jnp.float32
 FULL_WINDOW = 2 ** 31 - 1  # no key is ever this far back: full causal attention
 
 
+class AttentionFields:
+    """Mixin of an ``HFConfig`` with ``hidden_size``, ``num_attention_heads``,
+    ``num_key_value_heads`` and ``partial_rotary_factor`` fields: the derived sizes the
+    functions below read, and their checks."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    def check_attention_fields(self):
+        """``ValueError`` naming the fields unless the heads divide the width, the key/value
+        heads divide the heads and the rotary dimension is even."""
+        self.check_multiple("hidden_size", "num_attention_heads")
+        self.check_multiple("num_attention_heads", "num_key_value_heads")
+        if self.rotary_dim % 2:
+            raise ValueError(f"rotary dimension head_dim * partial_rotary_factor = {self.rotary_dim} must be even "
+                             f"(head_dim {self.head_dim}, partial_rotary_factor {self.partial_rotary_factor})")
+
+
 def segment_ids(pos):
     """``(B, L)`` document index of every token (0, 1, ...) from positions ``(B, L)``."""
     return jnp.cumsum(pos == 0, axis=-1) - 1
@@ -88,5 +111,5 @@ def attention_operator(p: dict, h, pos, cfg) -> AttentionOperator:
     return AttentionOperator(values=values, offset=jnp.zeros_like(values), output=out, core=core)
 
 
-__all__ = ["FULL_WINDOW", "segment_ids", "rotary", "attention_parts", "repeat_kv", "attention_inner",
+__all__ = ["FULL_WINDOW", "AttentionFields", "segment_ids", "rotary", "attention_parts", "repeat_kv", "attention_inner",
            "attention_forward", "attention_operator"]

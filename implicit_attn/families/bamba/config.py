@@ -10,7 +10,7 @@ import re
 from typing import ClassVar
 
 from ...nn import HFConfig
-from ...nn.attention import FULL_WINDOW
+from ...nn.attention import FULL_WINDOW, AttentionFields
 from ...nn.config import MAX_LAYERS, float_from_json, float_to_json, read_rope_parameters, write_rope_parameters
 from ..mamba2 import Config as Mamba2Config
 
@@ -23,7 +23,7 @@ MAMBA_FIELDS = {"num_heads": "mamba_n_heads", "head_dim": "mamba_d_head", "state
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(HFConfig):
+class Config(AttentionFields, HFConfig):
     """The fields of HF ``BambaConfig`` the forward pass needs. Layer ``i`` is attention
     if ``i`` is in ``attn_layer_indices``, Mamba-2 otherwise (HF ``layers_block_type``)."""
 
@@ -87,28 +87,13 @@ class Config(HFConfig):
         if self.mamba_d_head * self.mamba_n_heads != inner:
             raise ValueError(f"Bamba mamba_d_head * mamba_n_heads ({self.mamba_d_head} * {self.mamba_n_heads}) must "
                              f"equal mamba_expand * hidden_size ({inner})")
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"Bamba hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
-                             f"({self.num_attention_heads})")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"Bamba num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                             f"num_key_value_heads ({self.num_key_value_heads})")
-        if self.rotary_dim % 2:
-            raise ValueError(f"rotary dimension head_dim * partial_rotary_factor = {self.rotary_dim} must be even")
+        self.check_attention_fields()
         self.mixer_config  # validates the Mamba-2 fields (n_groups, time_step_limit) with their messages
 
     @property
     def layer_types(self) -> tuple[str, ...]:
         """``"attention"`` or ``"mamba"`` per layer."""
         return tuple("attention" if i in self.attn_layer_indices else "mamba" for i in range(self.num_hidden_layers))
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    @property
-    def rotary_dim(self) -> int:
-        return int(self.head_dim * self.partial_rotary_factor)
 
     @property
     def attention_window_size(self) -> int:

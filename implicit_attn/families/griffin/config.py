@@ -5,13 +5,14 @@ import dataclasses
 from typing import ClassVar
 
 from ...nn import HFConfig
+from ...nn.attention import AttentionFields
 from ...nn.config import MAX_LAYERS, read_rope_parameters, write_rope_parameters
 
 BLOCK_TYPES = ("recurrent", "attention")
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(HFConfig):
+class Config(AttentionFields, HFConfig):
     """The fields of HF ``RecurrentGemmaConfig`` the forward pass needs."""
 
     model_type: ClassVar[str] = "recurrent_gemma"
@@ -60,20 +61,8 @@ class Config(HFConfig):
             raise ValueError(f"block_types must be a non-empty list of {BLOCK_TYPES}, "
                              f"got {list(bt) if isinstance(bt, tuple) else bt!r}")
         object.__setattr__(self, "block_types", tuple(bt))
-        self.check_multiple("hidden_size", "num_attention_heads")
+        self.check_attention_fields()
         self.check_multiple("lru_width", "num_attention_heads")
-        self.check_multiple("num_attention_heads", "num_key_value_heads")
-        if self.rotary_dim % 2:
-            raise ValueError(f"rotary dimension head_dim * partial_rotary_factor = {self.rotary_dim} must be even "
-                             f"(head_dim {self.head_dim}, partial_rotary_factor {self.partial_rotary_factor})")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    @property
-    def rotary_dim(self) -> int:
-        return int(self.head_dim * self.partial_rotary_factor)
 
     @property
     def layer_types(self) -> tuple[str, ...]:
