@@ -65,8 +65,9 @@ ONE_FAMILY_BY_DEFAULT = {
 FIRST_CONFIG_BY_DEFAULT = ("test_mamba.py", "test_mamba2.py", "test_griffin.py", "test_rwkv.py")
 # Single deep items (a node-id regex after the file name) and why they are only repeats.
 DEEP = {
-    # README: the full pass runs on mamba by default; the Griffin pass repeats it.
-    "test_readme.py": r"test_readme_blocks_run\[recurrent_gemma\]",
+    # README: the full pass on Mamba and the Quickstart on Bamba (a hybrid) by default; the
+    # Griffin full pass and the other families' Quickstart repeat them.
+    "test_readme.py": r"test_readme_blocks_run\[(recurrent_gemma|mamba2|rwkv|falcon_mamba)\]",
     # CPU kernel: every variant at L = 37 and the full variant at every length by default.
     "test_cpu_kernel.py": (r"test_materialize_matches_xla\[(?!full)\w+-(1|16)\]"
                            r"|test_griffin_matches_xla\[(?!full)\w+-1\]|test_griffin_matches_xla\[\w+-100\]"
@@ -79,8 +80,11 @@ DEEP = {
     "test_ops.py": r"test_state_decay_kernel_matches_brute_force\[(7-16|48-16)\]",
     # exports: every family for cuda, Mamba for tpu (the lowering differs by platform, not
     # by family); a given target next to argmax once.
+    # The explain pieces export the same way for every family's operators: Mamba and Bamba
+    # (recurrent and attention layers) by default.
     "test_export_library.py": (r"test_(forward|operators|explain_maps)_export\[(?!mamba-)[\w-]+-tpu\]"
-                               r"|test_explain_methods_export\[(?!mamba-)[\w-]+-given-\w+\]"),
+                               r"|test_explain_methods_export\[(?!mamba-)[\w-]+-given-\w+\]"
+                               r"|test_explain_(maps|methods)_export\[(?!mamba-|bamba-)[\w-]+\]"),
 }
 
 
