@@ -7,18 +7,22 @@ and for RecurrentGemma a 768-wide, 12-layer model (recurrentgemma-2b's 2.7 B par
 in float32, twice, do not fit a 2-core benchmark run alongside anything else).
 
 Families, HF classes and shapes come from the registry (``FamilySpec.bench``,
-``FamilySpec.hf_class``); ``--only`` takes ``model_type``s.
+``FamilySpec.hf_class``); ``--only`` takes ``model_type``s and replaces their rows in
+the existing results, keeping the other families' rows (each row's two timings come from
+one run; the row's ``date`` says when).
 
     python -m benchmarks.forward [--quick] [--only mamba,rwkv]
 """
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import isolated, timeit, write_results
+from benchmarks.common import RESULTS, isolated, timeit, write_results
 
 
 def families() -> list[str]:
@@ -111,7 +115,8 @@ def forward_row(family: str, L: int, quick: bool = False) -> dict:
     return {"case": f"{family} forward, {layers} layers, {ck['params'] / 1e6:.3g}M params, L={L}",
             "ours_s": jx["seconds"], "baseline": f"HF {hf} (torch CPU, {th['threads']} threads)",
             "baseline_s": th["seconds"], "speedup": th["seconds"] / jx["seconds"],
-            "note": f"{L / jx['seconds']:.0f} vs {L / th['seconds']:.0f} tokens/s; max abs logits diff {err:.1e}"}
+            "note": f"{L / jx['seconds']:.0f} vs {L / th['seconds']:.0f} tokens/s; max abs logits diff {err:.1e}",
+            "family": family, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")}
 
 
 def main(quick: bool = False, only=None) -> list[dict]:
@@ -120,9 +125,16 @@ def main(quick: bool = False, only=None) -> list[dict]:
     for f in only or ():
         spec_of(f)  # ValueError naming the supported model_types
     L = 128 if quick else 512
+    name = "forward_quick" if quick else "forward"
     rows = [forward_row(f, L, quick) for f in (only or families())]
-    write_results("forward_quick" if quick else "forward", rows,
-                  columns=["case", "ours_s", "baseline", "baseline_s", "speedup", "note"])
+    if only and (RESULTS / f"{name}.json").exists():
+        new = {r["family"]: r for r in rows}
+        old = json.loads((RESULTS / f"{name}.json").read_text())
+        for r in old["rows"]:  # rows written before rows carried their own date
+            r.setdefault("date", old["meta"]["machine"]["date"])
+        kept = [new.pop(r.get("family", r["case"].split()[0]), r) for r in old["rows"]]
+        rows = kept + list(new.values())
+    write_results(name, rows, columns=["case", "ours_s", "baseline", "baseline_s", "speedup", "note", "date"])
     return rows
 
 

@@ -3,7 +3,7 @@ the full causal attention of Bamba and its relatives): GQA, partial rotate-half 
 document masks, and the explicit attention operator (channels = heads).
 
 The functions take a config with ``num_attention_heads``, ``num_key_value_heads``,
-``head_dim``, ``rotary_dim`` (0: no RoPE), ``rope_theta`` and ``attention_window_size``
+``head_dim``, ``rotary_dim`` (0: no RoPE), ``rope_theta``, ``attention_scale`` and ``attention_window_size``
 (keys at distance ``>= window`` are masked; ``FULL_WINDOW`` for full causal attention).
 """
 from __future__ import annotations
@@ -30,14 +30,24 @@ class AttentionFields:
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary_factor)
 
+    @property
+    def rotary_note(self) -> str:
+        """What sets ``rotary_dim`` besides ``head_dim``, for messages."""
+        return f" * partial_rotary_factor {self.partial_rotary_factor}"
+
+    @property
+    def attention_scale(self) -> float:
+        """The factor of the query-key logits (``head_dim ** -0.5``; Granite sets its own)."""
+        return self.head_dim ** -0.5
+
     def check_attention_fields(self):
         """``ValueError`` naming the fields unless the heads divide the width, the key/value
         heads divide the heads and the rotary dimension is even."""
         self.check_multiple("hidden_size", "num_attention_heads")
         self.check_multiple("num_attention_heads", "num_key_value_heads")
         if self.rotary_dim % 2:
-            raise ValueError(f"rotary dimension head_dim * partial_rotary_factor = {self.rotary_dim} must be even "
-                             f"(head_dim {self.head_dim}, partial_rotary_factor {self.partial_rotary_factor})")
+            raise ValueError(f"the rotary dimension ({self.rotary_dim}, from head_dim {self.head_dim}"
+                             f"{self.rotary_note}) must be even")
 
 
 def segment_ids(pos):
@@ -70,7 +80,7 @@ def attention_parts(p: dict, h, pos, cfg) -> dict:
     k = heads(linear(h, p["k_proj.weight"], p.get("k_proj.bias")), cfg.num_key_value_heads)
     v = heads(linear(h, p["v_proj.weight"], p.get("v_proj.bias")), cfg.num_key_value_heads)
     q, k = rotary(q, pos, cfg), rotary(k, pos, cfg)
-    return dict(q=q * jnp.asarray(d ** -0.5, q.dtype), k=k, v=v, seg=segment_ids(pos))
+    return dict(q=q * jnp.asarray(cfg.attention_scale, q.dtype), k=k, v=v, seg=segment_ids(pos))
 
 
 def repeat_kv(t, cfg):

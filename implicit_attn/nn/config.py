@@ -141,8 +141,10 @@ def read_rope_parameters(d: dict, kw: dict, label: str) -> dict:
 def write_rope_parameters(d: dict) -> dict:
     """Move the flat ``rope_theta`` / ``partial_rotary_factor`` of HF dict ``d`` into
     ``rope_parameters`` (the inverse of ``read_rope_parameters``)."""
-    d["rope_parameters"] = {"rope_type": "default", "rope_theta": d.pop("rope_theta"),
-                            "partial_rotary_factor": d.pop("partial_rotary_factor")}
+    rope = {"rope_type": "default", "rope_theta": d.pop("rope_theta")}
+    if "partial_rotary_factor" in d:
+        rope["partial_rotary_factor"] = d.pop("partial_rotary_factor")
+    d["rope_parameters"] = rope
     return d
 
 

@@ -82,7 +82,7 @@ def load_jax_from_hf(torch_model, dtype=None):
 def hf_module(torch_model, path: str):
     """The submodule of ``torch_model`` at dotted ``path`` (digits index lists). ``path`` may
     list alternatives separated by ``|`` (hybrid layers: ``"...{i}.mamba|...{i}.self_attn"``):
-    the first that exists. ``AttributeError`` if none does."""
+    the first that exists and is not ``None``. ``AttributeError`` if none does."""
     for alt in path.split("|"):
         obj = torch_model
         try:
@@ -90,7 +90,8 @@ def hf_module(torch_model, path: str):
                 obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
         except AttributeError:
             continue
-        return obj
+        if obj is not None:
+            return obj
     raise AttributeError(f"{type(torch_model).__name__} has no submodule {path!r}")
 
 

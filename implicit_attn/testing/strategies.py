@@ -105,6 +105,28 @@ def bamba_configs(draw) -> dict:
 
 
 @st.composite
+def granite_configs(draw) -> dict:
+    """``GraniteMoeHybridConfig`` kwargs: Bamba's sizes, plus the layer types, experts (0 is
+    a dense model) and how many each token takes, the shared MLP, RoPE or none, and the
+    four muP multipliers."""
+    b = draw(bamba_configs())
+    layers = b["num_hidden_layers"]
+    attn = set(b.pop("attn_layer_indices"))
+    for k in ("mlp_bias", "intermediate_size"):
+        b.pop(k)
+    experts = draw(st.sampled_from([0, 1, 4]))
+    mult = st.floats(0.25, 4.0)
+    return {**family("granitemoehybrid").tiny, **b,
+            "layer_types": ["attention" if i in attn else "mamba" for i in range(layers)],
+            "intermediate_size": draw(st.sampled_from([4, 8])),
+            "shared_intermediate_size": draw(st.sampled_from([8, 16])),
+            "num_local_experts": experts, "num_experts_per_tok": draw(st.integers(1, max(experts, 1))),
+            "position_embedding_type": draw(st.sampled_from(["rope", "nope"])),
+            "embedding_multiplier": draw(mult), "logits_scaling": draw(mult), "residual_multiplier": draw(mult),
+            "attention_multiplier": draw(st.floats(0.05, 1.0))}
+
+
+@st.composite
 def rwkv_configs(draw) -> dict:
     """``RwkvConfig`` kwargs: widths of the residual stream, attention and feed-forward,
     depth (at least 2: HF's initialisation divides by ``num_hidden_layers - 1``), and eval
@@ -118,7 +140,7 @@ def rwkv_configs(draw) -> dict:
 
 CONFIGS = {"mamba": mamba_configs, "mamba2": mamba2_configs, "recurrent_gemma": recurrent_gemma_configs,
            "rwkv": rwkv_configs, "falcon_mamba": falcon_mamba_configs,
-           "bamba": bamba_configs}
+           "bamba": bamba_configs, "granitemoehybrid": granite_configs}
 
 
 def model_types():

@@ -8,6 +8,9 @@ or ``self_attn.{q,k,v,o}_proj.*``.
 """
 from __future__ import annotations
 
+import dataclasses
+from typing import Callable
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -37,18 +40,41 @@ def mlp_shapes(cfg: Config) -> dict:
     return m
 
 
-def expected_shapes(cfg: Config) -> tuple[dict, dict]:
-    """``(required, optional)`` HF tensor names -> shapes."""
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where a Bamba-like checkpoint keeps what is not the mixer (GraniteMoeHybrid has the
+    same tree under other names).
+
+    Attributes:
+      family: the model_type, for messages.
+      final_norm: the final norm's tensor name.
+      ffn_norm: the local name of each layer's norm before the feed-forward part.
+      ffn_prefix: the local prefix of the feed-forward tensors (``""``: at layer level).
+      ffn_shapes: ``Config -> {local name: shape}`` of one layer's feed-forward tensors.
+    """
+
+    family: str
+    final_norm: str
+    ffn_norm: str
+    ffn_prefix: str
+    ffn_shapes: Callable
+
+
+LAYOUT = Layout("bamba", "model.final_layernorm.weight", "pre_ff_layernorm.weight", "feed_forward.", mlp_shapes)
+
+
+def layout_shapes(cfg, layout: Layout) -> tuple[dict, dict]:
+    """``(required, optional)`` HF tensor names -> shapes of a checkpoint in ``layout``."""
     D, V = cfg.hidden_size, cfg.vocab_size
-    req = {"model.embed_tokens.weight": (V, D), "model.final_layernorm.weight": (D,)}
+    req = {"model.embed_tokens.weight": (V, D), layout.final_norm: (D,)}
     mixers = {"mamba": mamba_shapes(cfg.mixer_config), "attention": attention_shapes(cfg)}
-    mlp = mlp_shapes(cfg)
+    ffn = layout.ffn_shapes(cfg)
     for i, kind in enumerate(cfg.layer_types):
         p = f"model.layers.{i}."
         req[p + "input_layernorm.weight"] = (D,)
-        req[p + "pre_ff_layernorm.weight"] = (D,)
+        req[p + layout.ffn_norm] = (D,)
         req.update({p + MIXER_PREFIX[kind] + k: s for k, s in mixers[kind].items()})
-        req.update({p + "feed_forward." + k: s for k, s in mlp.items()})
+        req.update({p + layout.ffn_prefix + k: s for k, s in ffn.items()})
     opt = {}
     if cfg.tie_word_embeddings:
         opt["lm_head.weight"] = (V, D)
@@ -62,17 +88,45 @@ def sub(tensors: dict, prefix: str) -> dict:
     return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
 
 
-def params_from_tensors(cfg: Config, tensors: dict) -> dict:
-    """HF tensors (already checked) -> the ``LM`` parameter tree."""
+def layout_params(cfg, tensors: dict, layout: Layout) -> dict:
+    """HF tensors (already checked) in ``layout`` -> the ``LM`` parameter tree: per layer
+    ``{"input_layernorm", "pre_ff_layernorm", "mixer", "feed_forward"}`` (local names)."""
     layers = []
     for i, kind in enumerate(cfg.layer_types):
         p = f"model.layers.{i}."
         layers.append({"input_layernorm": tensors[p + "input_layernorm.weight"],
-                       "pre_ff_layernorm": tensors[p + "pre_ff_layernorm.weight"],
-                       "mixer": sub(tensors, p + MIXER_PREFIX[kind]), "feed_forward": sub(tensors, p + "feed_forward.")})
+                       "pre_ff_layernorm": tensors[p + layout.ffn_norm],
+                       "mixer": sub(tensors, p + MIXER_PREFIX[kind]),
+                       "feed_forward": {k: tensors[p + layout.ffn_prefix + k] for k in layout.ffn_shapes(cfg)}})
     return {"embed_tokens": tensors["model.embed_tokens.weight"], "layers": layers,
-            "final_layernorm": tensors["model.final_layernorm.weight"],
+            "final_layernorm": tensors[layout.final_norm],
             "lm_head": None if cfg.tie_word_embeddings else tensors["lm_head.weight"]}
+
+
+def layout_tensors(cfg, params: dict, layout: Layout) -> dict:
+    """The ``LM`` parameter tree -> HF tensors in ``layout`` (unchecked)."""
+    t = {"model.embed_tokens.weight": params["embed_tokens"], layout.final_norm: params["final_layernorm"]}
+    for i, (kind, layer) in enumerate(zip(cfg.layer_types, params["layers"])):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = layer["input_layernorm"]
+        t[p + layout.ffn_norm] = layer["pre_ff_layernorm"]
+        t.update({p + MIXER_PREFIX[kind] + k: v for k, v in layer["mixer"].items()})
+        t.update({p + layout.ffn_prefix + k: v for k, v in layer["feed_forward"].items()})
+    if not cfg.tie_word_embeddings:
+        if params.get("lm_head") is None:
+            raise CheckpointError(f"untied {layout.family} model has no lm_head")
+        t["lm_head.weight"] = params["lm_head"]
+    return t
+
+
+def expected_shapes(cfg: Config) -> tuple[dict, dict]:
+    """``(required, optional)`` HF tensor names -> shapes."""
+    return layout_shapes(cfg, LAYOUT)
+
+
+def params_from_tensors(cfg: Config, tensors: dict) -> dict:
+    """HF tensors (already checked) -> the ``LM`` parameter tree."""
+    return layout_params(cfg, tensors, LAYOUT)
 
 
 def to_params(config: dict, tensors: dict) -> tuple[Config, dict]:
@@ -82,18 +136,7 @@ def to_params(config: dict, tensors: dict) -> tuple[Config, dict]:
 
 def from_params(cfg: Config, params: dict) -> tuple[dict, dict]:
     """``(Config, params)`` -> HF ``(config dict, tensors)`` (numpy)."""
-    t = {"model.embed_tokens.weight": params["embed_tokens"], "model.final_layernorm.weight": params["final_layernorm"]}
-    for i, (kind, layer) in enumerate(zip(cfg.layer_types, params["layers"])):
-        p = f"model.layers.{i}."
-        t[p + "input_layernorm.weight"] = layer["input_layernorm"]
-        t[p + "pre_ff_layernorm.weight"] = layer["pre_ff_layernorm"]
-        t.update({p + MIXER_PREFIX[kind] + k: v for k, v in layer["mixer"].items()})
-        t.update({p + "feed_forward." + k: v for k, v in layer["feed_forward"].items()})
-    if not cfg.tie_word_embeddings:
-        if params.get("lm_head") is None:
-            raise CheckpointError("untied Bamba model has no lm_head")
-        t["lm_head.weight"] = params["lm_head"]
-    return hf_from_params(cfg, t, expected_shapes, "bamba")
+    return hf_from_params(cfg, layout_tensors(cfg, params, LAYOUT), expected_shapes, "bamba")
 
 
 def init_rule(name: str, shape: tuple, g: np.random.Generator) -> np.ndarray:
@@ -109,5 +152,6 @@ def init_params(cfg: Config, key, dtype=jnp.float32) -> dict:
     return init_from_table(cfg, expected_shapes, init_rule, params_from_tensors, key, dtype)
 
 
-__all__ = ["MIXER_PREFIX", "attention_shapes", "mlp_shapes", "expected_shapes", "params_from_tensors", "to_params",
-           "from_params", "init_rule", "init_params", "sub"]
+__all__ = ["MIXER_PREFIX", "Layout", "LAYOUT", "attention_shapes", "mlp_shapes", "layout_shapes", "layout_params",
+           "layout_tensors", "expected_shapes", "params_from_tensors", "to_params", "from_params", "init_rule",
+           "init_params", "sub"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import numbers
 import re
 from typing import ClassVar
@@ -22,23 +21,14 @@ MAMBA_FIELDS = {"num_heads": "mamba_n_heads", "head_dim": "mamba_d_head", "state
                 "use_conv_bias": "mamba_conv_bias"}
 
 
-@dataclasses.dataclass(frozen=True)
-class Config(AttentionFields, HFConfig):
-    """The fields of HF ``BambaConfig`` the forward pass needs. Layer ``i`` is attention
-    if ``i`` is in ``attn_layer_indices``, Mamba-2 otherwise (HF ``layers_block_type``)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Mamba2Fields:
+    """Base of a hybrid config whose Mamba-2 layers are set by HF's ``mamba_*`` fields (with
+    HF's defaults) and ``time_step_limit``; the subclass has ``rms_norm_eps`` (also the gated
+    norm's) and sets ``label`` (the family in messages). Bamba and GraniteMoeHybrid name
+    these fields the same way."""
 
-    model_type: ClassVar[str] = "bamba"
-    architecture: ClassVar[str] = "BambaForCausalLM"
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int = 14336
-    num_hidden_layers: int = 32
-    num_attention_heads: int = 32
-    num_key_value_heads: int = 8
-    hidden_act: str = "silu"
-    rms_norm_eps: float = 1e-5
-    attn_layer_indices: tuple = ()
+    label: ClassVar[str] = ""
     mamba_n_heads: int = 128
     mamba_d_head: int | str = "auto"
     mamba_n_groups: int = 1
@@ -49,55 +39,27 @@ class Config(AttentionFields, HFConfig):
     mamba_conv_bias: bool = True
     mamba_proj_bias: bool = False
     time_step_limit: tuple = (0.0, float("inf"))
-    attention_bias: bool = False
-    mlp_bias: bool = False
-    tie_word_embeddings: bool = False
-    rope_theta: float = 10000.0
-    partial_rotary_factor: float = 0.5
 
-    def __post_init__(self):
-        """Validate every field (``ValueError`` naming it) and resolve ``mamba_d_head="auto"``."""
-        self.check_ints("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
-                        "num_key_value_heads", "mamba_n_heads", "mamba_n_groups", "mamba_d_state", "mamba_d_conv",
-                        "mamba_expand", "mamba_chunk_size")
-        self.check_ints("num_hidden_layers", high=MAX_LAYERS)
+    def check_mamba_fields(self):
+        """Check the ``mamba_*`` fields (``ValueError`` naming them) and resolve
+        ``mamba_d_head="auto"`` to ``mamba_expand * hidden_size / mamba_n_heads``."""
+        self.check_ints("mamba_n_heads", "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_expand",
+                        "mamba_chunk_size")
         self.check_floats("rms_norm_eps", low=0.0)
-        self.check_floats("rope_theta", above=0.0)
-        self.check_floats("partial_rotary_factor", low=0.0, high=1.0)
-        self.check_bools("mamba_conv_bias", "mamba_proj_bias", "attention_bias", "mlp_bias", "tie_word_embeddings")
-        self.check_choice("hidden_act", ("silu",), "Bamba")
-        idx = self.attn_layer_indices if self.attn_layer_indices is not None else ()
-        if (not isinstance(idx, (tuple, list))
-                or any(isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in idx)):
-            raise ValueError(f"attn_layer_indices must be a list of layer indices, got {idx!r}")
-        bad = [i for i in idx if not 0 <= i < self.num_hidden_layers]
-        if bad:
-            raise ValueError(f"attn_layer_indices {bad} out of range for num_hidden_layers {self.num_hidden_layers}")
-        object.__setattr__(self, "attn_layer_indices", tuple(sorted(set(int(i) for i in idx))))
-        lim = self.time_step_limit
-        if isinstance(lim, list):
-            object.__setattr__(self, "time_step_limit", tuple(lim))
+        self.check_bools("mamba_conv_bias", "mamba_proj_bias")
+        if isinstance(self.time_step_limit, list):
+            object.__setattr__(self, "time_step_limit", tuple(self.time_step_limit))
         inner = self.mamba_expand * self.hidden_size
         if self.mamba_d_head == "auto":
             if inner % self.mamba_n_heads:
-                raise ValueError(f"Bamba mamba_n_heads ({self.mamba_n_heads}) must divide mamba_expand * hidden_size "
-                                 f"({inner})")
+                raise ValueError(f"{self.label} mamba_n_heads ({self.mamba_n_heads}) must divide mamba_expand * "
+                                 f"hidden_size ({inner})")
             object.__setattr__(self, "mamba_d_head", inner // self.mamba_n_heads)
         self.check_ints("mamba_d_head")
         if self.mamba_d_head * self.mamba_n_heads != inner:
-            raise ValueError(f"Bamba mamba_d_head * mamba_n_heads ({self.mamba_d_head} * {self.mamba_n_heads}) must "
-                             f"equal mamba_expand * hidden_size ({inner})")
-        self.check_attention_fields()
+            raise ValueError(f"{self.label} mamba_d_head * mamba_n_heads ({self.mamba_d_head} * {self.mamba_n_heads}) "
+                             f"must equal mamba_expand * hidden_size ({inner})")
         self.mixer_config  # validates the Mamba-2 fields (n_groups, time_step_limit) with their messages
-
-    @property
-    def layer_types(self) -> tuple[str, ...]:
-        """``"attention"`` or ``"mamba"`` per layer."""
-        return tuple("attention" if i in self.attn_layer_indices else "mamba" for i in range(self.num_hidden_layers))
-
-    @property
-    def attention_window_size(self) -> int:
-        return FULL_WINDOW  # full causal attention
 
     @functools.cached_property  # built once per config (its fields are frozen)
     def mixer_config(self) -> Mamba2Config:
@@ -111,14 +73,73 @@ class Config(AttentionFields, HFConfig):
                 use_conv_bias=self.mamba_conv_bias, time_step_limit=self.time_step_limit)
         except ValueError as e:
             msg = re.sub(r"\b(" + "|".join(MAMBA_FIELDS) + r")\b", lambda m: MAMBA_FIELDS[m.group(1)], str(e))
-            raise ValueError(f"Bamba {msg}") from None
+            raise ValueError(f"{self.label} {msg}") from None
 
-    @classmethod
-    def read_hf(cls, d: dict, kw: dict) -> dict:
+    @staticmethod
+    def read_time_step_limit(kw: dict) -> dict:
+        """HF JSON ``time_step_limit`` (a list, maybe with ``{"__float__": "Infinity"}``) -> a tuple."""
         lim = kw.get("time_step_limit")
         if isinstance(lim, list):
             kw["time_step_limit"] = tuple(float_from_json(t, "time_step_limit") for t in lim)
-        return read_rope_parameters(d, kw, "Bamba")
+        return kw
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(Mamba2Fields, AttentionFields, HFConfig):
+    """The fields of HF ``BambaConfig`` the forward pass needs. Layer ``i`` is attention
+    if ``i`` is in ``attn_layer_indices``, Mamba-2 otherwise (HF ``layers_block_type``)."""
+
+    model_type: ClassVar[str] = "bamba"
+    architecture: ClassVar[str] = "BambaForCausalLM"
+    label: ClassVar[str] = "Bamba"
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int = 14336
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int = 8
+    hidden_act: str = "silu"
+    rms_norm_eps: float = 1e-5
+    attn_layer_indices: tuple = ()
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+    rope_theta: float = 10000.0
+    partial_rotary_factor: float = 0.5
+
+    def __post_init__(self):
+        """Validate every field (``ValueError`` naming it) and resolve ``mamba_d_head="auto"``."""
+        self.check_ints("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
+                        "num_key_value_heads")
+        self.check_ints("num_hidden_layers", high=MAX_LAYERS)
+        self.check_floats("rope_theta", above=0.0)
+        self.check_floats("partial_rotary_factor", low=0.0, high=1.0)
+        self.check_bools("attention_bias", "mlp_bias", "tie_word_embeddings")
+        self.check_choice("hidden_act", ("silu",), "Bamba")
+        idx = self.attn_layer_indices if self.attn_layer_indices is not None else ()
+        if (not isinstance(idx, (tuple, list))
+                or any(isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in idx)):
+            raise ValueError(f"attn_layer_indices must be a list of layer indices, got {idx!r}")
+        bad = [i for i in idx if not 0 <= i < self.num_hidden_layers]
+        if bad:
+            raise ValueError(f"attn_layer_indices {bad} out of range for num_hidden_layers {self.num_hidden_layers}")
+        object.__setattr__(self, "attn_layer_indices", tuple(sorted(set(int(i) for i in idx))))
+        self.check_mamba_fields()
+        self.check_attention_fields()
+
+    @property
+    def layer_types(self) -> tuple[str, ...]:
+        """``"attention"`` or ``"mamba"`` per layer."""
+        return tuple("attention" if i in self.attn_layer_indices else "mamba" for i in range(self.num_hidden_layers))
+
+    @property
+    def attention_window_size(self) -> int:
+        return FULL_WINDOW  # full causal attention
+
+    @classmethod
+    def read_hf(cls, d: dict, kw: dict) -> dict:
+        return read_rope_parameters(d, cls.read_time_step_limit(kw), "Bamba")
 
     def write_hf(self, d: dict) -> dict:
         d["attn_layer_indices"] = list(self.attn_layer_indices)
@@ -126,4 +147,4 @@ class Config(AttentionFields, HFConfig):
         return write_rope_parameters(d)
 
 
-__all__ = ["Config", "LAYER_KINDS"]
+__all__ = ["Config", "Mamba2Fields", "LAYER_KINDS", "MAMBA_FIELDS"]

@@ -1,5 +1,8 @@
 """Bamba NNX modules: the attention mixer, the decoder layer and the LM (the Mamba layers'
-mixer is ``mamba2.Mamba2Mixer`` with ``Config.mixer_config``)."""
+mixer is ``mamba2.Mamba2Mixer`` with ``Config.mixer_config``).
+
+The classes read their pure functions from class attributes, so a hybrid with the same
+parameter tree and other layer math (GraniteMoeHybrid) is a subclass that sets them."""
 from __future__ import annotations
 
 import functools
@@ -39,7 +42,15 @@ class AttentionMixer(Mixer):
 
 
 class BambaLayer(nnx.Module):
-    """Decoder layer: ``input_layernorm``, ``mixer``, ``pre_ff_layernorm``, ``feed_forward``."""
+    """Decoder layer: ``input_layernorm``, ``mixer``, ``pre_ff_layernorm``, ``feed_forward``.
+
+    Attributes:
+      layer_forward_fn: jitted ``(params, h, cfg=, kind=, tap=) -> (h_next, mixer input)``.
+      attention_class: the ``Mixer`` of the attention layers.
+    """
+
+    layer_forward_fn = staticmethod(layer_forward_jit)
+    attention_class = AttentionMixer
 
     def __init__(self, cfg: Config, kind: str, layer: dict):
         self.cfg = cfg
@@ -47,7 +58,7 @@ class BambaLayer(nnx.Module):
         self.input_layernorm = nnx.Param(jnp.asarray(layer["input_layernorm"]))
         self.pre_ff_layernorm = nnx.Param(jnp.asarray(layer["pre_ff_layernorm"]))
         self.mixer = (Mamba2Mixer(cfg.mixer_config, layer["mixer"]) if kind == "mamba"
-                      else AttentionMixer(cfg, layer["mixer"]))
+                      else self.attention_class(cfg, layer["mixer"]))
         self.feed_forward = Weights(layer["feed_forward"])
 
     def params(self) -> dict:
@@ -68,25 +79,27 @@ class BambaLayer(nnx.Module):
         if tap is not None:
             shape, what = tap_shape(self.cfg, self.kind, *h.shape[:2])
             tap = check_tap(tap, shape, what)
-        return layer_forward_jit(self.params(), h, cfg=self.cfg, kind=self.kind, tap=tap)[0]
+        return type(self).layer_forward_fn(self.params(), h, cfg=self.cfg, kind=self.kind, tap=tap)[0]
 
 
 class LM(LanguageModel):
     """``BambaForCausalLM`` in JAX. ``LM(config, params)`` with params from
-    ``checkpoint.to_params`` or ``checkpoint.init_params``."""
+    ``checkpoint.to_params`` or ``checkpoint.init_params``. ``layer_class``: the decoder
+    layer module."""
 
     family = "bamba"
     label = "Bamba"
     variants = VARIANTS
     forward_fn = staticmethod(lm_forward_jit)
     hook_points = MID_POINTS
+    layer_class = BambaLayer
 
     def __init__(self, cfg: Config, params: dict):
         if len(params["layers"]) != cfg.num_hidden_layers:
             raise ValueError(f"params have {len(params['layers'])} layers, config says {cfg.num_hidden_layers}")
         self.config = cfg
         self.embed_tokens = nnx.Param(jnp.asarray(params["embed_tokens"]))
-        self.layers = nnx.List([BambaLayer(cfg, k, l) for k, l in zip(cfg.layer_types, params["layers"])])
+        self.layers = nnx.List([self.layer_class(cfg, k, l) for k, l in zip(cfg.layer_types, params["layers"])])
         self.final_layernorm = nnx.Param(jnp.asarray(params["final_layernorm"]))
         head = params.get("lm_head")
         self.lm_head = None if head is None else nnx.Param(jnp.asarray(head))

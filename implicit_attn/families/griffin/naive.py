@@ -52,7 +52,7 @@ def attention_operator(p: dict, x, cfg):
         a, b = t[..., :R // 2], t[..., R // 2:R]
         return np.concatenate([a * cos - b * sin, b * cos + a * sin, t[..., R:]], axis=-1)
 
-    q, k = rope(q) * d ** -0.5, np.repeat(rope(k), H // KV, axis=2)
+    q, k = rope(q) * cfg.attention_scale, np.repeat(rope(k), H // KV, axis=2)
     logits = np.einsum("bihd,bjhd->bhij", q, k)
     i, j = np.arange(L)[:, None], np.arange(L)[None, :]
     logits = np.where((j <= i) & (i - j < cfg.attention_window_size), logits, -np.inf)
