@@ -127,6 +127,27 @@ def granite_configs(draw) -> dict:
 
 
 @st.composite
+def jamba_configs(draw) -> dict:
+    """``JambaConfig`` kwargs: attention heads (KV heads dividing them), the attention and
+    expert layer patterns (period, offset below it), experts (1: no MoE) and how many each
+    token takes, Mamba state, conv width, dt rank, expand, biases, depth."""
+    heads = draw(st.sampled_from([1, 2, 4]))
+    experts = draw(st.sampled_from([1, 2, 4]))
+    attn_period, expert_period = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    return {**family("jamba").tiny,
+            "vocab_size": draw(VOCAB), "hidden_size": heads * draw(st.sampled_from([4, 8])),
+            "num_attention_heads": heads, "num_key_value_heads": draw(st.sampled_from(divisors(heads))),
+            "intermediate_size": draw(st.sampled_from([8, 16])), "num_hidden_layers": draw(st.integers(1, 4)),
+            "attn_layer_period": attn_period, "attn_layer_offset": draw(st.integers(0, attn_period - 1)),
+            "expert_layer_period": expert_period, "expert_layer_offset": draw(st.integers(0, expert_period - 1)),
+            "num_experts": experts, "num_experts_per_tok": draw(st.integers(1, experts)),
+            "mamba_d_state": draw(st.integers(1, 6)), "mamba_d_conv": draw(st.integers(1, 4)),
+            "mamba_dt_rank": draw(st.integers(1, 4)), "mamba_expand": draw(st.sampled_from([1, 2])),
+            "mamba_conv_bias": draw(st.booleans()), "mamba_proj_bias": draw(st.booleans()),
+            "tie_word_embeddings": draw(st.booleans())}
+
+
+@st.composite
 def rwkv_configs(draw) -> dict:
     """``RwkvConfig`` kwargs: widths of the residual stream, attention and feed-forward,
     depth (at least 2: HF's initialisation divides by ``num_hidden_layers - 1``), and eval
@@ -140,7 +161,8 @@ def rwkv_configs(draw) -> dict:
 
 CONFIGS = {"mamba": mamba_configs, "mamba2": mamba2_configs, "recurrent_gemma": recurrent_gemma_configs,
            "rwkv": rwkv_configs, "falcon_mamba": falcon_mamba_configs,
-           "bamba": bamba_configs, "granitemoehybrid": granite_configs}
+           "bamba": bamba_configs, "granitemoehybrid": granite_configs,
+           "jamba": jamba_configs}
 
 
 def model_types():

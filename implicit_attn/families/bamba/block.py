@@ -53,22 +53,58 @@ def mixer_operator(p: dict, h, cfg: Config, kind: str, variant: str = "full"):
     return attention_operator(p, h, positions(*h.shape[:2]), cfg)
 
 
-def decoder_layer(layer: dict, h, cfg: Config, kind: str, hook=None):
-    """HF ``BambaDecoderLayer``.
+def hybrid_layer(layer: dict, h, cfg, kind: str, hook, mixer_fn, ffn_fn, residual_scale=None):
+    """The decoder layer of Bamba and its relatives: ``h + s * mixer(rms_norm(h))``, then
+    ``h + s * ffn(rms_norm(h))`` (``s = residual_scale``, none if ``None``).
 
     Args:
       layer: ``{"input_layernorm", "pre_ff_layernorm", "mixer", "feed_forward"}``;
-      h: ``(B, L, d_model)`` residual stream; kind: ``"mamba"`` or ``"attention"``;
-      hook: optional ``(point, x) -> x`` called at the layer's hook points (``nn.hooks``).
+      h: ``(B, L, d_model)`` residual stream; kind: the layer's mixer kind;
+      hook: optional ``(point, x) -> x`` called at the layer's hook points (``nn.hooks``);
+      mixer_fn: ``(p, h, cfg, kind, out_hook) -> (B, L, d_model)``;
+      ffn_fn: ``(p, x, cfg) -> (B, L, d_model)``.
     Returns:
       ``(h_next (B, L, d_model), hn (B, L, d_model))``: the layer output and the mixer input.
     """
     hook = hook or no_hook
+    scale = (lambda t: t) if residual_scale is None else (lambda t: t * jnp.asarray(residual_scale, t.dtype))
     h = hook("hook_resid_pre", h)
     hn = hook("mixer.hook_in", rms_norm(h, layer["input_layernorm"], cfg.rms_norm_eps))
-    h = hook("hook_resid_mid", h + mixer_forward(layer["mixer"], hn, cfg, kind, out_hook(hook)))
-    h = h + mlp_forward(layer["feed_forward"], rms_norm(h, layer["pre_ff_layernorm"], cfg.rms_norm_eps))
+    h = hook("hook_resid_mid", h + scale(mixer_fn(layer["mixer"], hn, cfg, kind, out_hook(hook))))
+    h = h + scale(ffn_fn(layer["feed_forward"], rms_norm(h, layer["pre_ff_layernorm"], cfg.rms_norm_eps), cfg))
     return hook("hook_resid_post", h), hn
+
+
+def hybrid_lm(params: dict, ids, cfg, layer_fn, capture=(), adds=None, sets=None, embedding_scale=None,
+              logits_divisor=None):
+    """The LM of Bamba and its relatives: embeddings (times ``embedding_scale``; ``hook_embed``
+    is before it), ``layer_fn(layer, h, cfg, kind, hook) -> (h, hn)`` per layer, the final
+    RMSNorm, the head (tied to the embeddings if ``lm_head`` is None), logits divided by
+    ``logits_divisor``. ``ids (B, L) -> (logits (B, L, vocab) float32, captured)``."""
+    hooks = ForwardHooks(capture, adds, sets)
+    emb = params["embed_tokens"]
+    h = hooks("hook_embed", embed(emb, ids))
+    if embedding_scale is not None:
+        h = h * jnp.asarray(embedding_scale, h.dtype)
+    for i, (kind, layer) in enumerate(zip(cfg.layer_types, params["layers"])):
+        h, _ = layer_fn(layer, h, cfg, kind, hooks.layer(i))
+    h = rms_norm(h, params["final_layernorm"], cfg.rms_norm_eps)
+    head = emb if params.get("lm_head") is None else params["lm_head"]
+    logits = h.astype(head.dtype) @ head.T
+    if logits_divisor is not None:
+        logits = logits / jnp.asarray(logits_divisor, logits.dtype)
+    return logits.astype(f32), hooks.captured
+
+
+def mlp_ffn(p: dict, x, cfg):
+    """``mlp_forward`` as a ``hybrid_layer`` feed-forward function."""
+    return mlp_forward(p, x)
+
+
+def decoder_layer(layer: dict, h, cfg: Config, kind: str, hook=None):
+    """HF ``BambaDecoderLayer`` (``hybrid_layer`` with the SwiGLU MLP): ``(h_next, hn)``,
+    both ``(B, L, d_model)``."""
+    return hybrid_layer(layer, h, cfg, kind, hook, mixer_forward, mlp_ffn)
 
 
 def layer_forward(layer: dict, h, cfg: Config, kind: str, tap=None):
@@ -79,14 +115,7 @@ def layer_forward(layer: dict, h, cfg: Config, kind: str, tap=None):
 def lm_forward(params: dict, ids, cfg: Config, capture: tuple[str, ...] = (), adds=None, sets=None):
     """Full ``BambaForCausalLM``: ``ids (B, L) -> (logits (B, L, vocab) float32, captured)``
     (``capture`` / ``adds`` / ``sets``: hook names and edits, see ``nn.hooks.ForwardHooks``)."""
-    hooks = ForwardHooks(capture, adds, sets)
-    emb = params["embed_tokens"]
-    h = hooks("hook_embed", embed(emb, ids))
-    for i, (kind, layer) in enumerate(zip(cfg.layer_types, params["layers"])):
-        h, _ = decoder_layer(layer, h, cfg, kind, hooks.layer(i))
-    h = rms_norm(h, params["final_layernorm"], cfg.rms_norm_eps)
-    head = emb if params.get("lm_head") is None else params["lm_head"]
-    return (h.astype(head.dtype) @ head.T).astype(f32), hooks.captured
+    return hybrid_lm(params, ids, cfg, decoder_layer, capture, adds, sets)
 
 
 lm_forward_jit = jax.jit(full_precision(lm_forward), static_argnames=("cfg", "capture"))
@@ -94,6 +123,6 @@ layer_forward_jit = jax.jit(full_precision(layer_forward), static_argnames=("cfg
 mixer_forward_jit = jax.jit(full_precision(mixer_forward), static_argnames=("cfg", "kind"))
 mixer_operator_jit = jax.jit(full_precision(mixer_operator), static_argnames=("cfg", "kind", "variant"))
 
-__all__ = ["VARIANTS", "positions", "mlp_forward", "mixer_forward", "mixer_operator", "decoder_layer",
+__all__ = ["VARIANTS", "positions", "mlp_forward", "mlp_ffn", "hybrid_layer", "hybrid_lm", "mixer_forward", "mixer_operator", "decoder_layer",
            "layer_forward", "lm_forward", "lm_forward_jit", "layer_forward_jit", "mixer_forward_jit",
            "mixer_operator_jit"]

@@ -42,15 +42,20 @@ def mlp_shapes(cfg: Config) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """Where a Bamba-like checkpoint keeps what is not the mixer (GraniteMoeHybrid has the
-    same tree under other names).
+    """How a Bamba-like checkpoint names its tensors (GraniteMoeHybrid and Jamba have the
+    same parameter tree under other names).
 
     Attributes:
       family: the model_type, for messages.
       final_norm: the final norm's tensor name.
       ffn_norm: the local name of each layer's norm before the feed-forward part.
       ffn_prefix: the local prefix of the feed-forward tensors (``""``: at layer level).
-      ffn_shapes: ``Config -> {local name: shape}`` of one layer's feed-forward tensors.
+      ffn_shapes: ``(Config, layer) -> {local name: shape}`` of that layer's feed-forward
+        tensors as stored.
+      mamba_shapes: ``mixer config -> {local name: shape}`` of a Mamba mixer.
+      ffn_params: ``(Config, layer, {local name: tensor}) -> feed_forward params`` (tensors
+        as stored -> the tree; default: as they are).
+      ffn_tensors: the inverse of ``ffn_params``.
     """
 
     family: str
@@ -58,23 +63,26 @@ class Layout:
     ffn_norm: str
     ffn_prefix: str
     ffn_shapes: Callable
+    mamba_shapes: Callable = mamba_shapes
+    ffn_params: Callable = lambda cfg, i, t: t
+    ffn_tensors: Callable = lambda cfg, i, p: p
 
 
-LAYOUT = Layout("bamba", "model.final_layernorm.weight", "pre_ff_layernorm.weight", "feed_forward.", mlp_shapes)
+LAYOUT = Layout("bamba", "model.final_layernorm.weight", "pre_ff_layernorm.weight", "feed_forward.",
+                lambda cfg, i: mlp_shapes(cfg))
 
 
 def layout_shapes(cfg, layout: Layout) -> tuple[dict, dict]:
     """``(required, optional)`` HF tensor names -> shapes of a checkpoint in ``layout``."""
     D, V = cfg.hidden_size, cfg.vocab_size
     req = {"model.embed_tokens.weight": (V, D), layout.final_norm: (D,)}
-    mixers = {"mamba": mamba_shapes(cfg.mixer_config), "attention": attention_shapes(cfg)}
-    ffn = layout.ffn_shapes(cfg)
+    mixers = {"mamba": layout.mamba_shapes(cfg.mixer_config), "attention": attention_shapes(cfg)}
     for i, kind in enumerate(cfg.layer_types):
         p = f"model.layers.{i}."
         req[p + "input_layernorm.weight"] = (D,)
         req[p + layout.ffn_norm] = (D,)
         req.update({p + MIXER_PREFIX[kind] + k: s for k, s in mixers[kind].items()})
-        req.update({p + layout.ffn_prefix + k: s for k, s in ffn.items()})
+        req.update({p + layout.ffn_prefix + k: s for k, s in layout.ffn_shapes(cfg, i).items()})
     opt = {}
     if cfg.tie_word_embeddings:
         opt["lm_head.weight"] = (V, D)
@@ -97,7 +105,8 @@ def layout_params(cfg, tensors: dict, layout: Layout) -> dict:
         layers.append({"input_layernorm": tensors[p + "input_layernorm.weight"],
                        "pre_ff_layernorm": tensors[p + layout.ffn_norm],
                        "mixer": sub(tensors, p + MIXER_PREFIX[kind]),
-                       "feed_forward": {k: tensors[p + layout.ffn_prefix + k] for k in layout.ffn_shapes(cfg)}})
+                       "feed_forward": layout.ffn_params(cfg, i, {k: tensors[p + layout.ffn_prefix + k]
+                                                                  for k in layout.ffn_shapes(cfg, i)})})
     return {"embed_tokens": tensors["model.embed_tokens.weight"], "layers": layers,
             "final_layernorm": tensors[layout.final_norm],
             "lm_head": None if cfg.tie_word_embeddings else tensors["lm_head.weight"]}
@@ -111,7 +120,8 @@ def layout_tensors(cfg, params: dict, layout: Layout) -> dict:
         t[p + "input_layernorm.weight"] = layer["input_layernorm"]
         t[p + layout.ffn_norm] = layer["pre_ff_layernorm"]
         t.update({p + MIXER_PREFIX[kind] + k: v for k, v in layer["mixer"].items()})
-        t.update({p + layout.ffn_prefix + k: v for k, v in layer["feed_forward"].items()})
+        t.update({p + layout.ffn_prefix + k: v
+                  for k, v in layout.ffn_tensors(cfg, i, layer["feed_forward"]).items()})
     if not cfg.tie_word_embeddings:
         if params.get("lm_head") is None:
             raise CheckpointError(f"untied {layout.family} model has no lm_head")

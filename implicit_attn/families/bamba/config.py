@@ -75,6 +75,11 @@ class Mamba2Fields:
             msg = re.sub(r"\b(" + "|".join(MAMBA_FIELDS) + r")\b", lambda m: MAMBA_FIELDS[m.group(1)], str(e))
             raise ValueError(f"{self.label} {msg}") from None
 
+    @property
+    def mamba_channels(self) -> int:
+        """Operator channels of a Mamba layer (``mamba_n_heads * mamba_d_head``)."""
+        return self.mixer_config.d_ssm
+
     @staticmethod
     def read_time_step_limit(kw: dict) -> dict:
         """HF JSON ``time_step_limit`` (a list, maybe with ``{"__float__": "Infinity"}``) -> a tuple."""

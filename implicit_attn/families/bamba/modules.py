@@ -20,7 +20,7 @@ from .config import Config
 def tap_shape(cfg: Config, kind: str, B: int, L: int) -> tuple[tuple, str]:
     """Shape of a ``kind`` mixer's operator output, and its axes for messages."""
     if kind == "mamba":
-        return (B, cfg.mixer_config.d_ssm, L), "(batch, channels, length)"
+        return (B, cfg.mamba_channels, L), "(batch, channels, length)"
     return (B, cfg.num_attention_heads, L, cfg.head_dim), "(batch, heads, length, head_dim)"
 
 
@@ -47,17 +47,19 @@ class BambaLayer(nnx.Module):
     Attributes:
       layer_forward_fn: jitted ``(params, h, cfg=, kind=, tap=) -> (h_next, mixer input)``.
       attention_class: the ``Mixer`` of the attention layers.
+      mamba_class: the ``Mixer`` of the Mamba layers (built with ``cfg.mixer_config``).
     """
 
     layer_forward_fn = staticmethod(layer_forward_jit)
     attention_class = AttentionMixer
+    mamba_class = Mamba2Mixer
 
     def __init__(self, cfg: Config, kind: str, layer: dict):
         self.cfg = cfg
         self.kind = kind
         self.input_layernorm = nnx.Param(jnp.asarray(layer["input_layernorm"]))
         self.pre_ff_layernorm = nnx.Param(jnp.asarray(layer["pre_ff_layernorm"]))
-        self.mixer = (Mamba2Mixer(cfg.mixer_config, layer["mixer"]) if kind == "mamba"
+        self.mixer = (self.mamba_class(cfg.mixer_config, layer["mixer"]) if kind == "mamba"
                       else self.attention_class(cfg, layer["mixer"]))
         self.feed_forward = Weights(layer["feed_forward"])
 

@@ -13,17 +13,13 @@ Operators: the residual multiplier scales the mixer's contribution after ``out_p
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
-from ...nn.hooks import ForwardHooks, layer_tap, no_hook, out_hook
+from ...nn.hooks import layer_tap
 from ...nn.moe import experts_forward, gated_act, topk_then_softmax
-from ...ops import embed, full_precision, linear
-from ..bamba.block import mixer_forward, mixer_operator
-from ..mamba.block import rms_norm
+from ...ops import full_precision, linear
+from ..bamba.block import hybrid_layer, hybrid_lm, mixer_forward, mixer_operator
 from ..mamba2 import VARIANTS
 from .config import Config
-
-f32 = jnp.float32
 
 
 def shared_mlp_forward(p: dict, x):
@@ -53,23 +49,11 @@ def ffn_forward(p: dict, x, cfg: Config):
 
 
 def decoder_layer(layer: dict, h, cfg: Config, kind: str, hook=None):
-    """HF ``GraniteMoeHybridDecoderLayer``.
-
-    Args:
-      layer: ``{"input_layernorm", "pre_ff_layernorm" (HF post_attention_layernorm), "mixer",
-        "feed_forward" (HF block_sparse_moe.* and shared_mlp.*)}``;
-      h: ``(B, L, d_model)`` residual stream; kind: ``"mamba"`` or ``"attention"``;
-      hook: optional ``(point, x) -> x`` called at the layer's hook points (``nn.hooks``).
-    Returns:
-      ``(h_next (B, L, d_model), hn (B, L, d_model))``: the layer output and the mixer input.
-    """
-    hook = hook or no_hook
-    r = jnp.asarray(cfg.residual_multiplier, h.dtype)
-    h = hook("hook_resid_pre", h)
-    hn = hook("mixer.hook_in", rms_norm(h, layer["input_layernorm"], cfg.rms_norm_eps))
-    h = hook("hook_resid_mid", h + mixer_forward(layer["mixer"], hn, cfg, kind, out_hook(hook)) * r)
-    h = h + ffn_forward(layer["feed_forward"], rms_norm(h, layer["pre_ff_layernorm"], cfg.rms_norm_eps), cfg) * r
-    return hook("hook_resid_post", h), hn
+    """HF ``GraniteMoeHybridDecoderLayer`` (``bamba.block.hybrid_layer`` with the MoE and
+    shared MLP and ``residual_multiplier``). ``layer``: ``{"input_layernorm", "pre_ff_layernorm"
+    (HF post_attention_layernorm), "mixer", "feed_forward" (HF block_sparse_moe.*, shared_mlp.*)}``;
+    ``h (B, L, d_model)``. Returns ``(h_next, mixer input)``, both ``(B, L, d_model)``."""
+    return hybrid_layer(layer, h, cfg, kind, hook, mixer_forward, ffn_forward, cfg.residual_multiplier)
 
 
 def layer_forward(layer: dict, h, cfg: Config, kind: str, tap=None):
@@ -81,15 +65,8 @@ def lm_forward(params: dict, ids, cfg: Config, capture: tuple[str, ...] = (), ad
     """Full ``GraniteMoeHybridForCausalLM``: ``ids (B, L) -> (logits (B, L, vocab) float32,
     captured)`` (``capture`` / ``adds`` / ``sets``: hook names and edits, ``nn.hooks.ForwardHooks``;
     ``hook_embed`` is the embedding before ``embedding_multiplier``)."""
-    hooks = ForwardHooks(capture, adds, sets)
-    emb = params["embed_tokens"]
-    h = hooks("hook_embed", embed(emb, ids)) * jnp.asarray(cfg.embedding_multiplier, emb.dtype)
-    for i, (kind, layer) in enumerate(zip(cfg.layer_types, params["layers"])):
-        h, _ = decoder_layer(layer, h, cfg, kind, hooks.layer(i))
-    h = rms_norm(h, params["final_layernorm"], cfg.rms_norm_eps)
-    head = emb if params.get("lm_head") is None else params["lm_head"]
-    logits = h.astype(head.dtype) @ head.T
-    return (logits / jnp.asarray(cfg.logits_scaling, logits.dtype)).astype(f32), hooks.captured
+    return hybrid_lm(params, ids, cfg, decoder_layer, capture, adds, sets, cfg.embedding_multiplier,
+                     cfg.logits_scaling)
 
 
 lm_forward_jit = jax.jit(full_precision(lm_forward), static_argnames=("cfg", "capture"))

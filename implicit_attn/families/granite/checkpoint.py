@@ -28,7 +28,8 @@ def ffn_shapes(cfg: Config) -> dict:
     return m
 
 
-LAYOUT = Layout("granitemoehybrid", "model.norm.weight", "post_attention_layernorm.weight", "", ffn_shapes)
+LAYOUT = Layout("granitemoehybrid", "model.norm.weight", "post_attention_layernorm.weight", "",
+                lambda cfg, i: ffn_shapes(cfg))
 
 
 def expected_shapes(cfg: Config) -> tuple[dict, dict]:

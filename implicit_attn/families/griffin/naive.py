@@ -44,11 +44,13 @@ def attention_operator(p: dict, x, cfg):
     H, KV, d, R = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rotary_dim
     proj = lambda n, k: (x @ p[f"{n}_proj.weight"].T + p.get(f"{n}_proj.bias", 0.0)).reshape(Bn, L, k, d)
     q, k = proj("q", H), proj("k", KV)
-    inv = 1.0 / cfg.rope_theta ** (np.arange(0, R, 2) / R)
+    inv = 1.0 / cfg.rope_theta ** (np.arange(0, R, 2) / R) if R else np.zeros(0)
     ang = np.arange(L)[:, None] * inv[None]  # (L, R/2)
     cos, sin = np.cos(ang)[None, :, None], np.sin(ang)[None, :, None]
 
     def rope(t):
+        if R == 0:
+            return t
         a, b = t[..., :R // 2], t[..., R // 2:R]
         return np.concatenate([a * cos - b * sin, b * cos + a * sin, t[..., R:]], axis=-1)
 

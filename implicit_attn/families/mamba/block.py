@@ -5,7 +5,9 @@ Mixer (per channel c, inner width C = expand * d_model):
   ``x, z = in_proj(h)``; ``xc = conv(x)``; ``u = SiLU(xc)``; ``dt, B, C = proj(u)``;
   ``y = S6(u) * SiLU(z)`` with ``S6(u)_i = sum_j alpha[i, j] u_j``, then ``out_proj``.
 Falcon-Mamba adds a weightless RMSNorm on ``dt`` (before ``dt_proj``), ``B`` and ``C``
-(``Config.bcdt_norm_eps``); they only change the data-dependent factors of the operator.
+(``Config.bcdt_norm_eps``), Jamba the same norms with weights (``BCDT_NORMS``, present in
+the params when ``Config.bcdt_norm_weights``); they only change the data-dependent factors
+of the operator.
 Operator: ``H_c = diag(SiLU(z_c)) alpha_c diag(sigmoid(xc_c)) M_c`` acting on ``x``,
 plus ``offset_c = diag(SiLU(z_c)) alpha_c (sigmoid(xc_c) * b_c)`` from the conv bias.
 """
@@ -22,6 +24,10 @@ from .config import Config
 
 VARIANTS = ("full", "s6_only", "no_conv", "no_gate", "no_act")
 f32 = jnp.float32
+
+
+# The optional RMSNorm weights on dt, B and C (Jamba), local names in the mixer's params.
+BCDT_NORMS = ("dt_layernorm.weight", "b_layernorm.weight", "c_layernorm.weight")
 
 
 def rms_norm(x, w, eps: float):
@@ -46,8 +52,9 @@ def mixer_parts(p: dict, h, cfg: Config) -> dict:
     u = jax.nn.silu(xc)
     xdbl = u @ p["x_proj.weight"].T
     dt_in, Bm, Cm = xdbl[..., :R], xdbl[..., R:R + N], xdbl[..., R + N:]
-    if cfg.bcdt_norm_eps is not None:  # Falcon-Mamba
-        dt_in, Bm, Cm = (rms_norm(v, jnp.ones((), v.dtype), cfg.bcdt_norm_eps) for v in (dt_in, Bm, Cm))
+    if cfg.bcdt_norm_eps is not None:  # Falcon-Mamba (weightless), Jamba (weighted)
+        dt_in, Bm, Cm = (rms_norm(v, p.get(n, jnp.ones((), v.dtype)), cfg.bcdt_norm_eps)
+                         for v, n in zip((dt_in, Bm, Cm), BCDT_NORMS))
     dt = jax.nn.softplus(linear(dt_in, p["dt_proj.weight"], p["dt_proj.bias"]).astype(f32))
     A = -jnp.exp(p["A_log"].astype(f32))
     return dict(x=x, z=z, xc=xc, u=u, dt=dt, Bm=Bm.astype(f32), Cm=Cm.astype(f32), A=A)
@@ -212,6 +219,6 @@ mixer_forward_jit = jax.jit(full_precision(mixer_forward), static_argnames=("cfg
 mixer_operator_jit = jax.jit(full_precision(mixer_operator), static_argnames=("cfg", "variant", "chunk"))
 
 
-__all__ = ["VARIANTS", "rms_norm", "mixer_parts", "selective_scan", "mixer_inner", "mixer_forward",
+__all__ = ["BCDT_NORMS", "VARIANTS", "rms_norm", "mixer_parts", "selective_scan", "mixer_inner", "mixer_forward",
            "mixer_operator", "residual_block", "residual_lm", "block_forward", "lm_forward", "lm_forward_jit",
            "block_forward_jit", "mixer_forward_jit", "mixer_operator_jit"]

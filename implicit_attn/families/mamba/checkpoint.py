@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...nn import CheckpointError, fan_in_normal, hf_from_params, init_from_table, params_from_hf
+from .block import BCDT_NORMS
 from .config import Config
 
 
@@ -28,6 +29,8 @@ def mixer_shapes(cfg: Config) -> dict:
     if cfg.use_bias:
         m["in_proj.bias"] = (2 * C,)
         m["out_proj.bias"] = (D,)
+    if cfg.bcdt_norm_weights:
+        m.update(zip(BCDT_NORMS, ((R,), (N,), (N,))))
     return m
 
 

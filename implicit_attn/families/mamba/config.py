@@ -54,5 +54,10 @@ class Config(HFConfig):
         (Falcon-Mamba); None: the block has no such norm (Mamba)."""
         return None
 
+    @property
+    def bcdt_norm_weights(self) -> bool:
+        """Whether those norms have weights (Jamba: ``block.BCDT_NORMS`` in the mixer's params)."""
+        return False
+
 
 __all__ = ["Config"]

@@ -40,8 +40,10 @@ def naive_operator(p: dict, x, cfg, layer: int = 0):
     u = xc * sigmoid(xc)
     xdbl = u @ p["x_proj.weight"].T
     dt_in, Bm, Cm = xdbl[..., :R], xdbl[..., R:R + N], xdbl[..., R + N:]
-    if cfg.bcdt_norm_eps is not None:  # Falcon-Mamba: weightless RMSNorm on dt, B, C
-        dt_in, Bm, Cm = (v / np.sqrt(np.mean(v * v, -1, keepdims=True) + cfg.bcdt_norm_eps) for v in (dt_in, Bm, Cm))
+    if cfg.bcdt_norm_eps is not None:  # Falcon-Mamba, Jamba: RMSNorm on dt, B, C (Jamba's weighted)
+        names = ("dt_layernorm.weight", "b_layernorm.weight", "c_layernorm.weight")
+        dt_in, Bm, Cm = (p.get(n, 1.0) * v / np.sqrt(np.mean(v * v, -1, keepdims=True) + cfg.bcdt_norm_eps)
+                         for v, n in zip((dt_in, Bm, Cm), names))
     dt = softplus(dt_in @ p["dt_proj.weight"].T + p["dt_proj.bias"])  # (B, L, C)
     A = -np.exp(p["A_log"])  # (C, N)
     S = np.cumsum(dt, axis=1)

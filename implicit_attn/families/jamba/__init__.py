@@ -1,0 +1,59 @@
+"""Jamba (HF ``JambaForCausalLM``, ``model_type: "jamba"``): Mamba layers with weighted
+RMSNorms on ``dt``, ``B`` and ``C``, and full causal attention layers without positional
+encoding (one in ``attn_layer_period``), each followed by a SwiGLU MLP or, one layer in
+``expert_layer_period``, a mixture of SwiGLU experts.
+
+``config`` (HF fields; ``Config.mixer_config`` is the Mamba config of the Mamba layers),
+``block`` (pure functions), ``modules`` (NNX, Bamba's classes with Mamba's mixer),
+``checkpoint`` (shape table, HF mapping with per-expert tensors, init), ``naive`` (float64
+references). The mixer math is ``mamba.block``'s and ``nn.attention``'s.
+"""
+from ...nn import FamilySpec, perturb_parameters
+from .block import VARIANTS, decoder_layer, ffn_forward, lm_forward, mixer_forward, mixer_operator, moe_forward
+from .checkpoint import expected_shapes, from_params, init_params, to_params
+from .config import Config, MixerConfig
+from .modules import LM, AttentionMixer, JambaLayer
+from .naive import naive_operator
+
+
+def hf_setup(model, torch, seed: int = 0):
+    """Tiny torch test model: perturbed, with every norm weight (the dt/B/C norms included)
+    and the Mamba layers' D and conv bias away from their initial values."""
+    perturb_parameters(model, torch, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        norms = [model.model.final_layernorm]
+        for layer in model.model.layers:
+            norms += [layer.input_layernorm, layer.pre_ff_layernorm]
+            mixer = getattr(layer, "mamba", None)
+            if mixer is not None:
+                norms += [mixer.dt_layernorm, mixer.b_layernorm, mixer.c_layernorm]
+                mixer.D.add_(0.5)
+                if mixer.conv1d.bias is not None:
+                    mixer.conv1d.bias.add_(0.3)
+        for norm in norms:
+            norm.weight.add_(0.2 * torch.randn(norm.weight.shape, generator=g))
+
+
+SPEC = FamilySpec(
+    model_type="jamba", label="Jamba", config=Config, lm=LM, variants=VARIANTS, exact_variants=("full", "no_conv"),
+    to_params=to_params, from_params=from_params, expected_shapes=expected_shapes, init_params=init_params,
+    naive_operator=naive_operator, hf_class="JambaForCausalLM", hf_config_class="JambaConfig",
+    # layers: mamba + MoE, attention + MLP, mamba + MLP, attention + MoE (every combination)
+    tiny=dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, expert_layer_period=3,
+              expert_layer_offset=0, attn_layer_period=2, attn_layer_offset=1, mamba_d_state=4, mamba_d_conv=4,
+              mamba_expand=2, mamba_dt_rank=4),
+    hf_setup=hf_setup, hf_mixer="model.layers.{i}.mamba|model.layers.{i}.self_attn",
+    bench={"full": dict(vocab_size=1024, hidden_size=768, intermediate_size=1024, num_hidden_layers=8,
+                        num_attention_heads=12, num_key_value_heads=4, num_experts=8, num_experts_per_tok=2,
+                        expert_layer_period=2, expert_layer_offset=1, attn_layer_period=8, attn_layer_offset=4,
+                        mamba_d_state=16),
+           "quick": dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                         expert_layer_period=2, expert_layer_offset=1, attn_layer_period=2, attn_layer_offset=1,
+                         mamba_d_state=16)})
+
+__all__ = ["SPEC", "Config", "MixerConfig", "LM", "AttentionMixer", "JambaLayer", "VARIANTS", "to_params",
+           "from_params", "expected_shapes", "init_params", "naive_operator", "decoder_layer", "lm_forward",
+           "mixer_forward", "mixer_operator", "moe_forward", "ffn_forward"]

@@ -1,0 +1,85 @@
+"""Jamba (HF ``JambaForCausalLM``): the block math as pure functions.
+
+Decoder layer (Bamba's, ``bamba.block.hybrid_layer``): ``h + mixer(rms_norm(h))``, then
+``h + ffn(rms_norm(h))``. The mixer is Mamba's S6 block with weighted RMSNorms on ``dt``,
+``B`` and ``C`` (``mamba.block`` with ``Config.mixer_config``) or full causal GQA softmax
+attention without positional encoding (``nn.attention``). The feed-forward part is a SwiGLU
+MLP or, on the expert layers, a mixture of SwiGLU experts routed by the top
+``num_experts_per_tok`` of the softmax over all experts (not renormalised). Operators: the
+Mamba operator of each Mamba layer (every Mamba variant), the explicit attention operator
+(channels = heads) of each attention layer.
+"""
+from __future__ import annotations
+
+import jax
+
+from ...nn.attention import attention_forward, attention_operator
+from ...nn.hooks import layer_tap
+from ...nn.moe import experts_forward, gated_act, softmax_then_topk
+from ...ops import full_precision, linear
+from ..bamba.block import hybrid_layer, hybrid_lm, mlp_forward, positions
+from ..mamba import VARIANTS
+from ..mamba.block import mixer_forward as mamba_forward
+from ..mamba.block import mixer_operator as mamba_operator
+from .config import Config
+
+
+def moe_forward(p: dict, x, cfg: Config):
+    """HF ``JambaSparseMoeBlock``: ``(B, L, D) -> (B, L, D)`` with ``p`` holding
+    ``router.weight (E, D)``, ``experts.gate_up_proj (E, 2I, D)``, ``experts.down_proj (E, D, I)``."""
+    B, L, D = x.shape
+    t = x.reshape(B * L, D)
+    weights, experts = softmax_then_topk(linear(t, p["router.weight"]), cfg.num_experts_per_tok)
+    out = experts_forward(t, weights.astype(x.dtype), experts, p["experts.gate_up_proj"], p["experts.down_proj"],
+                          gated_act(jax.nn.silu))
+    return out.reshape(B, L, D)
+
+
+def ffn_forward(p: dict, x, cfg: Config):
+    """The layer's feed-forward part: the MoE if its params have a router, else the MLP."""
+    return moe_forward(p, x, cfg) if "router.weight" in p else mlp_forward(p, x)
+
+
+def mixer_forward(p: dict, h, cfg: Config, kind: str, hook=None):
+    """Layer kind ``kind``'s token mixer: ``(B, L, d_model) -> (B, L, d_model)``. ``hook``:
+    optional function of the operator's output layout (``(B, C, L)`` Mamba, ``(B, H, L, d)``
+    attention; ``mixer.hook_out``)."""
+    if kind == "mamba":
+        return mamba_forward(p, h, cfg.mixer_config, hook)
+    return attention_forward(p, h, positions(*h.shape[:2]), cfg, hook)
+
+
+def mixer_operator(p: dict, h, cfg: Config, kind: str, variant: str = "full"):
+    """Layer kind ``kind``'s operator for mixer input ``h (B, L, d_model)``: the Mamba operator
+    (``mamba.block.mixer_operator``; channels = the inner width) or the attention operator
+    (channels = heads; ``variant`` ignored: attention has no ablations)."""
+    if kind == "mamba":
+        return mamba_operator(p, h, cfg.mixer_config, variant)
+    return attention_operator(p, h, positions(*h.shape[:2]), cfg)
+
+
+def decoder_layer(layer: dict, h, cfg: Config, kind: str, hook=None):
+    """HF ``JambaMambaDecoderLayer`` / ``JambaAttentionDecoderLayer``: ``(h_next, mixer input)``,
+    both ``(B, L, d_model)``."""
+    return hybrid_layer(layer, h, cfg, kind, hook, mixer_forward, ffn_forward)
+
+
+def layer_forward(layer: dict, h, cfg: Config, kind: str, tap=None):
+    """``decoder_layer`` with an optional ``tap`` added to the mixer's operator output."""
+    return decoder_layer(layer, h, cfg, kind, layer_tap(tap))
+
+
+def lm_forward(params: dict, ids, cfg: Config, capture: tuple[str, ...] = (), adds=None, sets=None):
+    """Full ``JambaForCausalLM``: ``ids (B, L) -> (logits (B, L, vocab) float32, captured)``
+    (``capture`` / ``adds`` / ``sets``: hook names and edits, see ``nn.hooks.ForwardHooks``)."""
+    return hybrid_lm(params, ids, cfg, decoder_layer, capture, adds, sets)
+
+
+lm_forward_jit = jax.jit(full_precision(lm_forward), static_argnames=("cfg", "capture"))
+layer_forward_jit = jax.jit(full_precision(layer_forward), static_argnames=("cfg", "kind"))
+mixer_forward_jit = jax.jit(full_precision(mixer_forward), static_argnames=("cfg", "kind"))
+mixer_operator_jit = jax.jit(full_precision(mixer_operator), static_argnames=("cfg", "kind", "variant"))
+
+__all__ = ["VARIANTS", "moe_forward", "ffn_forward", "mixer_forward", "mixer_operator", "decoder_layer",
+           "layer_forward", "lm_forward", "lm_forward_jit", "layer_forward_jit", "mixer_forward_jit",
+           "mixer_operator_jit"]
