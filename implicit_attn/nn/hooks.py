@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-import jax
 import jax.numpy as jnp
 
 RESIDUAL_POINTS = ("hook_resid_pre", "mixer.hook_in", "mixer.hook_out", "hook_resid_post")

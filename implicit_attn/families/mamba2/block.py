@@ -43,7 +43,7 @@ def mixer_parts(p: dict, h, cfg: Config) -> dict:
     of ``xBC`` before the conv, ``xpre`` after the conv with bias, ``u = SiLU(xpre)``),
     ``Bm, Cm (B, L, n_groups, N)`` float32, ``dt (B, L, H)`` float32, ``A (H,)`` float32.
     """
-    m, C, G, N, H = cfg.d_mlp, cfg.d_ssm, cfg.n_groups, cfg.state_size, cfg.num_heads
+    m, C, G, N = cfg.d_mlp, cfg.d_ssm, cfg.n_groups, cfg.state_size
     proj = linear(h, p["in_proj.weight"], p.get("in_proj.bias"))
     z0, x0, z = proj[..., :m], proj[..., m:2 * m], proj[..., 2 * m:2 * m + C]
     xbc = proj[..., 2 * m + C:2 * m + C + cfg.conv_dim]
