@@ -35,22 +35,32 @@ def mlp_forward(p: dict, h):
                   p.get("down_proj.bias"))
 
 
-def mixer_forward(p: dict, h, cfg: Config, kind: str, hook=None):
-    """Layer kind ``kind``'s token mixer: ``(B, L, d_model) -> (B, L, d_model)``. ``hook``:
-    optional function of the operator's output layout (``(B, C, L)`` Mamba, ``(B, H, L, d)``
-    attention; ``mixer.hook_out``)."""
-    if kind == "mamba":
-        return mamba_forward(p, h, cfg.mixer_config, hook)
-    return attention_forward(p, h, positions(*h.shape[:2]), cfg, hook)
+def hybrid_mixers(mamba_forward, mamba_operator):
+    """The per-kind mixer functions of a hybrid whose Mamba layers run ``mamba_forward(p, h,
+    mixer_cfg, hook)`` / ``mamba_operator(p, h, mixer_cfg, variant)`` with ``cfg.mixer_config``
+    and whose attention layers are ``nn.attention``'s full causal attention: returns
+    ``(mixer_forward, mixer_operator)``."""
+    def mixer_forward(p: dict, h, cfg, kind: str, hook=None):
+        """Layer kind ``kind``'s token mixer: ``(B, L, d_model) -> (B, L, d_model)``. ``hook``:
+        optional function of the operator's output layout (``(B, C, L)`` Mamba,
+        ``(B, H, L, d)`` attention; ``mixer.hook_out``)."""
+        if kind == "mamba":
+            return mamba_forward(p, h, cfg.mixer_config, hook)
+        return attention_forward(p, h, positions(*h.shape[:2]), cfg, hook)
+
+    def mixer_operator(p: dict, h, cfg, kind: str, variant: str = "full"):
+        """Layer kind ``kind``'s operator for mixer input ``h (B, L, d_model)``: the Mamba
+        operator, or the attention operator (channels = heads; ``variant`` ignored: attention
+        has no ablations)."""
+        if kind == "mamba":
+            return mamba_operator(p, h, cfg.mixer_config, variant)
+        return attention_operator(p, h, positions(*h.shape[:2]), cfg)
+
+    return mixer_forward, mixer_operator
 
 
-def mixer_operator(p: dict, h, cfg: Config, kind: str, variant: str = "full"):
-    """Layer kind ``kind``'s operator for mixer input ``h (B, L, d_model)``: the Mamba-2
-    operator (``mamba2.block.mixer_operator``; channels = heads * head_dim) or the attention
-    operator (channels = heads; ``variant`` ignored: attention has no ablations)."""
-    if kind == "mamba":
-        return mamba_operator(p, h, cfg.mixer_config, variant)
-    return attention_operator(p, h, positions(*h.shape[:2]), cfg)
+# Bamba's: the Mamba-2 mixer (channels = heads * head_dim) and attention.
+mixer_forward, mixer_operator = hybrid_mixers(mamba_forward, mamba_operator)
 
 
 def hybrid_layer(layer: dict, h, cfg, kind: str, hook, mixer_fn, ffn_fn, residual_scale=None):
@@ -123,6 +133,6 @@ layer_forward_jit = jax.jit(full_precision(layer_forward), static_argnames=("cfg
 mixer_forward_jit = jax.jit(full_precision(mixer_forward), static_argnames=("cfg", "kind"))
 mixer_operator_jit = jax.jit(full_precision(mixer_operator), static_argnames=("cfg", "kind", "variant"))
 
-__all__ = ["VARIANTS", "positions", "mlp_forward", "mlp_ffn", "hybrid_layer", "hybrid_lm", "mixer_forward", "mixer_operator", "decoder_layer",
-           "layer_forward", "lm_forward", "lm_forward_jit", "layer_forward_jit", "mixer_forward_jit",
-           "mixer_operator_jit"]
+__all__ = ["VARIANTS", "positions", "mlp_forward", "mlp_ffn", "hybrid_mixers", "hybrid_layer", "hybrid_lm",
+           "mixer_forward", "mixer_operator", "decoder_layer", "layer_forward", "lm_forward", "lm_forward_jit",
+           "layer_forward_jit", "mixer_forward_jit", "mixer_operator_jit"]

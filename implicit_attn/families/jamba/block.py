@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import jax
 
-from ...nn.attention import attention_forward, attention_operator
 from ...nn.hooks import layer_tap
 from ...nn.moe import experts_forward, gated_act, softmax_then_topk
 from ...ops import full_precision, linear
-from ..bamba.block import hybrid_layer, hybrid_lm, mlp_forward, positions
+from ..bamba.block import hybrid_layer, hybrid_lm, hybrid_mixers, mlp_forward
 from ..mamba import VARIANTS
 from ..mamba.block import mixer_forward as mamba_forward
 from ..mamba.block import mixer_operator as mamba_operator
@@ -40,22 +39,8 @@ def ffn_forward(p: dict, x, cfg: Config):
     return moe_forward(p, x, cfg) if "router.weight" in p else mlp_forward(p, x)
 
 
-def mixer_forward(p: dict, h, cfg: Config, kind: str, hook=None):
-    """Layer kind ``kind``'s token mixer: ``(B, L, d_model) -> (B, L, d_model)``. ``hook``:
-    optional function of the operator's output layout (``(B, C, L)`` Mamba, ``(B, H, L, d)``
-    attention; ``mixer.hook_out``)."""
-    if kind == "mamba":
-        return mamba_forward(p, h, cfg.mixer_config, hook)
-    return attention_forward(p, h, positions(*h.shape[:2]), cfg, hook)
-
-
-def mixer_operator(p: dict, h, cfg: Config, kind: str, variant: str = "full"):
-    """Layer kind ``kind``'s operator for mixer input ``h (B, L, d_model)``: the Mamba operator
-    (``mamba.block.mixer_operator``; channels = the inner width) or the attention operator
-    (channels = heads; ``variant`` ignored: attention has no ablations)."""
-    if kind == "mamba":
-        return mamba_operator(p, h, cfg.mixer_config, variant)
-    return attention_operator(p, h, positions(*h.shape[:2]), cfg)
+# Mamba's mixer (channels = the inner width) on the Mamba layers, attention on the others.
+mixer_forward, mixer_operator = hybrid_mixers(mamba_forward, mamba_operator)
 
 
 def decoder_layer(layer: dict, h, cfg: Config, kind: str, hook=None):
