@@ -8,6 +8,8 @@ operator of each Mamba layer (every Mamba-2 variant), the explicit attention ope
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 
@@ -18,7 +20,6 @@ from ..mamba.block import rms_norm
 from ..mamba2 import VARIANTS
 from ..mamba2.block import mixer_forward as mamba_forward
 from ..mamba2.block import mixer_operator as mamba_operator
-from .config import Config
 
 f32 = jnp.float32
 
@@ -111,28 +112,50 @@ def mlp_ffn(p: dict, x, cfg):
     return mlp_forward(p, x)
 
 
-def decoder_layer(layer: dict, h, cfg: Config, kind: str, hook=None):
-    """HF ``BambaDecoderLayer`` (``hybrid_layer`` with the SwiGLU MLP): ``(h_next, hn)``,
-    both ``(B, L, d_model)``."""
-    return hybrid_layer(layer, h, cfg, kind, hook, mixer_forward, mlp_ffn)
+def hybrid_functions(mixer_forward, mixer_operator, ffn_fn, residual_scale=None, embedding_scale=None,
+                     logits_divisor=None) -> SimpleNamespace:
+    """A hybrid family's entry points from its mixer functions (``hybrid_mixers``), its
+    feed-forward function ``(p, x, cfg) -> (B, L, d_model)`` and its scales, each ``cfg ->
+    float`` or None (``hybrid_layer``'s ``residual_scale``, ``hybrid_lm``'s ``embedding_scale``
+    and ``logits_divisor``).
+
+    Returns a namespace of ``decoder_layer(layer, h, cfg, kind, hook=None) -> (h_next, hn)``,
+    ``layer_forward(layer, h, cfg, kind, tap=None) -> (h_next, hn)`` (``tap`` added to the
+    mixer's operator output), ``lm_forward(params, ids, cfg, capture=(), adds=None, sets=None)
+    -> (logits (B, L, vocab) float32, captured)``, and the jitted ``lm_forward_jit``,
+    ``layer_forward_jit``, ``mixer_forward_jit``, ``mixer_operator_jit``.
+    """
+    scale = lambda f, cfg: None if f is None else f(cfg)
+
+    def decoder_layer(layer: dict, h, cfg, kind: str, hook=None):
+        """One decoder layer (``bamba.block.hybrid_layer``): ``(h_next, mixer input)``, both
+        ``(B, L, d_model)``."""
+        return hybrid_layer(layer, h, cfg, kind, hook, mixer_forward, ffn_fn, scale(residual_scale, cfg))
+
+    def layer_forward(layer: dict, h, cfg, kind: str, tap=None):
+        """``decoder_layer`` with an optional ``tap`` added to the mixer's operator output."""
+        return decoder_layer(layer, h, cfg, kind, layer_tap(tap))
+
+    def lm_forward(params: dict, ids, cfg, capture: tuple[str, ...] = (), adds=None, sets=None):
+        """The full LM (``bamba.block.hybrid_lm``): ``ids (B, L) -> (logits (B, L, vocab)
+        float32, captured)`` (``capture`` / ``adds`` / ``sets``: ``nn.hooks.ForwardHooks``)."""
+        return hybrid_lm(params, ids, cfg, decoder_layer, capture, adds, sets, scale(embedding_scale, cfg),
+                         scale(logits_divisor, cfg))
+
+    return SimpleNamespace(
+        decoder_layer=decoder_layer, layer_forward=layer_forward, lm_forward=lm_forward,
+        lm_forward_jit=jax.jit(full_precision(lm_forward), static_argnames=("cfg", "capture")),
+        layer_forward_jit=jax.jit(full_precision(layer_forward), static_argnames=("cfg", "kind")),
+        mixer_forward_jit=jax.jit(full_precision(mixer_forward), static_argnames=("cfg", "kind")),
+        mixer_operator_jit=jax.jit(full_precision(mixer_operator), static_argnames=("cfg", "kind", "variant")))
 
 
-def layer_forward(layer: dict, h, cfg: Config, kind: str, tap=None):
-    """``decoder_layer`` with an optional ``tap`` added to the mixer's operator output."""
-    return decoder_layer(layer, h, cfg, kind, layer_tap(tap))
+# HF ``BambaDecoderLayer`` / ``BambaForCausalLM``: the SwiGLU MLP, no scales.
+FUNCTIONS = hybrid_functions(mixer_forward, mixer_operator, mlp_ffn)
+decoder_layer, layer_forward, lm_forward = FUNCTIONS.decoder_layer, FUNCTIONS.layer_forward, FUNCTIONS.lm_forward
+lm_forward_jit, layer_forward_jit = FUNCTIONS.lm_forward_jit, FUNCTIONS.layer_forward_jit
+mixer_forward_jit, mixer_operator_jit = FUNCTIONS.mixer_forward_jit, FUNCTIONS.mixer_operator_jit
 
-
-def lm_forward(params: dict, ids, cfg: Config, capture: tuple[str, ...] = (), adds=None, sets=None):
-    """Full ``BambaForCausalLM``: ``ids (B, L) -> (logits (B, L, vocab) float32, captured)``
-    (``capture`` / ``adds`` / ``sets``: hook names and edits, see ``nn.hooks.ForwardHooks``)."""
-    return hybrid_lm(params, ids, cfg, decoder_layer, capture, adds, sets)
-
-
-lm_forward_jit = jax.jit(full_precision(lm_forward), static_argnames=("cfg", "capture"))
-layer_forward_jit = jax.jit(full_precision(layer_forward), static_argnames=("cfg", "kind"))
-mixer_forward_jit = jax.jit(full_precision(mixer_forward), static_argnames=("cfg", "kind"))
-mixer_operator_jit = jax.jit(full_precision(mixer_operator), static_argnames=("cfg", "kind", "variant"))
-
-__all__ = ["VARIANTS", "positions", "mlp_forward", "mlp_ffn", "hybrid_mixers", "hybrid_layer", "hybrid_lm",
+__all__ = ["VARIANTS", "positions", "mlp_forward", "mlp_ffn", "hybrid_mixers", "hybrid_layer", "hybrid_lm", "hybrid_functions", "FUNCTIONS",
            "mixer_forward", "mixer_operator", "decoder_layer", "layer_forward", "lm_forward", "lm_forward_jit",
            "layer_forward_jit", "mixer_forward_jit", "mixer_operator_jit"]

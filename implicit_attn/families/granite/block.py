@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import jax
 
-from ...nn.hooks import layer_tap
 from ...nn.moe import experts_forward, gated_act, topk_then_softmax
-from ...ops import full_precision, linear
-from ..bamba.block import hybrid_layer, hybrid_lm, mixer_forward, mixer_operator
+from ...ops import linear
+from ..bamba.block import hybrid_functions, mixer_forward, mixer_operator
 from ..mamba2 import VARIANTS
 from .config import Config
 
@@ -48,29 +47,13 @@ def ffn_forward(p: dict, x, cfg: Config):
     return moe_forward(p, x, cfg) + out if cfg.num_local_experts else out
 
 
-def decoder_layer(layer: dict, h, cfg: Config, kind: str, hook=None):
-    """HF ``GraniteMoeHybridDecoderLayer`` (``bamba.block.hybrid_layer`` with the MoE and
-    shared MLP and ``residual_multiplier``). ``layer``: ``{"input_layernorm", "pre_ff_layernorm"
-    (HF post_attention_layernorm), "mixer", "feed_forward" (HF block_sparse_moe.*, shared_mlp.*)}``;
-    ``h (B, L, d_model)``. Returns ``(h_next, mixer input)``, both ``(B, L, d_model)``."""
-    return hybrid_layer(layer, h, cfg, kind, hook, mixer_forward, ffn_forward, cfg.residual_multiplier)
-
-
-def layer_forward(layer: dict, h, cfg: Config, kind: str, tap=None):
-    """``decoder_layer`` with an optional ``tap`` added to the mixer's operator output."""
-    return decoder_layer(layer, h, cfg, kind, layer_tap(tap))
-
-
-def lm_forward(params: dict, ids, cfg: Config, capture: tuple[str, ...] = (), adds=None, sets=None):
-    """Full ``GraniteMoeHybridForCausalLM``: ``ids (B, L) -> (logits (B, L, vocab) float32,
-    captured)`` (``capture`` / ``adds`` / ``sets``: hook names and edits, ``nn.hooks.ForwardHooks``;
-    ``hook_embed`` is the embedding before ``embedding_multiplier``)."""
-    return hybrid_lm(params, ids, cfg, decoder_layer, capture, adds, sets, cfg.embedding_multiplier,
-                     cfg.logits_scaling)
-
-
-lm_forward_jit = jax.jit(full_precision(lm_forward), static_argnames=("cfg", "capture"))
-layer_forward_jit = jax.jit(full_precision(layer_forward), static_argnames=("cfg", "kind"))
+# HF ``GraniteMoeHybridDecoderLayer`` / ``GraniteMoeHybridForCausalLM``: the MoE and shared
+# MLP, ``residual_multiplier``, ``embedding_multiplier`` (``hook_embed`` is before it) and
+# ``logits_scaling``.
+FUNCTIONS = hybrid_functions(mixer_forward, mixer_operator, ffn_forward, lambda c: c.residual_multiplier,
+                             lambda c: c.embedding_multiplier, lambda c: c.logits_scaling)
+decoder_layer, layer_forward, lm_forward = FUNCTIONS.decoder_layer, FUNCTIONS.layer_forward, FUNCTIONS.lm_forward
+lm_forward_jit, layer_forward_jit = FUNCTIONS.lm_forward_jit, FUNCTIONS.layer_forward_jit
 
 __all__ = ["VARIANTS", "shared_mlp_forward", "moe_forward", "ffn_forward", "decoder_layer", "layer_forward",
            "lm_forward", "lm_forward_jit", "layer_forward_jit", "mixer_forward", "mixer_operator"]

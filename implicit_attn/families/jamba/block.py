@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import jax
 
-from ...nn.hooks import layer_tap
 from ...nn.moe import experts_forward, gated_act, softmax_then_topk
-from ...ops import full_precision, linear
-from ..bamba.block import hybrid_layer, hybrid_lm, hybrid_mixers, mlp_forward
+from ...ops import linear
+from ..bamba.block import hybrid_functions, hybrid_mixers, mlp_forward
 from ..mamba import VARIANTS
 from ..mamba.block import mixer_forward as mamba_forward
 from ..mamba.block import mixer_operator as mamba_operator
@@ -43,27 +42,11 @@ def ffn_forward(p: dict, x, cfg: Config):
 mixer_forward, mixer_operator = hybrid_mixers(mamba_forward, mamba_operator)
 
 
-def decoder_layer(layer: dict, h, cfg: Config, kind: str, hook=None):
-    """HF ``JambaMambaDecoderLayer`` / ``JambaAttentionDecoderLayer``: ``(h_next, mixer input)``,
-    both ``(B, L, d_model)``."""
-    return hybrid_layer(layer, h, cfg, kind, hook, mixer_forward, ffn_forward)
-
-
-def layer_forward(layer: dict, h, cfg: Config, kind: str, tap=None):
-    """``decoder_layer`` with an optional ``tap`` added to the mixer's operator output."""
-    return decoder_layer(layer, h, cfg, kind, layer_tap(tap))
-
-
-def lm_forward(params: dict, ids, cfg: Config, capture: tuple[str, ...] = (), adds=None, sets=None):
-    """Full ``JambaForCausalLM``: ``ids (B, L) -> (logits (B, L, vocab) float32, captured)``
-    (``capture`` / ``adds`` / ``sets``: hook names and edits, see ``nn.hooks.ForwardHooks``)."""
-    return hybrid_lm(params, ids, cfg, decoder_layer, capture, adds, sets)
-
-
-lm_forward_jit = jax.jit(full_precision(lm_forward), static_argnames=("cfg", "capture"))
-layer_forward_jit = jax.jit(full_precision(layer_forward), static_argnames=("cfg", "kind"))
-mixer_forward_jit = jax.jit(full_precision(mixer_forward), static_argnames=("cfg", "kind"))
-mixer_operator_jit = jax.jit(full_precision(mixer_operator), static_argnames=("cfg", "kind", "variant"))
+# HF ``JambaMambaDecoderLayer`` / ``JambaAttentionDecoderLayer`` / ``JambaForCausalLM``.
+FUNCTIONS = hybrid_functions(mixer_forward, mixer_operator, ffn_forward)
+decoder_layer, layer_forward, lm_forward = FUNCTIONS.decoder_layer, FUNCTIONS.layer_forward, FUNCTIONS.lm_forward
+lm_forward_jit, layer_forward_jit = FUNCTIONS.lm_forward_jit, FUNCTIONS.layer_forward_jit
+mixer_forward_jit, mixer_operator_jit = FUNCTIONS.mixer_forward_jit, FUNCTIONS.mixer_operator_jit
 
 __all__ = ["VARIANTS", "moe_forward", "ffn_forward", "mixer_forward", "mixer_operator", "decoder_layer",
            "layer_forward", "lm_forward", "lm_forward_jit", "layer_forward_jit", "mixer_forward_jit",
