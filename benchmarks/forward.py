@@ -53,7 +53,7 @@ def write_checkpoint(family: str, path: str, quick: bool) -> dict:
     from implicit_attn.registry import family as spec_of
 
     spec = spec_of(family)
-    cfg = spec.config(**bench_shape(family, quick))
+    cfg = spec.config.from_hf(bench_shape(family, quick))  # HF kwargs, read as config.json
     model = spec.lm(cfg, spec.init_params(cfg, jax.random.PRNGKey(0)))
     ia.save(model, path)
     n = sum(x.size for x in jax.tree.leaves(model.params()))
@@ -110,8 +110,9 @@ def forward_row(family: str, L: int, quick: bool = False) -> dict:
     err = float(np.max(np.abs(a - b)))
     from implicit_attn.registry import family as spec_of
 
-    hf = spec_of(family).hf_class
-    layers = bench_shape(family, quick)["num_hidden_layers"]
+    spec = spec_of(family)
+    hf = spec.hf_class
+    layers = spec.config.from_hf(bench_shape(family, quick)).num_hidden_layers  # ours (Nemotron-H: token mixers)
     return {"case": f"{family} forward, {layers} layers, {ck['params'] / 1e6:.3g}M params, L={L}",
             "ours_s": jx["seconds"], "baseline": f"HF {hf} (torch CPU, {th['threads']} threads)",
             "baseline_s": th["seconds"], "speedup": th["seconds"] / jx["seconds"],

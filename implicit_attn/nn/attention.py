@@ -8,6 +8,8 @@ The functions take a config with ``num_attention_heads``, ``num_key_value_heads`
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 
 from ..operator import AttentionCore, AttentionOperator
@@ -41,13 +43,34 @@ class AttentionFields:
         return self.head_dim ** -0.5
 
     def check_attention_fields(self):
-        """``ValueError`` naming the fields unless the heads divide the width, the key/value
-        heads divide the heads and the rotary dimension is even."""
-        self.check_multiple("hidden_size", "num_attention_heads")
+        """``ValueError`` naming the fields unless the heads divide the width (where
+        ``head_dim`` is derived from it, not a config field), the key/value heads divide
+        the heads and the rotary dimension is even."""
+        if "head_dim" in {f.name for f in dataclasses.fields(self)}:
+            self.check_ints("head_dim")
+        else:
+            self.check_multiple("hidden_size", "num_attention_heads")
         self.check_multiple("num_attention_heads", "num_key_value_heads")
         if self.rotary_dim % 2:
             raise ValueError(f"the rotary dimension ({self.rotary_dim}, from head_dim {self.head_dim}"
                              f"{self.rotary_note}) must be even")
+
+
+class NoPositionFields(AttentionFields):
+    """``AttentionFields`` of full causal attention without positional encoding (Jamba's
+    and Nemotron-H's attention layers)."""
+
+    @property
+    def rotary_dim(self) -> int:
+        return 0
+
+    @property
+    def rotary_note(self) -> str:
+        return ""
+
+    @property
+    def attention_window_size(self) -> int:
+        return FULL_WINDOW
 
 
 def segment_ids(pos):
@@ -121,5 +144,5 @@ def attention_operator(p: dict, h, pos, cfg) -> AttentionOperator:
     return AttentionOperator(values=values, offset=jnp.zeros_like(values), output=out, core=core)
 
 
-__all__ = ["FULL_WINDOW", "AttentionFields", "segment_ids", "rotary", "attention_parts", "repeat_kv", "attention_inner",
+__all__ = ["FULL_WINDOW", "AttentionFields", "NoPositionFields", "segment_ids", "rotary", "attention_parts", "repeat_kv", "attention_inner",
            "attention_forward", "attention_operator"]

@@ -25,6 +25,61 @@ def softmax_then_topk(logits, k: int):
     return jax.lax.top_k(jax.nn.softmax(logits.astype(f32), axis=-1), k)
 
 
+def sigmoid_group_topk(logits, bias, k: int, n_group: int, topk_group: int, normalize: bool, scale: float):
+    """DeepSeek-V3 / Nemotron-H routing: sigmoid scores; experts are chosen on ``scores +
+    bias`` among the ``topk_group`` of ``n_group`` expert groups with the largest sum of
+    their two best biased scores; each chosen expert is weighted by its unbiased score,
+    divided by the chosen scores' sum (``+ 1e-20``) if ``normalize``, times ``scale``.
+    ``logits (T, E)``, ``bias (E,)`` -> ``(weights (T, k) float32, experts (T, k) int32)``."""
+    T, E = logits.shape
+    scores = jax.nn.sigmoid(logits.astype(f32))
+    choice = scores + jnp.asarray(bias, f32)
+    groups = choice.reshape(T, n_group, E // n_group)
+    group_score = jax.lax.top_k(groups, 2)[0].sum(-1)  # (T, n_group)
+    _, keep = jax.lax.top_k(group_score, topk_group)
+    kept = jnp.zeros((T, n_group), bool).at[jnp.arange(T)[:, None], keep].set(True)
+    choice = jnp.where(jnp.repeat(kept, E // n_group, axis=1), choice, -jnp.inf)
+    _, idx = jax.lax.top_k(choice, k)
+    w = jnp.take_along_axis(scores, idx, axis=1)
+    if normalize:
+        w = w / (w.sum(-1, keepdims=True) + 1e-20)
+    return w * jnp.asarray(scale, f32), idx
+
+
+def relu2(x):
+    """``relu(x) ** 2`` (HF ``"relu2"``)."""
+    return jnp.square(jax.nn.relu(x))
+
+
+def stack_experts(t: dict, n: int, fused: dict) -> dict:
+    """Per-expert checkpoint tensors -> stacked ones (what HF holds in memory).
+
+    Args:
+      t: ``{"experts.{e}.{name}": (F, ...)}`` and other tensors (kept as they are).
+      n: the number of experts.
+      fused: ``{stacked name: [per-expert names concatenated along axis 0]}``, e.g.
+        ``{"experts.gate_up_proj": ["gate_proj.weight", "up_proj.weight"]}``.
+    Returns:
+      ``{stacked name: (n, sum F, ...)}`` plus the other tensors.
+    """
+    per_expert = {f"experts.{e}.{name}" for e in range(n) for names in fused.values() for name in names}
+    out = {k: v for k, v in t.items() if k not in per_expert}
+    for stacked, names in fused.items():
+        out[stacked] = jnp.stack([jnp.concatenate([jnp.asarray(t[f"experts.{e}.{name}"]) for name in names])
+                                  for e in range(n)])
+    return out
+
+
+def split_experts(p: dict, n: int, fused: dict) -> dict:
+    """The inverse of ``stack_experts`` (each stacked tensor split into equal parts)."""
+    out = {k: v for k, v in p.items() if k not in fused}
+    for stacked, names in fused.items():
+        for e in range(n):
+            for name, part in zip(names, jnp.split(jnp.asarray(p[stacked][e]), len(names))):
+                out[f"experts.{e}.{name}"] = part
+    return out
+
+
 def gated_act(act):
     """``u (..., 2F) -> act(u[..., :F]) * u[..., F:]`` (a fused gate/up projection)."""
     def f(u):
@@ -77,4 +132,5 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 64):
     return jnp.zeros_like(x).at[tok].add(o.astype(x.dtype))
 
 
-__all__ = ["topk_then_softmax", "softmax_then_topk", "gated_act", "experts_forward"]
+__all__ = ["topk_then_softmax", "softmax_then_topk", "sigmoid_group_topk", "relu2", "gated_act", "experts_forward",
+           "stack_experts", "split_experts"]

@@ -34,6 +34,9 @@ class FamilySpec:
         ``"backbone.layers.{i}.mixer"``; alternatives separated by ``|`` where the mixer's
         name depends on the layer kind), for per-mixer parity tests.
       bench: ``{"full": HF kwargs, "quick": HF kwargs}`` of the forward benchmark.
+      hf_mixer_layers: ``HF config object -> [HF layer index of each of our layers' mixer]``
+        where our layers are not HF's one to one (Nemotron-H: a token-mixing layer with the
+        MLP layers after it); None: layer ``i`` is HF layer ``i``.
       has_heads: operators of this family have heads (``heads=``, ``head_matrices``).
     """
 
@@ -55,6 +58,7 @@ class FamilySpec:
     bench: dict
     hf_setup: Callable
     has_heads: bool = False
+    hf_mixer_layers: Callable | None = None
 
 
 def perturb_parameters(model, torch, scale: float = 0.05, seed: int = 0):

@@ -101,21 +101,24 @@ def torch_forward(torch_model, input_ids, mixer_path: str | None = None):
     Args:
       torch_model: an HF ``*ForCausalLM`` of a registered family.
       input_ids: ``(B, L)`` int token ids.
-      mixer_path: dotted path of layer ``{i}``'s mixer (default: the family's
-        ``FamilySpec.hf_mixer``).
+      mixer_path: dotted path of HF layer ``{i}``'s mixer (default: the family's
+        ``FamilySpec.hf_mixer``; ``FamilySpec.hf_mixer_layers`` maps our layers to HF's).
     Returns:
       ``(logits (B, L, vocab) float32, {layer: (mixer input (B, L, D), mixer output (B, L, D))})``
       as numpy arrays.
     """
-    path = mixer_path or family(torch_model.config.model_type).hf_mixer
+    spec = family(torch_model.config.model_type)
+    path = mixer_path or spec.hf_mixer
+    hf_layers = (range(torch_model.config.num_hidden_layers) if spec.hf_mixer_layers is None
+                 else spec.hf_mixer_layers(torch_model.config))
     io_ = {}
     hooks = []
-    for i in range(torch_model.config.num_hidden_layers):
+    for i, hf_layer in enumerate(hf_layers):
         def hook(mod, args, kwargs, out, i=i):
             x = args[0] if args else kwargs["hidden_states"]  # some HF layers call mixers by keyword
             out = out[0] if isinstance(out, tuple) else out
             io_[i] = (x.detach().float().numpy().copy(), out.detach().float().numpy().copy())
-        hooks.append(hf_module(torch_model, path.format(i=i)).register_forward_hook(hook, with_kwargs=True))
+        hooks.append(hf_module(torch_model, path.format(i=hf_layer)).register_forward_hook(hook, with_kwargs=True))
     try:
         with torch.no_grad():
             logits = torch_model(torch.as_tensor(np.asarray(input_ids), dtype=torch.long), use_cache=False).logits

@@ -148,6 +148,36 @@ def jamba_configs(draw) -> dict:
 
 
 @st.composite
+def nemotron_h_configs(draw) -> dict:
+    """``NemotronHConfig`` kwargs: the layer pattern (a token-mixing layer first), attention
+    heads (KV heads dividing them) and head width, Mamba-2 heads, head width, groups, state,
+    conv width and chunk, the MLP, the experts (groups of at least 2, kept groups, experts
+    per token, latent width or none, scaling, normalisation), biases."""
+    mixers = draw(st.lists(st.sampled_from(["M", "*"]), min_size=1, max_size=3))
+    pattern = "".join(m + "".join(draw(st.lists(st.sampled_from(["-", "E"]), max_size=2))) for m in mixers)
+    heads = draw(st.sampled_from([1, 2, 4]))
+    m_heads = draw(st.sampled_from([2, 4]))
+    n_group = draw(st.sampled_from([1, 2]))
+    experts = n_group * draw(st.sampled_from([2, 3]))
+    topk_group = draw(st.integers(1, n_group))
+    return {**family("nemotron_h").tiny,
+            "vocab_size": draw(VOCAB), "hidden_size": draw(st.sampled_from([8, 16])), "hybrid_override_pattern": pattern,
+            "num_attention_heads": heads, "num_key_value_heads": draw(st.sampled_from(divisors(heads))),
+            "head_dim": draw(st.sampled_from([4, 8])), "intermediate_size": draw(st.sampled_from([8, 24])),
+            "mamba_num_heads": m_heads, "mamba_head_dim": draw(st.sampled_from([2, 4])),
+            "n_groups": draw(st.sampled_from(divisors(m_heads))), "ssm_state_size": draw(st.integers(1, 6)),
+            "conv_kernel": draw(st.integers(1, 4)), "chunk_size": draw(st.sampled_from([4, 8, 16])),
+            "use_conv_bias": draw(st.booleans()), "use_bias": draw(st.booleans()), "mlp_bias": draw(st.booleans()),
+            "time_step_min": draw(st.sampled_from([1e-4, 0.001, 0.05])),  # HF initialises dt from its log
+            "n_routed_experts": experts, "n_group": n_group, "topk_group": topk_group,
+            "num_experts_per_tok": draw(st.integers(1, topk_group * experts // n_group)),
+            "moe_intermediate_size": draw(st.sampled_from([4, 8])),
+            "moe_shared_expert_intermediate_size": draw(st.sampled_from([4, 12])),
+            "moe_latent_size": draw(st.sampled_from([None, 4])), "routed_scaling_factor": draw(st.floats(0.5, 3.0)),
+            "norm_topk_prob": draw(st.booleans())}
+
+
+@st.composite
 def rwkv_configs(draw) -> dict:
     """``RwkvConfig`` kwargs: widths of the residual stream, attention and feed-forward,
     depth (at least 2: HF's initialisation divides by ``num_hidden_layers - 1``), and eval
@@ -162,7 +192,7 @@ def rwkv_configs(draw) -> dict:
 CONFIGS = {"mamba": mamba_configs, "mamba2": mamba2_configs, "recurrent_gemma": recurrent_gemma_configs,
            "rwkv": rwkv_configs, "falcon_mamba": falcon_mamba_configs,
            "bamba": bamba_configs, "granitemoehybrid": granite_configs,
-           "jamba": jamba_configs}
+           "jamba": jamba_configs, "nemotron_h": nemotron_h_configs}
 
 
 def model_types():

@@ -113,11 +113,11 @@ def mlp_ffn(p: dict, x, cfg):
 
 
 def hybrid_functions(mixer_forward, mixer_operator, ffn_fn, residual_scale=None, embedding_scale=None,
-                     logits_divisor=None) -> SimpleNamespace:
+                     logits_divisor=None, layer_fn=hybrid_layer) -> SimpleNamespace:
     """A hybrid family's entry points from its mixer functions (``hybrid_mixers``), its
-    feed-forward function ``(p, x, cfg) -> (B, L, d_model)`` and its scales, each ``cfg ->
+    feed-forward function ``(p, x, cfg) -> (B, L, d_model)``, its scales, each ``cfg ->
     float`` or None (``hybrid_layer``'s ``residual_scale``, ``hybrid_lm``'s ``embedding_scale``
-    and ``logits_divisor``).
+    and ``logits_divisor``), and its decoder layer (``hybrid_layer``'s signature).
 
     Returns a namespace of ``decoder_layer(layer, h, cfg, kind, hook=None) -> (h_next, hn)``,
     ``layer_forward(layer, h, cfg, kind, tap=None) -> (h_next, hn)`` (``tap`` added to the
@@ -128,9 +128,9 @@ def hybrid_functions(mixer_forward, mixer_operator, ffn_fn, residual_scale=None,
     scale = lambda f, cfg: None if f is None else f(cfg)
 
     def decoder_layer(layer: dict, h, cfg, kind: str, hook=None):
-        """One decoder layer (``bamba.block.hybrid_layer``): ``(h_next, mixer input)``, both
-        ``(B, L, d_model)``."""
-        return hybrid_layer(layer, h, cfg, kind, hook, mixer_forward, ffn_fn, scale(residual_scale, cfg))
+        """One decoder layer (``layer_fn``, default ``bamba.block.hybrid_layer``): ``(h_next,
+        mixer input)``, both ``(B, L, d_model)``."""
+        return layer_fn(layer, h, cfg, kind, hook, mixer_forward, ffn_fn, scale(residual_scale, cfg))
 
     def layer_forward(layer: dict, h, cfg, kind: str, tap=None):
         """``decoder_layer`` with an optional ``tap`` added to the mixer's operator output."""

@@ -19,7 +19,7 @@ from ..mamba.checkpoint import init_rule as mamba_init_rule
 from ..mamba2.checkpoint import mixer_shapes as mamba_shapes
 from .config import Config
 
-MIXER_PREFIX = {"mamba": "mamba.", "attention": "self_attn."}
+MIXER_PREFIX = {"mamba": "mamba.", "attention": "self_attn.", "parallel": ""}
 
 
 def attention_shapes(cfg: Config) -> dict:
@@ -72,11 +72,23 @@ LAYOUT = Layout("bamba", "model.final_layernorm.weight", "pre_ff_layernorm.weigh
                 lambda cfg, i: mlp_shapes(cfg))
 
 
+def mixer_tables(cfg, layout: Layout) -> dict:
+    """``{kind: {name under MIXER_PREFIX[kind]: shape}}`` of the mixer kinds in ``cfg.layer_types``:
+    ``"mamba"``, ``"attention"``, and ``"parallel"`` (both in one layer, Falcon-H1: the
+    Mamba names under ``mamba.``, the attention ones under ``self_attn.``)."""
+    kinds = set(cfg.layer_types)
+    mamba = layout.mamba_shapes(cfg.mixer_config) if kinds & {"mamba", "parallel"} else {}
+    attention = attention_shapes(cfg) if kinds & {"attention", "parallel"} else {}
+    return {"mamba": mamba, "attention": attention,
+            "parallel": {**{MIXER_PREFIX["mamba"] + k: s for k, s in mamba.items()},
+                         **{MIXER_PREFIX["attention"] + k: s for k, s in attention.items()}}}
+
+
 def layout_shapes(cfg, layout: Layout) -> tuple[dict, dict]:
     """``(required, optional)`` HF tensor names -> shapes of a checkpoint in ``layout``."""
     D, V = cfg.hidden_size, cfg.vocab_size
     req = {"model.embed_tokens.weight": (V, D), layout.final_norm: (D,)}
-    mixers = {"mamba": layout.mamba_shapes(cfg.mixer_config), "attention": attention_shapes(cfg)}
+    mixers = mixer_tables(cfg, layout)
     for i, kind in enumerate(cfg.layer_types):
         p = f"model.layers.{i}."
         req[p + "input_layernorm.weight"] = (D,)
@@ -100,11 +112,12 @@ def layout_params(cfg, tensors: dict, layout: Layout) -> dict:
     """HF tensors (already checked) in ``layout`` -> the ``LM`` parameter tree: per layer
     ``{"input_layernorm", "pre_ff_layernorm", "mixer", "feed_forward"}`` (local names)."""
     layers = []
+    mixers = mixer_tables(cfg, layout)
     for i, kind in enumerate(cfg.layer_types):
         p = f"model.layers.{i}."
         layers.append({"input_layernorm": tensors[p + "input_layernorm.weight"],
                        "pre_ff_layernorm": tensors[p + layout.ffn_norm],
-                       "mixer": sub(tensors, p + MIXER_PREFIX[kind]),
+                       "mixer": {k: tensors[p + MIXER_PREFIX[kind] + k] for k in mixers[kind]},
                        "feed_forward": layout.ffn_params(cfg, i, {k: tensors[p + layout.ffn_prefix + k]
                                                                   for k in layout.ffn_shapes(cfg, i)})})
     return {"embed_tokens": tensors["model.embed_tokens.weight"], "layers": layers,
@@ -163,5 +176,5 @@ def init_params(cfg: Config, key, dtype=jnp.float32) -> dict:
 
 
 __all__ = ["MIXER_PREFIX", "Layout", "LAYOUT", "attention_shapes", "mlp_shapes", "layout_shapes", "layout_params",
-           "layout_tensors", "expected_shapes", "params_from_tensors", "to_params", "from_params", "init_rule",
+           "layout_tensors", "mixer_tables", "expected_shapes", "params_from_tensors", "to_params", "from_params", "init_rule",
            "init_params", "sub"]

@@ -21,6 +21,8 @@ def tap_shape(cfg: Config, kind: str, B: int, L: int) -> tuple[tuple, str]:
     """Shape of a ``kind`` mixer's operator output, and its axes for messages."""
     if kind == "mamba":
         return (B, cfg.mamba_channels, L), "(batch, channels, length)"
+    if kind == "parallel":  # Mamba channels, then every attention head's value features
+        return (B, cfg.mamba_channels + cfg.num_attention_heads * cfg.head_dim, L), "(batch, channels, length)"
     return (B, cfg.num_attention_heads, L, cfg.head_dim), "(batch, heads, length, head_dim)"
 
 
@@ -59,9 +61,13 @@ class BambaLayer(nnx.Module):
         self.kind = kind
         self.input_layernorm = nnx.Param(jnp.asarray(layer["input_layernorm"]))
         self.pre_ff_layernorm = nnx.Param(jnp.asarray(layer["pre_ff_layernorm"]))
-        self.mixer = (self.mamba_class(cfg.mixer_config, layer["mixer"]) if kind == "mamba"
-                      else self.attention_class(cfg, layer["mixer"]))
+        self.mixer = self.make_mixer(cfg, kind, layer["mixer"])
         self.feed_forward = Weights(layer["feed_forward"])
+
+    def make_mixer(self, cfg: Config, kind: str, params: dict):
+        """The ``Mixer`` of a ``kind`` layer: ``mamba_class`` (with ``cfg.mixer_config``) or
+        ``attention_class``."""
+        return self.mamba_class(cfg.mixer_config, params) if kind == "mamba" else self.attention_class(cfg, params)
 
     def params(self) -> dict:
         return {"input_layernorm": self.input_layernorm[...], "pre_ff_layernorm": self.pre_ff_layernorm[...],

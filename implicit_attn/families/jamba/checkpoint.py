@@ -15,6 +15,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ...nn import hf_from_params, init_from_table, params_from_hf
+from ...nn.moe import split_experts, stack_experts
 from ..bamba.checkpoint import Layout, init_rule, layout_params, layout_shapes, layout_tensors, mlp_shapes
 from ..mamba.checkpoint import mixer_shapes as mamba_shapes
 from .config import Config
@@ -32,32 +33,22 @@ def ffn_shapes(cfg: Config, layer: int) -> dict:
     return m
 
 
-def stack_experts(cfg: Config, layer: int, t: dict) -> dict:
-    """Per-expert tensors as stored -> the stacked ``experts.gate_up_proj`` / ``experts.down_proj``."""
-    if not cfg.is_moe(layer):
-        return t
-    E = range(cfg.num_experts)
-    return {"router.weight": t["router.weight"],
-            "experts.gate_up_proj": jnp.stack([jnp.concatenate([t[f"experts.{e}.gate_proj.weight"],
-                                                                t[f"experts.{e}.up_proj.weight"]]) for e in E]),
-            "experts.down_proj": jnp.stack([t[f"experts.{e}.down_proj.weight"] for e in E])}
+# The per-expert tensors stacked as HF holds them in memory.
+FUSED = {"experts.gate_up_proj": ["gate_proj.weight", "up_proj.weight"], "experts.down_proj": ["down_proj.weight"]}
 
 
-def split_experts(cfg: Config, layer: int, p: dict) -> dict:
-    """The inverse of ``stack_experts``."""
-    if not cfg.is_moe(layer):
-        return p
-    F = cfg.intermediate_size
-    t = {"router.weight": p["router.weight"]}
-    for e in range(cfg.num_experts):
-        t.update({f"experts.{e}.gate_proj.weight": p["experts.gate_up_proj"][e, :F],
-                  f"experts.{e}.up_proj.weight": p["experts.gate_up_proj"][e, F:],
-                  f"experts.{e}.down_proj.weight": p["experts.down_proj"][e]})
-    return t
+def stacked_ffn(cfg: Config, layer: int, t: dict) -> dict:
+    """Layer ``layer``'s feed-forward tensors as stored -> params (experts stacked)."""
+    return stack_experts(t, cfg.num_experts, FUSED) if cfg.is_moe(layer) else t
+
+
+def stored_ffn(cfg: Config, layer: int, p: dict) -> dict:
+    """The inverse of ``stacked_ffn``."""
+    return split_experts(p, cfg.num_experts, FUSED) if cfg.is_moe(layer) else p
 
 
 LAYOUT = Layout("jamba", "model.final_layernorm.weight", "pre_ff_layernorm.weight", "feed_forward.", ffn_shapes,
-                mamba_shapes, stack_experts, split_experts)
+                mamba_shapes, stacked_ffn, stored_ffn)
 
 
 def expected_shapes(cfg: Config) -> tuple[dict, dict]:
@@ -86,5 +77,5 @@ def init_params(cfg: Config, key, dtype=jnp.float32) -> dict:
     return init_from_table(cfg, expected_shapes, init_rule, params_from_tensors, key, dtype)
 
 
-__all__ = ["LAYOUT", "ffn_shapes", "stack_experts", "split_experts", "expected_shapes", "params_from_tensors",
+__all__ = ["LAYOUT", "FUSED", "ffn_shapes", "stacked_ffn", "stored_ffn", "expected_shapes", "params_from_tensors",
            "to_params", "from_params", "init_params"]

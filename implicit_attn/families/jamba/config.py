@@ -8,7 +8,7 @@ import math
 from typing import ClassVar
 
 from ...nn import HFConfig
-from ...nn.attention import FULL_WINDOW, AttentionFields
+from ...nn.attention import NoPositionFields
 from ...nn.config import MAX_LAYERS
 from ..falcon_mamba import Config as FalconMambaConfig
 
@@ -23,7 +23,7 @@ class MixerConfig(FalconMambaConfig):
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(AttentionFields, HFConfig):
+class Config(NoPositionFields, HFConfig):
     """The fields of HF ``JambaConfig`` the forward pass needs.
 
     Layer ``i`` is attention if ``i % attn_layer_period == attn_layer_offset``, Mamba
@@ -95,18 +95,6 @@ class Config(AttentionFields, HFConfig):
     def is_moe(self, layer: int) -> bool:
         """Whether layer ``layer``'s feed-forward part is the mixture of experts."""
         return self.num_experts > 1 and layer % self.expert_layer_period == self.expert_layer_offset
-
-    @property
-    def rotary_dim(self) -> int:
-        return 0  # no positional encoding in the attention layers
-
-    @property
-    def rotary_note(self) -> str:
-        return ""
-
-    @property
-    def attention_window_size(self) -> int:
-        return FULL_WINDOW  # full causal attention
 
     @property
     def mamba_channels(self) -> int:

@@ -36,6 +36,15 @@ def split_heads(x, n: int):
     return x.reshape(x.shape[:-1] + (n, x.shape[-1] // n))
 
 
+def proj_scale(cfg: Config):
+    """``(proj_size,)`` float32 factors of ``in_proj``'s rows from ``cfg.proj_multipliers``
+    ``(z, x, B, C, dt)`` (Falcon-H1's muP vector; the ``[z0, x0]`` MLP part, if any, keeps 1)."""
+    m, C, GN, H = cfg.d_mlp, cfg.d_ssm, cfg.n_groups * cfg.state_size, cfg.num_heads
+    sizes = (C, C, GN, GN, H)
+    return jnp.concatenate([jnp.ones((2 * m,), f32)] + [jnp.full((n,), s, f32)
+                                                        for n, s in zip(sizes, cfg.proj_multipliers)])
+
+
 def mixer_parts(p: dict, h, cfg: Config) -> dict:
     """Intermediates of the mixer for input ``h (B, L, d_model)``.
 
@@ -44,7 +53,11 @@ def mixer_parts(p: dict, h, cfg: Config) -> dict:
     ``Bm, Cm (B, L, n_groups, N)`` float32, ``dt (B, L, H)`` float32, ``A (H,)`` float32.
     """
     m, C, G, N = cfg.d_mlp, cfg.d_ssm, cfg.n_groups, cfg.state_size
+    if cfg.in_multiplier != 1.0:
+        h = h * jnp.asarray(cfg.in_multiplier, h.dtype)
     proj = linear(h, p["in_proj.weight"], p.get("in_proj.bias"))
+    if cfg.proj_multipliers is not None:
+        proj = proj * proj_scale(cfg).astype(proj.dtype)
     z0, x0, z = proj[..., :m], proj[..., m:2 * m], proj[..., 2 * m:2 * m + C]
     xbc = proj[..., 2 * m + C:2 * m + C + cfg.conv_dim]
     dt_in = proj[..., 2 * m + C + cfg.conv_dim:]
@@ -123,6 +136,27 @@ def gated_rms_norm(y, z, w, group_size: int, eps: float):
     return w * (g * gated_norm_scale(g, group_size, eps)).astype(y.dtype)
 
 
+def output_norm_scale(y, gate, w, cfg: Config):
+    """The output norm as a per-token, per-channel factor ``n`` with ``out = y * gate * n``
+    (``cfg.norm_mode``): ``w / rms_group(y gate)``, ``w / rms_group(y)``, or 1 (``"none"``).
+    ``y, gate (B, L, C)`` float32, ``w (C,)`` or None -> ``(B, L, C)`` float32."""
+    if cfg.norm_mode == "none":
+        return jnp.ones_like(y)
+    src = y * gate if cfg.norm_mode == "gate_then_norm" else y
+    return w * gated_norm_scale(src, cfg.d_ssm // cfg.n_groups, cfg.layer_norm_epsilon)
+
+
+def output_norm(y, z, w, cfg: Config):
+    """The gated output norm of ``cfg.norm_mode`` on the SSD output ``y (B, L, C)``: HF's
+    ``MambaRMSNormGated`` (``gated_rms_norm``), Falcon-H1's norm before the gate (float32,
+    ``w * y / rms(y) * SiLU(z)``) or the gate alone."""
+    if cfg.norm_mode == "gate_then_norm":
+        return gated_rms_norm(y, z, w, cfg.d_ssm // cfg.n_groups, cfg.layer_norm_epsilon)
+    gate = jax.nn.silu(z.astype(f32))
+    yf = y.astype(f32)
+    return (yf * output_norm_scale(yf, gate, None if w is None else w.astype(f32), cfg) * gate).astype(y.dtype)
+
+
 def ssm_apply(q: dict, cfg: Config, v, D=None):
     """``alpha_h v_h`` for ``v (B, L, C)``: ``(B, L, C)`` float32."""
     H = cfg.num_heads
@@ -137,7 +171,7 @@ def mixer_inner(p: dict, h, cfg: Config):
     """
     q = mixer_parts(p, h, cfg)
     y = ssm_apply(q, cfg, q["u"], p["D"])
-    y = gated_rms_norm(y, q["z"], p["norm.weight"], cfg.d_ssm // cfg.n_groups, cfg.layer_norm_epsilon)
+    y = output_norm(y, q["z"], p.get("norm.weight"), cfg)
     return y.astype(f32), q
 
 
@@ -158,7 +192,8 @@ def mixer_forward(p: dict, h, cfg: Config, hook=None):
 def mixer_operator(p: dict, h, cfg: Config, variant: str = "full") -> Mamba2Operator:
     """The mixer's implicit operator for input ``h (B, L, d_model)``; channels = SSM width ``C``.
 
-    With ``g = w / rms`` (the gated norm's per-token, per-group scale times its weight),
+    With ``g = w / rms`` (the output norm's per-token, per-group scale times its weight;
+    ``cfg.norm_mode``: the rms of ``y SiLU(z)``, of ``y``, or ``g = 1`` without a norm),
     ``s = SiLU(z)``, ``a = sigmoid(xpre)``, ``alpha_h`` the SSD matrix with D:
 
     * ``"full"``: ``diag(g s) alpha diag(a) M`` on ``x`` (pre-conv), offset
@@ -178,12 +213,11 @@ def mixer_operator(p: dict, h, cfg: Config, variant: str = "full") -> Mamba2Oper
     T = lambda a: jnp.swapaxes(a, 1, 2).astype(f32)  # (B, L, C) -> (B, C, L)
     C, P, H = cfg.d_ssm, cfg.head_dim, cfg.num_heads
     D = p["D"].astype(f32)
-    w = p["norm.weight"].astype(f32)
+    w = p.get("norm.weight")
     y = ssm_apply(q, cfg, q["u"], D)
     gate = jax.nn.silu(q["z"].astype(f32))
-    gs = y * gate
-    norm = w * gated_norm_scale(gs, C // cfg.n_groups, cfg.layer_norm_epsilon)
-    output = gs * norm
+    norm = output_norm_scale(y, gate, None if w is None else w.astype(f32), cfg)
+    output = y * gate * norm
     sig = jax.nn.sigmoid(q["xpre"].astype(f32))
     conv_w = p["conv1d.weight"][:C, 0, :].astype(f32)
     bias = p.get("conv1d.bias")
@@ -239,5 +273,5 @@ block_forward_jit = jax.jit(full_precision(block_forward), static_argnames=("cfg
 
 
 __all__ = ["VARIANTS", "rms_norm", "split_heads", "mixer_parts", "ssd", "gated_norm_scale", "gated_rms_norm",
-           "ssm_apply", "mixer_inner", "mixer_forward", "mixer_operator", "head_matrices", "block_forward",
+           "ssm_apply", "proj_scale", "output_norm_scale", "output_norm", "mixer_inner", "mixer_forward", "mixer_operator", "head_matrices", "block_forward",
            "lm_forward", "lm_forward_jit", "mixer_operator_jit", "mixer_forward_jit", "block_forward_jit"]

@@ -18,11 +18,14 @@ def mixer_shapes(cfg: Config) -> dict:
     """
     D, H, K = cfg.hidden_size, cfg.num_heads, cfg.conv_kernel
     m = {"in_proj.weight": (cfg.proj_size, D), "conv1d.weight": (cfg.conv_dim, 1, K), "dt_bias": (H,),
-         "A_log": (H,), "D": (H,), "norm.weight": (cfg.d_ssm,), "out_proj.weight": (D, cfg.intermediate_size)}
+         "A_log": (H,), "D": (H,), "out_proj.weight": (D, cfg.intermediate_size)}
+    if cfg.norm_mode != "none":
+        m["norm.weight"] = (cfg.d_ssm,)
     if cfg.use_conv_bias:
         m["conv1d.bias"] = (cfg.conv_dim,)
     if cfg.use_bias:
         m["in_proj.bias"] = (cfg.proj_size,)
+    if cfg.out_proj_bias:
         m["out_proj.bias"] = (D,)
     return m
 

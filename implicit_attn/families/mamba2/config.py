@@ -10,6 +10,9 @@ from ...nn import HFConfig
 from ...nn.config import MAX_LAYERS, float_from_json, float_to_json
 
 
+NORM_MODES = ("gate_then_norm", "norm_then_gate", "none")
+
+
 @dataclasses.dataclass(frozen=True)
 class Config(HFConfig):
     """The fields of HF ``Mamba2Config`` the forward pass needs."""
@@ -83,6 +86,29 @@ class Config(HFConfig):
     def proj_size(self) -> int:
         return 2 * self.d_mlp + self.d_ssm + self.conv_dim + self.num_heads
 
+    # What HF's Mamba-2 descendants change; a subclass overrides these (Falcon-H1).
+    @property
+    def norm_mode(self) -> str:
+        """The output norm (``NORM_MODES``): ``"gate_then_norm"`` (HF ``MambaRMSNormGated``:
+        ``w * g / rms(g)`` with ``g = y SiLU(z)``), ``"norm_then_gate"`` (``w * y / rms(y) *
+        SiLU(z)``) or ``"none"`` (``y SiLU(z)``, no ``norm.weight``)."""
+        return "gate_then_norm"
+
+    @property
+    def in_multiplier(self) -> float:
+        """Factor of the mixer input before ``in_proj``."""
+        return 1.0
+
+    @property
+    def proj_multipliers(self) -> tuple | None:
+        """Factors of ``in_proj``'s ``(z, x, B, C, dt)`` rows (None: none)."""
+        return None
+
+    @property
+    def out_proj_bias(self) -> bool:
+        """Whether ``out_proj`` has a bias (``use_bias`` in HF Mamba-2)."""
+        return self.use_bias
+
     @classmethod
     def read_hf(cls, d: dict, kw: dict) -> dict:
         lim = kw.get("time_step_limit")
@@ -95,4 +121,15 @@ class Config(HFConfig):
         return d
 
 
-__all__ = ["Config"]
+@dataclasses.dataclass(frozen=True)
+class MixerConfig(Config):
+    """The Mamba-2 mixer config of hybrids whose inner width is ``num_heads * head_dim``
+    whatever ``hidden_size`` and ``expand`` are (Nemotron-H, Falcon-H1: no MLP part in
+    ``in_proj``)."""
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.d_ssm
+
+
+__all__ = ["Config", "MixerConfig", "NORM_MODES"]

@@ -1,0 +1,75 @@
+"""Nemotron-H (HF ``NemotronHForCausalLM``, ``model_type: "nemotron_h"``): one mixer per HF
+layer, ``h + mixer(rms_norm(h))``, each a Mamba-2 mixer, full causal attention without
+positional encoding, a squared-ReLU MLP or a mixture of squared-ReLU experts with a shared
+expert (``hybrid_override_pattern`` ``M`` / ``*`` / ``-`` / ``E``). Our layer ``k`` is HF's
+``k``-th token-mixing layer with the MLP / MoE layers after it (``Config.blocks``).
+
+``config`` (HF fields; ``Config.mixer_config`` is the Mamba-2 config of the Mamba layers),
+``block`` (pure functions), ``modules`` (NNX), ``checkpoint`` (shape table, ``backbone.``
+names, per-expert tensors, init), ``naive`` (float64 references). The mixer math is
+``mamba2.block``'s and ``nn.attention``'s.
+"""
+from ...nn import FamilySpec, perturb_parameters
+from .block import VARIANTS, decoder_layer, ffn_forward, lm_forward, mixer_forward, mixer_operator, moe_forward
+from .checkpoint import expected_shapes, from_params, init_params, to_params
+from .config import Config
+from .modules import LM, AttentionMixer, FeedForwardLayer, NemotronLayer
+from .naive import naive_operator
+
+TOKEN_MIXING = ("linear_attention", "full_attention")
+
+
+def hf_setup(model, torch, seed: int = 0):
+    """Tiny torch test model: perturbed, with every norm weight, the Mamba layers' D and conv
+    bias away from their initial values, a random router correction bias (a buffer HF
+    starts at zero), and one head's ``dt_bias`` far below zero so the ``time_step_min``
+    clamp is active."""
+    perturb_parameters(model, torch, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        norms = [model.model.norm_f]
+        for layer in model.model.layers:
+            norms.append(layer.norm)
+            mixer = layer.mixer
+            if layer.block_type == "linear_attention":
+                norms.append(mixer.norm)
+                mixer.D.add_(0.5)
+                mixer.dt_bias[0] = -12.0
+                if mixer.conv1d.bias is not None:
+                    mixer.conv1d.bias.add_(0.3)
+            elif layer.block_type == "moe":
+                bias = mixer.gate.e_score_correction_bias
+                bias.copy_(0.3 * torch.randn(bias.shape, generator=g))
+        for norm in norms:
+            norm.weight.add_(0.2 * torch.randn(norm.weight.shape, generator=g))
+
+
+def hf_mixer_layers(hf_config) -> list[int]:
+    """The HF index of each of our layers' token mixer."""
+    return [i for i, t in enumerate(hf_config.layers_block_type) if t in TOKEN_MIXING]
+
+
+SPEC = FamilySpec(
+    model_type="nemotron_h", label="Nemotron-H", config=Config, lm=LM, variants=VARIANTS,
+    exact_variants=("full", "no_conv"), to_params=to_params, from_params=from_params,
+    expected_shapes=expected_shapes, init_params=init_params, naive_operator=naive_operator,
+    hf_class="NemotronHForCausalLM", hf_config_class="NemotronHConfig",
+    # our layers: mamba + MLP + MoE, attention + MoE, mamba; head_dim * heads != hidden_size
+    tiny=dict(vocab_size=64, hidden_size=16, hybrid_override_pattern="M-E*EM", num_attention_heads=4,
+              num_key_value_heads=2, head_dim=8, intermediate_size=32, ssm_state_size=4, mamba_num_heads=4,
+              mamba_head_dim=8, n_groups=2, conv_kernel=4, chunk_size=4, n_routed_experts=4, num_experts_per_tok=2,
+              moe_intermediate_size=8, moe_shared_expert_intermediate_size=12, n_group=2, topk_group=1,
+              routed_scaling_factor=2.5, moe_latent_size=8),
+    hf_setup=hf_setup, hf_mixer="model.layers.{i}.mixer", hf_mixer_layers=hf_mixer_layers, has_heads=True,
+    # Nemotron-H-8B's layout scaled down: Mamba-2 and MLP layers alternating, attention 1 in 4
+    bench={"full": dict(vocab_size=1024, hidden_size=768, hybrid_override_pattern="M-M-M*-M-M-M*-",
+                        num_attention_heads=6, num_key_value_heads=2, head_dim=128, intermediate_size=3072,
+                        ssm_state_size=64, mamba_num_heads=24, mamba_head_dim=64, n_groups=8, chunk_size=64),
+           "quick": dict(vocab_size=256, hidden_size=128, hybrid_override_pattern="M-*E", num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=32, intermediate_size=256, ssm_state_size=16,
+                         mamba_num_heads=8, mamba_head_dim=16, n_groups=2, chunk_size=64, n_routed_experts=4,
+                         num_experts_per_tok=2, moe_intermediate_size=64, moe_shared_expert_intermediate_size=64)})
+
+__all__ = ["SPEC", "Config", "LM", "AttentionMixer", "FeedForwardLayer", "NemotronLayer", "VARIANTS",
+           "to_params", "from_params", "expected_shapes", "init_params", "naive_operator", "decoder_layer",
+           "lm_forward", "mixer_forward", "mixer_operator", "moe_forward", "ffn_forward", "hf_mixer_layers"]
