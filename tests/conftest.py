@@ -69,13 +69,15 @@ FIRST_CONFIG_BY_DEFAULT = ("test_mamba.py", "test_mamba2.py", "test_griffin.py",
 DEEP = {
     # README: the full pass on Mamba and the Quickstart on Bamba (a hybrid) by default; the
     # Griffin full pass and the other families' Quickstart repeat them.
-    "test_readme.py": r"test_readme_blocks_run\[(recurrent_gemma|mamba2|rwkv|falcon_mamba|granitemoehybrid|jamba|nemotron_h)\]",
+    "test_readme.py": r"test_readme_blocks_run\[(recurrent_gemma|mamba2|rwkv|falcon_mamba|granitemoehybrid|jamba|nemotron_h|falcon_h1)\]",
     # The hybrids' released layouts scaled down: the conformance contract again, on a second
     # configuration of each (the per-file checks of what is specific stay in the default tier).
     "test_bamba.py": r"test_released_layout_matches_torch_and_is_exact",
     "test_granite.py": r"test_released_layout_matches_torch_and_is_exact|test_dense_model_with_rope_matches_torch",
     "test_jamba.py": r"test_released_layout_matches_torch_and_is_exact",
     "test_nemotron_h.py": r"test_released_layout_matches_torch_and_is_exact\[\w+\]",
+    "test_falcon_h1.py": r"test_released_layout_matches_torch_and_is_exact"
+                         r"|test_mamba_output_norm_settings_match_torch\[gate_then_norm\]",
     # CPU kernel: every variant at L = 37 and the full variant at every length by default.
     "test_cpu_kernel.py": (r"test_materialize_matches_xla\[(?!full)\w+-(1|16)\]"
                            r"|test_griffin_matches_xla\[(?!full)\w+-1\]|test_griffin_matches_xla\[\w+-100\]"
@@ -94,6 +96,7 @@ DEEP = {
                                r"\[(?!mamba-)[\w-]+-tpu\]"
                                # Falcon-Mamba's, Granite's, Jamba's and Nemotron-H's operators are
                                # built by Mamba's and Bamba's functions, exported by default
+                               # (Falcon-H1's ParallelCore is new: its export stays by default)
                                r"|test_operators_export\[(falcon_mamba|granitemoehybrid|jamba|nemotron_h)-cuda\]"
                                r"|test_explain_methods_export\[(?!mamba-)[\w-]+-given-\w+\]"
                                r"|test_explain_(maps|methods)_export\[(?!mamba-|bamba-)[\w-]+\]"),

@@ -37,6 +37,9 @@ class FamilySpec:
       hf_mixer_layers: ``HF config object -> [HF layer index of each of our layers' mixer]``
         where our layers are not HF's one to one (Nemotron-H: a token-mixing layer with the
         MLP layers after it); None: layer ``i`` is HF layer ``i``.
+      hf_mixer_output: ``(HF config object, [outputs of the "+"-joined hf_mixer modules]) ->
+        mixer output``, for a mixer HF computes in several modules (Falcon-H1's Mamba and
+        attention paths); None otherwise.
       has_heads: operators of this family have heads (``heads=``, ``head_matrices``).
     """
 
@@ -59,6 +62,7 @@ class FamilySpec:
     hf_setup: Callable
     has_heads: bool = False
     hf_mixer_layers: Callable | None = None
+    hf_mixer_output: Callable | None = None
 
 
 def perturb_parameters(model, torch, scale: float = 0.05, seed: int = 0):

@@ -8,6 +8,8 @@
 * ``Mamba2Core``: per-head SSD matrices shared by the head's channels (Mamba-2).
 * ``RwkvCore``: a gated, decayed row softmax (RWKV-4).
 * ``AttentionCore``: the softmax probabilities of a (grouped-query) local attention.
+* ``ParallelCore``: two cores side by side, the second's channels repeated (a layer that
+  mixes tokens through two paths at once, Falcon-H1's Mamba-2 and attention).
 """
 from __future__ import annotations
 
@@ -322,4 +324,53 @@ class AttentionCore(OperatorCore):
         return attention_probs(q, k, self.seg, self.window)
 
 
-__all__ = ["StateDecayCore", "ScalarDecayCore", "DocumentMaskedCore", "Mamba2Core", "RwkvCore", "AttentionCore"]
+@pytree_dataclass(static=("repeat",))
+class ParallelCore(OperatorCore):
+    """The channels of ``first`` followed by those of ``second``, each of the latter
+    repeated ``repeat`` times: channel ``first.num_channels + s * repeat + r`` is ``second``'s
+    channel ``s`` (an attention head read by each of its ``repeat = head_dim`` value features).
+
+    ``dense`` of a concrete selection computes each part only for its own channels; a
+    traced one computes both and selects.
+    """
+
+    first: Any
+    second: Any
+    repeat: int
+
+    @property
+    def num_channels(self) -> int:
+        return self.first.num_channels + self.second.num_channels * self.repeat
+
+    def named_factors(self) -> dict:
+        """``first``'s factors, its ``gate`` extended with 1 over ``second``'s channels (no
+        gate there): ``gate (B, C, L)`` and ``first``'s ``log_decay``."""
+        f = dict(self.first.named_factors())
+        if "gate" in f:
+            g = f["gate"]
+            ones = jnp.ones((g.shape[0], self.second.num_channels * self.repeat, g.shape[2]), g.dtype)
+            f["gate"] = jnp.concatenate([g, ones], axis=1)
+        return f
+
+    def dense(self, idx):
+        """``(B, len(idx), L, L)`` float32 operators of channels ``idx``."""
+        C1 = self.first.num_channels
+        to_second = lambda i: (i - C1) // self.repeat
+        if not isinstance(idx, jax.core.Tracer):
+            idx = np.asarray(idx)
+            in_first = idx < C1
+            if in_first.all():
+                return self.first.dense(jnp.asarray(idx))
+            if not in_first.any():
+                return self.second.dense(jnp.asarray(to_second(idx)))
+            parts = jnp.concatenate([self.first.dense(jnp.asarray(idx[in_first])),
+                                     self.second.dense(jnp.asarray(to_second(idx[~in_first])))], axis=1)
+            order = np.concatenate([np.flatnonzero(in_first), np.flatnonzero(~in_first)])
+            return jnp.take(parts, jnp.asarray(np.argsort(order)), axis=1)
+        a = self.first.dense(jnp.clip(idx, 0, C1 - 1))
+        b = self.second.dense(jnp.clip(to_second(idx), 0, self.second.num_channels - 1))
+        return jnp.where((idx < C1)[None, :, None, None], a, b)
+
+
+__all__ = ["StateDecayCore", "ScalarDecayCore", "DocumentMaskedCore", "Mamba2Core", "RwkvCore", "AttentionCore",
+           "ParallelCore"]

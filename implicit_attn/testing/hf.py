@@ -102,7 +102,9 @@ def torch_forward(torch_model, input_ids, mixer_path: str | None = None):
       torch_model: an HF ``*ForCausalLM`` of a registered family.
       input_ids: ``(B, L)`` int token ids.
       mixer_path: dotted path of HF layer ``{i}``'s mixer (default: the family's
-        ``FamilySpec.hf_mixer``; ``FamilySpec.hf_mixer_layers`` maps our layers to HF's).
+        ``FamilySpec.hf_mixer``; ``FamilySpec.hf_mixer_layers`` maps our layers to HF's);
+        paths joined by ``+`` are modules whose outputs ``FamilySpec.hf_mixer_output``
+        combines into the mixer output (the input is the first one's).
     Returns:
       ``(logits (B, L, vocab) float32, {layer: (mixer input (B, L, D), mixer output (B, L, D))})``
       as numpy arrays.
@@ -111,20 +113,30 @@ def torch_forward(torch_model, input_ids, mixer_path: str | None = None):
     path = mixer_path or spec.hf_mixer
     hf_layers = (range(torch_model.config.num_hidden_layers) if spec.hf_mixer_layers is None
                  else spec.hf_mixer_layers(torch_model.config))
-    io_ = {}
+    parts = path.split("+")  # modules that together make one mixer (Falcon-H1: Mamba and attention)
+    seen = {}
     hooks = []
     for i, hf_layer in enumerate(hf_layers):
-        def hook(mod, args, kwargs, out, i=i):
-            x = args[0] if args else kwargs["hidden_states"]  # some HF layers call mixers by keyword
-            out = out[0] if isinstance(out, tuple) else out
-            io_[i] = (x.detach().float().numpy().copy(), out.detach().float().numpy().copy())
-        hooks.append(hf_module(torch_model, path.format(i=hf_layer)).register_forward_hook(hook, with_kwargs=True))
+        for j, part in enumerate(parts):
+            def hook(mod, args, kwargs, out, key=(i, j)):
+                x = args[0] if args else kwargs["hidden_states"]  # some HF layers call mixers by keyword
+                out = out[0] if isinstance(out, tuple) else out
+                seen[key] = (x.detach().float().numpy().copy(), out.detach().float().numpy().copy())
+            module = hf_module(torch_model, part.format(i=hf_layer))
+            hooks.append(module.register_forward_hook(hook, with_kwargs=True))
     try:
         with torch.no_grad():
             logits = torch_model(torch.as_tensor(np.asarray(input_ids), dtype=torch.long), use_cache=False).logits
     finally:
         for h in hooks:
             h.remove()
+    io_ = {}
+    for i in range(len(hf_layers)):
+        if (i, 0) not in seen:
+            continue
+        outs = [seen[i, j][1] for j in range(len(parts))]
+        out = outs[0] if len(parts) == 1 else spec.hf_mixer_output(torch_model.config, outs)
+        io_[i] = (seen[i, 0][0], out)
     return logits.float().numpy(), io_
 
 

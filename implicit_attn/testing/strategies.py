@@ -178,6 +178,34 @@ def nemotron_h_configs(draw) -> dict:
 
 
 @st.composite
+def falcon_h1_configs(draw) -> dict:
+    """``FalconH1Config`` kwargs: attention heads (KV heads dividing them) and head width,
+    the Mamba width (free of ``hidden_size``), heads and groups, state, conv width, chunk,
+    the output norm (none, before or after the gate), biases, depth, and every muP
+    multiplier."""
+    heads = draw(st.sampled_from([1, 2, 4]))
+    m_heads = draw(st.sampled_from([2, 4]))
+    mult = st.floats(0.25, 2.0)
+    return {**family("falcon_h1").tiny,
+            "vocab_size": draw(VOCAB), "hidden_size": draw(st.sampled_from([8, 16])),
+            "intermediate_size": draw(st.sampled_from([8, 24])), "num_hidden_layers": draw(st.integers(1, 3)),
+            "num_attention_heads": heads, "num_key_value_heads": draw(st.sampled_from(divisors(heads))),
+            "head_dim": draw(st.sampled_from([2, 4, 8])), "mamba_n_heads": m_heads,
+            "mamba_d_ssm": m_heads * draw(st.sampled_from([2, 3, 4])),
+            "mamba_n_groups": draw(st.sampled_from(divisors(m_heads))), "mamba_d_state": draw(st.integers(1, 6)),
+            "mamba_d_conv": draw(st.integers(1, 4)), "mamba_chunk_size": draw(st.sampled_from([4, 8, 16])),
+            "mamba_rms_norm": draw(st.booleans()), "mamba_norm_before_gate": draw(st.booleans()),
+            "mamba_conv_bias": draw(st.booleans()), "mamba_proj_bias": draw(st.booleans()),
+            "projectors_bias": draw(st.booleans()), "attention_bias": draw(st.booleans()),
+            "mlp_bias": draw(st.booleans()), "tie_word_embeddings": draw(st.booleans()),
+            "embedding_multiplier": draw(mult), "lm_head_multiplier": draw(mult), "key_multiplier": draw(mult),
+            "attention_in_multiplier": draw(mult), "attention_out_multiplier": draw(mult),
+            "ssm_in_multiplier": draw(mult), "ssm_out_multiplier": draw(mult),
+            "mlp_multipliers": draw(st.lists(mult, min_size=2, max_size=2)),
+            "ssm_multipliers": draw(st.lists(mult, min_size=5, max_size=5))}
+
+
+@st.composite
 def rwkv_configs(draw) -> dict:
     """``RwkvConfig`` kwargs: widths of the residual stream, attention and feed-forward,
     depth (at least 2: HF's initialisation divides by ``num_hidden_layers - 1``), and eval
@@ -192,7 +220,8 @@ def rwkv_configs(draw) -> dict:
 CONFIGS = {"mamba": mamba_configs, "mamba2": mamba2_configs, "recurrent_gemma": recurrent_gemma_configs,
            "rwkv": rwkv_configs, "falcon_mamba": falcon_mamba_configs,
            "bamba": bamba_configs, "granitemoehybrid": granite_configs,
-           "jamba": jamba_configs, "nemotron_h": nemotron_h_configs}
+           "jamba": jamba_configs, "nemotron_h": nemotron_h_configs,
+           "falcon_h1": falcon_h1_configs}
 
 
 def model_types():

@@ -87,11 +87,11 @@ def hybrid_layer(layer: dict, h, cfg, kind: str, hook, mixer_fn, ffn_fn, residua
 
 
 def hybrid_lm(params: dict, ids, cfg, layer_fn, capture=(), adds=None, sets=None, embedding_scale=None,
-              logits_divisor=None):
+              logits_divisor=None, logits_multiplier=None):
     """The LM of Bamba and its relatives: embeddings (times ``embedding_scale``; ``hook_embed``
     is before it), ``layer_fn(layer, h, cfg, kind, hook) -> (h, hn)`` per layer, the final
     RMSNorm, the head (tied to the embeddings if ``lm_head`` is None), logits divided by
-    ``logits_divisor``. ``ids (B, L) -> (logits (B, L, vocab) float32, captured)``."""
+    ``logits_divisor`` and multiplied by ``logits_multiplier``. ``ids (B, L) -> (logits (B, L, vocab) float32, captured)``."""
     hooks = ForwardHooks(capture, adds, sets)
     emb = params["embed_tokens"]
     h = hooks("hook_embed", embed(emb, ids))
@@ -104,6 +104,8 @@ def hybrid_lm(params: dict, ids, cfg, layer_fn, capture=(), adds=None, sets=None
     logits = h.astype(head.dtype) @ head.T
     if logits_divisor is not None:
         logits = logits / jnp.asarray(logits_divisor, logits.dtype)
+    if logits_multiplier is not None:
+        logits = logits * jnp.asarray(logits_multiplier, logits.dtype)
     return logits.astype(f32), hooks.captured
 
 
@@ -113,11 +115,11 @@ def mlp_ffn(p: dict, x, cfg):
 
 
 def hybrid_functions(mixer_forward, mixer_operator, ffn_fn, residual_scale=None, embedding_scale=None,
-                     logits_divisor=None, layer_fn=hybrid_layer) -> SimpleNamespace:
+                     logits_divisor=None, layer_fn=hybrid_layer, logits_multiplier=None) -> SimpleNamespace:
     """A hybrid family's entry points from its mixer functions (``hybrid_mixers``), its
     feed-forward function ``(p, x, cfg) -> (B, L, d_model)``, its scales, each ``cfg ->
-    float`` or None (``hybrid_layer``'s ``residual_scale``, ``hybrid_lm``'s ``embedding_scale``
-    and ``logits_divisor``), and its decoder layer (``hybrid_layer``'s signature).
+    float`` or None (``hybrid_layer``'s ``residual_scale``, ``hybrid_lm``'s ``embedding_scale``,
+    ``logits_divisor`` and ``logits_multiplier``), and its decoder layer (``hybrid_layer``'s signature).
 
     Returns a namespace of ``decoder_layer(layer, h, cfg, kind, hook=None) -> (h_next, hn)``,
     ``layer_forward(layer, h, cfg, kind, tap=None) -> (h_next, hn)`` (``tap`` added to the
@@ -140,7 +142,7 @@ def hybrid_functions(mixer_forward, mixer_operator, ffn_fn, residual_scale=None,
         """The full LM (``bamba.block.hybrid_lm``): ``ids (B, L) -> (logits (B, L, vocab)
         float32, captured)`` (``capture`` / ``adds`` / ``sets``: ``nn.hooks.ForwardHooks``)."""
         return hybrid_lm(params, ids, cfg, decoder_layer, capture, adds, sets, scale(embedding_scale, cfg),
-                         scale(logits_divisor, cfg))
+                         scale(logits_divisor, cfg), scale(logits_multiplier, cfg))
 
     return SimpleNamespace(
         decoder_layer=decoder_layer, layer_forward=layer_forward, lm_forward=lm_forward,

@@ -29,6 +29,8 @@ class Mamba2Fields:
     these fields the same way."""
 
     label: ClassVar[str] = ""
+    mixer_config_class: ClassVar[type] = Mamba2Config  # built by ``mixer_config``
+    mamba_width_source: ClassVar[str] = "mamba_expand * hidden_size"  # what sets ``mamba_width``
     mamba_n_heads: int = 128
     mamba_d_head: int | str = "auto"
     mamba_n_groups: int = 1
@@ -42,35 +44,43 @@ class Mamba2Fields:
 
     def check_mamba_fields(self):
         """Check the ``mamba_*`` fields (``ValueError`` naming them) and resolve
-        ``mamba_d_head="auto"`` to ``mamba_expand * hidden_size / mamba_n_heads``."""
+        ``mamba_d_head="auto"`` to ``mamba_width / mamba_n_heads``."""
         self.check_ints("mamba_n_heads", "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_expand",
                         "mamba_chunk_size")
         self.check_floats("rms_norm_eps", low=0.0)
         self.check_bools("mamba_conv_bias", "mamba_proj_bias")
         if isinstance(self.time_step_limit, list):
             object.__setattr__(self, "time_step_limit", tuple(self.time_step_limit))
-        inner = self.mamba_expand * self.hidden_size
+        inner, source = self.mamba_width, self.mamba_width_source
         if self.mamba_d_head == "auto":
             if inner % self.mamba_n_heads:
-                raise ValueError(f"{self.label} mamba_n_heads ({self.mamba_n_heads}) must divide mamba_expand * "
-                                 f"hidden_size ({inner})")
+                raise ValueError(f"{self.label} mamba_n_heads ({self.mamba_n_heads}) must divide {source} ({inner})")
             object.__setattr__(self, "mamba_d_head", inner // self.mamba_n_heads)
         self.check_ints("mamba_d_head")
         if self.mamba_d_head * self.mamba_n_heads != inner:
             raise ValueError(f"{self.label} mamba_d_head * mamba_n_heads ({self.mamba_d_head} * {self.mamba_n_heads}) "
-                             f"must equal mamba_expand * hidden_size ({inner})")
+                             f"must equal {source} ({inner})")
         self.mixer_config  # validates the Mamba-2 fields (n_groups, time_step_limit) with their messages
+
+    @property
+    def mamba_width(self) -> int:
+        """The Mamba layers' inner width (``mamba_expand * hidden_size``; a subclass may set it)."""
+        return self.mamba_expand * self.hidden_size
+
+    def mixer_options(self) -> dict:
+        """Further keyword arguments of ``mixer_config_class`` (a subclass's own fields)."""
+        return {}
 
     @functools.cached_property  # built once per config (its fields are frozen)
     def mixer_config(self) -> Mamba2Config:
         """The Mamba-2 config of the Mamba layers (HF ``BambaMixer`` is ``Mamba2Mixer``)."""
         try:
-            return Mamba2Config(
+            return self.mixer_config_class(
                 vocab_size=self.vocab_size, hidden_size=self.hidden_size, num_heads=self.mamba_n_heads,
                 head_dim=self.mamba_d_head, state_size=self.mamba_d_state, n_groups=self.mamba_n_groups,
                 conv_kernel=self.mamba_d_conv, expand=self.mamba_expand, chunk_size=self.mamba_chunk_size,
                 layer_norm_epsilon=self.rms_norm_eps, use_bias=self.mamba_proj_bias,
-                use_conv_bias=self.mamba_conv_bias, time_step_limit=self.time_step_limit)
+                use_conv_bias=self.mamba_conv_bias, time_step_limit=self.time_step_limit, **self.mixer_options())
         except ValueError as e:
             msg = re.sub(r"\b(" + "|".join(MAMBA_FIELDS) + r")\b", lambda m: MAMBA_FIELDS[m.group(1)], str(e))
             raise ValueError(f"{self.label} {msg}") from None
