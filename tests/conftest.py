@@ -62,6 +62,17 @@ ONE_FAMILY_BY_DEFAULT = {
     "test_explain_families.py::test_contributions_total_is_first_order_change": "mamba2",
     "test_explain_families.py::test_variant_reaches_every_method": "griffin",
 }
+# Families whose layer and LM functions are another family's (Falcon-Mamba: Mamba's block with
+# a flag; GraniteMoeHybrid and Jamba: Bamba's ``hybrid_functions`` with their own feed-forward
+# part): the checks of that shared forward machinery (hooks, NaN causality, input and tap checks,
+# out-of-range ids, causality, forward exports) are repeats for them and run in the deep tier;
+# their parity, exactness, float64 reference, checkpoint and info checks stay in the default tier.
+BUILT_FROM_OTHERS = ("falcon_mamba", "granitemoehybrid", "jamba")
+MACHINERY_TESTS = re.compile(r"test_hooks\.py::\w+|test_nan\.py::\w+"
+                             r"|test_conformance\.py::test_(bad_inputs_fail_with_named_errors|bad_taps"
+                             r"|out_of_range_ids_under_jit_give_nan_logits"
+                             r"|outputs_before_t_do_not_depend_on_inputs_after_t)"
+                             r"|test_export_library\.py::test_forward_exports")
 # Files whose ``pair`` fixture runs over a ``CONFIGS`` dict: the first configuration is in
 # the default tier, the others are deep.
 FIRST_CONFIG_BY_DEFAULT = ("test_mamba.py", "test_mamba2.py", "test_griffin.py", "test_rwkv.py")
@@ -75,9 +86,10 @@ DEEP = {
     "test_bamba.py": r"test_released_layout_matches_torch_and_is_exact",
     "test_granite.py": r"test_released_layout_matches_torch_and_is_exact|test_dense_model_with_rope_matches_torch",
     "test_jamba.py": r"test_released_layout_matches_torch_and_is_exact",
-    "test_nemotron_h.py": r"test_released_layout_matches_torch_and_is_exact\[\w+\]",
+    # (the clamp's effect and the other Mamba norm settings are also drawn by the property tests)
+    "test_nemotron_h.py": r"test_released_layout_matches_torch_and_is_exact\[\w+\]|test_parity_sees_the_dt_clamp",
     "test_falcon_h1.py": r"test_released_layout_matches_torch_and_is_exact"
-                         r"|test_mamba_output_norm_settings_match_torch\[gate_then_norm\]",
+                         r"|test_mamba_output_norm_settings_match_torch\[\w+\]",
     # CPU kernel: every variant at L = 37 and the full variant at every length by default.
     "test_cpu_kernel.py": (r"test_materialize_matches_xla\[(?!full)\w+-(1|16)\]"
                            r"|test_griffin_matches_xla\[(?!full)\w+-1\]|test_griffin_matches_xla\[\w+-100\]"
@@ -118,6 +130,8 @@ def is_deep(item) -> bool:
     file = item.path.name
     name = item.name
     base = f"{file}::{item.originalname}"
+    if MACHINERY_TESTS.fullmatch(base) and family_param(item) in BUILT_FROM_OTHERS:
+        return True
     if base in ONE_FAMILY_BY_DEFAULT:
         fam = family_param(item)
         return fam is not None and fam != ONE_FAMILY_BY_DEFAULT[base]

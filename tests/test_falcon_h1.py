@@ -71,11 +71,9 @@ def test_layer_operator_holds_both_paths(tmp_path):
     np.testing.assert_allclose(got[:, 1:3], probs[:, [0, 1]], atol=1e-6)
     np.testing.assert_allclose(got[:, [3, 0]], np.asarray(alone.materialize(channels=[0, C - 1])), atol=1e-6)
     # traced channel indices (blocked reductions, jit) select across both paths the same way
+    # (reduce against materialize: the conformance suite's deep tier)
     traced = jax.jit(lambda core, i: core.dense(i))(op.core, jnp.asarray(mixed))
     np.testing.assert_allclose(np.asarray(traced), got, atol=1e-6)
-    dense = np.asarray(op.materialize())
-    np.testing.assert_allclose(np.asarray(op.reduce("abs_mean", block_channels=5)), np.abs(dense).mean(1),
-                               rtol=1e-5, atol=1e-7)
     # the mixer output is the sum of the two paths' projections of the operator output
     y = np.asarray(op.apply())[0]  # (C + H d, L)
     heads = y[C:].reshape(H, d, 9).transpose(2, 0, 1).reshape(9, H * d)  # channel C + h d + k -> (t, h d + k)
