@@ -9,6 +9,7 @@ or ``self_attn.{q,k,v,o}_proj.*``.
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 from typing import Callable
 
 import jax.numpy as jnp
@@ -142,26 +143,6 @@ def layout_tensors(cfg, params: dict, layout: Layout) -> dict:
     return t
 
 
-def expected_shapes(cfg: Config) -> tuple[dict, dict]:
-    """``(required, optional)`` HF tensor names -> shapes."""
-    return layout_shapes(cfg, LAYOUT)
-
-
-def params_from_tensors(cfg: Config, tensors: dict) -> dict:
-    """HF tensors (already checked) -> the ``LM`` parameter tree."""
-    return layout_params(cfg, tensors, LAYOUT)
-
-
-def to_params(config: dict, tensors: dict) -> tuple[Config, dict]:
-    """HF config dict + tensors -> ``(Config, params)`` after strict checks."""
-    return params_from_hf(Config, expected_shapes, params_from_tensors, config, tensors, "bamba")
-
-
-def from_params(cfg: Config, params: dict) -> tuple[dict, dict]:
-    """``(Config, params)`` -> HF ``(config dict, tensors)`` (numpy)."""
-    return hf_from_params(cfg, layout_tensors(cfg, params, LAYOUT), expected_shapes, "bamba")
-
-
 def init_rule(name: str, shape: tuple, g: np.random.Generator) -> np.ndarray:
     """Mamba-2's rules for the mixer tensors; norm weights near 1 (not exactly 1, so a
     misplaced weight shows in tests)."""
@@ -170,11 +151,48 @@ def init_rule(name: str, shape: tuple, g: np.random.Generator) -> np.ndarray:
     return mamba_init_rule(name, shape, g)
 
 
-def init_params(cfg: Config, key, dtype=jnp.float32) -> dict:
-    """Random parameters in the layout of ``LM``, drawn from the shape table."""
-    return init_from_table(cfg, expected_shapes, init_rule, params_from_tensors, key, dtype)
+def layout_checkpoint(config_cls, layout: Layout, rule=init_rule) -> SimpleNamespace:
+    """The checkpoint functions of a family stored in ``layout`` (Bamba, GraniteMoeHybrid,
+    Jamba, Falcon-H1), with its ``config_cls``. Returns a namespace of:
+
+    * ``expected_shapes(cfg) -> (required, optional)``: HF tensor names -> shapes;
+    * ``params_from_tensors(cfg, tensors) -> params``: checked HF tensors -> the ``LM`` tree;
+    * ``to_params(config dict, tensors) -> (Config, params)`` after strict checks;
+    * ``from_params(cfg, params) -> (config dict, numpy tensors)``;
+    * ``init_params(cfg, key, dtype=float32) -> params``: random, drawn tensor by tensor from
+      the shape table with ``rule(name, shape, numpy Generator)``.
+    """
+    family = layout.family
+
+    def expected_shapes(cfg) -> tuple[dict, dict]:
+        """``(required, optional)`` HF tensor names -> shapes."""
+        return layout_shapes(cfg, layout)
+
+    def params_from_tensors(cfg, tensors: dict) -> dict:
+        """HF tensors (already checked) -> the ``LM`` parameter tree."""
+        return layout_params(cfg, tensors, layout)
+
+    def to_params(config: dict, tensors: dict) -> tuple:
+        """HF config dict + tensors -> ``(Config, params)`` after strict checks."""
+        return params_from_hf(config_cls, expected_shapes, params_from_tensors, config, tensors, family)
+
+    def from_params(cfg, params: dict) -> tuple[dict, dict]:
+        """``(Config, params)`` -> HF ``(config dict, tensors)`` (numpy)."""
+        return hf_from_params(cfg, layout_tensors(cfg, params, layout), expected_shapes, family)
+
+    def init_params(cfg, key, dtype=jnp.float32) -> dict:
+        """Random parameters in the layout of ``LM``, drawn from the shape table."""
+        return init_from_table(cfg, expected_shapes, rule, params_from_tensors, key, dtype)
+
+    return SimpleNamespace(expected_shapes=expected_shapes, params_from_tensors=params_from_tensors,
+                           to_params=to_params, from_params=from_params, init_params=init_params)
+
+
+CHECKPOINT = layout_checkpoint(Config, LAYOUT)
+expected_shapes, params_from_tensors = CHECKPOINT.expected_shapes, CHECKPOINT.params_from_tensors
+to_params, from_params, init_params = CHECKPOINT.to_params, CHECKPOINT.from_params, CHECKPOINT.init_params
 
 
 __all__ = ["MIXER_PREFIX", "Layout", "LAYOUT", "attention_shapes", "mlp_shapes", "layout_shapes", "layout_params",
-           "layout_tensors", "mixer_tables", "expected_shapes", "params_from_tensors", "to_params", "from_params", "init_rule",
-           "init_params", "sub"]
+           "layout_tensors", "mixer_tables", "layout_checkpoint", "CHECKPOINT", "expected_shapes",
+           "params_from_tensors", "to_params", "from_params", "init_rule", "init_params", "sub"]

@@ -10,10 +10,7 @@ mixer (``mamba.*``, HF Mamba-2 names, or ``self_attn.{q,k,v,o}_proj.*``),
 """
 from __future__ import annotations
 
-import jax.numpy as jnp
-
-from ...nn import hf_from_params, init_from_table, params_from_hf
-from ..bamba.checkpoint import Layout, init_rule, layout_params, layout_shapes, layout_tensors
+from ..bamba.checkpoint import Layout, layout_checkpoint
 from .config import Config
 
 
@@ -32,31 +29,10 @@ LAYOUT = Layout("granitemoehybrid", "model.norm.weight", "post_attention_layerno
                 lambda cfg, i: ffn_shapes(cfg))
 
 
-def expected_shapes(cfg: Config) -> tuple[dict, dict]:
-    """``(required, optional)`` HF tensor names -> shapes."""
-    return layout_shapes(cfg, LAYOUT)
+CHECKPOINT = layout_checkpoint(Config, LAYOUT)
+expected_shapes, params_from_tensors = CHECKPOINT.expected_shapes, CHECKPOINT.params_from_tensors
+to_params, from_params, init_params = CHECKPOINT.to_params, CHECKPOINT.from_params, CHECKPOINT.init_params
 
 
-def params_from_tensors(cfg: Config, tensors: dict) -> dict:
-    """HF tensors (already checked) -> the ``LM`` parameter tree (Bamba's, with the MoE and
-    shared-MLP tensors as the layer's ``feed_forward``)."""
-    return layout_params(cfg, tensors, LAYOUT)
-
-
-def to_params(config: dict, tensors: dict) -> tuple[Config, dict]:
-    """HF config dict + tensors -> ``(Config, params)`` after strict checks."""
-    return params_from_hf(Config, expected_shapes, params_from_tensors, config, tensors, "granitemoehybrid")
-
-
-def from_params(cfg: Config, params: dict) -> tuple[dict, dict]:
-    """``(Config, params)`` -> HF ``(config dict, tensors)`` (numpy)."""
-    return hf_from_params(cfg, layout_tensors(cfg, params, LAYOUT), expected_shapes, "granitemoehybrid")
-
-
-def init_params(cfg: Config, key, dtype=jnp.float32) -> dict:
-    """Random parameters in the layout of ``LM``, drawn from the shape table (Bamba's rules)."""
-    return init_from_table(cfg, expected_shapes, init_rule, params_from_tensors, key, dtype)
-
-
-__all__ = ["LAYOUT", "ffn_shapes", "expected_shapes", "params_from_tensors", "to_params", "from_params",
+__all__ = ["LAYOUT", "ffn_shapes", "CHECKPOINT", "expected_shapes", "params_from_tensors", "to_params", "from_params",
            "init_params"]

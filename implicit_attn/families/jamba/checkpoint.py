@@ -12,11 +12,8 @@ stacked as HF holds them in memory: ``experts.gate_up_proj (E, 2I, D)``, ``exper
 """
 from __future__ import annotations
 
-import jax.numpy as jnp
-
-from ...nn import hf_from_params, init_from_table, params_from_hf
 from ...nn.moe import split_experts, stack_experts
-from ..bamba.checkpoint import Layout, init_rule, layout_params, layout_shapes, layout_tensors, mlp_shapes
+from ..bamba.checkpoint import Layout, layout_checkpoint, mlp_shapes
 from ..mamba.checkpoint import mixer_shapes as mamba_shapes
 from .config import Config
 
@@ -51,31 +48,10 @@ LAYOUT = Layout("jamba", "model.final_layernorm.weight", "pre_ff_layernorm.weigh
                 mamba_shapes, stacked_ffn, stored_ffn)
 
 
-def expected_shapes(cfg: Config) -> tuple[dict, dict]:
-    """``(required, optional)`` HF tensor names -> shapes."""
-    return layout_shapes(cfg, LAYOUT)
+CHECKPOINT = layout_checkpoint(Config, LAYOUT)
+expected_shapes, params_from_tensors = CHECKPOINT.expected_shapes, CHECKPOINT.params_from_tensors
+to_params, from_params, init_params = CHECKPOINT.to_params, CHECKPOINT.from_params, CHECKPOINT.init_params
 
 
-def params_from_tensors(cfg: Config, tensors: dict) -> dict:
-    """HF tensors (already checked) -> the ``LM`` parameter tree (experts stacked)."""
-    return layout_params(cfg, tensors, LAYOUT)
-
-
-def to_params(config: dict, tensors: dict) -> tuple[Config, dict]:
-    """HF config dict + tensors -> ``(Config, params)`` after strict checks."""
-    return params_from_hf(Config, expected_shapes, params_from_tensors, config, tensors, "jamba")
-
-
-def from_params(cfg: Config, params: dict) -> tuple[dict, dict]:
-    """``(Config, params)`` -> HF ``(config dict, tensors)`` (numpy)."""
-    return hf_from_params(cfg, layout_tensors(cfg, params, LAYOUT), expected_shapes, "jamba")
-
-
-def init_params(cfg: Config, key, dtype=jnp.float32) -> dict:
-    """Random parameters in the layout of ``LM``, drawn from the shape table (Bamba's rules;
-    the dt/B/C norm weights near 1)."""
-    return init_from_table(cfg, expected_shapes, init_rule, params_from_tensors, key, dtype)
-
-
-__all__ = ["LAYOUT", "FUSED", "ffn_shapes", "stacked_ffn", "stored_ffn", "expected_shapes", "params_from_tensors",
+__all__ = ["LAYOUT", "FUSED", "ffn_shapes", "stacked_ffn", "stored_ffn", "CHECKPOINT", "expected_shapes", "params_from_tensors",
            "to_params", "from_params", "init_params"]
