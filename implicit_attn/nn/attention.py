@@ -144,5 +144,5 @@ def attention_operator(p: dict, h, pos, cfg) -> AttentionOperator:
     return AttentionOperator(values=values, offset=jnp.zeros_like(values), output=out, core=core)
 
 
-__all__ = ["FULL_WINDOW", "AttentionFields", "NoPositionFields", "segment_ids", "rotary", "attention_parts", "repeat_kv", "attention_inner",
-           "attention_forward", "attention_operator"]
+__all__ = ["FULL_WINDOW", "AttentionFields", "NoPositionFields", "segment_ids", "rotary", "attention_parts",
+           "repeat_kv", "attention_inner", "attention_forward", "attention_operator"]

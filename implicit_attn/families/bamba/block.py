@@ -91,7 +91,8 @@ def hybrid_lm(params: dict, ids, cfg, layer_fn, capture=(), adds=None, sets=None
     """The LM of Bamba and its relatives: embeddings (times ``embedding_scale``; ``hook_embed``
     is before it), ``layer_fn(layer, h, cfg, kind, hook) -> (h, hn)`` per layer, the final
     RMSNorm, the head (tied to the embeddings if ``lm_head`` is None), logits divided by
-    ``logits_divisor`` and multiplied by ``logits_multiplier``. ``ids (B, L) -> (logits (B, L, vocab) float32, captured)``."""
+    ``logits_divisor`` and multiplied by ``logits_multiplier``. ``ids (B, L) -> (logits (B, L,
+    vocab) float32, captured)``."""
     hooks = ForwardHooks(capture, adds, sets)
     emb = params["embed_tokens"]
     h = hooks("hook_embed", embed(emb, ids))
@@ -158,6 +159,6 @@ decoder_layer, layer_forward, lm_forward = FUNCTIONS.decoder_layer, FUNCTIONS.la
 lm_forward_jit, layer_forward_jit = FUNCTIONS.lm_forward_jit, FUNCTIONS.layer_forward_jit
 mixer_forward_jit, mixer_operator_jit = FUNCTIONS.mixer_forward_jit, FUNCTIONS.mixer_operator_jit
 
-__all__ = ["VARIANTS", "positions", "mlp_forward", "mlp_ffn", "hybrid_mixers", "hybrid_layer", "hybrid_lm", "hybrid_functions", "FUNCTIONS",
-           "mixer_forward", "mixer_operator", "decoder_layer", "layer_forward", "lm_forward", "lm_forward_jit",
-           "layer_forward_jit", "mixer_forward_jit", "mixer_operator_jit"]
+__all__ = ["VARIANTS", "positions", "mlp_forward", "mlp_ffn", "hybrid_mixers", "hybrid_layer", "hybrid_lm",
+           "hybrid_functions", "FUNCTIONS", "mixer_forward", "mixer_operator", "decoder_layer", "layer_forward",
+           "lm_forward", "lm_forward_jit", "layer_forward_jit", "mixer_forward_jit", "mixer_operator_jit"]

@@ -95,7 +95,8 @@ def mlp_forward(p: dict, x, cfg: Config):
 
 # HF ``FalconH1DecoderLayer`` / ``FalconH1ForCausalLM``: the scaled MLP, ``embedding_multiplier``
 # (``hook_embed`` is before it, on the embedding rows) and ``lm_head_multiplier``.
-FUNCTIONS = hybrid_functions(mixer_forward, mixer_operator, mlp_forward, embedding_scale=lambda c: c.embedding_multiplier,
+FUNCTIONS = hybrid_functions(mixer_forward, mixer_operator, mlp_forward,
+                             embedding_scale=lambda c: c.embedding_multiplier,
                              logits_multiplier=lambda c: c.lm_head_multiplier)
 decoder_layer, layer_forward, lm_forward = FUNCTIONS.decoder_layer, FUNCTIONS.layer_forward, FUNCTIONS.lm_forward
 lm_forward_jit, layer_forward_jit = FUNCTIONS.lm_forward_jit, FUNCTIONS.layer_forward_jit

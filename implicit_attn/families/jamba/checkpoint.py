@@ -53,5 +53,5 @@ expected_shapes, params_from_tensors = CHECKPOINT.expected_shapes, CHECKPOINT.pa
 to_params, from_params, init_params = CHECKPOINT.to_params, CHECKPOINT.from_params, CHECKPOINT.init_params
 
 
-__all__ = ["LAYOUT", "FUSED", "ffn_shapes", "stacked_ffn", "stored_ffn", "CHECKPOINT", "expected_shapes", "params_from_tensors",
-           "to_params", "from_params", "init_params"]
+__all__ = ["LAYOUT", "FUSED", "ffn_shapes", "stacked_ffn", "stored_ffn", "CHECKPOINT", "expected_shapes",
+           "params_from_tensors", "to_params", "from_params", "init_params"]

@@ -272,6 +272,7 @@ mixer_forward_jit = jax.jit(full_precision(mixer_forward), static_argnames=("cfg
 block_forward_jit = jax.jit(full_precision(block_forward), static_argnames=("cfg",))
 
 
-__all__ = ["VARIANTS", "rms_norm", "split_heads", "mixer_parts", "ssd", "gated_norm_scale", "gated_rms_norm",
-           "ssm_apply", "proj_scale", "output_norm_scale", "output_norm", "mixer_inner", "mixer_forward", "mixer_operator", "head_matrices", "block_forward",
-           "lm_forward", "lm_forward_jit", "mixer_operator_jit", "mixer_forward_jit", "block_forward_jit"]
+__all__ = ["VARIANTS", "rms_norm", "split_heads", "proj_scale", "mixer_parts", "ssd", "gated_norm_scale",
+           "gated_rms_norm", "output_norm_scale", "output_norm", "ssm_apply", "mixer_inner", "mixer_forward",
+           "mixer_operator", "head_matrices", "block_forward", "lm_forward", "lm_forward_jit", "mixer_operator_jit",
+           "mixer_forward_jit", "block_forward_jit"]

@@ -121,8 +121,9 @@ class Config(NoPositionFields, HFConfig):
             if self.topk_group > self.n_group:
                 raise ValueError(f"topk_group ({self.topk_group}) must be at most n_group ({self.n_group})")
             if self.num_experts_per_tok > self.topk_group * (E // self.n_group):
-                raise ValueError(f"num_experts_per_tok ({self.num_experts_per_tok}) exceeds the experts of the "
-                                 f"topk_group ({self.topk_group}) kept groups ({self.topk_group * (E // self.n_group)})")
+                kept = self.topk_group * (E // self.n_group)
+                raise ValueError(f"num_experts_per_tok ({self.num_experts_per_tok}) exceeds the {kept} experts of "
+                                 f"the topk_group ({self.topk_group}) kept groups")
         self.check_attention_fields()
         self.mixer_config  # validates the Mamba-2 fields with their messages
 
