@@ -75,4 +75,19 @@ def perturb_parameters(model, torch, scale: float = 0.05, seed: int = 0):
     return model
 
 
-__all__ = ["FamilySpec", "perturb_parameters"]
+def move_off_initial_values(torch, norms, mamba_mixers, seed: int = 0, norm_scale: float = 0.2):
+    """For the ``hf_setup`` hooks of the Mamba families: add seeded noise (``norm_scale``) to
+    every module in ``norms``' weight, and move every Mamba mixer's ``D`` by +0.5 and its conv
+    bias (if any) by +0.3, so that a misplaced norm weight, skip or bias shows in tests
+    (``torch`` passed in)."""
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for mixer in mamba_mixers:
+            mixer.D.add_(0.5)
+            if mixer.conv1d.bias is not None:
+                mixer.conv1d.bias.add_(0.3)
+        for norm in norms:
+            norm.weight.add_(norm_scale * torch.randn(norm.weight.shape, generator=g))
+
+
+__all__ = ["FamilySpec", "perturb_parameters", "move_off_initial_values"]

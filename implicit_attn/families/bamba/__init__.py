@@ -6,7 +6,7 @@ causal attention layers (``attn_layer_indices``), each followed by a SwiGLU MLP.
 init), ``naive`` (float64 references for tests). The mixer math is ``mamba2.block``'s and
 ``nn.attention``'s.
 """
-from ...nn import FamilySpec, perturb_parameters
+from ...nn import FamilySpec, move_off_initial_values, perturb_parameters
 from .block import VARIANTS, decoder_layer, lm_forward, mixer_forward, mixer_operator, mlp_forward
 from .checkpoint import expected_shapes, from_params, init_params, to_params
 from .config import Config
@@ -15,20 +15,13 @@ from .naive import naive_operator
 
 
 def hf_setup(model, torch, seed: int = 0):
-    """Tiny torch test model: perturbed, with the Mamba layers' D, conv bias and norm
-    weights away from their initial values."""
+    """Tiny torch test model: perturbed, with the norm weights and the Mamba layers' D and
+    conv bias away from their initial values."""
     perturb_parameters(model, torch, seed=seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            for norm in (layer.input_layernorm, layer.pre_ff_layernorm):
-                norm.weight.add_(0.1 * torch.randn(norm.weight.shape, generator=g))
-            mixer = getattr(layer, "mamba", None)
-            if mixer is not None:
-                mixer.D.add_(0.5)
-                mixer.norm.weight.add_(0.1 * torch.randn(mixer.norm.weight.shape, generator=g))
-                if mixer.conv1d.bias is not None:
-                    mixer.conv1d.bias.add_(0.3)
+    layers = model.model.layers
+    mixers = [l.mamba for l in layers if getattr(l, "mamba", None) is not None]
+    norms = [n for l in layers for n in (l.input_layernorm, l.pre_ff_layernorm)] + [m.norm for m in mixers]
+    move_off_initial_values(torch, norms, mixers, seed, norm_scale=0.1)
 
 
 SPEC = FamilySpec(

@@ -7,7 +7,7 @@ sums them with muP multipliers, then a SwiGLU MLP.
 ``modules`` (NNX), ``checkpoint`` (Bamba's layout with both mixers in every layer),
 ``naive`` (float64 reference). The mixer math is ``mamba2.block``'s and ``nn.attention``'s.
 """
-from ...nn import FamilySpec, perturb_parameters
+from ...nn import FamilySpec, move_off_initial_values, perturb_parameters
 from .block import VARIANTS, decoder_layer, lm_forward, mixer_forward, mixer_operator, mlp_forward
 from .checkpoint import expected_shapes, from_params, init_params, to_params
 from .config import Config, MixerConfig
@@ -19,19 +19,11 @@ def hf_setup(model, torch, seed: int = 0):
     """Tiny torch test model: perturbed, with every norm weight, the Mamba paths' D and conv
     bias away from their initial values."""
     perturb_parameters(model, torch, seed=seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        norms = [model.model.final_layernorm]
-        for layer in model.model.layers:
-            norms += [layer.input_layernorm, layer.pre_ff_layernorm]
-            mixer = layer.mamba
-            if model.config.mamba_rms_norm:
-                norms.append(mixer.norm)
-            mixer.D.add_(0.5)
-            if mixer.conv1d.bias is not None:
-                mixer.conv1d.bias.add_(0.3)
-        for norm in norms:
-            norm.weight.add_(0.2 * torch.randn(norm.weight.shape, generator=g))
+    layers = model.model.layers
+    mixers = [l.mamba for l in layers]
+    norms = ([model.model.final_layernorm] + [n for l in layers for n in (l.input_layernorm, l.pre_ff_layernorm)]
+             + ([m.norm for m in mixers] if model.config.mamba_rms_norm else []))
+    move_off_initial_values(torch, norms, mixers, seed)
 
 
 def hf_mixer_output(hf_config, outputs):

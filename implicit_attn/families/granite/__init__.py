@@ -7,7 +7,7 @@ multipliers on the embeddings, residual branches, attention logits and output lo
 Granite's functions), ``checkpoint`` (shape table, HF mapping, init), ``naive`` (float64
 references). The mixers are Bamba's: ``mamba2.block`` and ``nn.attention``.
 """
-from ...nn import FamilySpec, perturb_parameters
+from ...nn import FamilySpec, move_off_initial_values, perturb_parameters
 from .block import VARIANTS, decoder_layer, ffn_forward, lm_forward, mixer_forward, mixer_operator, moe_forward
 from .checkpoint import expected_shapes, from_params, init_params, to_params
 from .config import Config
@@ -19,19 +19,11 @@ def hf_setup(model, torch, seed: int = 0):
     """Tiny torch test model: perturbed, with the norm weights, the Mamba layers' D and conv
     bias away from their initial values."""
     perturb_parameters(model, torch, seed=seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        norms = [model.model.norm] + [n for l in model.model.layers for n in (l.input_layernorm,
-                                                                                l.post_attention_layernorm)]
-        for layer in model.model.layers:
-            mixer = layer.mamba
-            if mixer is not None:
-                norms.append(mixer.norm)
-                mixer.D.add_(0.5)
-                if mixer.conv1d.bias is not None:
-                    mixer.conv1d.bias.add_(0.3)
-        for norm in norms:
-            norm.weight.add_(0.1 * torch.randn(norm.weight.shape, generator=g))
+    layers = model.model.layers
+    mixers = [l.mamba for l in layers if l.mamba is not None]
+    norms = ([model.model.norm] + [n for l in layers for n in (l.input_layernorm, l.post_attention_layernorm)]
+             + [m.norm for m in mixers])
+    move_off_initial_values(torch, norms, mixers, seed, norm_scale=0.1)
 
 
 SPEC = FamilySpec(

@@ -8,7 +8,7 @@ encoding (one in ``attn_layer_period``), each followed by a SwiGLU MLP or, one l
 ``checkpoint`` (shape table, HF mapping with per-expert tensors, init), ``naive`` (float64
 references). The mixer math is ``mamba.block``'s and ``nn.attention``'s.
 """
-from ...nn import FamilySpec, perturb_parameters
+from ...nn import FamilySpec, move_off_initial_values, perturb_parameters
 from .block import VARIANTS, decoder_layer, ffn_forward, lm_forward, mixer_forward, mixer_operator, moe_forward
 from .checkpoint import expected_shapes, from_params, init_params, to_params
 from .config import Config, MixerConfig
@@ -20,19 +20,11 @@ def hf_setup(model, torch, seed: int = 0):
     """Tiny torch test model: perturbed, with every norm weight (the dt/B/C norms included)
     and the Mamba layers' D and conv bias away from their initial values."""
     perturb_parameters(model, torch, seed=seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        norms = [model.model.final_layernorm]
-        for layer in model.model.layers:
-            norms += [layer.input_layernorm, layer.pre_ff_layernorm]
-            mixer = getattr(layer, "mamba", None)
-            if mixer is not None:
-                norms += [mixer.dt_layernorm, mixer.b_layernorm, mixer.c_layernorm]
-                mixer.D.add_(0.5)
-                if mixer.conv1d.bias is not None:
-                    mixer.conv1d.bias.add_(0.3)
-        for norm in norms:
-            norm.weight.add_(0.2 * torch.randn(norm.weight.shape, generator=g))
+    layers = model.model.layers
+    mixers = [l.mamba for l in layers if getattr(l, "mamba", None) is not None]
+    norms = ([model.model.final_layernorm] + [n for l in layers for n in (l.input_layernorm, l.pre_ff_layernorm)]
+             + [n for m in mixers for n in (m.dt_layernorm, m.b_layernorm, m.c_layernorm)])
+    move_off_initial_values(torch, norms, mixers, seed)
 
 
 SPEC = FamilySpec(

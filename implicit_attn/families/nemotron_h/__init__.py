@@ -9,7 +9,7 @@ expert (``hybrid_override_pattern`` ``M`` / ``*`` / ``-`` / ``E``). Our layer ``
 names, per-expert tensors, init), ``naive`` (float64 references). The mixer math is
 ``mamba2.block``'s and ``nn.attention``'s.
 """
-from ...nn import FamilySpec, perturb_parameters
+from ...nn import FamilySpec, move_off_initial_values, perturb_parameters
 from .block import VARIANTS, decoder_layer, ffn_forward, lm_forward, mixer_forward, mixer_operator, moe_forward
 from .checkpoint import expected_shapes, from_params, init_params, to_params
 from .config import Config
@@ -25,23 +25,18 @@ def hf_setup(model, torch, seed: int = 0):
     starts at zero), and one head's ``dt_bias`` far below zero so the ``time_step_min``
     clamp is active."""
     perturb_parameters(model, torch, seed=seed)
-    g = torch.Generator().manual_seed(seed + 1)
+    layers = model.model.layers
+    mixers = [l.mixer for l in layers if l.block_type == "linear_attention"]
+    move_off_initial_values(torch, [model.model.norm_f] + [l.norm for l in layers] + [m.norm for m in mixers],
+                            mixers, seed)
+    g = torch.Generator().manual_seed(seed + 2)
     with torch.no_grad():
-        norms = [model.model.norm_f]
-        for layer in model.model.layers:
-            norms.append(layer.norm)
-            mixer = layer.mixer
-            if layer.block_type == "linear_attention":
-                norms.append(mixer.norm)
-                mixer.D.add_(0.5)
-                mixer.dt_bias[0] = -12.0
-                if mixer.conv1d.bias is not None:
-                    mixer.conv1d.bias.add_(0.3)
-            elif layer.block_type == "moe":
-                bias = mixer.gate.e_score_correction_bias
+        for mixer in mixers:
+            mixer.dt_bias[0] = -12.0
+        for layer in layers:
+            if layer.block_type == "moe":
+                bias = layer.mixer.gate.e_score_correction_bias
                 bias.copy_(0.3 * torch.randn(bias.shape, generator=g))
-        for norm in norms:
-            norm.weight.add_(0.2 * torch.randn(norm.weight.shape, generator=g))
 
 
 def hf_mixer_layers(hf_config) -> list[int]:
