@@ -173,9 +173,10 @@ def load(path_or_repo_id, dtype=None, revision: str | None = None):
 
 
 def _head_names(spec, config: dict) -> tuple[set, set] | None:
-    """``(output-head tensor names, required names)`` of a tied ``config``: the tensors the
-    untied form of the config requires on top of the tied one; None when the config is not
-    tied (or not parseable: ``to_params`` reports that)."""
+    """``(output-head tensor names, required names)`` of a tied ``config``: the tensors of a
+    module named ``*head`` the untied form of the config requires on top of the tied one (Zamba2's
+    untied form also requires every shared block: not heads); None when the config is not tied
+    (or not parseable: ``to_params`` reports that)."""
     try:
         tied = spec.config.from_hf(config)
         if not getattr(tied, "tie_word_embeddings", False):
@@ -184,7 +185,8 @@ def _head_names(spec, config: dict) -> tuple[set, set] | None:
     except (TypeError, ValueError, ArithmeticError):
         return None
     req_tied = set(spec.expected_shapes(tied)[0])
-    return set(spec.expected_shapes(untied)[0]) - req_tied, req_tied
+    heads = {n for n in set(spec.expected_shapes(untied)[0]) - req_tied if n.rsplit(".", 2)[-2].endswith("head")}
+    return heads, req_tied
 
 
 def _untie_like_hf(spec, config: dict, tensors: dict, path) -> tuple[dict, dict]:

@@ -92,11 +92,13 @@ def test_patching_a_whole_activation_gives_the_other_inputs_logits(fam):
     other = (ids + 1) % model.config.vocab_size
     want = np.asarray(model(other))
     _, oc = model.run_with_cache(other)  # same names as the fixture's run: no new compile
-    got = model.run_with_hooks(ids, sets={"blocks.1.hook_resid_pre": oc["blocks.1.hook_resid_pre"]})
+    # the embeddings too: Zamba2's shared blocks read them besides the residual stream
+    names = ("hook_embed", "blocks.1.hook_resid_pre")
+    got = model.run_with_hooks(ids, sets={n: oc[n] for n in names})
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=1e-5)
     # patching only the last position changes only the last position's logits
-    part = jnp.asarray(cache["blocks.1.hook_resid_pre"]).at[:, -1].set(oc["blocks.1.hook_resid_pre"][:, -1])
-    got = np.asarray(model.run_with_hooks(ids, sets={"blocks.1.hook_resid_pre": part}))
+    part = {n: jnp.asarray(cache[n]).at[:, -1].set(oc[n][:, -1]) for n in names}
+    got = np.asarray(model.run_with_hooks(ids, sets=part))
     np.testing.assert_allclose(got[:, :-1], np.asarray(logits)[:, :-1], atol=1e-5, rtol=1e-5)
     assert np.abs(got[:, -1] - np.asarray(logits)[:, -1]).max() > 1e-4
 

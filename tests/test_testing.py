@@ -67,7 +67,7 @@ def test_property_every_family_matches_torch(model_type):
         report = testing.assert_hf_parity(t, config, ids, seed=seed, variants=("full",))
         spec = family(t)
         hf_config = getattr(transformers, spec.hf_config_class)(**testing.hf_config_kwargs(t, config))
-        # one of our layers per HF token-mixing layer (every HF layer but Nemotron-H's MLP / MoE ones)
+        # one of our layers per token mixer (every HF layer but Nemotron-H's MLP / MoE ones; two per Zamba2 hybrid)
         n = hf_config.num_hidden_layers if spec.hf_mixer_layers is None else len(spec.hf_mixer_layers(hf_config))
         assert len(report["mixers"]) == n == len(report["exactness"]["full"])
 

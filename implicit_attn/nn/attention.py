@@ -5,6 +5,8 @@ document masks, and the explicit attention operator (channels = heads).
 The functions take a config with ``num_attention_heads``, ``num_key_value_heads``,
 ``head_dim``, ``rotary_dim`` (0: no RoPE), ``rope_theta``, ``attention_scale`` and ``attention_window_size``
 (keys at distance ``>= window`` are masked; ``FULL_WINDOW`` for full causal attention).
+A projection may carry a low-rank adapter (Zamba2): ``{q,k,v}_proj.lora_a (r, d_in)`` and
+``lora_b (d_out, r)`` next to its weight add ``lora_b @ lora_a @ x`` to it (``projection``).
 """
 from __future__ import annotations
 
@@ -27,6 +29,11 @@ class AttentionFields:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def attention_input_size(self) -> int:
+        """Width of the attention layers' input (``hidden_size``; Zamba2's is twice that)."""
+        return self.hidden_size
 
     @property
     def rotary_dim(self) -> int:
@@ -93,15 +100,26 @@ def rotary(x, pos, cfg):
     return jnp.concatenate([xr * cos + rot * sin, xp], axis=-1)
 
 
+def projection(p: dict, x, name: str):
+    """``linear`` of ``x (..., d_in)`` by ``p[name + ".weight"] (d_out, d_in)`` (and its bias if
+    any), plus the low-rank adapter ``p[name + ".lora_b"] @ p[name + ".lora_a"] @ x`` where
+    ``p`` has one (HF computes the two products separately and adds them, as here)."""
+    y = linear(x, p[name + ".weight"], p.get(name + ".bias"))
+    a = p.get(name + ".lora_a")
+    if a is not None:
+        y = y + linear(linear(x, a), p[name + ".lora_b"])
+    return y
+
+
 def attention_parts(p: dict, h, pos, cfg) -> dict:
     """Queries (scaled, rotated) ``(B, H, L, d)``, keys ``(B, KV, L, d)``, values
     ``(B, KV, L, d)`` and document ids ``seg (B, L)`` of the attention block."""
     B, L, _ = h.shape
     d = cfg.head_dim
     heads = lambda t, n: jnp.swapaxes(t.reshape(B, L, n, d), 1, 2)
-    q = heads(linear(h, p["q_proj.weight"], p.get("q_proj.bias")), cfg.num_attention_heads)
-    k = heads(linear(h, p["k_proj.weight"], p.get("k_proj.bias")), cfg.num_key_value_heads)
-    v = heads(linear(h, p["v_proj.weight"], p.get("v_proj.bias")), cfg.num_key_value_heads)
+    q = heads(projection(p, h, "q_proj"), cfg.num_attention_heads)
+    k = heads(projection(p, h, "k_proj"), cfg.num_key_value_heads)
+    v = heads(projection(p, h, "v_proj"), cfg.num_key_value_heads)
     q, k = rotary(q, pos, cfg), rotary(k, pos, cfg)
     return dict(q=q * jnp.asarray(cfg.attention_scale, q.dtype), k=k, v=v, seg=segment_ids(pos))
 
@@ -144,5 +162,5 @@ def attention_operator(p: dict, h, pos, cfg) -> AttentionOperator:
     return AttentionOperator(values=values, offset=jnp.zeros_like(values), output=out, core=core)
 
 
-__all__ = ["FULL_WINDOW", "AttentionFields", "NoPositionFields", "segment_ids", "rotary", "attention_parts",
+__all__ = ["FULL_WINDOW", "AttentionFields", "NoPositionFields", "segment_ids", "rotary", "projection", "attention_parts",
            "repeat_kv", "attention_inner", "attention_forward", "attention_operator"]

@@ -90,6 +90,20 @@ class HFConfig:
         if v % d:
             raise ValueError(f"{name} ({v}) must be a multiple of {of} ({d})")
 
+    def check_layer_kinds(self, name: str, kinds: dict, default: tuple):
+        """Field ``name`` is a non-empty list of at most ``MAX_LAYERS`` of the keys of ``kinds``
+        (HF's layer-type names, legacy ones included; None: ``default``, already ours); stores
+        the tuple of ``kinds``' values (our names)."""
+        v = getattr(self, name)
+        if v is None:
+            object.__setattr__(self, name, tuple(default))
+            return
+        if not isinstance(v, (tuple, list)) or not v or any(not isinstance(t, str) or t not in kinds for t in v):
+            raise ValueError(f"{name} must be a non-empty list of {sorted(kinds)}, got {v!r}")
+        if len(v) > MAX_LAYERS:
+            raise ValueError(f"{name} has {len(v)} layers, more than {MAX_LAYERS}")
+        object.__setattr__(self, name, tuple(kinds[t] for t in v))
+
     @classmethod
     def from_hf(cls, d: dict):
         """The config of an HF ``config.json`` dict; unknown keys are ignored, ``None`` values

@@ -34,9 +34,10 @@ class FamilySpec:
         ``"backbone.layers.{i}.mixer"``; alternatives separated by ``|`` where the mixer's
         name depends on the layer kind), for per-mixer parity tests.
       bench: ``{"full": HF kwargs, "quick": HF kwargs}`` of the forward benchmark.
-      hf_mixer_layers: ``HF config object -> [HF layer index of each of our layers' mixer]``
-        where our layers are not HF's one to one (Nemotron-H: a token-mixing layer with the
-        MLP layers after it); None: layer ``i`` is HF layer ``i``.
+      hf_mixer_layers: ``HF config object -> [HF layer index of each of our layers' mixer,
+        or the dotted path of its module]`` where our layers are not HF's one to one
+        (Nemotron-H: a token-mixing layer with the MLP layers after it; Zamba2: two token
+        mixers in one HF layer); None: layer ``i`` is HF layer ``i``.
       hf_mixer_output: ``(HF config object, [outputs of the "+"-joined hf_mixer modules]) ->
         mixer output``, for a mixer HF computes in several modules (Falcon-H1's Mamba and
         attention paths); None otherwise.

@@ -102,7 +102,8 @@ def torch_forward(torch_model, input_ids, mixer_path: str | None = None):
       torch_model: an HF ``*ForCausalLM`` of a registered family.
       input_ids: ``(B, L)`` int token ids.
       mixer_path: dotted path of HF layer ``{i}``'s mixer (default: the family's
-        ``FamilySpec.hf_mixer``; ``FamilySpec.hf_mixer_layers`` maps our layers to HF's);
+        ``FamilySpec.hf_mixer``; ``FamilySpec.hf_mixer_layers`` maps our layers to HF's
+        layers or names their mixers' modules);
         paths joined by ``+`` are modules whose outputs ``FamilySpec.hf_mixer_output``
         combines into the mixer output (the input is the first one's).
     Returns:
@@ -122,7 +123,8 @@ def torch_forward(torch_model, input_ids, mixer_path: str | None = None):
                 x = args[0] if args else kwargs["hidden_states"]  # some HF layers call mixers by keyword
                 out = out[0] if isinstance(out, tuple) else out
                 seen[key] = (x.detach().float().numpy().copy(), out.detach().float().numpy().copy())
-            module = hf_module(torch_model, part.format(i=hf_layer))
+            where = hf_layer if isinstance(hf_layer, str) else part.format(i=hf_layer)
+            module = hf_module(torch_model, where)
             hooks.append(module.register_forward_hook(hook, with_kwargs=True))
     try:
         with torch.no_grad():

@@ -206,6 +206,30 @@ def falcon_h1_configs(draw) -> dict:
 
 
 @st.composite
+def zamba2_configs(draw) -> dict:
+    """``Zamba2Config`` kwargs: the HF layer kinds (Mamba / hybrid), shared blocks, attention
+    heads (with or without q/k/v adapters: adapters need as many KV heads as heads), RoPE,
+    adapter rank, Mamba heads and groups, state, conv width, chunk, biases and ``dt`` floor
+    (positive: HF's initialisation takes its log)."""
+    types = draw(st.lists(st.sampled_from(["mamba", "hybrid"]), min_size=1, max_size=4))
+    heads = draw(st.sampled_from([1, 2, 4]))
+    adapters = draw(st.booleans())
+    m_heads = draw(st.sampled_from([2, 4]))
+    return {**family("zamba2").tiny,
+            "vocab_size": draw(VOCAB), "hidden_size": draw(st.sampled_from([8, 16])),
+            "intermediate_size": draw(st.sampled_from([8, 24])), "num_hidden_layers": len(types),
+            "layers_block_type": types, "num_mem_blocks": draw(st.integers(1, 3)),
+            "num_attention_heads": heads,
+            "num_key_value_heads": heads if adapters else draw(st.sampled_from(divisors(heads))),
+            "use_shared_attention_adapter": adapters, "adapter_rank": draw(st.integers(1, 4)),
+            "use_mem_rope": draw(st.booleans()), "n_mamba_heads": m_heads,
+            "mamba_ngroups": draw(st.sampled_from(divisors(m_heads))), "mamba_d_state": draw(st.integers(1, 6)),
+            "mamba_d_conv": draw(st.integers(1, 4)), "chunk_size": draw(st.sampled_from([4, 8, 16])),
+            "add_bias_linear": draw(st.booleans()), "time_step_min": draw(st.sampled_from([1e-4, 0.001, 0.05])),
+            "tie_word_embeddings": draw(st.booleans())}
+
+
+@st.composite
 def rwkv_configs(draw) -> dict:
     """``RwkvConfig`` kwargs: widths of the residual stream, attention and feed-forward,
     depth (at least 2: HF's initialisation divides by ``num_hidden_layers - 1``), and eval
@@ -221,7 +245,7 @@ CONFIGS = {"mamba": mamba_configs, "mamba2": mamba2_configs, "recurrent_gemma": 
            "rwkv": rwkv_configs, "falcon_mamba": falcon_mamba_configs,
            "bamba": bamba_configs, "granitemoehybrid": granite_configs,
            "jamba": jamba_configs, "nemotron_h": nemotron_h_configs,
-           "falcon_h1": falcon_h1_configs}
+           "falcon_h1": falcon_h1_configs, "zamba2": zamba2_configs}
 
 
 def model_types():

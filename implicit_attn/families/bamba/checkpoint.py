@@ -24,9 +24,11 @@ MIXER_PREFIX = {"mamba": "mamba.", "attention": "self_attn.", "parallel": ""}
 
 
 def attention_shapes(cfg: Config) -> dict:
-    """Local tensor names -> shapes of one attention mixer."""
+    """Local tensor names -> shapes of one attention mixer (input width
+    ``cfg.attention_input_size``, output ``hidden_size``)."""
     D, H, KV, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    m = {"q_proj.weight": (H * d, D), "k_proj.weight": (KV * d, D), "v_proj.weight": (KV * d, D),
+    D_in = cfg.attention_input_size
+    m = {"q_proj.weight": (H * d, D_in), "k_proj.weight": (KV * d, D_in), "v_proj.weight": (KV * d, D_in),
          "o_proj.weight": (D, H * d)}
     if cfg.attention_bias:
         m.update({"q_proj.bias": (H * d,), "k_proj.bias": (KV * d,), "v_proj.bias": (KV * d,), "o_proj.bias": (D,)})

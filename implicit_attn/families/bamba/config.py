@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import numbers
-import re
 from typing import ClassVar
 
 from ...nn import HFConfig
 from ...nn.attention import FULL_WINDOW, AttentionFields
 from ...nn.config import MAX_LAYERS, float_from_json, float_to_json, read_rope_parameters, write_rope_parameters
 from ..mamba2 import Config as Mamba2Config
+from ..mamba2.config import family_mixer_config
 
 LAYER_KINDS = ("mamba", "attention")
 # Mamba-2 config field -> the Bamba field it comes from (for error messages).
@@ -74,16 +74,13 @@ class Mamba2Fields:
     @functools.cached_property  # built once per config (its fields are frozen)
     def mixer_config(self) -> Mamba2Config:
         """The Mamba-2 config of the Mamba layers (HF ``BambaMixer`` is ``Mamba2Mixer``)."""
-        try:
-            return self.mixer_config_class(
-                vocab_size=self.vocab_size, hidden_size=self.hidden_size, num_heads=self.mamba_n_heads,
-                head_dim=self.mamba_d_head, state_size=self.mamba_d_state, n_groups=self.mamba_n_groups,
-                conv_kernel=self.mamba_d_conv, expand=self.mamba_expand, chunk_size=self.mamba_chunk_size,
-                layer_norm_epsilon=self.rms_norm_eps, use_bias=self.mamba_proj_bias,
-                use_conv_bias=self.mamba_conv_bias, time_step_limit=self.time_step_limit, **self.mixer_options())
-        except ValueError as e:
-            msg = re.sub(r"\b(" + "|".join(MAMBA_FIELDS) + r")\b", lambda m: MAMBA_FIELDS[m.group(1)], str(e))
-            raise ValueError(f"{self.label} {msg}") from None
+        return family_mixer_config(
+            self.mixer_config_class, self.label, MAMBA_FIELDS, vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size, num_heads=self.mamba_n_heads, head_dim=self.mamba_d_head,
+            state_size=self.mamba_d_state, n_groups=self.mamba_n_groups, conv_kernel=self.mamba_d_conv,
+            expand=self.mamba_expand, chunk_size=self.mamba_chunk_size, layer_norm_epsilon=self.rms_norm_eps,
+            use_bias=self.mamba_proj_bias, use_conv_bias=self.mamba_conv_bias, time_step_limit=self.time_step_limit,
+            **self.mixer_options())
 
     @property
     def mamba_channels(self) -> int:

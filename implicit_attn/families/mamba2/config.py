@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import re
 from typing import ClassVar
 
 from ...nn import HFConfig
@@ -132,4 +133,15 @@ class MixerConfig(Config):
         return self.d_ssm
 
 
-__all__ = ["Config", "MixerConfig", "NORM_MODES"]
+def family_mixer_config(config_class, label: str, names: dict, **fields):
+    """``config_class(**fields)``, the Mamba-2 config of a hybrid's Mamba layers; a
+    ``ValueError`` is re-raised with the family's field names (``names``: Mamba-2 field ->
+    the family's) and its ``label`` in front."""
+    try:
+        return config_class(**fields)
+    except ValueError as e:
+        msg = re.sub(r"\b(" + "|".join(names) + r")\b", lambda m: names[m.group(1)], str(e))
+        raise ValueError(f"{label} {msg}") from None
+
+
+__all__ = ["Config", "MixerConfig", "NORM_MODES", "family_mixer_config"]

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from typing import ClassVar
 
 from ...nn import HFConfig
 from ...nn.attention import NoPositionFields
-from ...nn.config import MAX_LAYERS
-from ..mamba2.config import MixerConfig
+from ..mamba2.config import MixerConfig, family_mixer_config
 
 # HF layer-type names (and the legacy ones HF remaps) -> ours.
 LAYER_NAMES = {"linear_attention": "mamba", "mamba": "mamba", "full_attention": "attention",
@@ -90,18 +88,12 @@ class Config(NoPositionFields, HFConfig):
         and ``layers_block_type=None`` (HF's default four layers)."""
         if self.num_key_value_heads is None:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
-        types = DEFAULT_LAYERS if self.layers_block_type is None else self.layers_block_type
-        if (not isinstance(types, (tuple, list)) or not types
-                or any(not isinstance(t, str) or t not in LAYER_NAMES for t in types)):
-            raise ValueError(f"layers_block_type must be a non-empty list of {sorted(LAYER_NAMES)}, got {types!r}")
-        types = tuple(LAYER_NAMES[t] for t in types)
-        if len(types) > MAX_LAYERS:
-            raise ValueError(f"layers_block_type has {len(types)} layers, more than {MAX_LAYERS}")
+        self.check_layer_kinds("layers_block_type", LAYER_NAMES, DEFAULT_LAYERS)
+        types = self.layers_block_type
         if types[0] not in TOKEN_MIXERS:
             raise ValueError(f"Nemotron-H layers_block_type must start with a token-mixing layer (mamba or attention; "
                              f"implicit_attn groups each mlp/moe layer with the token-mixing layer before it), got "
                              f"{types[0]!r} first")
-        object.__setattr__(self, "layers_block_type", types)
         self.check_ints("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads",
                         "intermediate_size", "ssm_state_size", "mamba_num_heads", "mamba_head_dim", "n_groups",
                         "conv_kernel", "chunk_size", "n_routed_experts", "num_experts_per_tok",
@@ -162,16 +154,12 @@ class Config(NoPositionFields, HFConfig):
     def mixer_config(self) -> MixerConfig:
         """The Mamba-2 config of the Mamba layers (HF ``NemotronHMamba2Mixer``: ``dt`` clamped
         to ``[time_step_min, inf)``, gated-norm eps ``layer_norm_epsilon``)."""
-        try:
-            return MixerConfig(
-                vocab_size=self.vocab_size, hidden_size=self.hidden_size, num_heads=self.mamba_num_heads,
-                head_dim=self.mamba_head_dim, state_size=self.ssm_state_size, n_groups=self.n_groups,
-                conv_kernel=self.conv_kernel, chunk_size=self.chunk_size, layer_norm_epsilon=self.layer_norm_epsilon,
-                use_bias=self.use_bias, use_conv_bias=self.use_conv_bias, hidden_act=self.mamba_hidden_act,
-                time_step_limit=(self.time_step_min, float("inf")))
-        except ValueError as e:
-            msg = re.sub(r"\b(" + "|".join(MAMBA_FIELDS) + r")\b", lambda m: MAMBA_FIELDS[m.group(1)], str(e))
-            raise ValueError(f"{self.label} {msg}") from None
+        return family_mixer_config(
+            MixerConfig, self.label, MAMBA_FIELDS, vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+            num_heads=self.mamba_num_heads, head_dim=self.mamba_head_dim, state_size=self.ssm_state_size,
+            n_groups=self.n_groups, conv_kernel=self.conv_kernel, chunk_size=self.chunk_size,
+            layer_norm_epsilon=self.layer_norm_epsilon, use_bias=self.use_bias, use_conv_bias=self.use_conv_bias,
+            hidden_act=self.mamba_hidden_act, time_step_limit=(self.time_step_min, float("inf")))
 
     @classmethod
     def read_hf(cls, d: dict, kw: dict) -> dict:
