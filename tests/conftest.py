@@ -64,10 +64,10 @@ ONE_FAMILY_BY_DEFAULT = {
 }
 # Families whose layer and LM functions are another family's (Falcon-Mamba: Mamba's block with
 # a flag; GraniteMoeHybrid and Jamba: Bamba's ``hybrid_functions`` with their own feed-forward
-# part): the checks of that shared forward machinery (hooks, NaN causality, input and tap checks,
+# part; Zamba: Zamba2's ``zamba_functions`` with its own Mamba mixer): the checks of that shared forward machinery (hooks, NaN causality, input and tap checks,
 # out-of-range ids, causality, forward exports) are repeats for them and run in the deep tier;
 # their parity, exactness, float64 reference, checkpoint and info checks stay in the default tier.
-BUILT_FROM_OTHERS = ("falcon_mamba", "granitemoehybrid", "jamba")
+BUILT_FROM_OTHERS = ("falcon_mamba", "granitemoehybrid", "jamba", "zamba")
 MACHINERY_TESTS = re.compile(r"test_hooks\.py::\w+|test_nan\.py::\w+"
                              r"|test_conformance\.py::test_(bad_inputs_fail_with_named_errors|bad_taps"
                              r"|out_of_range_ids_under_jit_give_nan_logits"
@@ -80,7 +80,7 @@ FIRST_CONFIG_BY_DEFAULT = ("test_mamba.py", "test_mamba2.py", "test_griffin.py",
 DEEP = {
     # README: the full pass on Mamba and the Quickstart on Bamba (a hybrid) by default; the
     # Griffin full pass and the other families' Quickstart repeat them.
-    "test_readme.py": r"test_readme_blocks_run\[(recurrent_gemma|mamba2|rwkv|falcon_mamba|granitemoehybrid|jamba|nemotron_h|falcon_h1|zamba2)\]",
+    "test_readme.py": r"test_readme_blocks_run\[(recurrent_gemma|mamba2|rwkv|falcon_mamba|granitemoehybrid|jamba|nemotron_h|falcon_h1|zamba|zamba2)\]",
     # The hybrids' released layouts scaled down: the conformance contract again, on a second
     # configuration of each (the per-file checks of what is specific stay in the default tier).
     "test_bamba.py": r"test_released_layout_matches_torch_and_is_exact",
@@ -89,6 +89,7 @@ DEEP = {
     # (the clamp's effect and the other Mamba norm settings are also drawn by the property tests)
     "test_nemotron_h.py": r"test_released_layout_matches_torch_and_is_exact\[\w+\]|test_parity_sees_the_dt_clamp",
     "test_zamba2.py": r"test_released_layout_matches_torch_and_is_exact",
+    "test_zamba.py": r"test_released_layout_matches_torch_and_is_exact",
     "test_falcon_h1.py": r"test_released_layout_matches_torch_and_is_exact"
                          r"|test_mamba_output_norm_settings_match_torch\[\w+\]",
     # CPU kernel: every variant at L = 37 and the full variant at every length by default.
@@ -107,10 +108,10 @@ DEEP = {
     # (recurrent and attention layers) by default.
     "test_export_library.py": (r"test_(forward_exports|operators_export|explain_maps_export|explain_methods_export)"
                                r"\[(?!mamba-)[\w-]+-tpu\]"
-                               # Falcon-Mamba's, Granite's, Jamba's, Nemotron-H's and Zamba2's operators
-                               # are built by Mamba's and Bamba's functions, exported by default
-                               # (Falcon-H1's ParallelCore is new: its export stays by default)
-                               r"|test_operators_export\[(falcon_mamba|granitemoehybrid|jamba|nemotron_h|zamba2)-cuda\]"
+                               # Falcon-Mamba's, Granite's, Jamba's, Nemotron-H's and the Zambas'
+                               # operators are built of Mamba's, Mamba-2's and attention cores,
+                               # exported by default (ParallelCore: Falcon-H1's export, by default)
+                               r"|test_operators_export\[(falcon_mamba|granitemoehybrid|jamba|nemotron_h|zamba|zamba2)-cuda\]"
                                r"|test_explain_methods_export\[(?!mamba-)[\w-]+-given-\w+\]"
                                r"|test_explain_(maps|methods)_export\[(?!mamba-|bamba-)[\w-]+\]"),
 }

@@ -124,25 +124,27 @@ def test_layers_called_one_by_one_give_the_residual_stream(tmp_path):
         model.layers[1](np.zeros((2, 7, 16), np.float32), np.zeros((1, 7, 16), np.float32))
 
 
-def test_attention_operator_is_hf_eager_attention(tmp_path):
+@pytest.mark.parametrize("model_type, shared", [("zamba2", "shared_transformer"), ("zamba", "shared_transf")])
+def test_attention_operator_is_hf_eager_attention(model_type, shared, tmp_path):
+    """Zamba2's (adapters, RoPE) and Zamba's (GQA) shared attention operators are HF's eager
+    attention probabilities."""
     torch, _ = torch_or_skip()
     from implicit_attn.testing import build_hf_model
 
-    tm = build_hf_model("zamba2", None, path=tmp_path)
+    tm = build_hf_model(model_type, None, path=tmp_path)
     model = ia.load(tmp_path)
     tm.set_attn_implementation("eager")  # the path that returns the probabilities
     ids = np.random.default_rng(5).integers(0, 64, (1, 9))
     seen = []
-    hooks = [l.shared_transformer.self_attn.register_forward_hook(lambda m, a, out: seen.append(out[1].numpy()))
-             for l in tm.model.layers if hasattr(l, "shared_transformer")]
+    hooks = [getattr(l, shared).self_attn.register_forward_hook(lambda m, a, out: seen.append(out[1].numpy()))
+             for l in tm.model.layers if hasattr(l, shared)]
     try:
         with torch.no_grad():
             tm(torch.as_tensor(ids), use_cache=False)
     finally:
         for h in hooks:
             h.remove()
-    ops = model.operators(ids, layers=[1, 3])
-    for op, want in zip(ops, seen, strict=True):
+    for op, want in zip(model.operators(ids, layers=[1, 3]), seen, strict=True):
         H = np.asarray(op.materialize())
         np.testing.assert_allclose(H.sum(-1), 1.0, atol=1e-6)
         np.testing.assert_allclose(H, want, atol=1e-6)

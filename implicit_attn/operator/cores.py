@@ -8,8 +8,9 @@
 * ``Mamba2Core``: per-head SSD matrices shared by the head's channels (Mamba-2).
 * ``RwkvCore``: a gated, decayed row softmax (RWKV-4).
 * ``AttentionCore``: the softmax probabilities of a (grouped-query) local attention.
-* ``ParallelCore``: two cores side by side, the second's channels repeated (a layer that
-  mixes tokens through two paths at once, Falcon-H1's Mamba-2 and attention).
+* ``ParallelCore``: cores side by side, a part's channels possibly repeated (a layer that
+  mixes tokens through two paths at once, Falcon-H1's Mamba-2 and attention; Zamba's Mamba
+  heads, each with its own ``B`` and ``C``).
 """
 from __future__ import annotations
 
@@ -324,52 +325,70 @@ class AttentionCore(OperatorCore):
         return attention_probs(q, k, self.seg, self.window)
 
 
-@pytree_dataclass(static=("repeat",))
+@pytree_dataclass(static=("repeats",))
 class ParallelCore(OperatorCore):
-    """The channels of ``first`` followed by those of ``second``, each of the latter
-    repeated ``repeat`` times: channel ``first.num_channels + s * repeat + r`` is ``second``'s
-    channel ``s`` (an attention head read by each of its ``repeat = head_dim`` value features).
+    """Cores side by side: the channels of ``parts[0]``, then of ``parts[1]``, ..., each
+    channel of part ``k`` repeated ``repeats[k]`` times (an attention head read by each of its
+    ``head_dim`` value features). Falcon-H1: a Mamba-2 and an attention core (repeats ``(1,
+    head_dim)``); Zamba: one Mamba core per head, each with its own ``B`` and ``C``.
 
-    ``dense`` of a concrete selection computes each part only for its own channels; a
-    traced one computes both and selects.
+    ``dense`` of a concrete selection computes each part only for its own channels; a traced
+    one computes every part and selects.
     """
 
-    first: Any
-    second: Any
-    repeat: int
+    parts: tuple
+    repeats: tuple
+
+    @property
+    def starts(self) -> np.ndarray:
+        """The first channel of each part, and the total: ``(len(parts) + 1,)``."""
+        return np.cumsum([0] + [p.num_channels * r for p, r in zip(self.parts, self.repeats)])
 
     @property
     def num_channels(self) -> int:
-        return self.first.num_channels + self.second.num_channels * self.repeat
+        return int(self.starts[-1])
 
     def named_factors(self) -> dict:
-        """``first``'s factors, its ``gate`` extended with 1 over ``second``'s channels (no
-        gate there): ``gate (B, C, L)`` and ``first``'s ``log_decay``."""
-        f = dict(self.first.named_factors())
-        if "gate" in f:
-            g = f["gate"]
-            ones = jnp.ones((g.shape[0], self.second.num_channels * self.repeat, g.shape[2]), g.dtype)
-            f["gate"] = jnp.concatenate([g, ones], axis=1)
-        return f
+        """``gate (B, C, L)``: each part's (repeated), 1 on a part without one (attention);
+        ``log_decay``: those of the parts that have one, concatenated on axis 1 (per channel
+        where every part's is, as Zamba's heads'; the Mamba path's alone in Falcon-H1)."""
+        fs = [p.named_factors() for p in self.parts]
+        out = {}
+        if any("gate" in f for f in fs):
+            ref = next(f["gate"] for f in fs if "gate" in f)
+            B, L = ref.shape[0], ref.shape[2]
+            out["gate"] = jnp.concatenate(
+                [jnp.repeat(f["gate"], r, axis=1) if "gate" in f else jnp.ones((B, p.num_channels * r, L), ref.dtype)
+                 for f, p, r in zip(fs, self.parts, self.repeats)], axis=1)
+        decays = [f["log_decay"] for f in fs if "log_decay" in f]
+        if decays:
+            out["log_decay"] = decays[0] if len(decays) == 1 else jnp.concatenate(decays, axis=1)
+        return out
 
     def dense(self, idx):
         """``(B, len(idx), L, L)`` float32 operators of channels ``idx``."""
-        C1 = self.first.num_channels
-        to_second = lambda i: (i - C1) // self.repeat
+        starts = self.starts
+        local = lambda k, i: (i - starts[k]) // self.repeats[k]
         if not isinstance(idx, jax.core.Tracer):
             idx = np.asarray(idx)
-            in_first = idx < C1
-            if in_first.all():
-                return self.first.dense(jnp.asarray(idx))
-            if not in_first.any():
-                return self.second.dense(jnp.asarray(to_second(idx)))
-            parts = jnp.concatenate([self.first.dense(jnp.asarray(idx[in_first])),
-                                     self.second.dense(jnp.asarray(to_second(idx[~in_first])))], axis=1)
-            order = np.concatenate([np.flatnonzero(in_first), np.flatnonzero(~in_first)])
-            return jnp.take(parts, jnp.asarray(np.argsort(order)), axis=1)
-        a = self.first.dense(jnp.clip(idx, 0, C1 - 1))
-        b = self.second.dense(jnp.clip(to_second(idx), 0, self.second.num_channels - 1))
-        return jnp.where((idx < C1)[None, :, None, None], a, b)
+            if idx.size == 0:
+                return self.parts[0].dense(jnp.asarray(idx))
+            part = np.searchsorted(starts, idx, side="right") - 1
+            blocks, order = [], []
+            for k, p in enumerate(self.parts):
+                sel = np.flatnonzero(part == k)
+                if sel.size:
+                    blocks.append(p.dense(jnp.asarray(local(k, idx[sel]))))
+                    order.append(sel)
+            if len(blocks) == 1:
+                return blocks[0]
+            parts = jnp.concatenate(blocks, axis=1)
+            return jnp.take(parts, jnp.asarray(np.argsort(np.concatenate(order))), axis=1)
+        out = None
+        for k, p in enumerate(self.parts):
+            d = p.dense(jnp.clip(local(k, idx), 0, p.num_channels - 1))
+            out = d if out is None else jnp.where((idx >= starts[k])[None, :, None, None], d, out)
+        return out
 
 
 __all__ = ["StateDecayCore", "ScalarDecayCore", "DocumentMaskedCore", "Mamba2Core", "RwkvCore", "AttentionCore",

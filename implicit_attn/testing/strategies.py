@@ -230,6 +230,25 @@ def zamba2_configs(draw) -> dict:
 
 
 @st.composite
+def zamba_configs(draw) -> dict:
+    """``ZambaConfig`` kwargs: the HF layer kinds (Mamba / hybrid), attention heads (KV heads
+    dividing them) and head width, Mamba heads, state, conv width, ``dt`` rank, biases (HF
+    cannot build a tied model with exactly one hybrid layer: its tie pattern matches nothing)."""
+    types = draw(st.lists(st.sampled_from(["mamba", "hybrid"]), min_size=1, max_size=4))
+    tie = draw(st.booleans()) and types.count("hybrid") != 1
+    heads = draw(st.sampled_from([1, 2, 4]))
+    return {**family("zamba").tiny,
+            "vocab_size": draw(VOCAB), "hidden_size": draw(st.sampled_from([8, 16])),
+            "intermediate_size": draw(st.sampled_from([8, 24])), "num_hidden_layers": len(types),
+            "layers_block_type": types, "num_attention_heads": heads,
+            "num_key_value_heads": draw(st.sampled_from(divisors(heads))),
+            "attention_head_dim": draw(st.sampled_from([None, 2, 4])), "n_mamba_heads": draw(st.sampled_from([1, 2, 4])),
+            "mamba_d_state": draw(st.integers(1, 6)), "mamba_d_conv": draw(st.integers(1, 4)),
+            "mamba_dt_rank": draw(st.integers(1, 4)), "mamba_conv_bias": draw(st.booleans()),
+            "mamba_proj_bias": draw(st.booleans()), "tie_word_embeddings": tie}
+
+
+@st.composite
 def rwkv_configs(draw) -> dict:
     """``RwkvConfig`` kwargs: widths of the residual stream, attention and feed-forward,
     depth (at least 2: HF's initialisation divides by ``num_hidden_layers - 1``), and eval
@@ -245,7 +264,7 @@ CONFIGS = {"mamba": mamba_configs, "mamba2": mamba2_configs, "recurrent_gemma": 
            "rwkv": rwkv_configs, "falcon_mamba": falcon_mamba_configs,
            "bamba": bamba_configs, "granitemoehybrid": granite_configs,
            "jamba": jamba_configs, "nemotron_h": nemotron_h_configs,
-           "falcon_h1": falcon_h1_configs, "zamba2": zamba2_configs}
+           "falcon_h1": falcon_h1_configs, "zamba2": zamba2_configs, "zamba": zamba_configs}
 
 
 def model_types():

@@ -81,7 +81,7 @@ def mixer_operator(p: dict, h, cfg: Config, kind: str = "parallel", variant: str
     cat = lambda x, y: jnp.concatenate([x, heads_to_channels(y)], axis=1)
     return ImplicitOperator(values=cat(m.values, a.values), offset=cat(m.offset, a.offset),
                             output=cat(m.output, a.output),
-                            core=ParallelCore(first=m.core, second=a.core, repeat=cfg.head_dim))
+                            core=ParallelCore(parts=(m.core, a.core), repeats=(1, cfg.head_dim)))
 
 
 def mlp_forward(p: dict, x, cfg: Config):

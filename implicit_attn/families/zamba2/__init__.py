@@ -32,13 +32,13 @@ def hf_setup(model, torch, seed: int = 0):
             m.mamba.dt_bias[0] = -12.0
 
 
-def hf_mixer_layers(hf_config) -> list[str]:
+def hf_mixer_modules(hf_config, shared: str = "shared_transformer.") -> list[str]:
     """The HF module of each of our layers' token mixer: ``model.layers.{i}.mamba`` for a Mamba
-    layer, ``...shared_transformer.self_attn`` then ``...mamba_decoder.mamba`` for a hybrid."""
+    layer, ``...{shared}self_attn`` then ``...mamba_decoder.mamba`` for a hybrid."""
     out = []
     for i, t in enumerate(hf_config.layers_block_type):
         p = f"model.layers.{i}."
-        out += [p + "shared_transformer.self_attn", p + "mamba_decoder.mamba"] if t == "hybrid" else [p + "mamba"]
+        out += [p + shared + "self_attn", p + "mamba_decoder.mamba"] if t == "hybrid" else [p + "mamba"]
     return out
 
 
@@ -52,7 +52,7 @@ SPEC = FamilySpec(
               layers_block_type=["mamba", "hybrid", "hybrid"], num_attention_heads=4, mamba_d_state=4, mamba_d_conv=4,
               mamba_expand=2, mamba_ngroups=2, n_mamba_heads=4, chunk_size=4, num_mem_blocks=1,
               use_shared_attention_adapter=True, adapter_rank=4, use_mem_rope=True),
-    hf_setup=hf_setup, hf_mixer="model.layers.{i}.mamba", hf_mixer_layers=hf_mixer_layers, has_heads=True,
+    hf_setup=hf_setup, hf_mixer="model.layers.{i}.mamba", hf_mixer_layers=hf_mixer_modules, has_heads=True,
     # Zamba2-2.7B's layout scaled down: a hybrid layer every sixth, two shared blocks in turn
     bench={"full": dict(vocab_size=1024, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
                         layers_block_type=["mamba"] * 5 + ["hybrid"] + ["mamba"] * 5 + ["hybrid"],
@@ -64,4 +64,4 @@ SPEC = FamilySpec(
 
 __all__ = ["SPEC", "Config", "LM", "SharedBlock", "AttentionMixer", "SharedAttentionLayer", "MambaLayer", "VARIANTS",
            "to_params", "from_params", "expected_shapes", "init_params", "naive_operator", "lm_forward",
-           "mixer_forward", "mixer_operator", "mlp_forward", "shared_layer", "mamba_layer", "hf_mixer_layers"]
+           "mixer_forward", "mixer_operator", "mlp_forward", "shared_layer", "mamba_layer", "hf_mixer_modules"]

@@ -37,8 +37,71 @@ MAMBA_FIELDS = {"num_heads": "n_mamba_heads", "head_dim": "mamba_headdim", "stat
                 "n_groups": "mamba_ngroups", "conv_kernel": "mamba_d_conv", "time_step_limit": "time_step_min"}
 
 
+class SharedBlockLayers(AttentionFields):
+    """Our layer list of the Zamba families, from ``layers_block_type`` (``"mamba"`` /
+    ``"hybrid"`` per HF layer), ``num_mem_blocks`` and ``tie_word_embeddings``; and the shared
+    attention's fixed settings (input ``[h, embeddings]`` of ``2 * hidden_size`` features,
+    logits scaled by ``(head_dim / 2) ** -0.5``, full causal, no biases)."""
+
+    attention_bias: ClassVar[bool] = False  # HF's q/k/v/o never have biases
+
+    @property
+    def attention_input_size(self) -> int:
+        """The shared attention reads the residual stream and the embeddings: ``2 * hidden_size``."""
+        return 2 * self.hidden_size
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.head_dim / 2) ** -0.5
+
+    @property
+    def attention_window_size(self) -> int:
+        return FULL_WINDOW
+
+    @property
+    def hybrid_layer_ids(self) -> tuple[int, ...]:
+        """The HF indices of the hybrid layers (HF's ``hybrid_layer_ids``)."""
+        return tuple(i for i, t in enumerate(self.layers_block_type) if t == "hybrid")
+
+    @property
+    def num_shared_blocks(self) -> int:
+        """The distinct shared blocks: ``num_mem_blocks`` (fewer if there are fewer hybrids);
+        without ``tie_word_embeddings`` HF ties nothing and every hybrid layer has its own."""
+        n = len(self.hybrid_layer_ids)
+        return min(self.num_mem_blocks, n) if self.tie_word_embeddings else n
+
+    @property
+    def layer_types(self) -> tuple[str, ...]:
+        """``"attention"`` or ``"mamba"`` per layer of ours (a hybrid layer gives both, in order)."""
+        return tuple(k for t in self.layers_block_type for k in (("attention", "mamba") if t == "hybrid" else ("mamba",)))
+
+    @property
+    def hf_layers(self) -> tuple[int, ...]:
+        """The HF layer index of each of our layers."""
+        return tuple(i for i, t in enumerate(self.layers_block_type) for _ in range(2 if t == "hybrid" else 1))
+
+    @property
+    def hybrid_ordinals(self) -> tuple[int | None, ...]:
+        """Per layer of ours, which hybrid layer (0, 1, ...) it belongs to, or None."""
+        out, k = [], 0
+        for t in self.layers_block_type:
+            if t == "hybrid":
+                out += [k, k]
+                k += 1
+            else:
+                out.append(None)
+        return tuple(out)
+
+    @property
+    def shared_block_index(self) -> tuple[int | None, ...]:
+        """Per layer of ours, the shared block its hybrid layer uses (ordinal ``%
+        num_mem_blocks``; its ordinal when untied, see ``num_shared_blocks``), or None."""
+        n = self.num_mem_blocks if self.tie_word_embeddings else MAX_LAYERS
+        return tuple(None if k is None else k % n for k in self.hybrid_ordinals)
+
+
 @dataclasses.dataclass(frozen=True)
-class Config(AttentionFields, HFConfig):
+class Config(SharedBlockLayers, HFConfig):
     """The fields of HF ``Zamba2Config`` the forward pass needs.
 
     ``layers_block_type`` holds HF's layer kinds (``"mamba"`` / ``"hybrid"`` per HF layer;
@@ -55,7 +118,6 @@ class Config(AttentionFields, HFConfig):
     model_type: ClassVar[str] = "zamba2"
     architecture: ClassVar[str] = "Zamba2ForCausalLM"
     label: ClassVar[str] = "Zamba2"
-    attention_bias: ClassVar[bool] = False  # HF's q/k/v/o never have biases
     mamba_norm_eps: ClassVar[float] = 1e-5  # HF hard-codes the gated norm's eps
 
     vocab_size: int
@@ -130,67 +192,12 @@ class Config(AttentionFields, HFConfig):
 
     # ---- the shared attention (AttentionFields)
     @property
-    def attention_input_size(self) -> int:
-        """The shared attention reads the residual stream and the embeddings: ``2 * hidden_size``."""
-        return 2 * self.hidden_size
-
-    @property
     def head_dim(self) -> int:
         return self.attention_input_size // self.num_attention_heads
 
     @property
     def rotary_dim(self) -> int:
         return self.head_dim if self.use_mem_rope else 0
-
-    @property
-    def attention_scale(self) -> float:
-        return (self.head_dim / 2) ** -0.5
-
-    @property
-    def attention_window_size(self) -> int:
-        return FULL_WINDOW
-
-    # ---- our layers
-    @property
-    def hybrid_layer_ids(self) -> tuple[int, ...]:
-        """The HF indices of the hybrid layers (HF's ``hybrid_layer_ids``)."""
-        return tuple(i for i, t in enumerate(self.layers_block_type) if t == "hybrid")
-
-    @property
-    def num_shared_blocks(self) -> int:
-        """The distinct shared blocks: ``num_mem_blocks`` (fewer if there are fewer hybrids);
-        without ``tie_word_embeddings`` HF ties nothing and every hybrid layer has its own."""
-        n = len(self.hybrid_layer_ids)
-        return min(self.num_mem_blocks, n) if self.tie_word_embeddings else n
-
-    @property
-    def layer_types(self) -> tuple[str, ...]:
-        """``"attention"`` or ``"mamba"`` per layer of ours (a hybrid layer gives both, in order)."""
-        return tuple(k for t in self.layers_block_type for k in (("attention", "mamba") if t == "hybrid" else ("mamba",)))
-
-    @property
-    def hf_layers(self) -> tuple[int, ...]:
-        """The HF layer index of each of our layers."""
-        return tuple(i for i, t in enumerate(self.layers_block_type) for _ in range(2 if t == "hybrid" else 1))
-
-    @property
-    def hybrid_ordinals(self) -> tuple[int | None, ...]:
-        """Per layer of ours, which hybrid layer (0, 1, ...) it belongs to, or None."""
-        out, k = [], 0
-        for t in self.layers_block_type:
-            if t == "hybrid":
-                out += [k, k]
-                k += 1
-            else:
-                out.append(None)
-        return tuple(out)
-
-    @property
-    def shared_block_index(self) -> tuple[int | None, ...]:
-        """Per layer of ours, the shared block its hybrid layer uses (ordinal ``%
-        num_mem_blocks``; its ordinal when untied, see ``num_shared_blocks``), or None."""
-        n = self.num_mem_blocks if self.tie_word_embeddings else MAX_LAYERS
-        return tuple(None if k is None else k % n for k in self.hybrid_ordinals)
 
     @property
     def mamba_channels(self) -> int:
@@ -224,4 +231,4 @@ class Config(AttentionFields, HFConfig):
         return write_rope_parameters(d)
 
 
-__all__ = ["Config", "LAYER_NAMES", "HF_LAYER_NAMES", "DEFAULT_LAYERS"]
+__all__ = ["SharedBlockLayers", "Config", "LAYER_NAMES", "HF_LAYER_NAMES", "DEFAULT_LAYERS"]

@@ -82,14 +82,21 @@ class AttentionMixer(Mixer):
 
 class SharedAttentionLayer(nnx.Module):
     """Our layer for the first half of an HF hybrid layer: ``mixer`` (the shared attention),
-    ``block`` (the shared block, held by the LM too), ``mlp_adapters`` and ``linear (D, D)``."""
+    ``block`` (the shared block, held by the LM too), ``mlp_adapters`` and ``linear (D, D)``.
+
+    Attributes:
+      layer_forward_fn: jitted ``(block, layer, h, emb, cfg=, tap=) -> (t, x)``.
+      mixer_class: the attention ``Mixer``.
+    """
 
     kind = "attention"
+    layer_forward_fn = staticmethod(shared_layer_forward_jit)
+    mixer_class = AttentionMixer
 
     def __init__(self, cfg: Config, block: SharedBlock, layer: dict):
         self.cfg = cfg
         self.block = block
-        self.mixer = AttentionMixer(cfg, block, layer["attention_adapters"])
+        self.mixer = self.mixer_class(cfg, block, layer["attention_adapters"])
         self.mlp_adapters = Weights(layer["mlp_adapters"])
         self.linear = nnx.Param(jnp.asarray(layer["linear"]))
 
@@ -110,19 +117,27 @@ class SharedAttentionLayer(nnx.Module):
         if embeddings is None:
             raise ValueError("embeddings (B, L, d_model) are required: the shared block reads them")
         h, embeddings, tap = check_layer_call(self.cfg, self.kind, h, embeddings, "embeddings", tap)
-        return shared_layer_forward_jit(self.block.params(), self.params(), h, embeddings, cfg=self.cfg, tap=tap)[0]
+        return type(self).layer_forward_fn(self.block.params(), self.params(), h, embeddings, cfg=self.cfg,
+                                           tap=tap)[0]
 
 
 class MambaLayer(nnx.Module):
-    """A Mamba layer: ``input_layernorm`` and ``mixer`` (``mamba2.Mamba2Mixer`` with
-    ``Config.mixer_config``)."""
+    """A Mamba layer: ``input_layernorm`` and ``mixer`` (``mixer_class`` with
+    ``Config.mixer_config``: ``mamba2.Mamba2Mixer``).
+
+    Attributes:
+      layer_forward_fn: jitted ``(layer, h, shared, cfg=, tap=) -> (h_next, x)``.
+      mixer_class: the Mamba ``Mixer``.
+    """
 
     kind = "mamba"
+    layer_forward_fn = staticmethod(mamba_layer_forward_jit)
+    mixer_class = Mamba2Mixer
 
     def __init__(self, cfg: Config, layer: dict):
         self.cfg = cfg
         self.input_layernorm = nnx.Param(jnp.asarray(layer["input_layernorm"]))
-        self.mixer = Mamba2Mixer(cfg.mixer_config, layer["mixer"])
+        self.mixer = self.mixer_class(cfg.mixer_config, layer["mixer"])
 
     def params(self) -> dict:
         return {"input_layernorm": self.input_layernorm[...], "mixer": self.mixer.arrays()}
@@ -139,7 +154,7 @@ class MambaLayer(nnx.Module):
           ``(B, L, d_model)`` residual stream leaving the layer.
         """
         h, shared, tap = check_layer_call(self.cfg, self.kind, h, shared, "shared", tap)
-        return mamba_layer_forward_jit(self.params(), h, shared, cfg=self.cfg, tap=tap)[0]
+        return type(self).layer_forward_fn(self.params(), h, shared, cfg=self.cfg, tap=tap)[0]
 
 
 class LM(LanguageModel):
@@ -147,13 +162,16 @@ class LM(LanguageModel):
     ``checkpoint.to_params`` or ``checkpoint.init_params``. ``layers`` are the token mixers in
     the order they run (``config.layer_types``; HF layer of each: ``config.hf_layers``): a
     ``MambaLayer`` per HF Mamba layer, a ``SharedAttentionLayer`` and a ``MambaLayer`` per
-    hybrid layer. ``shared_blocks`` holds the shared blocks the attention layers read."""
+    hybrid layer. ``shared_blocks`` holds the shared blocks the attention layers read.
+    ``shared_layer_class`` / ``mamba_layer_class``: the two layer modules."""
 
     family = "zamba2"
     label = "Zamba2"
     variants = VARIANTS
     forward_fn = staticmethod(lm_forward_jit)
     hook_points = RESIDUAL_POINTS
+    shared_layer_class = SharedAttentionLayer
+    mamba_layer_class = MambaLayer
 
     def __init__(self, cfg: Config, params: dict):
         if len(params["layers"]) != len(cfg.layer_types):
@@ -166,7 +184,8 @@ class LM(LanguageModel):
         self.embed_tokens = nnx.Param(jnp.asarray(params["embed_tokens"]))
         self.shared_blocks = nnx.List([SharedBlock(b) for b in params["shared_blocks"]])
         self.layers = nnx.List([
-            MambaLayer(cfg, layer) if kind == "mamba" else SharedAttentionLayer(cfg, self.shared_blocks[b], layer)
+            self.mamba_layer_class(cfg, layer) if kind == "mamba"
+            else self.shared_layer_class(cfg, self.shared_blocks[b], layer)
             for kind, b, layer in zip(cfg.layer_types, cfg.shared_block_index, params["layers"])])
         self.final_layernorm = nnx.Param(jnp.asarray(params["final_layernorm"]))
         head = params.get("lm_head")
