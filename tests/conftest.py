@@ -89,6 +89,11 @@ DEEP = {
     # (the clamp's effect and the other Mamba norm settings are also drawn by the property tests)
     "test_nemotron_h.py": r"test_released_layout_matches_torch_and_is_exact\[\w+\]|test_parity_sees_the_dt_clamp",
     "test_zamba2.py": r"test_released_layout_matches_torch_and_is_exact",
+    # the delta rule: the recurrence check at write strengths up to 2 and near 2, the long
+    # input, HF's kernel and the cuda export by default
+    "test_delta_rule.py": (r"test_chunk_length_changes_only_rounding"
+                           r"|test_outputs_and_matrix_equal_the_float64_recurrence\[(small|near_0)\]"
+                           r"|test_materialize_exports_for_accelerators\[tpu\]"),
     "test_zamba.py": r"test_released_layout_matches_torch_and_is_exact",
     "test_falcon_h1.py": r"test_released_layout_matches_torch_and_is_exact"
                          r"|test_mamba_output_norm_settings_match_torch\[\w+\]",

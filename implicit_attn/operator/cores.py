@@ -6,6 +6,8 @@
   (Griffin's RG-LRU; any per-channel or per-head scalar decay).
 * ``DocumentMaskedCore``: another core with entries between packed documents zeroed.
 * ``Mamba2Core``: per-head SSD matrices shared by the head's channels (Mamba-2).
+* ``DeltaRuleCore``: per-head gated delta-rule matrices shared by the head's channels (Gated
+  DeltaNet).
 * ``RwkvCore``: a gated, decayed row softmax (RWKV-4).
 * ``AttentionCore``: the softmax probabilities of a (grouped-query) local attention.
 * ``ParallelCore``: cores side by side, a part's channels possibly repeated (a layer that
@@ -20,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..ops import (attention_probs, conv_right, decay_matrix, full_precision, keep_causal, scalar_decay_kernel,
-                   softmax_decay_rows, state_decay_kernel)
+from ..ops import (attention_probs, conv_right, decay_matrix, delta_rule_matrix, full_precision, keep_causal,
+                   scalar_decay_kernel, softmax_decay_rows, state_decay_kernel)
 from .base import OperatorCore, diag_embed, pytree_dataclass, take
 
 f32 = jnp.float32
@@ -233,13 +235,8 @@ class Mamba2Core(OperatorCore):
         return _present(gate=self.left, log_decay=self.log_a)
 
     def dense(self, idx):
-        H = self.block_alpha(idx)
-        if self.left is not None:
-            H = jnp.take(self.left, idx, axis=1)[..., :, None] * H
-        if self.right is not None:
-            H = H * jnp.take(self.right, idx, axis=1)[..., None, :]
-        H = keep_causal(H)  # before the conv: it reads entries above the diagonal
-        return H if self.conv_w is None else conv_right(H, jnp.take(self.conv_w, idx, axis=0))
+        return _sandwich(self.block_alpha(idx), take(self.left, idx), take(self.right, idx), None,
+                         take(self.conv_w, idx, 0))
 
     def head_mean(self, h):
         """Mean of ``H_c`` over the channels ``c`` of head ``h`` (an int or a traced scalar)
@@ -270,6 +267,78 @@ class Mamba2Core(OperatorCore):
 @full_precision
 def _alpha_each(core: Mamba2Core, heads):
     return jnp.moveaxis(jax.lax.map(lambda h: core.alpha(h[None])[:, 0], heads), 0, 1)
+
+
+@pytree_dataclass(static=("heads_per_group", "delta", "chunk"))
+class DeltaRuleCore(OperatorCore):
+    """``H_c = diag(left_c) M_h diag(right_c) Conv_c`` for channel ``c`` of value head ``h =
+    head[c]``, ``M_h`` the gated delta rule's matrix (``ops.delta_rule_matrix``) of key head ``h //
+    heads_per_group``'s queries and keys with head ``h``'s decays and write strengths. With
+    ``delta=False``, ``M_h = tril(q k^T * Gamma) diag(b)``: the state's ``(I - b k k^T)`` erasure
+    left out (the approximation others report; not exact).
+
+    Shapes: ``q, k (B, G, L, d_k)``, ``log_a, beta (B, H, L)``, ``head (C,)`` int, ``left, right
+    (B, C, L)`` or None (ones), ``conv_w (C, K)`` or None (no conv).
+    """
+
+    q: Any
+    k: Any
+    log_a: Any
+    beta: Any
+    head: Any
+    left: Any = None
+    right: Any = None
+    conv_w: Any = None
+    heads_per_group: int = 1
+    delta: bool = True
+    chunk: int = 64
+
+    @property
+    def num_channels(self) -> int:
+        return self.head.shape[0]
+
+    @property
+    def num_heads(self) -> int:
+        return self.log_a.shape[1]
+
+    def head_matrix(self, heads):
+        """``(B, len(heads), L, L)`` float32 ``M_h`` of the value heads ``heads``."""
+        groups = heads // self.heads_per_group
+        q, k = jnp.take(self.q, groups, axis=1), jnp.take(self.k, groups, axis=1)
+        log_a, beta = jnp.take(self.log_a, heads, axis=1), jnp.take(self.beta, heads, axis=1)
+        if self.delta:
+            return delta_rule_matrix(q, k, log_a, beta, self.chunk)
+        qk = jnp.einsum("bhid,bhjd->bhij", q.astype(f32), k.astype(f32))
+        return decay_matrix(log_a.astype(f32), chunk=64) * qk * beta.astype(f32)[..., None, :]
+
+    def alpha(self, heads):
+        """``M_h`` of ``heads`` (``Mamba2Operator.head_matrices(how="alpha")``): ``(B, k, L, L)``."""
+        return self.head_matrix(heads)
+
+    def head_mean(self, h):
+        """Mean of ``H_c`` over the channels of value head ``h`` (an int or a traced scalar; the
+        head's channels are ``h P ... (h + 1) P - 1``): ``(B, L, L)``."""
+        P = self.num_channels // self.num_heads
+        idx = h * P + jnp.arange(P)
+        M = self.head_matrix(jnp.reshape(h, (1,)))  # (B, 1, L, L)
+        return self.sandwich(jnp.broadcast_to(M, (M.shape[0], P) + M.shape[2:]), idx).mean(1)
+
+    def named_factors(self) -> dict:
+        """``gate = left (B, C, L)``, ``log_decay = log_a (B, H, L)`` per value head."""
+        return _present(gate=self.left, log_decay=self.log_a)
+
+    def sandwich(self, M, idx):
+        """``diag(left_c) M_c diag(right_c) Conv_c`` for the channels ``idx`` of ``M (B, len(idx), L, L)``."""
+        return _sandwich(M, take(self.left, idx), take(self.right, idx), None, take(self.conv_w, idx, 0))
+
+    def dense(self, idx):
+        heads = self.head[idx]
+        if isinstance(heads, jax.core.Tracer):
+            M = jnp.take(self.head_matrix(jnp.arange(self.num_heads)), heads, axis=1)
+        else:
+            uniq, inv = np.unique(np.asarray(heads), return_inverse=True)
+            M = jnp.take(self.head_matrix(jnp.asarray(uniq)), jnp.asarray(inv.reshape(-1)), axis=1)
+        return self.sandwich(M, idx)
 
 
 @pytree_dataclass
@@ -391,5 +460,5 @@ class ParallelCore(OperatorCore):
         return out
 
 
-__all__ = ["StateDecayCore", "ScalarDecayCore", "DocumentMaskedCore", "Mamba2Core", "RwkvCore", "AttentionCore",
+__all__ = ["StateDecayCore", "ScalarDecayCore", "DocumentMaskedCore", "Mamba2Core", "DeltaRuleCore", "RwkvCore", "AttentionCore",
            "ParallelCore"]

@@ -146,15 +146,17 @@ class ImplicitOperator:
 
 @pytree_dataclass
 class Mamba2Operator(ImplicitOperator):
-    """``ImplicitOperator`` of a ``Mamba2Core``, with per-head matrices (channels
-    ``h*P .. h*P+P-1`` form head ``h``)."""
+    """``ImplicitOperator`` of a core whose channels form heads sharing one matrix
+    (``Mamba2Core``, ``DeltaRuleCore``), with per-head matrices (channels ``h*P .. h*P+P-1``
+    form head ``h``)."""
 
     @full_precision
     def head_matrices(self, how: str = "alpha", heads=None):
         """Per-head ``(B, H', L, L)`` float32 matrices, computed once per head.
 
         ``how="alpha"``: ``alpha_h = (C B^T) * exp(A_h T_h) diag(Delta_h) + D_h I`` (the SSD
-        "effective attention" of head h; for ``"s6_only"`` without D).
+        "effective attention" of head h; for ``"s6_only"`` without D); for a delta-rule core
+        the head's ``M_h``.
         ``how="mean"``: the mean of ``H_c`` over the head's channels, everything folded in
         (norm, gate, activation, conv), equal to ``materialize()`` averaged per head.
         ``heads``: None (all), an int or a list of head indices.
