@@ -80,7 +80,7 @@ FIRST_CONFIG_BY_DEFAULT = ("test_mamba.py", "test_mamba2.py", "test_griffin.py",
 DEEP = {
     # README: the full pass on Mamba and the Quickstart on Bamba (a hybrid) by default; the
     # Griffin full pass and the other families' Quickstart repeat them.
-    "test_readme.py": r"test_readme_blocks_run\[(recurrent_gemma|mamba2|rwkv|falcon_mamba|granitemoehybrid|jamba|nemotron_h|falcon_h1|zamba|zamba2)\]",
+    "test_readme.py": r"test_readme_blocks_run\[(recurrent_gemma|mamba2|rwkv|falcon_mamba|granitemoehybrid|jamba|nemotron_h|falcon_h1|zamba|zamba2|qwen3_next)\]",
     # The hybrids' released layouts scaled down: the conformance contract again, on a second
     # configuration of each (the per-file checks of what is specific stay in the default tier).
     "test_bamba.py": r"test_released_layout_matches_torch_and_is_exact",
@@ -95,6 +95,7 @@ DEEP = {
                            r"|test_outputs_and_matrix_equal_the_float64_recurrence\[(small|near_0)\]"
                            r"|test_materialize_exports_for_accelerators\[tpu\]"),
     "test_zamba.py": r"test_released_layout_matches_torch_and_is_exact",
+    "test_qwen3_next.py": r"test_released_layout_matches_torch_and_is_exact",
     "test_falcon_h1.py": r"test_released_layout_matches_torch_and_is_exact"
                          r"|test_mamba_output_norm_settings_match_torch\[\w+\]",
     # CPU kernel: every variant at L = 37 and the full variant at every length by default.

@@ -129,15 +129,20 @@ def repeat_kv(t, cfg):
     return jnp.repeat(t, cfg.num_attention_heads // cfg.num_key_value_heads, axis=1)
 
 
-def attention_inner(p: dict, h, pos, cfg):
-    """Per-head attention output before ``o_proj``: ``(B, H, L, d)`` in the parameter dtype."""
-    a = attention_parts(p, h, pos, cfg)
+def attend(a: dict, cfg):
+    """Per-head attention output ``(B, H, L, d)`` of the parts ``a`` (``attention_parts``' keys:
+    ``q`` scaled and rotated, ``k``, ``v``, ``seg``), in the values' dtype."""
     k, v = repeat_kv(a["k"], cfg), repeat_kv(a["v"], cfg)
     # NaN stays causal (ops.nan): a NaN key or value reaches every later row, a NaN query its own.
     bad = from_first(jnp.isnan(k).any(-1) | jnp.isnan(v).any(-1), axis=2) | jnp.isnan(a["q"]).any(-1)
     probs = attention_probs(zero_nan(a["q"]), zero_nan(k), a["seg"], cfg.attention_window_size)
     o = jnp.einsum("bhij,bhjd->bhid", probs.astype(v.dtype), zero_nan(v))
     return mark_nan(o, bad[..., None])
+
+
+def attention_inner(p: dict, h, pos, cfg):
+    """Per-head attention output before ``o_proj``: ``(B, H, L, d)`` in the parameter dtype."""
+    return attend(attention_parts(p, h, pos, cfg), cfg)
 
 
 def attention_forward(p: dict, h, pos, cfg, hook=None):
@@ -154,13 +159,18 @@ def attention_forward(p: dict, h, pos, cfg, hook=None):
 def attention_operator(p: dict, h, pos, cfg) -> AttentionOperator:
     """The attention block's explicit operator: per-head softmax probabilities acting on
     the value vectors (channels = heads)."""
-    a = attention_parts(p, h, pos, cfg)
+    return operator_of_parts(attention_parts(p, h, pos, cfg), cfg)
+
+
+def operator_of_parts(a: dict, cfg) -> AttentionOperator:
+    """The explicit attention operator of the parts ``a`` (``attention_parts``' keys): the
+    softmax probabilities on the value vectors, output ``attend(a)``."""
     values = repeat_kv(a["v"], cfg).astype(f32)
     core = AttentionCore(q=a["q"].astype(f32), k=a["k"].astype(f32), seg=a["seg"],
                          window=cfg.attention_window_size)
-    out = attention_inner(p, h, pos, cfg).astype(f32)
-    return AttentionOperator(values=values, offset=jnp.zeros_like(values), output=out, core=core)
+    return AttentionOperator(values=values, offset=jnp.zeros_like(values), output=attend(a, cfg).astype(f32),
+                             core=core)
 
 
 __all__ = ["FULL_WINDOW", "AttentionFields", "NoPositionFields", "segment_ids", "rotary", "projection", "attention_parts",
-           "repeat_kv", "attention_inner", "attention_forward", "attention_operator"]
+           "repeat_kv", "attend", "attention_inner", "attention_forward", "attention_operator", "operator_of_parts"]

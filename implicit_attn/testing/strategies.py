@@ -249,6 +249,32 @@ def zamba_configs(draw) -> dict:
 
 
 @st.composite
+def qwen3_next_configs(draw) -> dict:
+    """``Qwen3NextConfig`` kwargs: layer kinds (Gated DeltaNet / attention), key and value heads
+    (value heads a multiple of key heads) and widths, conv width, attention heads (KV heads
+    dividing them) and head width, RoPE fraction, experts (0: dense MLPs), MLP-only layers,
+    sparse step, ``norm_topk_prob``, tie."""
+    types = draw(st.lists(st.sampled_from(["linear_attention", "full_attention"]), min_size=1, max_size=3))
+    n = len(types)
+    k_heads = draw(st.sampled_from([1, 2]))
+    heads = draw(st.sampled_from([1, 2, 4]))
+    experts = draw(st.sampled_from([0, 4]))
+    return {**family("qwen3_next").tiny,
+            "vocab_size": draw(VOCAB), "hidden_size": draw(st.sampled_from([8, 16])),
+            "intermediate_size": draw(st.sampled_from([8, 24])), "num_hidden_layers": n, "layer_types": types,
+            "linear_num_key_heads": k_heads, "linear_num_value_heads": k_heads * draw(st.sampled_from([1, 2])),
+            "linear_key_head_dim": draw(st.sampled_from([2, 4, 8])),
+            "linear_value_head_dim": draw(st.sampled_from([2, 3, 6])),
+            "linear_conv_kernel_dim": draw(st.integers(1, 4)), "num_attention_heads": heads,
+            "num_key_value_heads": draw(st.sampled_from(divisors(heads))), "head_dim": draw(st.sampled_from([8, 16])),
+            "partial_rotary_factor": draw(st.sampled_from([0.25, 0.5, 1.0])), "num_experts": experts,
+            "num_experts_per_tok": draw(st.integers(1, 4)), "mlp_only_layers": draw(st.lists(st.integers(0, n - 1),
+                                                                                              max_size=n)),
+            "decoder_sparse_step": draw(st.integers(1, 2)), "norm_topk_prob": draw(st.booleans()),
+            "tie_word_embeddings": draw(st.booleans())}
+
+
+@st.composite
 def rwkv_configs(draw) -> dict:
     """``RwkvConfig`` kwargs: widths of the residual stream, attention and feed-forward,
     depth (at least 2: HF's initialisation divides by ``num_hidden_layers - 1``), and eval
@@ -264,7 +290,8 @@ CONFIGS = {"mamba": mamba_configs, "mamba2": mamba2_configs, "recurrent_gemma": 
            "rwkv": rwkv_configs, "falcon_mamba": falcon_mamba_configs,
            "bamba": bamba_configs, "granitemoehybrid": granite_configs,
            "jamba": jamba_configs, "nemotron_h": nemotron_h_configs,
-           "falcon_h1": falcon_h1_configs, "zamba2": zamba2_configs, "zamba": zamba_configs}
+           "falcon_h1": falcon_h1_configs, "zamba2": zamba2_configs, "zamba": zamba_configs,
+           "qwen3_next": qwen3_next_configs}
 
 
 def model_types():

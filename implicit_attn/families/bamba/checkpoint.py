@@ -59,6 +59,8 @@ class Layout:
       ffn_params: ``(Config, layer, {local name: tensor}) -> feed_forward params`` (tensors
         as stored -> the tree; default: as they are).
       ffn_tensors: the inverse of ``ffn_params``.
+      mixer_prefix: ``{kind: the local prefix of that kind's mixer tensors}``.
+      mixer_tables: ``(Config, Layout) -> {kind: {name under the prefix: shape}}``.
     """
 
     family: str
@@ -69,6 +71,8 @@ class Layout:
     mamba_shapes: Callable = mamba_shapes
     ffn_params: Callable = lambda cfg, i, t: t
     ffn_tensors: Callable = lambda cfg, i, p: p
+    mixer_prefix: dict = dataclasses.field(default_factory=lambda: dict(MIXER_PREFIX))
+    mixer_tables: Callable = None  # None: ``mixer_tables`` below
 
 
 LAYOUT = Layout("bamba", "model.final_layernorm.weight", "pre_ff_layernorm.weight", "feed_forward.",
@@ -87,16 +91,21 @@ def mixer_tables(cfg, layout: Layout) -> dict:
                          **{MIXER_PREFIX["attention"] + k: s for k, s in attention.items()}}}
 
 
+def layout_mixers(cfg, layout: Layout) -> dict:
+    """``layout``'s mixer tables (``Layout.mixer_tables``, default ``mixer_tables``)."""
+    return (layout.mixer_tables or mixer_tables)(cfg, layout)
+
+
 def layout_shapes(cfg, layout: Layout) -> tuple[dict, dict]:
     """``(required, optional)`` HF tensor names -> shapes of a checkpoint in ``layout``."""
     D, V = cfg.hidden_size, cfg.vocab_size
     req = {"model.embed_tokens.weight": (V, D), layout.final_norm: (D,)}
-    mixers = mixer_tables(cfg, layout)
+    mixers = layout_mixers(cfg, layout)
     for i, kind in enumerate(cfg.layer_types):
         p = f"model.layers.{i}."
         req[p + "input_layernorm.weight"] = (D,)
         req[p + layout.ffn_norm] = (D,)
-        req.update({p + MIXER_PREFIX[kind] + k: s for k, s in mixers[kind].items()})
+        req.update({p + layout.mixer_prefix[kind] + k: s for k, s in mixers[kind].items()})
         req.update({p + layout.ffn_prefix + k: s for k, s in layout.ffn_shapes(cfg, i).items()})
     opt = {}
     if cfg.tie_word_embeddings:
@@ -115,12 +124,12 @@ def layout_params(cfg, tensors: dict, layout: Layout) -> dict:
     """HF tensors (already checked) in ``layout`` -> the ``LM`` parameter tree: per layer
     ``{"input_layernorm", "pre_ff_layernorm", "mixer", "feed_forward"}`` (local names)."""
     layers = []
-    mixers = mixer_tables(cfg, layout)
+    mixers = layout_mixers(cfg, layout)
     for i, kind in enumerate(cfg.layer_types):
         p = f"model.layers.{i}."
         layers.append({"input_layernorm": tensors[p + "input_layernorm.weight"],
                        "pre_ff_layernorm": tensors[p + layout.ffn_norm],
-                       "mixer": {k: tensors[p + MIXER_PREFIX[kind] + k] for k in mixers[kind]},
+                       "mixer": {k: tensors[p + layout.mixer_prefix[kind] + k] for k in mixers[kind]},
                        "feed_forward": layout.ffn_params(cfg, i, {k: tensors[p + layout.ffn_prefix + k]
                                                                   for k in layout.ffn_shapes(cfg, i)})})
     return {"embed_tokens": tensors["model.embed_tokens.weight"], "layers": layers,
@@ -135,7 +144,7 @@ def layout_tensors(cfg, params: dict, layout: Layout) -> dict:
         p = f"model.layers.{i}."
         t[p + "input_layernorm.weight"] = layer["input_layernorm"]
         t[p + layout.ffn_norm] = layer["pre_ff_layernorm"]
-        t.update({p + MIXER_PREFIX[kind] + k: v for k, v in layer["mixer"].items()})
+        t.update({p + layout.mixer_prefix[kind] + k: v for k, v in layer["mixer"].items()})
         t.update({p + layout.ffn_prefix + k: v
                   for k, v in layout.ffn_tensors(cfg, i, layer["feed_forward"]).items()})
     if not cfg.tie_word_embeddings:
@@ -195,6 +204,7 @@ expected_shapes, params_from_tensors = CHECKPOINT.expected_shapes, CHECKPOINT.pa
 to_params, from_params, init_params = CHECKPOINT.to_params, CHECKPOINT.from_params, CHECKPOINT.init_params
 
 
-__all__ = ["MIXER_PREFIX", "Layout", "LAYOUT", "attention_shapes", "mlp_shapes", "layout_shapes", "layout_params",
+__all__ = ["MIXER_PREFIX", "Layout", "LAYOUT", "attention_shapes", "mlp_shapes", "layout_mixers", "layout_shapes",
+           "layout_params",
            "layout_tensors", "mixer_tables", "layout_checkpoint", "CHECKPOINT", "expected_shapes",
            "params_from_tensors", "to_params", "from_params", "init_rule", "init_params", "sub"]

@@ -21,6 +21,8 @@ def tap_shape(cfg: Config, kind: str, B: int, L: int) -> tuple[tuple, str]:
     """Shape of a ``kind`` mixer's operator output, and its axes for messages."""
     if kind == "mamba":
         return (B, cfg.mamba_channels, L), "(batch, channels, length)"
+    if kind == "delta":  # Gated DeltaNet: value heads x value head width
+        return (B, cfg.delta_channels, L), "(batch, channels, length)"
     if kind == "parallel":  # Mamba channels, then every attention head's value features
         return (B, cfg.mamba_channels + cfg.num_attention_heads * cfg.head_dim, L), "(batch, channels, length)"
     return (B, cfg.num_attention_heads, L, cfg.head_dim), "(batch, heads, length, head_dim)"
