@@ -15,6 +15,34 @@ import numpy as np
 import pytest
 
 
+def mapped_regions() -> int:
+    """This process's memory mappings (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/self/maps") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
+
+
+# Every compiled XLA CPU program keeps memory mappings; a worker that compiles a few thousand
+# of them (the deep tier) nears the kernel's limit (vm.max_map_count, 65530 by default), and
+# then a compile fails inside LLVM with a segfault or abort. Past this many mappings the
+# compiled programs are dropped (later tests recompile what they need).
+MAX_MAPPED_REGIONS = 30000
+
+
+@pytest.fixture(autouse=True)
+def bounded_memory_mappings():
+    yield
+    if mapped_regions() > MAX_MAPPED_REGIONS:
+        import gc
+
+        import jax
+
+        jax.clear_caches()
+        gc.collect()
+
+
 def torch_or_skip():
     """torch and transformers are test-time references (the ``test`` extra)."""
     torch = pytest.importorskip("torch")
