@@ -96,8 +96,8 @@ class SharedBlockLayers(AttentionFields):
     def shared_block_index(self) -> tuple[int | None, ...]:
         """Per layer of ours, the shared block its hybrid layer uses (ordinal ``%
         num_mem_blocks``; its ordinal when untied, see ``num_shared_blocks``), or None."""
-        n = self.num_mem_blocks if self.tie_word_embeddings else MAX_LAYERS
-        return tuple(None if k is None else k % n for k in self.hybrid_ordinals)
+        block = (lambda k: k % self.num_mem_blocks) if self.tie_word_embeddings else (lambda k: k)
+        return tuple(None if k is None else block(k) for k in self.hybrid_ordinals)
 
 
 @dataclasses.dataclass(frozen=True)
