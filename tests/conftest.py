@@ -95,10 +95,11 @@ ONE_FAMILY_BY_DEFAULT = {
 # Families whose layer and LM functions are another family's (Falcon-Mamba: Mamba's block with
 # a flag; GraniteMoeHybrid and Jamba: Bamba's ``hybrid_functions`` with their own feed-forward
 # part; Falcon-H1: Bamba's with its own parallel mixer; Zamba: Zamba2's ``zamba_functions`` with
-# its own Mamba mixer): the checks of that shared forward machinery (hooks, NaN causality, input and tap checks,
+# its own Mamba mixer; Qwen3.5 and Qwen3.5-MoE: Qwen3-Next's with a flag): the checks of that shared forward machinery (hooks, NaN causality, input and tap checks,
 # out-of-range ids, causality, forward exports) are repeats for them and run in the deep tier;
 # their parity, exactness, float64 reference, checkpoint and info checks stay in the default tier.
-BUILT_FROM_OTHERS = ("falcon_mamba", "granitemoehybrid", "jamba", "falcon_h1", "zamba")
+BUILT_FROM_OTHERS = ("falcon_mamba", "granitemoehybrid", "jamba", "falcon_h1", "zamba", "qwen3_5_text",
+                     "qwen3_5_moe_text")
 MACHINERY_TESTS = re.compile(r"test_hooks\.py::\w+|test_nan\.py::\w+"
                              r"|test_conformance\.py::test_(bad_inputs_fail_with_named_errors|bad_taps"
                              r"|out_of_range_ids_under_jit_give_nan_logits"
@@ -111,7 +112,7 @@ FIRST_CONFIG_BY_DEFAULT = ("test_mamba.py", "test_mamba2.py", "test_griffin.py",
 DEEP = {
     # README: the full pass on Mamba and the Quickstart on Bamba (a hybrid) by default; the
     # Griffin full pass and the other families' Quickstart repeat them.
-    "test_readme.py": r"test_readme_blocks_run\[(recurrent_gemma|mamba2|rwkv|falcon_mamba|granitemoehybrid|jamba|nemotron_h|falcon_h1|zamba|zamba2|qwen3_next)\]",
+    "test_readme.py": r"test_readme_blocks_run\[(recurrent_gemma|mamba2|rwkv|falcon_mamba|granitemoehybrid|jamba|nemotron_h|falcon_h1|zamba|zamba2|qwen3_next|qwen3_5_text|qwen3_5_moe_text)\]",
     # The hybrids' released layouts scaled down: the conformance contract again, on a second
     # configuration of each (the per-file checks of what is specific stay in the default tier).
     "test_bamba.py": r"test_released_layout_matches_torch_and_is_exact",
@@ -153,7 +154,7 @@ DEEP = {
                                # operators are built of Mamba's, Mamba-2's and attention cores,
                                # exported by default (ParallelCore: Falcon-H1's export, by default;
                                # the delta rule: test_delta_rule's cuda export)
-                               r"|test_operators_export\[(falcon_mamba|granitemoehybrid|jamba|nemotron_h|zamba|zamba2|qwen3_next)-cuda\]"
+                               r"|test_operators_export\[(falcon_mamba|granitemoehybrid|jamba|nemotron_h|zamba|zamba2|qwen3_next|qwen3_5_\w+)-cuda\]"
                                r"|test_explain_methods_export\[(?!mamba-)[\w-]+-given-\w+\]"
                                r"|test_explain_(maps|methods)_export\[(?!mamba-|bamba-)[\w-]+\]"),
 }

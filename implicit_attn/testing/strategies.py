@@ -275,6 +275,21 @@ def qwen3_next_configs(draw) -> dict:
 
 
 @st.composite
+def qwen3_5_configs(draw) -> dict:
+    """``Qwen3_5TextConfig`` kwargs: Qwen3-Next's draw without the mixture of experts."""
+    drop = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+            "mlp_only_layers", "decoder_sparse_step", "norm_topk_prob")
+    return {k: v for k, v in draw(qwen3_next_configs()).items() if k not in drop}
+
+
+@st.composite
+def qwen3_5_moe_configs(draw) -> dict:
+    """``Qwen3_5MoeTextConfig`` kwargs: Qwen3-Next's draw with experts in every layer."""
+    drop = ("intermediate_size", "mlp_only_layers", "decoder_sparse_step", "norm_topk_prob")
+    return {**{k: v for k, v in draw(qwen3_next_configs()).items() if k not in drop}, "num_experts": 4}
+
+
+@st.composite
 def rwkv_configs(draw) -> dict:
     """``RwkvConfig`` kwargs: widths of the residual stream, attention and feed-forward,
     depth (at least 2: HF's initialisation divides by ``num_hidden_layers - 1``), and eval
@@ -291,7 +306,8 @@ CONFIGS = {"mamba": mamba_configs, "mamba2": mamba2_configs, "recurrent_gemma": 
            "bamba": bamba_configs, "granitemoehybrid": granite_configs,
            "jamba": jamba_configs, "nemotron_h": nemotron_h_configs,
            "falcon_h1": falcon_h1_configs, "zamba2": zamba2_configs, "zamba": zamba_configs,
-           "qwen3_next": qwen3_next_configs}
+           "qwen3_next": qwen3_next_configs, "qwen3_5_text": qwen3_5_configs,
+           "qwen3_5_moe_text": qwen3_5_moe_configs}
 
 
 def model_types():

@@ -4,7 +4,7 @@ Decoder layer: ``h + mixer(norm(h))``, then ``h + ffn(norm(h))``, every norm zer
 (``x / rms(x) * (1 + w)``). Mixers:
 
 * Gated DeltaNet (HF ``Qwen3NextGatedDeltaNet``): ``in_proj_qkvz`` and ``in_proj_ba`` (grouped
-  by key head), a causal depthwise conv with SiLU on ``[q, k, v]``, ``q``, ``k`` l2-normalised
+  by key head; Qwen3.5: ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``), a causal depthwise conv with SiLU on ``[q, k, v]``, ``q``, ``k`` l2-normalised
   (``x * rsqrt(sum x^2 + 1e-6)``, ``q`` then times ``d_k^-0.5``), ``b = sigmoid(b)``, ``log a =
   -exp(A_log) softplus(a + dt_bias)``, the gated delta rule per value head (``ops.delta_rule``;
   value head ``h`` reads key head ``h // (H_v / H_k)``), a per-head RMSNorm with weight, times
@@ -65,10 +65,14 @@ def delta_parts(p: dict, h, cfg: Config) -> dict:
     Hk, Hv, dk, dv = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, \
         cfg.linear_value_head_dim
     rep = Hv // Hk
-    qkvz = linear(h, p["in_proj_qkvz.weight"]).reshape(B, L, Hk, 2 * dk + 2 * rep * dv)
-    q, k, v, z = jnp.split(qkvz, [dk, 2 * dk, 2 * dk + rep * dv], axis=-1)
-    b, a = jnp.split(linear(h, p["in_proj_ba.weight"]).reshape(B, L, Hk, 2 * rep), 2, axis=-1)
-    x = jnp.concatenate([q.reshape(B, L, Hk * dk), k.reshape(B, L, Hk * dk), v.reshape(B, L, Hv * dv)], axis=-1)
+    if cfg.split_projections:
+        x = linear(h, p["in_proj_qkv.weight"])
+        z, b, a = (linear(h, p[f"in_proj_{n}.weight"]) for n in "zba")
+    else:
+        qkvz = linear(h, p["in_proj_qkvz.weight"]).reshape(B, L, Hk, 2 * dk + 2 * rep * dv)
+        q, k, v, z = jnp.split(qkvz, [dk, 2 * dk, 2 * dk + rep * dv], axis=-1)
+        b, a = jnp.split(linear(h, p["in_proj_ba.weight"]).reshape(B, L, Hk, 2 * rep), 2, axis=-1)
+        x = jnp.concatenate([q.reshape(B, L, Hk * dk), k.reshape(B, L, Hk * dk), v.reshape(B, L, Hv * dv)], axis=-1)
     w = p["conv1d.weight"][:, 0, :]
     xc = causal_conv(x, w, p.get("conv1d.bias"))
     u = jax.nn.silu(xc)
@@ -124,7 +128,7 @@ def delta_operator(p: dict, h, cfg: Config, variant: str = "full") -> Mamba2Oper
     always the block's own.
     """
     if variant not in VARIANTS:
-        raise ValueError(f"Qwen3-Next Gated DeltaNet variant must be one of {VARIANTS}, got {variant!r}")
+        raise ValueError(f"{cfg.label} Gated DeltaNet variant must be one of {VARIANTS}, got {variant!r}")
     parts = delta_parts(p, h, cfg)
     o, left = delta_inner(p, h, cfg, parts)
     T = lambda a: jnp.swapaxes(a, 1, 2).astype(f32)

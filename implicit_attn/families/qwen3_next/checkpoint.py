@@ -28,8 +28,12 @@ def delta_shapes(cfg: Config) -> dict:
     """Local names (under ``linear_attn.``) -> shapes of a Gated DeltaNet mixer."""
     D, Hv, dv = cfg.hidden_size, cfg.linear_num_value_heads, cfg.linear_value_head_dim
     conv = 2 * cfg.key_dim + cfg.value_dim
-    return {"in_proj_qkvz.weight": (2 * cfg.key_dim + 2 * cfg.value_dim, D), "in_proj_ba.weight": (2 * Hv, D),
-            "conv1d.weight": (conv, 1, cfg.linear_conv_kernel_dim), "dt_bias": (Hv,), "A_log": (Hv,),
+    if cfg.split_projections:
+        proj = {"in_proj_qkv.weight": (2 * cfg.key_dim + cfg.value_dim, D), "in_proj_z.weight": (cfg.value_dim, D),
+                "in_proj_b.weight": (Hv, D), "in_proj_a.weight": (Hv, D)}
+    else:
+        proj = {"in_proj_qkvz.weight": (2 * cfg.key_dim + 2 * cfg.value_dim, D), "in_proj_ba.weight": (2 * Hv, D)}
+    return {**proj, "conv1d.weight": (conv, 1, cfg.linear_conv_kernel_dim), "dt_bias": (Hv,), "A_log": (Hv,),
             "norm.weight": (dv,), "out_proj.weight": (D, cfg.value_dim)}
 
 

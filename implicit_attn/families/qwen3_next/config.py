@@ -28,6 +28,9 @@ class Config(AttentionFields, HFConfig):
     model_type: ClassVar[str] = "qwen3_next"
     architecture: ClassVar[str] = "Qwen3NextForCausalLM"
     label: ClassVar[str] = "Qwen3-Next"
+    # Qwen3-Next stores the DeltaNet's projections fused and grouped by key head
+    # (``in_proj_qkvz``, ``in_proj_ba``); Qwen3.5 as four plain ones (``in_proj_qkv``, ``_z``, ``_b``, ``_a``)
+    split_projections: ClassVar[bool] = False
 
     vocab_size: int
     hidden_size: int

@@ -38,9 +38,10 @@ class Qwen3NextLayer(BambaLayer):
 
     layer_forward_fn = staticmethod(layer_forward_jit)
     attention_class = AttentionMixer
+    delta_class = DeltaMixer
 
     def make_mixer(self, cfg: Config, kind: str, params: dict):
-        return DeltaMixer(cfg, params) if kind == "delta" else AttentionMixer(cfg, params)
+        return self.delta_class(cfg, params) if kind == "delta" else self.attention_class(cfg, params)
 
 
 class LM(BambaLM):

@@ -37,10 +37,14 @@ def delta_operator(p: dict, x, cfg):
     Hk, Hv, dk, dv = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, \
         cfg.linear_value_head_dim
     rep = Hv // Hk
-    qkvz = (x @ p["in_proj_qkvz.weight"].T).reshape(B, L, Hk, 2 * dk + 2 * rep * dv)
-    q, k, v, z = np.split(qkvz, [dk, 2 * dk, 2 * dk + rep * dv], axis=-1)
-    b, a = np.split((x @ p["in_proj_ba.weight"].T).reshape(B, L, Hk, 2 * rep), 2, axis=-1)
-    xs = np.concatenate([q.reshape(B, L, -1), k.reshape(B, L, -1), v.reshape(B, L, -1)], axis=-1)
+    if "in_proj_qkv.weight" in p:  # Qwen3.5's four plain projections
+        xs = x @ p["in_proj_qkv.weight"].T
+        z, b, a = (x @ p[f"in_proj_{n}.weight"].T for n in "zba")
+    else:
+        qkvz = (x @ p["in_proj_qkvz.weight"].T).reshape(B, L, Hk, 2 * dk + 2 * rep * dv)
+        q, k, v, z = np.split(qkvz, [dk, 2 * dk, 2 * dk + rep * dv], axis=-1)
+        b, a = np.split((x @ p["in_proj_ba.weight"].T).reshape(B, L, Hk, 2 * rep), 2, axis=-1)
+        xs = np.concatenate([q.reshape(B, L, -1), k.reshape(B, L, -1), v.reshape(B, L, -1)], axis=-1)
     conv = conv_matrices(p["conv1d.weight"][:, 0, :])(L)  # (conv_dim, L, L)
     xc = np.einsum("cij,bjc->bic", conv, xs)
     u = xc * sigmoid(xc)

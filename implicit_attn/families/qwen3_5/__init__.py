@@ -1,0 +1,35 @@
+"""Qwen3.5 (HF ``Qwen3_5ForCausalLM``, ``model_type: "qwen3_5_text"``, and
+``Qwen3_5MoeForCausalLM``, ``"qwen3_5_moe_text"``): Qwen3-Next's Gated DeltaNet and gated
+attention layers (``qwen3_next.block``, its exact operator and variants), with the DeltaNet's
+input projections stored as four plain matrices, and a SwiGLU MLP (dense) or a mixture of experts
+with a gated shared expert (MoE) in every layer. Two specs: ``SPEC`` and ``MOE_SPEC``.
+"""
+from ...nn import FamilySpec
+from ..qwen3_next import EXACT_VARIANTS, VARIANTS, hf_setup, naive_operator
+from ..qwen3_next import SPEC as QWEN3_NEXT
+from .checkpoint import MOE, TEXT
+from .config import Config, MoeConfig
+from .modules import LM, AttentionMixer, DeltaMixer, MoeLM, Qwen3_5Layer
+
+MOE_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
+DENSE_KEYS = ("intermediate_size",)
+
+
+def family_spec(config, lm, checkpoint, hf_class: str, hf_config_class: str, drop: tuple) -> FamilySpec:
+    """Qwen3-Next's spec with Qwen3.5's config, classes and checkpoint; ``drop``: Qwen3-Next's tiny
+    and bench keys the HF config class does not have."""
+    keep = lambda d: {k: v for k, v in d.items() if k not in drop + ("mlp_only_layers",)}
+    return FamilySpec(
+        model_type=config.model_type, label=config.label, config=config, lm=lm, variants=VARIANTS,
+        exact_variants=EXACT_VARIANTS, to_params=checkpoint.to_params, from_params=checkpoint.from_params,
+        expected_shapes=checkpoint.expected_shapes, init_params=checkpoint.init_params,
+        naive_operator=naive_operator, hf_class=hf_class, hf_config_class=hf_config_class,
+        tiny=keep(QWEN3_NEXT.tiny), hf_setup=hf_setup, hf_mixer=QWEN3_NEXT.hf_mixer, has_heads=True,
+        bench={k: keep(v) for k, v in QWEN3_NEXT.bench.items()})
+
+
+SPEC = family_spec(Config, LM, TEXT, "Qwen3_5ForCausalLM", "Qwen3_5TextConfig", MOE_KEYS)
+MOE_SPEC = family_spec(MoeConfig, MoeLM, MOE, "Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig", DENSE_KEYS)
+
+__all__ = ["SPEC", "MOE_SPEC", "Config", "MoeConfig", "LM", "MoeLM", "DeltaMixer", "AttentionMixer",
+           "Qwen3_5Layer", "family_spec"]
