@@ -53,13 +53,15 @@ class AttentionFields:
         """``ValueError`` naming the fields unless the heads divide the width (where
         ``head_dim`` is derived from it, not a config field), the key/value heads divide
         the heads and the rotary dimension is even."""
+        derived = ""
         if "head_dim" in {f.name for f in dataclasses.fields(self)}:
             self.check_ints("head_dim")
         else:
             self.check_multiple("hidden_size", "num_attention_heads")
+            derived = f" = hidden_size {self.hidden_size} / num_attention_heads {self.num_attention_heads}"
         self.check_multiple("num_attention_heads", "num_key_value_heads")
         if self.rotary_dim % 2:
-            raise ValueError(f"the rotary dimension ({self.rotary_dim}, from head_dim {self.head_dim}"
+            raise ValueError(f"the rotary dimension ({self.rotary_dim}, from head_dim {self.head_dim}{derived}"
                              f"{self.rotary_note}) must be even")
 
 

@@ -290,6 +290,28 @@ def qwen3_5_moe_configs(draw) -> dict:
 
 
 @st.composite
+def olmo_hybrid_configs(draw) -> dict:
+    """``OlmoHybridConfig`` kwargs: layer kinds (both present, as HF requires), key and value heads
+    and widths, conv width, attention heads (KV heads dividing them), RoPE or none, write
+    strengths in [0, 1] or [0, 2], tie."""
+    kinds = ["linear_attention", "full_attention"]
+    types = draw(st.permutations(kinds + draw(st.lists(st.sampled_from(kinds), max_size=1))))
+    k_heads = draw(st.sampled_from([1, 2]))
+    heads = draw(st.sampled_from([1, 2, 4]))
+    return {**family("olmo_hybrid").tiny,
+            "vocab_size": draw(VOCAB), "hidden_size": draw(st.sampled_from([8, 16])),
+            "intermediate_size": draw(st.sampled_from([8, 24])), "num_hidden_layers": len(types),
+            "layer_types": list(types), "linear_num_key_heads": k_heads,
+            "linear_num_value_heads": k_heads * draw(st.sampled_from([1, 2])),
+            "linear_key_head_dim": draw(st.sampled_from([2, 4, 8])),
+            "linear_value_head_dim": draw(st.sampled_from([2, 3, 6])),
+            "linear_conv_kernel_dim": draw(st.integers(1, 4)), "num_attention_heads": heads,
+            "num_key_value_heads": draw(st.sampled_from(divisors(heads))),
+            "rope_parameters": {"rope_type": "default", "rope_theta": draw(st.sampled_from([None, 10000.0]))},
+            "linear_allow_neg_eigval": draw(st.booleans()), "tie_word_embeddings": draw(st.booleans())}
+
+
+@st.composite
 def rwkv_configs(draw) -> dict:
     """``RwkvConfig`` kwargs: widths of the residual stream, attention and feed-forward,
     depth (at least 2: HF's initialisation divides by ``num_hidden_layers - 1``), and eval
@@ -307,7 +329,7 @@ CONFIGS = {"mamba": mamba_configs, "mamba2": mamba2_configs, "recurrent_gemma": 
            "jamba": jamba_configs, "nemotron_h": nemotron_h_configs,
            "falcon_h1": falcon_h1_configs, "zamba2": zamba2_configs, "zamba": zamba_configs,
            "qwen3_next": qwen3_next_configs, "qwen3_5_text": qwen3_5_configs,
-           "qwen3_5_moe_text": qwen3_5_moe_configs}
+           "qwen3_5_moe_text": qwen3_5_moe_configs, "olmo_hybrid": olmo_hybrid_configs}
 
 
 def model_types():

@@ -26,7 +26,7 @@ class Config(Qwen3NextConfig):
     model_type: ClassVar[str] = "qwen3_5_text"
     architecture: ClassVar[str] = "Qwen3_5ForCausalLM"
     label: ClassVar[str] = "Qwen3.5"
-    split_projections: ClassVar[bool] = True
+    projections: ClassVar[str] = "split"
     ignored: ClassVar[tuple[str, ...]] = MOE_FIELDS + LAYER_RULE_FIELDS
 
     vocab_size: int = 248320

@@ -1,5 +1,5 @@
 """Qwen3.5 NNX modules: Qwen3-Next's mixers, layer and LM, named for messages (the math differs
-only through ``Config.split_projections`` and the config's feed-forward kinds)."""
+only through ``Config.projections`` and the config's feed-forward kinds)."""
 from __future__ import annotations
 
 from ..qwen3_next import LM as Qwen3NextLM

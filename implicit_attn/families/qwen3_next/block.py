@@ -4,7 +4,8 @@ Decoder layer: ``h + mixer(norm(h))``, then ``h + ffn(norm(h))``, every norm zer
 (``x / rms(x) * (1 + w)``). Mixers:
 
 * Gated DeltaNet (HF ``Qwen3NextGatedDeltaNet``): ``in_proj_qkvz`` and ``in_proj_ba`` (grouped
-  by key head; Qwen3.5: ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``), a causal depthwise conv with SiLU on ``[q, k, v]``, ``q``, ``k`` l2-normalised
+  by key head; Qwen3.5: ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``; OLMo-Hybrid:
+  one projection each, ``g_proj`` for ``z``; ``Config.projections``), a causal depthwise conv with SiLU on ``[q, k, v]``, ``q``, ``k`` l2-normalised
   (``x * rsqrt(sum x^2 + 1e-6)``, ``q`` then times ``d_k^-0.5``), ``b = sigmoid(b)``, ``log a =
   -exp(A_log) softplus(a + dt_bias)``, the gated delta rule per value head (``ops.delta_rule``;
   value head ``h`` reads key head ``h // (H_v / H_k)``), a per-head RMSNorm with weight, times
@@ -65,9 +66,12 @@ def delta_parts(p: dict, h, cfg: Config) -> dict:
     Hk, Hv, dk, dv = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, \
         cfg.linear_value_head_dim
     rep = Hv // Hk
-    if cfg.split_projections:
+    if cfg.projections == "split":
         x = linear(h, p["in_proj_qkv.weight"])
         z, b, a = (linear(h, p[f"in_proj_{n}.weight"]) for n in "zba")
+    elif cfg.projections == "separate":
+        x = jnp.concatenate([linear(h, p[f"{n}_proj.weight"]) for n in "qkv"], axis=-1)
+        z, b, a = (linear(h, p[f"{n}_proj.weight"]) for n in "gba")
     else:
         qkvz = linear(h, p["in_proj_qkvz.weight"]).reshape(B, L, Hk, 2 * dk + 2 * rep * dv)
         q, k, v, z = jnp.split(qkvz, [dk, 2 * dk, 2 * dk + rep * dv], axis=-1)
@@ -81,6 +85,8 @@ def delta_parts(p: dict, h, cfg: Config) -> dict:
     kh = heads(u[..., Hk * dk:2 * Hk * dk], Hk, dk)
     vh = heads(u[..., 2 * Hk * dk:], Hv, dv).astype(f32)
     beta = jnp.swapaxes(jax.nn.sigmoid(b.reshape(B, L, Hv).astype(f32)), 1, 2)
+    if cfg.beta_scale != 1.0:
+        beta = beta * jnp.asarray(cfg.beta_scale, f32)
     log_a = -jnp.exp(p["A_log"].astype(f32)) * jax.nn.softplus(a.reshape(B, L, Hv).astype(f32)
                                                               + p["dt_bias"].astype(f32))
     log_a = jnp.swapaxes(log_a, 1, 2)
@@ -103,10 +109,10 @@ def delta_inner(p: dict, h, cfg: Config, parts=None):
     rep = Hv // cfg.linear_num_key_heads
     o = delta_rule(jnp.repeat(q["q"], rep, axis=1), jnp.repeat(q["k"], rep, axis=1), q["v"], q["log_a"], q["beta"])
     o = mark_nan(o, (q["state_bad"] | q["read_bad"])[..., None])  # (B, Hv, L, dv)
-    inv = jax.lax.rsqrt(jnp.mean(o * o, axis=-1, keepdims=True) + cfg.rms_norm_eps)  # (B, Hv, L, 1)
+    inv = jax.lax.rsqrt(jnp.mean(o * o, axis=-1, keepdims=True) + cfg.delta_norm_eps)  # (B, Hv, L, 1)
     o = jnp.swapaxes(o, 1, 2).reshape(B, L, Hv * dv)
     inv = jnp.repeat(jnp.swapaxes(inv[..., 0], 1, 2), dv, axis=-1)  # (B, L, C)
-    left = jnp.tile(p["norm.weight"].astype(f32), Hv) * inv * jax.nn.silu(q["z"].astype(f32))
+    left = jnp.tile(p[cfg.delta_norm_name].astype(f32), Hv) * inv * jax.nn.silu(q["z"].astype(f32))
     return o, left
 
 
@@ -115,7 +121,7 @@ def delta_forward(p: dict, h, cfg: Config, hook=None):
     ``(B, C, L) -> (B, C, L)`` on the gated, normed output before ``out_proj``."""
     o, left = delta_inner(p, h, cfg)
     y = apply_out_hook(left * o, hook).astype(h.dtype)
-    return linear(y, p["out_proj.weight"])
+    return linear(y, p[cfg.delta_out_name])
 
 
 def delta_operator(p: dict, h, cfg: Config, variant: str = "full") -> Mamba2Operator:

@@ -28,7 +28,7 @@ def delta_shapes(cfg: Config) -> dict:
     """Local names (under ``linear_attn.``) -> shapes of a Gated DeltaNet mixer."""
     D, Hv, dv = cfg.hidden_size, cfg.linear_num_value_heads, cfg.linear_value_head_dim
     conv = 2 * cfg.key_dim + cfg.value_dim
-    if cfg.split_projections:
+    if cfg.projections == "split":
         proj = {"in_proj_qkv.weight": (2 * cfg.key_dim + cfg.value_dim, D), "in_proj_z.weight": (cfg.value_dim, D),
                 "in_proj_b.weight": (Hv, D), "in_proj_a.weight": (Hv, D)}
     else:

@@ -20,17 +20,56 @@ LAYER_NAMES = {"linear_attention": "delta", "full_attention": "attention"}
 HF_LAYER_NAMES = {"delta": "linear_attention", "attention": "full_attention"}
 
 
+class DeltaNetFields:
+    """Mixin of a config with Gated DeltaNet layers (``linear_num_key_heads``,
+    ``linear_num_value_heads``, ``linear_key_head_dim``, ``linear_value_head_dim``,
+    ``rms_norm_eps`` fields): the sizes and settings ``block.delta_parts`` reads, and full causal
+    attention for the attention layers."""
+
+    # The Gated DeltaNet's input projections: "grouped" (Qwen3-Next: ``in_proj_qkvz``, ``in_proj_ba``,
+    # grouped by key head), "split" (Qwen3.5: ``in_proj_qkv``, ``_z``, ``_b``, ``_a``) or "separate"
+    # (OLMo-Hybrid: ``q_proj``, ``k_proj``, ``v_proj``, ``g_proj``, ``b_proj``, ``a_proj``)
+    projections: ClassVar[str] = "grouped"
+    # local names of the DeltaNet's output norm weight and output projection
+    delta_norm_name: ClassVar[str] = "norm.weight"
+    delta_out_name: ClassVar[str] = "out_proj.weight"
+
+    @property
+    def attention_window_size(self) -> int:
+        return FULL_WINDOW
+
+    @property
+    def key_dim(self) -> int:
+        return self.linear_num_key_heads * self.linear_key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        """Operator channels of a Gated DeltaNet layer: value heads x value head width."""
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    @property
+    def delta_channels(self) -> int:
+        return self.value_dim
+
+    @property
+    def delta_norm_eps(self) -> float:
+        """The eps of the DeltaNet's gated output norm."""
+        return self.rms_norm_eps
+
+    @property
+    def beta_scale(self) -> float:
+        """The write strength is ``beta_scale * sigmoid(b)`` (OLMo-Hybrid: 2, eigenvalues down to -1)."""
+        return 1.0
+
+
 @dataclasses.dataclass(frozen=True)
-class Config(AttentionFields, HFConfig):
+class Config(DeltaNetFields, AttentionFields, HFConfig):
     """The fields of HF ``Qwen3NextConfig`` the forward pass needs (``rope_parameters`` read
     into ``rope_theta`` / ``partial_rotary_factor``, HF's default factor 0.25)."""
 
     model_type: ClassVar[str] = "qwen3_next"
     architecture: ClassVar[str] = "Qwen3NextForCausalLM"
     label: ClassVar[str] = "Qwen3-Next"
-    # Qwen3-Next stores the DeltaNet's projections fused and grouped by key head
-    # (``in_proj_qkvz``, ``in_proj_ba``); Qwen3.5 as four plain ones (``in_proj_qkv``, ``_z``, ``_b``, ``_a``)
-    split_projections: ClassVar[bool] = False
 
     vocab_size: int
     hidden_size: int
@@ -99,23 +138,6 @@ class Config(AttentionFields, HFConfig):
                                and (i + 1) % self.decoder_sparse_step == 0) else "mlp"
                      for i in range(self.num_hidden_layers))
 
-    @property
-    def attention_window_size(self) -> int:
-        return FULL_WINDOW
-
-    @property
-    def key_dim(self) -> int:
-        return self.linear_num_key_heads * self.linear_key_head_dim
-
-    @property
-    def value_dim(self) -> int:
-        """Operator channels of a Gated DeltaNet layer: value heads x value head width."""
-        return self.linear_num_value_heads * self.linear_value_head_dim
-
-    @property
-    def delta_channels(self) -> int:
-        return self.value_dim
-
     @classmethod
     def read_hf(cls, d: dict, kw: dict) -> dict:
         return read_rope_parameters(d, kw, cls.label)
@@ -126,4 +148,4 @@ class Config(AttentionFields, HFConfig):
         return write_rope_parameters(d)
 
 
-__all__ = ["Config", "LAYER_NAMES", "HF_LAYER_NAMES"]
+__all__ = ["DeltaNetFields", "Config", "LAYER_NAMES", "HF_LAYER_NAMES"]

@@ -40,6 +40,9 @@ def delta_operator(p: dict, x, cfg):
     if "in_proj_qkv.weight" in p:  # Qwen3.5's four plain projections
         xs = x @ p["in_proj_qkv.weight"].T
         z, b, a = (x @ p[f"in_proj_{n}.weight"].T for n in "zba")
+    elif "g_proj.weight" in p:  # OLMo-Hybrid's six
+        xs = np.concatenate([x @ p[f"{n}_proj.weight"].T for n in "qkv"], axis=-1)
+        z, b, a = (x @ p[f"{n}_proj.weight"].T for n in "gba")
     else:
         qkvz = (x @ p["in_proj_qkvz.weight"].T).reshape(B, L, Hk, 2 * dk + 2 * rep * dv)
         q, k, v, z = np.split(qkvz, [dk, 2 * dk, 2 * dk + rep * dv], axis=-1)
@@ -51,38 +54,48 @@ def delta_operator(p: dict, x, cfg):
     qh = unit(u[..., :Hk * dk].reshape(B, L, Hk, dk)).transpose(0, 2, 1, 3) * dk ** -0.5
     kh = unit(u[..., Hk * dk:2 * Hk * dk].reshape(B, L, Hk, dk)).transpose(0, 2, 1, 3)
     vh = u[..., 2 * Hk * dk:].reshape(B, L, Hv, dv).transpose(0, 2, 1, 3)
-    beta = sigmoid(b.reshape(B, L, Hv)).transpose(0, 2, 1)
+    beta = cfg.beta_scale * sigmoid(b.reshape(B, L, Hv)).transpose(0, 2, 1)
     log_a = (-np.exp(p["A_log"]) * softplus(a.reshape(B, L, Hv) + p["dt_bias"])).transpose(0, 2, 1)
     M = delta_matrix(np.repeat(qh, rep, 1), np.repeat(kh, rep, 1), log_a, beta)  # (B, Hv, L, L)
     o = np.einsum("bhij,bhjd->bhid", M, vh)
-    inv = 1.0 / np.sqrt((o * o).mean(-1) + cfg.rms_norm_eps)  # (B, Hv, L)
+    inv = 1.0 / np.sqrt((o * o).mean(-1) + cfg.delta_norm_eps)  # (B, Hv, L)
     zt = z.reshape(B, L, Hv * dv).transpose(0, 2, 1)  # (B, C, L)
-    left = np.repeat(inv, dv, axis=1) * p["norm.weight"][np.tile(np.arange(dv), Hv)][None, :, None] * zt * sigmoid(zt)
+    left = np.repeat(inv, dv, axis=1) * p[cfg.delta_norm_name][np.tile(np.arange(dv), Hv)][None, :, None] * zt * sigmoid(zt)
     right = sigmoid(xc[..., 2 * Hk * dk:]).transpose(0, 2, 1)
     H = left[..., :, None] * np.repeat(M, dv, axis=1) * right[..., None, :]
     return np.einsum("bcij,cjk->bcik", H, conv[2 * Hk * dk:])
 
 
-def attention_operator(p: dict, x, cfg):
-    """Softmax probabilities ``(B, heads, L, L)`` of the gated attention (before its gate)."""
-    B, L, _ = x.shape
-    H, KV, d, R = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rotary_dim
-    q = (x @ p["q_proj.weight"].T + p.get("q_proj.bias", 0.0)).reshape(B, L, H, 2 * d)[..., :d]
-    k = (x @ p["k_proj.weight"].T + p.get("k_proj.bias", 0.0)).reshape(B, L, KV, d)
-    q, k = zc_norm(q, p["q_norm.weight"], cfg.rms_norm_eps), zc_norm(k, p["k_norm.weight"], cfg.rms_norm_eps)
-    inv = 1.0 / cfg.rope_theta ** (np.arange(0, R, 2) / R)
-    ang = np.arange(L)[:, None] * inv[None]
-    cos, sin = np.cos(ang)[None, :, None], np.sin(ang)[None, :, None]
+def causal_softmax(q, k, cfg):
+    """Softmax probabilities ``(B, heads, L, L)`` of queries ``(B, L, H, d)`` and keys ``(B, L, KV, d)``
+    (normed as the model does), after RoPE on the first ``cfg.rotary_dim`` features (none if 0)
+    and the ``d^-1/2`` scale."""
+    B, L, H, d = q.shape
+    R = cfg.rotary_dim
 
     def rope(t):
+        if R == 0:
+            return t
+        ang = np.arange(L)[:, None] * (1.0 / cfg.rope_theta ** (np.arange(0, R, 2) / R))[None]
+        cos, sin = np.cos(ang)[None, :, None], np.sin(ang)[None, :, None]
         a, b = t[..., :R // 2], t[..., R // 2:R]
         return np.concatenate([a * cos - b * sin, b * cos + a * sin, t[..., R:]], axis=-1)
 
-    q, k = rope(q) * d ** -0.5, np.repeat(rope(k), H // KV, axis=2)
+    q, k = rope(q) * d ** -0.5, np.repeat(rope(k), H // k.shape[2], axis=2)
     logits = np.einsum("bihd,bjhd->bhij", q, k)
     logits = np.where(np.tril(np.ones((L, L), bool)), logits, -np.inf)
     e = np.exp(logits - logits.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
+
+
+def attention_operator(p: dict, x, cfg):
+    """Softmax probabilities ``(B, heads, L, L)`` of the gated attention (before its gate)."""
+    B, L, _ = x.shape
+    H, KV, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    q = (x @ p["q_proj.weight"].T + p.get("q_proj.bias", 0.0)).reshape(B, L, H, 2 * d)[..., :d]
+    k = (x @ p["k_proj.weight"].T + p.get("k_proj.bias", 0.0)).reshape(B, L, KV, d)
+    return causal_softmax(zc_norm(q, p["q_norm.weight"], cfg.rms_norm_eps),
+                          zc_norm(k, p["k_norm.weight"], cfg.rms_norm_eps), cfg)
 
 
 def naive_operator(p: dict, x, cfg, layer: int = 0):
@@ -93,4 +106,4 @@ def naive_operator(p: dict, x, cfg, layer: int = 0):
     return delta_operator(p, x, cfg) if cfg.layer_types[layer] == "delta" else attention_operator(p, x, cfg)
 
 
-__all__ = ["delta_matrix", "delta_operator", "attention_operator", "naive_operator"]
+__all__ = ["delta_matrix", "delta_operator", "causal_softmax", "attention_operator", "naive_operator"]
