@@ -112,7 +112,7 @@ FIRST_CONFIG_BY_DEFAULT = ("test_mamba.py", "test_mamba2.py", "test_griffin.py",
 DEEP = {
     # README: the full pass on Mamba and the Quickstart on Bamba (a hybrid) by default; the
     # Griffin full pass and the other families' Quickstart repeat them.
-    "test_readme.py": r"test_readme_blocks_run\[(recurrent_gemma|mamba2|rwkv|falcon_mamba|granitemoehybrid|jamba|nemotron_h|falcon_h1|zamba|zamba2|qwen3_next|qwen3_5_text|qwen3_5_moe_text|olmo_hybrid)\]",
+    "test_readme.py": r"test_readme_blocks_run\[(recurrent_gemma|mamba2|rwkv|falcon_mamba|granitemoehybrid|jamba|nemotron_h|falcon_h1|zamba|zamba2|qwen3_next|qwen3_5_text|qwen3_5_moe_text|olmo_hybrid|kimi_linear)\]",
     # The hybrids' released layouts scaled down: the conformance contract again, on a second
     # configuration of each (the per-file checks of what is specific stay in the default tier).
     "test_bamba.py": r"test_released_layout_matches_torch_and_is_exact",
@@ -125,13 +125,17 @@ DEEP = {
                        r"|test_tie_cycle_matches_torch_and_uses_the_right_block"),
     # the delta rule: the recurrence check at write strengths up to 2 and near 2, the long
     # input and the cuda export by default (HF's kernel: Qwen3-Next's parity test by default)
+    # (KDA: the per-dimension recurrence at small and near-2 strengths and Kimi-Linear's parity by default)
     "test_delta_rule.py": (r"test_chunk_length_changes_only_rounding|test_matches_hf_qwen3_next_chunked_kernel"
+                           r"|test_matches_hf_kimi_chunked_kernel|test_per_dimension_decays_equal_the_float64_recurrence"
+                           r"\[no_erasure\]"
                            r"|test_outputs_and_matrix_equal_the_float64_recurrence\[(small|near_0)\]"
                            r"|test_materialize_exports_for_accelerators\[tpu\]"),
     "test_zamba.py": r"test_released_layout_matches_torch_and_is_exact",
     "test_qwen3_next.py": r"test_released_layout_matches_torch_and_is_exact",
     "test_qwen3_5.py": r"test_moe_layout_matches_torch_where_hf_ignores_the_layer_rules",
     "test_olmo_hybrid.py": r"test_released_layout_matches_torch_and_is_exact",
+    "test_kimi_linear.py": r"test_released_layout_matches_torch_and_is_exact",
     # (the parallel core's channel layout is also checked by Zamba's heads test)
     "test_falcon_h1.py": r"test_released_layout_matches_torch_and_is_exact|test_layer_operator_holds_both_paths"
                          r"|test_mamba_output_norm_settings_match_torch\[\w+\]",
@@ -156,7 +160,7 @@ DEEP = {
                                # operators are built of Mamba's, Mamba-2's and attention cores,
                                # exported by default (ParallelCore: Falcon-H1's export, by default;
                                # the delta rule: test_delta_rule's cuda export)
-                               r"|test_operators_export\[(falcon_mamba|granitemoehybrid|jamba|nemotron_h|zamba|zamba2|qwen3_next|qwen3_5_\w+|olmo_hybrid)-cuda\]"
+                               r"|test_operators_export\[(falcon_mamba|granitemoehybrid|jamba|nemotron_h|zamba|zamba2|qwen3_next|qwen3_5_\w+|olmo_hybrid|kimi_linear)-cuda\]"
                                r"|test_explain_methods_export\[(?!mamba-)[\w-]+-given-\w+\]"
                                r"|test_explain_(maps|methods)_export\[(?!mamba-|bamba-)[\w-]+\]"),
 }

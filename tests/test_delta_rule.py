@@ -3,7 +3,8 @@
 recurrence of the state (``S_t = a_t S_{t-1} (I - b_t k_t k_t^T) + b_t v_t k_t^T``, ``o_t = S_t
 q_t``) and HF's torch chunked kernel (``torch_chunk_gated_delta_rule`` of Qwen3-Next, with its
 own q/k normalisation). Write strengths near 0 and near 2 (negative eigenvalues), long inputs,
-grouped heads, the chunk length, and the ``delta=False`` approximation."""
+grouped heads, the chunk length, the ``delta=False`` approximation, and Kimi Delta Attention's
+per-dimension decays (against the recurrence and HF's torch KDA kernel)."""
 from __future__ import annotations
 
 import jax
@@ -17,8 +18,10 @@ from implicit_attn.ops import decay_matrix, delta_rule, delta_rule_matrix
 from conftest import torch_or_skip
 
 
-def recurrence(q, k, v, log_a, beta):
-    """Float64 ``o (B, H, L, d_v)`` of the delta rule, one step at a time."""
+def recurrence(q, k, v, log_a, beta, erase=True):
+    """Float64 ``o (B, H, L, d_v)`` of the delta rule, one step at a time: the state decays
+    (``log_a (B, H, L)`` per head, or ``(B, H, L, d_k)`` per key dimension), then the erasure
+    (unless ``erase`` is False), then the write."""
     B, H, L, dk = k.shape
     o = np.zeros(v.shape[:3] + (v.shape[-1],))
     for b in range(B):
@@ -26,8 +29,10 @@ def recurrence(q, k, v, log_a, beta):
             S = np.zeros((v.shape[-1], dk))
             for t in range(L):
                 kt = k[b, h, t]
-                S = np.exp(log_a[b, h, t]) * (S - beta[b, h, t] * np.outer(S @ kt, kt)) + beta[b, h, t] * np.outer(
-                    v[b, h, t], kt)
+                S = S * np.exp(log_a[b, h, t])  # a scalar, or one factor per key column
+                if erase:
+                    S = S - beta[b, h, t] * np.outer(S @ kt, kt)
+                S = S + beta[b, h, t] * np.outer(v[b, h, t], kt)
                 o[b, h, t] = S @ q[b, h, t]
     return o
 
@@ -61,6 +66,41 @@ def test_outputs_and_matrix_equal_the_float64_recurrence(L, dk, chunk, beta_rang
     assert rel(np.einsum("bhij,bhjv->bhiv", M, v), ref) <= 2e-6
     eye = np.broadcast_to(np.eye(L), (2, 3, L, L))
     assert rel(M, recurrence(q, k, eye, log_a, beta)) <= 2e-6
+
+
+@pytest.mark.parametrize("L, chunk, beta_range, erase", [(23, 8, (0.0, 1.0), True), (40, 16, (1.9, 2.0), True),
+                                                       (33, 8, (0.0, 1.0), False)],
+                         ids=["small", "near_2", "no_erasure"])
+def test_per_dimension_decays_equal_the_float64_recurrence(L, chunk, beta_range, erase):
+    """Kimi Delta Attention's decays, one per key dimension and strong (down to ``e^-4`` a step):
+    outputs and the matrix equal the float64 recurrence."""
+    q, k, v, _, beta = inputs(2, 3, L, 6, 5, beta_range, seed=7)
+    log_a = -np.random.default_rng(8).uniform(0.0, 4.0, (2, 3, L, 6))
+    ref = recurrence(q, k, v, log_a, beta, erase)
+    assert rel(delta_rule(*f32(q, k, v, log_a, beta), chunk=chunk, erase=erase), ref) <= 2e-6
+    M = np.asarray(delta_rule_matrix(*f32(q, k, log_a, beta), chunk=chunk, erase=erase))
+    assert not np.triu(M, 1).any()
+    assert rel(M, recurrence(q, k, np.broadcast_to(np.eye(L), (2, 3, L, L)), log_a, beta, erase)) <= 2e-6
+
+
+def test_matches_hf_kimi_chunked_kernel():
+    """HF's torch KDA kernel (Kimi-Linear; per-dimension decays, l2-normalised q, k inside,
+    queries scaled by ``d_k^-0.5``) on raw inputs: our outputs agree with it."""
+    torch, _ = torch_or_skip()
+    from transformers.models.kimi_linear.modeling_kimi_linear import chunk_kimi_delta_attention
+
+    g = np.random.default_rng(9)
+    B, L, H, dk, dv = 2, 70, 3, 8, 6
+    q, k, v = g.standard_normal((B, L, H, dk)), g.standard_normal((B, L, H, dk)), g.standard_normal((B, L, H, dv))
+    log_a, beta = -g.uniform(0, 2, (B, L, H, dk)), g.uniform(0, 1, (B, L, H))
+    t = lambda x: torch.tensor(x, dtype=torch.float32)
+    ref, _ = chunk_kimi_delta_attention(t(q), t(k), t(v), g=t(log_a), beta=t(beta), initial_state=None,
+                                        output_final_state=False, use_qk_l2norm_in_kernel=True)
+    ref = ref.numpy().transpose(0, 2, 1, 3)  # (B, H, L, dv)
+    unit = lambda x: (x / np.sqrt((x * x).sum(-1, keepdims=True) + 1e-6)).transpose(0, 2, 1, 3)
+    ours = delta_rule(*f32(unit(q) * dk ** -0.5, unit(k), v.transpose(0, 2, 1, 3), log_a.transpose(0, 2, 1, 3),
+                           beta.transpose(0, 2, 1)))
+    assert rel(ours, ref) <= 1e-5
 
 
 def test_chunk_length_changes_only_rounding():

@@ -274,10 +274,12 @@ class DeltaRuleCore(OperatorCore):
     """``H_c = diag(left_c) M_h diag(right_c) Conv_c`` for channel ``c`` of value head ``h =
     head[c]``, ``M_h`` the gated delta rule's matrix (``ops.delta_rule_matrix``) of key head ``h //
     heads_per_group``'s queries and keys with head ``h``'s decays and write strengths. With
-    ``delta=False``, ``M_h = tril(q k^T * Gamma) diag(b)``: the state's ``(I - b k k^T)`` erasure
-    left out (the approximation others report; not exact).
+    ``delta=False``, ``M_h = tril(q k^T * Gamma) diag(b)`` (per-dimension decays: inside the key
+    sum): the state's ``(I - b k k^T)`` erasure left out (the approximation others report; not
+    exact).
 
-    Shapes: ``q, k (B, G, L, d_k)``, ``log_a, beta (B, H, L)``, ``head (C,)`` int, ``left, right
+    Shapes: ``q, k (B, G, L, d_k)``, ``log_a (B, H, L)`` (one decay per head) or ``(B, H, L, d_k)``
+    (per key dimension, Kimi Delta Attention), ``beta (B, H, L)``, ``head (C,)`` int, ``left, right
     (B, C, L)`` or None (ones), ``conv_w (C, K)`` or None (no conv).
     """
 
@@ -306,10 +308,7 @@ class DeltaRuleCore(OperatorCore):
         groups = heads // self.heads_per_group
         q, k = jnp.take(self.q, groups, axis=1), jnp.take(self.k, groups, axis=1)
         log_a, beta = jnp.take(self.log_a, heads, axis=1), jnp.take(self.beta, heads, axis=1)
-        if self.delta:
-            return delta_rule_matrix(q, k, log_a, beta, self.chunk)
-        qk = jnp.einsum("bhid,bhjd->bhij", q.astype(f32), k.astype(f32))
-        return decay_matrix(log_a.astype(f32), chunk=64) * qk * beta.astype(f32)[..., None, :]
+        return delta_rule_matrix(q, k, log_a, beta, self.chunk, erase=self.delta)
 
     def alpha(self, heads):
         """``M_h`` of ``heads`` (``Mamba2Operator.head_matrices(how="alpha")``): ``(B, k, L, L)``."""
@@ -324,7 +323,7 @@ class DeltaRuleCore(OperatorCore):
         return self.sandwich(jnp.broadcast_to(M, (M.shape[0], P) + M.shape[2:]), idx).mean(1)
 
     def named_factors(self) -> dict:
-        """``gate = left (B, C, L)``, ``log_decay = log_a (B, H, L)`` per value head."""
+        """``gate = left (B, C, L)``, ``log_decay = log_a (B, H, L[, d_k])`` per value head."""
         return _present(gate=self.left, log_decay=self.log_a)
 
     def sandwich(self, M, idx):

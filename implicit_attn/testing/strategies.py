@@ -312,6 +312,34 @@ def olmo_hybrid_configs(draw) -> dict:
 
 
 @st.composite
+def kimi_linear_configs(draw) -> dict:
+    """``KimiLinearConfig`` kwargs: layer kinds (KDA / MLA) and feed-forward kinds (dense /
+    sparse), KDA heads and width, conv width, MLA heads, latent ranks (``q_lora_rank`` None or
+    not) and head widths (the shared RoPE-free part possibly 0), expert groups, experts per
+    token, renormalisation, scaling, shared experts, tie."""
+    n = draw(st.integers(1, 3))
+    types = draw(st.lists(st.sampled_from(["linear_attention", "full_attention"]), min_size=n, max_size=n))
+    mlps = draw(st.lists(st.sampled_from(["dense", "sparse"]), min_size=n, max_size=n))
+    groups = draw(st.sampled_from([1, 2]))
+    top_groups = draw(st.integers(1, groups))
+    experts = groups * draw(st.sampled_from([2, 4]))
+    return {**family("kimi_linear").tiny,
+            "vocab_size": draw(VOCAB), "hidden_size": draw(st.sampled_from([8, 16])),
+            "intermediate_size": draw(st.sampled_from([8, 24])), "moe_intermediate_size": draw(st.sampled_from([4, 8])),
+            "num_hidden_layers": n, "layer_types": types, "mlp_layer_types": mlps,
+            "linear_num_heads": draw(st.sampled_from([1, 2])), "linear_head_dim": draw(st.sampled_from([2, 4, 6])),
+            "linear_conv_kernel_dim": draw(st.integers(1, 4)),
+            "num_attention_heads": (heads := draw(st.sampled_from([1, 2, 4]))), "num_key_value_heads": heads,
+            "kv_lora_rank": draw(st.sampled_from([4, 8])), "q_lora_rank": draw(st.sampled_from([None, 6])),
+            "qk_rope_head_dim": draw(st.sampled_from([0, 2])), "qk_nope_head_dim": draw(st.sampled_from([2, 4])),
+            "v_head_dim": draw(st.sampled_from([2, 4])), "n_group": groups, "topk_group": top_groups,
+            "num_local_experts": experts,
+            "num_experts_per_tok": draw(st.integers(1, top_groups * experts // groups)),
+            "norm_topk_prob": draw(st.booleans()), "routed_scaling_factor": draw(st.sampled_from([1.0, 2.5])),
+            "n_shared_experts": draw(st.integers(1, 2)), "tie_word_embeddings": draw(st.booleans())}
+
+
+@st.composite
 def rwkv_configs(draw) -> dict:
     """``RwkvConfig`` kwargs: widths of the residual stream, attention and feed-forward,
     depth (at least 2: HF's initialisation divides by ``num_hidden_layers - 1``), and eval
@@ -329,7 +357,8 @@ CONFIGS = {"mamba": mamba_configs, "mamba2": mamba2_configs, "recurrent_gemma": 
            "jamba": jamba_configs, "nemotron_h": nemotron_h_configs,
            "falcon_h1": falcon_h1_configs, "zamba2": zamba2_configs, "zamba": zamba_configs,
            "qwen3_next": qwen3_next_configs, "qwen3_5_text": qwen3_5_configs,
-           "qwen3_5_moe_text": qwen3_5_moe_configs, "olmo_hybrid": olmo_hybrid_configs}
+           "qwen3_5_moe_text": qwen3_5_moe_configs, "olmo_hybrid": olmo_hybrid_configs,
+           "kimi_linear": kimi_linear_configs}
 
 
 def model_types():

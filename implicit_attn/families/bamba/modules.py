@@ -52,11 +52,13 @@ class BambaLayer(nnx.Module):
       layer_forward_fn: jitted ``(params, h, cfg=, kind=, tap=) -> (h_next, mixer input)``.
       attention_class: the ``Mixer`` of the attention layers.
       mamba_class: the ``Mixer`` of the Mamba layers (built with ``cfg.mixer_config``).
+      tap_shape_fn: ``(cfg, kind, B, L) -> (shape, axes)`` of a layer's operator output.
     """
 
     layer_forward_fn = staticmethod(layer_forward_jit)
     attention_class = AttentionMixer
     mamba_class = Mamba2Mixer
+    tap_shape_fn = staticmethod(tap_shape)
 
     def __init__(self, cfg: Config, kind: str, layer: dict):
         self.cfg = cfg
@@ -87,7 +89,7 @@ class BambaLayer(nnx.Module):
         """
         h = check_block_input(h, self.cfg.hidden_size, "layer input")
         if tap is not None:
-            shape, what = tap_shape(self.cfg, self.kind, *h.shape[:2])
+            shape, what = type(self).tap_shape_fn(self.cfg, self.kind, *h.shape[:2])
             tap = check_tap(tap, shape, what)
         return type(self).layer_forward_fn(self.params(), h, cfg=self.cfg, kind=self.kind, tap=tap)[0]
 
@@ -120,7 +122,7 @@ class LM(LanguageModel):
                 "lm_head": None if self.lm_head is None else self.lm_head[...]}
 
     def tap_shape(self, layer: int, B: int, L: int):
-        return tap_shape(self.config, self.config.layer_types[layer], B, L)
+        return self.layer_class.tap_shape_fn(self.config, self.config.layer_types[layer], B, L)
 
     def describe(self) -> dict:
         c = self.config

@@ -5,13 +5,13 @@ Decoder layer: ``h + mixer(norm(h))``, then ``h + ffn(norm(h))``, every norm zer
 
 * Gated DeltaNet (HF ``Qwen3NextGatedDeltaNet``): ``in_proj_qkvz`` and ``in_proj_ba`` (grouped
   by key head; Qwen3.5: ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``; OLMo-Hybrid:
-  one projection each, ``g_proj`` for ``z``; ``Config.projections``), a causal depthwise conv with SiLU on ``[q, k, v]``, ``q``, ``k`` l2-normalised
-  (``x * rsqrt(sum x^2 + 1e-6)``, ``q`` then times ``d_k^-0.5``), ``b = sigmoid(b)``, ``log a =
-  -exp(A_log) softplus(a + dt_bias)``, the gated delta rule per value head (``ops.delta_rule``;
-  value head ``h`` reads key head ``h // (H_v / H_k)``), a per-head RMSNorm with weight, times
-  ``SiLU(z)``, ``out_proj``. Operator: ``H_c = diag(w_c SiLU(z_c) / rms_h) M_h diag(sigmoid(xc_c))
-  Conv_c`` on the value projection (``operator.DeltaRuleCore``): every factor of the block is
-  inside ``H``, as for Mamba-2.
+  one projection each, ``g_proj`` for ``z``; ``Config.projections``), a causal depthwise conv
+  with SiLU on ``[q, k, v]``, ``q``, ``k`` l2-normalised (``x * rsqrt(sum x^2 + 1e-6)``, ``q`` then
+  times ``d_k^-0.5``), ``b = sigmoid(b)``, ``log a = -exp(A_log) softplus(a + dt_bias)``, the
+  gated delta rule per value head (``ops.delta_rule``; value head ``h`` reads key head ``h //
+  (H_v / H_k)``), a per-head RMSNorm with weight, times ``SiLU(z)``, ``out_proj``. Operator:
+  ``H_c = diag(w_c SiLU(z_c) / rms_h) M_h diag(sigmoid(xc_c)) Conv_c`` on the value projection
+  (``operator.DeltaRuleCore``): every factor of the block is inside ``H``, as for Mamba-2.
 * Gated attention (HF ``Qwen3NextAttention``): ``q_proj`` gives per head a query and an output
   gate, zero-centred RMSNorm on q and k, partial RoPE, softmax attention, the output times
   ``sigmoid(gate)``, ``o_proj``. Operator: the explicit attention (channels = heads) with output
@@ -57,7 +57,8 @@ def delta_parts(p: dict, h, cfg: Config) -> dict:
     """Intermediates of the Gated DeltaNet for input ``h (B, L, D)``.
 
     Returns ``x_v, xc_v (B, L, C)`` (value channels before and after the conv, ``C = H_v d_v``),
-    ``z (B, L, C)``, ``conv_v (C, K)`` (the value channels' filters), ``q, k (B, H_k, L, d_k)``
+    ``gate (B, L, C)`` float32 (the activated output gate ``SiLU(z)``), ``conv_v (C, K)`` (the value
+    channels' filters), ``q, k (B, H_k, L, d_k)``
     (normalised, q scaled), ``v (B, H_v, L, d_v)``, ``log_a, beta (B, H_v, L)`` (float32), and
     ``state_bad (B, H_v, L)`` / ``read_bad (B, H_v, L)``: NaN reaching the state / the read-out
     (NaN inputs are replaced by 0 here; ``ops.nan``).
@@ -94,15 +95,16 @@ def delta_parts(p: dict, h, cfg: Config) -> dict:
     state_bad = from_first(per_value(jnp.isnan(kh).any(-1)) | jnp.isnan(vh).any(-1) | jnp.isnan(beta)
                            | jnp.isnan(log_a), axis=2)
     read_bad = per_value(jnp.isnan(qh).any(-1))
-    return dict(x_v=x[..., 2 * Hk * dk:], xc_v=xc[..., 2 * Hk * dk:], z=z.reshape(B, L, Hv * dv), conv_v=w[2 * Hk * dk:],
+    return dict(x_v=x[..., 2 * Hk * dk:], xc_v=xc[..., 2 * Hk * dk:],
+                gate=jax.nn.silu(z.reshape(B, L, Hv * dv).astype(f32)), conv_v=w[2 * Hk * dk:],
                 q=zero_nan(l2_normalize(qh)) * jnp.asarray(dk ** -0.5, f32), k=zero_nan(l2_normalize(kh)),
                 v=zero_nan(vh), log_a=zero_nan(log_a), beta=zero_nan(beta), state_bad=state_bad, read_bad=read_bad)
 
 
 def delta_inner(p: dict, h, cfg: Config, parts=None):
     """``(o (B, L, C) float32 before the norm, left (B, L, C) float32)``: the delta rule's output and
-    the norm-and-gate factor ``w SiLU(z) / rms_h(o)`` (so the block's pre-``out_proj`` output is
-    ``left * o``)."""
+    the norm-and-gate factor ``w gate / rms_h(o)`` (so the block's pre-``out_proj`` output is
+    ``left * o``). ``parts``: ``delta_parts``' dict (computed if None)."""
     q = parts or delta_parts(p, h, cfg)
     B, L, _ = h.shape
     Hv, dv = cfg.linear_num_value_heads, cfg.linear_value_head_dim
@@ -112,37 +114,38 @@ def delta_inner(p: dict, h, cfg: Config, parts=None):
     inv = jax.lax.rsqrt(jnp.mean(o * o, axis=-1, keepdims=True) + cfg.delta_norm_eps)  # (B, Hv, L, 1)
     o = jnp.swapaxes(o, 1, 2).reshape(B, L, Hv * dv)
     inv = jnp.repeat(jnp.swapaxes(inv[..., 0], 1, 2), dv, axis=-1)  # (B, L, C)
-    left = jnp.tile(p[cfg.delta_norm_name].astype(f32), Hv) * inv * jax.nn.silu(q["z"].astype(f32))
+    left = jnp.tile(p[cfg.delta_norm_name].astype(f32), Hv) * inv * q["gate"]
     return o, left
 
 
-def delta_forward(p: dict, h, cfg: Config, hook=None):
+def delta_forward(p: dict, h, cfg: Config, hook=None, parts_fn=delta_parts):
     """HF ``Qwen3NextGatedDeltaNet.forward``: ``(B, L, D) -> (B, L, D)``. ``hook``: optional
-    ``(B, C, L) -> (B, C, L)`` on the gated, normed output before ``out_proj``."""
-    o, left = delta_inner(p, h, cfg)
+    ``(B, C, L) -> (B, C, L)`` on the gated, normed output before ``out_proj``. ``parts_fn``: the
+    mixer's intermediates in ``delta_parts``' layout (Kimi Delta Attention has its own)."""
+    o, left = delta_inner(p, h, cfg, parts_fn(p, h, cfg))
     y = apply_out_hook(left * o, hook).astype(h.dtype)
     return linear(y, p[cfg.delta_out_name])
 
 
-def delta_operator(p: dict, h, cfg: Config, variant: str = "full") -> Mamba2Operator:
+def delta_operator(p: dict, h, cfg: Config, variant: str = "full", parts_fn=delta_parts) -> Mamba2Operator:
     """The Gated DeltaNet's operator for input ``h (B, L, D)`` (channels = value heads x d_v).
 
     ``"full"`` (exact): ``diag(w SiLU(z) / rms) M_h diag(sigmoid(xc)) Conv`` on the value
     projection; ``"no_conv"`` (exact): the same on the conv output, without ``Conv``;
     ``"no_gate"``: without ``SiLU(z)``; ``"no_norm"``: without ``w / rms``; ``"no_delta"``:
     ``M_h`` without the delta rule's erasure (``tril(q k^T * Gamma) diag(b)``). ``output`` is
-    always the block's own.
+    always the block's own. ``parts_fn``: as for ``delta_forward``.
     """
     if variant not in VARIANTS:
         raise ValueError(f"{cfg.label} Gated DeltaNet variant must be one of {VARIANTS}, got {variant!r}")
-    parts = delta_parts(p, h, cfg)
+    parts = parts_fn(p, h, cfg)
     o, left = delta_inner(p, h, cfg, parts)
     T = lambda a: jnp.swapaxes(a, 1, 2).astype(f32)
     output = T(left * o)
     if variant == "no_gate":
-        left = left / jax.nn.silu(parts["z"].astype(f32))
+        left = left / parts["gate"]
     elif variant == "no_norm":
-        left = jax.nn.silu(parts["z"].astype(f32))
+        left = parts["gate"]
     right = jax.nn.sigmoid(parts["xc_v"].astype(f32))
     values = parts["xc_v"] if variant == "no_conv" else parts["x_v"]
     Hv, dv = cfg.linear_num_value_heads, cfg.linear_value_head_dim

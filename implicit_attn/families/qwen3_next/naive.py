@@ -17,7 +17,8 @@ def zc_norm(x, w, eps):
 
 
 def delta_matrix(q, k, log_a, beta):
-    """``M (B, H, L, L)``: row ``t`` is ``S_t q_t`` for the values ``v_j = e_j``."""
+    """``M (B, H, L, L)``: row ``t`` is ``S_t q_t`` for the values ``v_j = e_j``; ``log_a (B, H, L)``
+    or ``(B, H, L, d_k)`` (the state decays, then the erasure, then the write)."""
     B, H, L, dk = k.shape
     M = np.zeros((B, H, L, L))
     for b in range(B):
@@ -25,7 +26,8 @@ def delta_matrix(q, k, log_a, beta):
             S = np.zeros((L, dk))
             for t in range(L):
                 kt = k[b, h, t]
-                S = np.exp(log_a[b, h, t]) * (S - beta[b, h, t] * np.outer(S @ kt, kt))
+                S = S * np.exp(log_a[b, h, t])  # a scalar, or one factor per key dimension (KDA)
+                S = S - beta[b, h, t] * np.outer(S @ kt, kt)
                 S[t] += beta[b, h, t] * kt
                 M[b, h, t] = S @ q[b, h, t]
     return M

@@ -1,0 +1,90 @@
+"""Kimi-Linear beyond the conformance suite: Kimi-Linear-48B-A3B's layout scaled down and given in
+the checkpoint's config form (``linear_attn_config``, ``first_k_dense_replace``), the ``no_delta``
+approximation against the exact operator with per-dimension decays, the MLA operator against HF's
+eager probabilities, and config forms and bad values."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import implicit_attn as ia
+from implicit_attn.families import kimi_linear
+from conftest import torch_or_skip
+
+# Kimi-Linear-48B-A3B: 27 layers, KDA : MLA = 3 : 1 (MLA at layers 4, 8, ... counted from 1), the
+# first layer dense, 32 KDA heads of 128, MLA with a 512 latent and no q latent, 256 experts (8 per
+# token) in one group, one shared expert; here 8 layers at width 64
+KIMI_LINEAR_48B = dict(vocab_size=64, hidden_size=64, intermediate_size=96, moe_intermediate_size=16, num_hidden_layers=8,
+                       num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, qk_rope_head_dim=4,
+                       qk_nope_head_dim=8, v_head_dim=8, n_group=1, topk_group=1, num_experts_per_tok=4,
+                       num_local_experts=16, routed_scaling_factor=2.446, pad_token_id=None, bos_token_id=None,
+                       eos_token_id=None, first_k_dense_replace=1,
+                       linear_attn_config={"head_dim": 8, "num_heads": 8, "short_conv_kernel_size": 4,
+                                           "full_attn_layers": [4, 8], "kda_layers": [1, 2, 3, 5, 6, 7]})
+
+
+def test_released_layout_matches_torch_and_is_exact():
+    torch_or_skip()
+    from implicit_attn.testing import assert_hf_parity
+
+    cfg = kimi_linear.Config.from_hf(KIMI_LINEAR_48B)
+    assert cfg.layer_types == ("delta", "delta", "delta", "attention") * 2
+    assert cfg.mlp_layer_types == ("mlp",) + ("moe",) * 7 and (cfg.linear_num_heads, cfg.linear_head_dim) == (8, 8)
+    ids = np.random.default_rng(1).integers(0, 64, (2, 17))
+    report = assert_hf_parity("kimi_linear", KIMI_LINEAR_48B, ids)
+    assert report["logits"] <= 1e-4 and len(report["mixers"]) == 8
+    assert max(report["exactness"]["full"]) <= 1e-5
+
+
+def test_no_delta_is_far_from_the_exact_operator(tmp_path):
+    """Leaving out the erasure ``(I - b k kᵀ)`` misses the KDA output by a large margin; the
+    decays are per key dimension (``log_decay (B, H, L, d)``)."""
+    torch_or_skip()
+    from implicit_attn.testing import build_hf_model
+
+    build_hf_model("kimi_linear", None, path=tmp_path)
+    model = ia.load(tmp_path)
+    ids = np.random.default_rng(2).integers(0, 64, (2, 24))
+    exact = model.operators(ids, layers=[0])[0]
+    assert exact.relative_error() <= 1e-5
+    assert exact.core.named_factors()["log_decay"].shape == (2, 2, 24, 4)
+    for variant in ("no_delta", "no_gate", "no_norm"):
+        op = model.operators(ids, layers=[0], variant=variant)[0]
+        assert op.relative_error() > 0.05, variant
+        np.testing.assert_array_equal(np.asarray(op.output), np.asarray(exact.output))
+    M = np.asarray(exact.head_matrices())
+    assert M.shape == (2, 2, 24, 24) and not np.triu(M, 1).any()
+
+
+def test_mla_operator_is_hf_eager_attention(tmp_path):
+    torch, _ = torch_or_skip()
+    from implicit_attn.testing import build_hf_model
+
+    tm = build_hf_model("kimi_linear", None, path=tmp_path)
+    model = ia.load(tmp_path)
+    tm.set_attn_implementation("eager")
+    ids = np.random.default_rng(3).integers(0, 64, (1, 9))
+    with torch.no_grad():
+        out = tm(torch.as_tensor(ids), output_attentions=True, use_cache=False)
+    want = [a.numpy() for a in out.attentions if a is not None]
+    assert len(want) == 1
+    np.testing.assert_allclose(np.asarray(model.operators(ids, layers=[1])[0].materialize()), want[0], atol=1e-6)
+
+
+def test_config_forms():
+    """HF's attribute names and config.json names read alike (ours are the config.json ones);
+    ``to_hf`` writes HF's names and reads back equal; conflicting or bad values are named."""
+    cfg = kimi_linear.Config.from_hf(kimi_linear.SPEC.tiny)
+    assert (cfg.num_expert_group, cfg.num_experts, cfg.num_experts_per_token) == (2, 4, 2)
+    d = cfg.to_hf()
+    assert d["num_expert_group"] == 2 and "n_group" not in d and d["mlp_layer_types"] == ["dense", "sparse", "sparse"]
+    assert kimi_linear.Config.from_hf(d) == cfg
+    default = kimi_linear.Config.from_hf(dict(vocab_size=64, hidden_size=16, num_hidden_layers=6, pad_token_id=None))
+    assert default.layer_types == ("delta",) * 4 + ("attention", "delta") and default.mlp_layer_types[:2] == ("mlp", "moe")
+    for bad, match in ((dict(n_group=3), "n_group .* and num_expert_group .* disagree"),
+                       (dict(num_key_value_heads=2), "num_key_value_heads"),
+                       (dict(num_experts=5), "num_experts .* multiple of num_expert_group"),
+                       (dict(layer_types=None, linear_attn_config={"full_attn_layers": [9], "kda_layers": [1, 2]}),
+                        "full_attn_layers")):
+        with pytest.raises(ValueError, match=match):
+            kimi_linear.Config.from_hf({**d, **bad})
