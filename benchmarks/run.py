@@ -16,7 +16,7 @@ import time
 
 from benchmarks.common import RESULTS, machine
 
-SUITES = ["forward", "suite", "mamba", "mamba2", "griffin", "rwkv"]
+SUITES = ["forward", "suite", "mamba", "mamba2", "griffin", "rwkv", "delta_rule"]
 
 
 def main(argv=None) -> int:
