@@ -95,11 +95,12 @@ ONE_FAMILY_BY_DEFAULT = {
 # Families whose layer and LM functions are another family's (Falcon-Mamba: Mamba's block with
 # a flag; GraniteMoeHybrid and Jamba: Bamba's ``hybrid_functions`` with their own feed-forward
 # part; Falcon-H1: Bamba's with its own parallel mixer; Zamba: Zamba2's ``zamba_functions`` with
-# its own Mamba mixer; Qwen3.5 and Qwen3.5-MoE: Qwen3-Next's with a flag): the checks of that shared forward machinery (hooks, NaN causality, input and tap checks,
+# its own Mamba mixer; Qwen3.5 and Qwen3.5-MoE: Qwen3-Next's with a flag; Bailing-Hybrid:
+# Kimi-Linear's with flags): the checks of that shared forward machinery (hooks, NaN causality, input and tap checks,
 # out-of-range ids, causality, forward exports) are repeats for them and run in the deep tier;
 # their parity, exactness, float64 reference, checkpoint and info checks stay in the default tier.
 BUILT_FROM_OTHERS = ("falcon_mamba", "granitemoehybrid", "jamba", "falcon_h1", "zamba", "qwen3_5_text",
-                     "qwen3_5_moe_text")
+                     "qwen3_5_moe_text", "bailing_hybrid")
 MACHINERY_TESTS = re.compile(r"test_hooks\.py::\w+|test_nan\.py::\w+"
                              r"|test_conformance\.py::test_(bad_inputs_fail_with_named_errors|bad_taps"
                              r"|out_of_range_ids_under_jit_give_nan_logits"
@@ -112,7 +113,7 @@ FIRST_CONFIG_BY_DEFAULT = ("test_mamba.py", "test_mamba2.py", "test_griffin.py",
 DEEP = {
     # README: the full pass on Mamba and the Quickstart on Bamba (a hybrid) by default; the
     # Griffin full pass and the other families' Quickstart repeat them.
-    "test_readme.py": r"test_readme_blocks_run\[(recurrent_gemma|mamba2|rwkv|falcon_mamba|granitemoehybrid|jamba|nemotron_h|falcon_h1|zamba|zamba2|qwen3_next|qwen3_5_text|qwen3_5_moe_text|olmo_hybrid|kimi_linear)\]",
+    "test_readme.py": r"test_readme_blocks_run\[(recurrent_gemma|mamba2|rwkv|falcon_mamba|granitemoehybrid|jamba|nemotron_h|falcon_h1|zamba|zamba2|qwen3_next|qwen3_5_text|qwen3_5_moe_text|olmo_hybrid|kimi_linear|bailing_hybrid)\]",
     # The hybrids' released layouts scaled down: the conformance contract again, on a second
     # configuration of each (the per-file checks of what is specific stay in the default tier).
     "test_bamba.py": r"test_released_layout_matches_torch_and_is_exact",
@@ -136,6 +137,7 @@ DEEP = {
     "test_qwen3_5.py": r"test_moe_layout_matches_torch_where_hf_ignores_the_layer_rules",
     "test_olmo_hybrid.py": r"test_released_layout_matches_torch_and_is_exact",
     "test_kimi_linear.py": r"test_released_layout_matches_torch_and_is_exact",
+    "test_bailing_hybrid.py": r"test_released_layout_matches_torch_and_is_exact",
     # (the parallel core's channel layout is also checked by Zamba's heads test)
     "test_falcon_h1.py": r"test_released_layout_matches_torch_and_is_exact|test_layer_operator_holds_both_paths"
                          r"|test_mamba_output_norm_settings_match_torch\[\w+\]",
@@ -160,7 +162,7 @@ DEEP = {
                                # operators are built of Mamba's, Mamba-2's and attention cores,
                                # exported by default (ParallelCore: Falcon-H1's export, by default;
                                # the delta rule: test_delta_rule's cuda export)
-                               r"|test_operators_export\[(falcon_mamba|granitemoehybrid|jamba|nemotron_h|zamba|zamba2|qwen3_next|qwen3_5_\w+|olmo_hybrid|kimi_linear)-cuda\]"
+                               r"|test_operators_export\[(falcon_mamba|granitemoehybrid|jamba|nemotron_h|zamba|zamba2|qwen3_next|qwen3_5_\w+|olmo_hybrid|kimi_linear|bailing_hybrid)-cuda\]"
                                r"|test_explain_methods_export\[(?!mamba-)[\w-]+-given-\w+\]"
                                r"|test_explain_(maps|methods)_export\[(?!mamba-|bamba-)[\w-]+\]"),
 }

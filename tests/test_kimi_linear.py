@@ -56,11 +56,14 @@ def test_no_delta_is_far_from_the_exact_operator(tmp_path):
     assert M.shape == (2, 2, 24, 24) and not np.triu(M, 1).any()
 
 
-def test_mla_operator_is_hf_eager_attention(tmp_path):
+@pytest.mark.parametrize("model_type", ["kimi_linear", "bailing_hybrid"])
+def test_mla_operator_is_hf_eager_attention(tmp_path, model_type):
+    """MLA's operator is HF's eager softmax probabilities: without RoPE (Kimi-Linear), and with
+    RoPE on the shared key part, before the per-head output gate (Bailing-Hybrid)."""
     torch, _ = torch_or_skip()
     from implicit_attn.testing import build_hf_model
 
-    tm = build_hf_model("kimi_linear", None, path=tmp_path)
+    tm = build_hf_model(model_type, None, path=tmp_path)
     model = ia.load(tmp_path)
     tm.set_attn_implementation("eager")
     ids = np.random.default_rng(3).integers(0, 64, (1, 9))

@@ -340,6 +340,19 @@ def kimi_linear_configs(draw) -> dict:
 
 
 @st.composite
+def bailing_hybrid_configs(draw) -> dict:
+    """``BailingHybridConfig`` kwargs: Kimi-Linear's draw with Bailing's constraints (no q latent;
+    the KDA heads are the attention heads, of ``head_dim``, and ``qk_rope_head_dim = head_dim``),
+    the bounded forget gate on or off and its bound, RoPE's base."""
+    kw = {k: v for k, v in draw(kimi_linear_configs()).items()
+          if k not in ("q_lora_rank", "linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim")}
+    d = draw(st.sampled_from([2, 4]))
+    return {**family("bailing_hybrid").tiny, **kw, "head_dim": d, "qk_rope_head_dim": d,
+            "short_conv_kernel_size": draw(st.integers(1, 4)), "kda_safe_gate": draw(st.booleans()),
+            "kda_lower_bound": draw(st.sampled_from([-5.0, -1.0])), "rope_theta": draw(st.sampled_from([1e4, 6e6]))}
+
+
+@st.composite
 def rwkv_configs(draw) -> dict:
     """``RwkvConfig`` kwargs: widths of the residual stream, attention and feed-forward,
     depth (at least 2: HF's initialisation divides by ``num_hidden_layers - 1``), and eval
@@ -358,7 +371,7 @@ CONFIGS = {"mamba": mamba_configs, "mamba2": mamba2_configs, "recurrent_gemma": 
            "falcon_h1": falcon_h1_configs, "zamba2": zamba2_configs, "zamba": zamba_configs,
            "qwen3_next": qwen3_next_configs, "qwen3_5_text": qwen3_5_configs,
            "qwen3_5_moe_text": qwen3_5_moe_configs, "olmo_hybrid": olmo_hybrid_configs,
-           "kimi_linear": kimi_linear_configs}
+           "kimi_linear": kimi_linear_configs, "bailing_hybrid": bailing_hybrid_configs}
 
 
 def model_types():

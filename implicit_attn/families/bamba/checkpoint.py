@@ -61,6 +61,7 @@ class Layout:
       ffn_tensors: the inverse of ``ffn_params``.
       mixer_prefix: ``{kind: the local prefix of that kind's mixer tensors}``.
       mixer_tables: ``(Config, Layout) -> {kind: {name under the prefix: shape}}``.
+      embed: the embedding's tensor name.
     """
 
     family: str
@@ -73,6 +74,7 @@ class Layout:
     ffn_tensors: Callable = lambda cfg, i, p: p
     mixer_prefix: dict = dataclasses.field(default_factory=lambda: dict(MIXER_PREFIX))
     mixer_tables: Callable = None  # None: ``mixer_tables`` below
+    embed: str = "model.embed_tokens.weight"
 
 
 LAYOUT = Layout("bamba", "model.final_layernorm.weight", "pre_ff_layernorm.weight", "feed_forward.",
@@ -99,7 +101,7 @@ def layout_mixers(cfg, layout: Layout) -> dict:
 def layout_shapes(cfg, layout: Layout) -> tuple[dict, dict]:
     """``(required, optional)`` HF tensor names -> shapes of a checkpoint in ``layout``."""
     D, V = cfg.hidden_size, cfg.vocab_size
-    req = {"model.embed_tokens.weight": (V, D), layout.final_norm: (D,)}
+    req = {layout.embed: (V, D), layout.final_norm: (D,)}
     mixers = layout_mixers(cfg, layout)
     for i, kind in enumerate(cfg.layer_types):
         p = f"model.layers.{i}."
@@ -132,14 +134,14 @@ def layout_params(cfg, tensors: dict, layout: Layout) -> dict:
                        "mixer": {k: tensors[p + layout.mixer_prefix[kind] + k] for k in mixers[kind]},
                        "feed_forward": layout.ffn_params(cfg, i, {k: tensors[p + layout.ffn_prefix + k]
                                                                   for k in layout.ffn_shapes(cfg, i)})})
-    return {"embed_tokens": tensors["model.embed_tokens.weight"], "layers": layers,
+    return {"embed_tokens": tensors[layout.embed], "layers": layers,
             "final_layernorm": tensors[layout.final_norm],
             "lm_head": None if cfg.tie_word_embeddings else tensors["lm_head.weight"]}
 
 
 def layout_tensors(cfg, params: dict, layout: Layout) -> dict:
     """The ``LM`` parameter tree -> HF tensors in ``layout`` (unchecked)."""
-    t = {"model.embed_tokens.weight": params["embed_tokens"], layout.final_norm: params["final_layernorm"]}
+    t = {layout.embed: params["embed_tokens"], layout.final_norm: params["final_layernorm"]}
     for i, (kind, layer) in enumerate(zip(cfg.layer_types, params["layers"])):
         p = f"model.layers.{i}."
         t[p + "input_layernorm.weight"] = layer["input_layernorm"]

@@ -58,5 +58,5 @@ SPEC = FamilySpec(
                          pad_token_id=None, bos_token_id=None, eos_token_id=None)})
 
 __all__ = ["SPEC", "Config", "LM", "DeltaMixer", "AttentionMixer", "KimiLinearLayer", "VARIANTS", "EXACT_VARIANTS",
-           "to_params", "from_params", "expected_shapes", "init_params", "naive_operator", "lm_forward",
+           "hf_setup", "to_params", "from_params", "expected_shapes", "init_params", "naive_operator", "lm_forward",
            "mixer_forward", "mixer_operator", "kda_operator"]

@@ -47,6 +47,13 @@ def l2_normalize(x):
     return x / jnp.sqrt(jnp.sum(x * x, axis=-1, keepdims=True) + 1e-6)
 
 
+def chain(h, p: dict, names: tuple):
+    """``h`` through the linear maps ``p[names[0]]``, then ``p[names[1]]``, ..."""
+    for name in names:
+        h = linear(h, p[name])
+    return h
+
+
 def kda_parts(p: dict, h, cfg: Config) -> dict:
     """Intermediates of Kimi Delta Attention for input ``h (B, L, D)``, in the layout of
     ``qwen3_next.block.delta_parts`` (``C = heads x d``): ``x_v, xc_v (B, L, C)``, ``gate (B, L, C)``
@@ -62,11 +69,15 @@ def kda_parts(p: dict, h, cfg: Config) -> dict:
     u = jax.nn.silu(xc)
     heads = lambda t: jnp.swapaxes(t.reshape(B, L, H, d), 1, 2)
     qh, kh, vh = heads(u[..., :C]), heads(u[..., C:2 * C]), heads(u[..., 2 * C:]).astype(f32)
-    g = linear(linear(h, p["f_a_proj.weight"]), p["f_b_proj.weight"]).astype(f32) + p["dt_bias"].astype(f32)
-    softplus = jnp.where(g > 20.0, g, jnp.log(1.0 + jnp.exp(jnp.minimum(g, 20.0))))  # HF's, thresholded
-    log_a = heads(-jnp.exp(jnp.repeat(p["A_log"].astype(f32).reshape(H), d)) * softplus)  # A_log (1, 1, H, 1)
+    g = chain(h, p, cfg.forget_projections).astype(f32) + p["dt_bias"].astype(f32)
+    rate = jnp.exp(jnp.repeat(p["A_log"].astype(f32).reshape(H), d))  # A_log (1, 1, H, 1) or (H,)
+    if cfg.gate_lower_bound is None:
+        softplus = jnp.where(g > 20.0, g, jnp.log(1.0 + jnp.exp(jnp.minimum(g, 20.0))))  # HF's, thresholded
+        log_a = heads(-rate * softplus)
+    else:  # Bailing's bounded gate: log decays in (lower bound, 0)
+        log_a = heads(jnp.asarray(cfg.gate_lower_bound, f32) * jax.nn.sigmoid(rate * g))
     beta = jnp.swapaxes(jax.nn.sigmoid(linear(h, p["b_proj.weight"]).astype(f32)), 1, 2)
-    gate = jax.nn.sigmoid(linear(linear(h, p["g_a_proj.weight"]), p["g_b_proj.weight"]).astype(f32))
+    gate = jax.nn.sigmoid(chain(h, p, cfg.gate_projections).astype(f32))
     state_bad = from_first(jnp.isnan(kh).any(-1) | jnp.isnan(vh).any(-1) | jnp.isnan(beta)
                            | jnp.isnan(log_a).any(-1), axis=2)
     return dict(x_v=x[..., 2 * C:], xc_v=xc[..., 2 * C:], gate=gate, conv_v=w[2 * C:],
@@ -75,9 +86,21 @@ def kda_parts(p: dict, h, cfg: Config) -> dict:
                 read_bad=jnp.isnan(qh).any(-1))
 
 
+def interleaved_rope(x, pos, theta: float):
+    """DeepSeek's RoPE on ``x (B, h, L, R)``: feature pairs ``(x_0, x_1), (x_2, x_3), ...`` each
+    rotated by one frequency ``theta^(-2i/R)``, returned as ``[rotated firsts, rotated seconds]``
+    (HF's layout; queries and keys get the same permutation, so their products are unchanged)."""
+    R = x.shape[-1]
+    ang = pos.astype(f32)[:, None, :, None] * (1.0 / theta ** (jnp.arange(0, R, 2, dtype=f32) / R))
+    cos, sin = jnp.cos(ang).astype(x.dtype), jnp.sin(ang).astype(x.dtype)
+    a, b = x[..., 0::2], x[..., 1::2]
+    return jnp.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+
+
 def mla_parts(p: dict, h, cfg: Config) -> dict:
     """Queries (scaled) and keys ``(B, H, L, qk_nope + qk_rope)``, values ``(B, H, L, v_head_dim)``
-    and document ids ``seg (B, L)`` of the MLA attention."""
+    and document ids ``seg (B, L)`` of the MLA attention (the shared key part and the queries'
+    last ``qk_rope_head_dim`` features rotated where ``cfg.mla_rope_theta`` is set)."""
     B, L, _ = h.shape
     H, dn, dr, dv = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
     if cfg.q_lora_rank is None:
@@ -89,21 +112,29 @@ def mla_parts(p: dict, h, cfg: Config) -> dict:
     latent, k_shared = c[..., :cfg.kv_lora_rank], c[..., cfg.kv_lora_rank:]
     kv = linear(rms_norm(latent, p["kv_a_layernorm.weight"], LATENT_NORM_EPS), p["kv_b_proj.weight"])
     kv = kv.reshape(B, L, H, dn + dv)
-    k = jnp.concatenate([kv[..., :dn], jnp.broadcast_to(k_shared[:, :, None, :], (B, L, H, dr))], axis=-1)
     T = lambda t: jnp.swapaxes(t, 1, 2)
     q = T(q.reshape(B, L, H, dn + dr))
+    if cfg.mla_rope_theta is not None:
+        pos = positions(B, L)
+        q = jnp.concatenate([q[..., :dn], interleaved_rope(q[..., dn:], pos, cfg.mla_rope_theta)], axis=-1)
+        k_shared = interleaved_rope(k_shared[:, None], pos, cfg.mla_rope_theta)[:, 0]
+    k = jnp.concatenate([kv[..., :dn], jnp.broadcast_to(k_shared[:, :, None, :], (B, L, H, dr))], axis=-1)
     return dict(q=q * jnp.asarray(cfg.qk_head_dim ** -0.5, q.dtype), k=T(k), v=T(kv[..., dn:]),
                 seg=segment_ids(positions(B, L)))
 
 
 def attention_forward(p: dict, h, cfg: Config, hook=None):
     """HF ``KimiLinearAttention.forward``: ``(B, L, D) -> (B, L, D)``. ``hook``: optional on the
-    per-head output ``(B, H, L, v_head_dim)``."""
+    per-head output ``(B, H, L, v_head_dim)`` (before Bailing's per-head gate)."""
     o = attend(mla_parts(p, h, cfg), cfg)
     if hook is not None:
         o = hook(o)
+    if cfg.attention_head_gate:
+        gate = jax.nn.sigmoid(linear(h, p["g_proj.weight"]).astype(f32)).astype(o.dtype)  # (B, L, H)
+        o = o * jnp.swapaxes(gate, 1, 2)[..., None]
     B, H, L, dv = o.shape
-    return linear(jnp.swapaxes(o, 1, 2).reshape(B, L, H * dv), p["o_proj.weight"], p.get("o_proj.bias"))
+    out = cfg.attention_out_name
+    return linear(jnp.swapaxes(o, 1, 2).reshape(B, L, H * dv), p[out + ".weight"], p.get(out + ".bias"))
 
 
 def attention_operator(p: dict, h, cfg: Config) -> AttentionOperator:
@@ -133,7 +164,7 @@ def moe_forward(p: dict, x, cfg: Config):
     B, L, D = x.shape
     t = x.reshape(B * L, D)
     weights, experts = sigmoid_group_topk(
-        linear(t.astype(f32), p["gate.weight"].astype(f32)), p["gate.e_score_correction_bias"],
+        linear(t.astype(f32), p["gate.weight"].astype(f32)), p[cfg.router_bias_name],
         cfg.num_experts_per_token, cfg.num_expert_group, cfg.topk_group, cfg.moe_renormalize, cfg.routed_scaling_factor)
     routed = experts_forward(t, weights.astype(t.dtype), experts, p["experts.gate_up_proj"], p["experts.down_proj"],
                              gated_act(jax.nn.silu))
@@ -151,7 +182,8 @@ decoder_layer, layer_forward, lm_forward = FUNCTIONS.decoder_layer, FUNCTIONS.la
 lm_forward_jit, layer_forward_jit = FUNCTIONS.lm_forward_jit, FUNCTIONS.layer_forward_jit
 mixer_forward_jit, mixer_operator_jit = FUNCTIONS.mixer_forward_jit, FUNCTIONS.mixer_operator_jit
 
-__all__ = ["VARIANTS", "EXACT_VARIANTS", "LATENT_NORM_EPS", "CONVS", "l2_normalize", "kda_parts", "mla_parts",
+__all__ = ["VARIANTS", "EXACT_VARIANTS", "LATENT_NORM_EPS", "CONVS", "l2_normalize", "chain", "kda_parts",
+           "interleaved_rope", "mla_parts",
            "attention_forward", "attention_operator", "kda_forward", "kda_operator", "mixer_forward",
            "mixer_operator", "moe_forward", "ffn_forward", "FUNCTIONS", "decoder_layer", "layer_forward",
            "lm_forward", "lm_forward_jit", "layer_forward_jit", "mixer_forward_jit", "mixer_operator_jit"]

@@ -26,6 +26,17 @@ JSON_NAMES = {"norm_topk_prob": "moe_renormalize", "n_group": "num_expert_group"
 HF_MLP_KINDS = {"mlp": "dense", "moe": "sparse"}
 
 
+def read_attribute_names(d: dict, kw: dict) -> dict:
+    """``kw`` with the fields HF's config dict ``d`` gives under HF's attribute names
+    (``JSON_NAMES``); ``ValueError`` naming both where the two names disagree."""
+    for attr, ours in JSON_NAMES.items():
+        if d.get(attr) is not None:
+            if ours in kw and kw[ours] != d[attr]:
+                raise ValueError(f"{attr} ({d[attr]!r}) and {ours} ({kw[ours]!r}) are the same field and disagree")
+            kw[ours] = d[attr]
+    return kw
+
+
 @dataclasses.dataclass(frozen=True)
 class Config(DeltaNetFields, HFConfig):
     """The fields of HF ``KimiLinearConfig`` the forward pass needs (HF's defaults)."""
@@ -36,6 +47,13 @@ class Config(DeltaNetFields, HFConfig):
     projections: ClassVar[str] = "kda"
     delta_norm_name: ClassVar[str] = "o_norm.weight"
     delta_out_name: ClassVar[str] = "o_proj.weight"
+    # the chains of projections giving the KDA's forget-gate input and output gate (low rank here)
+    forget_projections: ClassVar[tuple] = ("f_a_proj.weight", "f_b_proj.weight")
+    gate_projections: ClassVar[tuple] = ("g_a_proj.weight", "g_b_proj.weight")
+    # the MLA's output projection, per-head output gate (none here) and the router's bias
+    attention_out_name: ClassVar[str] = "o_proj"
+    attention_head_gate: ClassVar[bool] = False
+    router_bias_name: ClassVar[str] = "gate.e_score_correction_bias"
 
     vocab_size: int
     hidden_size: int
@@ -135,6 +153,16 @@ class Config(DeltaNetFields, HFConfig):
         return self.linear_head_dim
 
     @property
+    def gate_lower_bound(self) -> float | None:
+        """None: log decays ``-exp(A_log) softplus(g)``; a number ``c``: ``c sigmoid(exp(A_log) g)``."""
+        return None
+
+    @property
+    def mla_rope_theta(self) -> float | None:
+        """None: MLA without positional encoding."""
+        return None
+
+    @property
     def qk_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
@@ -146,11 +174,7 @@ class Config(DeltaNetFields, HFConfig):
     def read_hf(cls, d: dict, kw: dict) -> dict:
         """The checkpoint forms HF reads: its ``attribute_map`` names, ``linear_attn_config`` and
         ``first_k_dense_replace``."""
-        for attr, ours in JSON_NAMES.items():
-            if d.get(attr) is not None:
-                if ours in kw and kw[ours] != d[attr]:
-                    raise ValueError(f"{attr} ({d[attr]!r}) and {ours} ({kw[ours]!r}) are the same field and disagree")
-                kw[ours] = d[attr]
+        kw = read_attribute_names(d, kw)
         lin = d.get("linear_attn_config") or {}
         if not isinstance(lin, dict):
             raise ValueError(f"linear_attn_config must be an object, got {lin!r}")
@@ -183,4 +207,4 @@ class Config(DeltaNetFields, HFConfig):
         return d
 
 
-__all__ = ["Config", "MLP_KINDS", "HF_MLP_KINDS", "JSON_NAMES"]
+__all__ = ["Config", "MLP_KINDS", "HF_MLP_KINDS", "JSON_NAMES", "read_attribute_names"]

@@ -17,6 +17,12 @@ def unit(x):
     return x / np.sqrt((x * x).sum(-1, keepdims=True) + 1e-6)
 
 
+def chain(x, p, names):
+    for n in names:
+        x = x @ p[n].T
+    return x
+
+
 def kda_operator(p: dict, x, cfg):
     """``H (B, C, L, L)`` of Kimi Delta Attention (``variant="full"``) for input ``x (B, L, D)``."""
     B, L, _ = x.shape
@@ -28,14 +34,18 @@ def kda_operator(p: dict, x, cfg):
     u = xc * sigmoid(xc)
     heads = lambda t: t.reshape(B, L, H, d).transpose(0, 2, 1, 3)  # (B, L, C) -> (B, H, L, d)
     q, k = unit(heads(u[..., :C])) * d ** -0.5, unit(heads(u[..., C:2 * C]))
-    g = (x @ p["f_a_proj.weight"].T) @ p["f_b_proj.weight"].T + p["dt_bias"]
-    log_a = heads(-np.exp(np.repeat(p["A_log"].reshape(H), d)) * np.log1p(np.exp(g)))  # (B, H, L, d)
+    g = chain(x, p, cfg.forget_projections) + p["dt_bias"]
+    rate = np.exp(np.repeat(p["A_log"].reshape(H), d))
+    if cfg.gate_lower_bound is None:
+        log_a = heads(-rate * np.log1p(np.exp(g)))  # (B, H, L, d)
+    else:
+        log_a = heads(cfg.gate_lower_bound * sigmoid(rate * g))
     beta = sigmoid(x @ p["b_proj.weight"].T).transpose(0, 2, 1)
     M = delta_matrix(q, k, log_a, beta)  # (B, H, L, L)
     v = heads(u[..., 2 * C:])
     o = np.einsum("bhij,bhjd->bhid", M, v)
     inv = 1.0 / np.sqrt((o * o).mean(-1) + cfg.rms_norm_eps)  # (B, H, L)
-    gate = sigmoid((x @ p["g_a_proj.weight"].T) @ p["g_b_proj.weight"].T).transpose(0, 2, 1)  # (B, C, L)
+    gate = sigmoid(chain(x, p, cfg.gate_projections)).transpose(0, 2, 1)  # (B, C, L)
     left = np.repeat(inv, d, axis=1) * p["o_norm.weight"][np.tile(np.arange(d), H)][None, :, None] * gate
     right = sigmoid(xc[..., 2 * C:]).transpose(0, 2, 1)
     Hm = left[..., :, None] * np.repeat(M, d, axis=1) * right[..., None, :]
@@ -54,8 +64,15 @@ def mla_operator(p: dict, x, cfg):
     c = x @ p["kv_a_proj_with_mqa.weight"].T + p.get("kv_a_proj_with_mqa.bias", 0.0)
     kv = (rms(c[..., :cfg.kv_lora_rank], p["kv_a_layernorm.weight"], 1e-6) @ p["kv_b_proj.weight"].T)
     k_nope = kv.reshape(B, L, H, -1)[..., :dn]
-    k = np.concatenate([k_nope, np.broadcast_to(c[:, :, None, cfg.kv_lora_rank:], (B, L, H, dr))], axis=-1)
-    logits = np.einsum("bihd,bjhd->bhij", q.reshape(B, L, H, dn + dr), k) / np.sqrt(dn + dr)
+    k_shared, q = c[:, :, None, cfg.kv_lora_rank:], q.reshape(B, L, H, dn + dr)
+    if cfg.mla_rope_theta is not None:  # pairs (x_0, x_1), (x_2, x_3), ... rotated by theta^(-2i/R)
+        ang = np.arange(L)[:, None] * cfg.mla_rope_theta ** (-np.arange(0, dr, 2) / dr)
+        cos, sin = np.cos(ang)[None, :, None], np.sin(ang)[None, :, None]
+        rot = lambda t: np.concatenate([t[..., 0::2] * cos - t[..., 1::2] * sin,
+                                        t[..., 1::2] * cos + t[..., 0::2] * sin], axis=-1)
+        q, k_shared = np.concatenate([q[..., :dn], rot(q[..., dn:])], axis=-1), rot(k_shared)
+    k = np.concatenate([k_nope, np.broadcast_to(k_shared, (B, L, H, dr))], axis=-1)
+    logits = np.einsum("bihd,bjhd->bhij", q, k) / np.sqrt(dn + dr)
     logits = np.where(np.tril(np.ones((L, L), bool)), logits, -np.inf)
     e = np.exp(logits - logits.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
