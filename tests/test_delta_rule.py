@@ -110,11 +110,15 @@ def test_chunk_length_changes_only_rounding():
         np.testing.assert_allclose(M, Ms[0], atol=2e-6)
 
 
-def test_long_input_is_finite_and_exact():
-    """L = 4096 with strong decays and writes near 2: finite, and every row equals the float64
-    recurrence (the chunked form never exponentiates a large positive number)."""
+@pytest.mark.parametrize("per_dim", [False, True], ids=["per_head", "per_key_dim"])
+def test_long_input_is_finite_and_exact(per_dim):
+    """L = 4096 with strong decays (one per head, or one per key dimension as in KDA) and writes
+    near 2: finite, and every row equals the float64 recurrence (the chunked form never
+    exponentiates a large positive number)."""
     L = 4096
     q, k, v, log_a, beta = inputs(1, 1, L, 4, 3, (0.5, 2.0), seed=2, decay=3.0)
+    if per_dim:
+        log_a = -np.random.default_rng(10).uniform(0.0, 3.0, (1, 1, L, 4))
     M = np.asarray(jax.jit(delta_rule_matrix)(*f32(q, k, log_a, beta)))
     assert np.isfinite(M).all()
     ref = recurrence(q, k, v, log_a, beta)
