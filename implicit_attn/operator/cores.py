@@ -142,6 +142,31 @@ class DocumentMaskedCore(OperatorCore):
         return jnp.where(same, H, 0.0)
 
 
+def head_mean_of_factors(core, h):
+    """Mean over head ``h``'s channels (``h P ... (h + 1) P - 1``) of ``H_c = diag(l_c) alpha_h
+    diag(r_c) Conv_c`` for a core with ``alpha(heads)``, ``left``, ``right``, ``conv_w`` (each may
+    be None) and ``num_channels`` / ``num_heads``, without forming any ``H_c``: ``(B, L, L)``.
+
+    ``(1/P) sum_c (diag(l_c) alpha diag(r_c) Conv_c)[i, j] = sum_s alpha[i, j+s] W_s[i, j+s]``,
+    ``W_s = (1/P) sum_c l_c[i] r_c[j'] w_c[K-1-s]``: one rank-``P`` matmul per conv tap instead of
+    ``P`` dense matrices.
+    """
+    P = core.num_channels // core.num_heads
+    sl = lambda a: jax.lax.dynamic_slice_in_dim(a, h * P, P, axis=1)
+    alpha = core.alpha(jnp.reshape(h, (1,)))[:, 0]
+    Bn, L = alpha.shape[0], alpha.shape[-1]
+    left = jnp.ones((Bn, P, L), f32) if core.left is None else sl(core.left)
+    right = jnp.ones((Bn, P, L), f32) if core.right is None else sl(core.right)
+    w = (jnp.ones((P, 1), f32) if core.conv_w is None
+         else jax.lax.dynamic_slice_in_dim(core.conv_w, h * P, P, axis=0))
+    Kc = w.shape[1]
+    out = jnp.zeros_like(alpha)
+    for s in range(Kc):
+        W = jnp.einsum("bpi,bpj,p->bij", left, right, w[:, Kc - 1 - s]) / P
+        out = out + jnp.pad(alpha * W, ((0, 0), (0, 0), (0, s)))[..., s:]
+    return out
+
+
 @pytree_dataclass(static=("heads_per_group",))
 class Mamba2Core(OperatorCore):
     """``H_c = (diag(left_c) alpha_h diag(right_c)) M_c`` for channel ``c`` of head ``h = head[c]``,
@@ -240,27 +265,8 @@ class Mamba2Core(OperatorCore):
 
     def head_mean(self, h):
         """Mean of ``H_c`` over the channels ``c`` of head ``h`` (an int or a traced scalar)
-        without forming any ``H_c``: ``(B, L, L)``.
-
-        ``(1/P) sum_c (diag(l_c) alpha diag(r_c) M_c)[i, j]
-        = sum_s alpha[i, j+s] W_s[i, j+s]``, ``W_s = (1/P) sum_c l_c[i] r_c[j'] w_c[K-1-s]``:
-        one rank-``P`` matmul per conv tap instead of ``P`` dense matrices.
-        """
-        P = self.num_channels // self.num_heads
-        sl = lambda a: jax.lax.dynamic_slice_in_dim(a, h * P, P, axis=1)
-        alpha = self.alpha(jnp.reshape(h, (1,)))[:, 0]
-        Bn, L = alpha.shape[0], alpha.shape[-1]
-        left = jnp.ones((Bn, P, L), f32) if self.left is None else sl(self.left)
-        right = jnp.ones((Bn, P, L), f32) if self.right is None else sl(self.right)
-        w = (jnp.ones((P, 1), f32) if self.conv_w is None
-             else jax.lax.dynamic_slice_in_dim(self.conv_w, h * P, P, axis=0))
-        Kc = w.shape[1]
-        out = jnp.zeros_like(alpha)
-        for s in range(Kc):
-            W = jnp.einsum("bpi,bpj,p->bij", left, right, w[:, Kc - 1 - s]) / P
-            X = jnp.pad(alpha * W, ((0, 0), (0, 0), (0, s)))[..., s:]
-            out = out + X
-        return out
+        without forming any ``H_c``: ``(B, L, L)`` (``head_mean_of_factors``)."""
+        return head_mean_of_factors(self, h)
 
 
 @jax.jit
@@ -316,11 +322,9 @@ class DeltaRuleCore(OperatorCore):
 
     def head_mean(self, h):
         """Mean of ``H_c`` over the channels of value head ``h`` (an int or a traced scalar; the
-        head's channels are ``h P ... (h + 1) P - 1``): ``(B, L, L)``."""
-        P = self.num_channels // self.num_heads
-        idx = h * P + jnp.arange(P)
-        M = self.head_matrix(jnp.reshape(h, (1,)))  # (B, 1, L, L)
-        return self.sandwich(jnp.broadcast_to(M, (M.shape[0], P) + M.shape[2:]), idx).mean(1)
+        head's channels are ``h P ... (h + 1) P - 1``), ``M_h`` computed once and no ``H_c``
+        formed (``head_mean_of_factors``): ``(B, L, L)``."""
+        return head_mean_of_factors(self, h)
 
     def named_factors(self) -> dict:
         """``gate = left (B, C, L)``, ``log_decay = log_a (B, H, L[, d_k])`` per value head."""
@@ -459,5 +463,5 @@ class ParallelCore(OperatorCore):
         return out
 
 
-__all__ = ["StateDecayCore", "ScalarDecayCore", "DocumentMaskedCore", "Mamba2Core", "DeltaRuleCore", "RwkvCore", "AttentionCore",
-           "ParallelCore"]
+__all__ = ["head_mean_of_factors", "StateDecayCore", "ScalarDecayCore", "DocumentMaskedCore", "Mamba2Core",
+           "DeltaRuleCore", "RwkvCore", "AttentionCore", "ParallelCore"]
