@@ -194,10 +194,14 @@ def test_core_factors_conv_and_the_no_delta_approximation():
     assert isinstance(op, ImplicitOperator) and core.named_factors()["log_decay"].shape == (B, H, L)
 
 
+@pytest.mark.parametrize("per_dim", [False, True], ids=["per_head", "per_key_dim"])
 @pytest.mark.parametrize("platform", ["cuda", "tpu"])
-def test_materialize_exports_for_accelerators(platform):
-    """The chunked form (a scan of matmuls and unit-triangular solves) lowers for cuda and tpu."""
+def test_materialize_exports_for_accelerators(platform, per_dim):
+    """The chunked form (a scan of matmuls and unit-triangular solves) lowers for cuda and tpu,
+    with one decay per head and with one per key dimension."""
     q, k, _, log_a, beta = inputs(1, 2, 40, 8, 1, (0.0, 2.0), seed=6)
+    if per_dim:
+        log_a = -np.random.default_rng(11).uniform(0.0, 1.0, (1, 2, 40, 8))
     fn = jax.jit(lambda *a: delta_rule_matrix(*a, chunk=16))
     exported = jax.export.export(fn, platforms=[platform])(*f32(q, k, log_a, beta))
     text = exported.mlir_module()

@@ -276,17 +276,16 @@ def qwen3_next_configs(draw) -> dict:
 
 @st.composite
 def qwen3_5_configs(draw) -> dict:
-    """``Qwen3_5TextConfig`` kwargs: Qwen3-Next's draw without the mixture of experts."""
-    drop = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
-            "mlp_only_layers", "decoder_sparse_step", "norm_topk_prob")
-    return {k: v for k, v in draw(qwen3_next_configs()).items() if k not in drop}
+    """``Qwen3_5TextConfig`` kwargs: Qwen3-Next's draw without the fields HF's class deletes."""
+    return {k: v for k, v in draw(qwen3_next_configs()).items() if k not in family("qwen3_5_text").config.ignored}
 
 
 @st.composite
 def qwen3_5_moe_configs(draw) -> dict:
-    """``Qwen3_5MoeTextConfig`` kwargs: Qwen3-Next's draw with experts in every layer."""
-    drop = ("intermediate_size", "mlp_only_layers", "decoder_sparse_step", "norm_topk_prob")
-    return {**{k: v for k, v in draw(qwen3_next_configs()).items() if k not in drop}, "num_experts": 4}
+    """``Qwen3_5MoeTextConfig`` kwargs: Qwen3-Next's draw without the fields HF's class deletes,
+    experts in every layer."""
+    ignored = family("qwen3_5_moe_text").config.ignored
+    return {**{k: v for k, v in draw(qwen3_next_configs()).items() if k not in ignored}, "num_experts": 4}
 
 
 @st.composite

@@ -7,29 +7,13 @@ SwiGLU MLP or a sigmoid-routed mixture of experts with shared experts.
 ``qwen3_next.block.delta_operator`` on ``kda_parts``), ``modules`` (NNX), ``checkpoint`` (Bamba's
 layout builder under Kimi-Linear's names), ``naive`` (float64 references).
 """
-from ...nn import FamilySpec, perturb_parameters
+from ...nn import FamilySpec
+from ..qwen3_next import hf_setup
 from .block import EXACT_VARIANTS, VARIANTS, kda_operator, lm_forward, mixer_forward, mixer_operator
 from .checkpoint import expected_shapes, from_params, init_params, to_params
 from .config import Config
 from .modules import LM, AttentionMixer, DeltaMixer, KimiLinearLayer
 from .naive import naive_operator
-
-
-def hf_setup(model, torch, seed: int = 0):
-    """Tiny torch test model: perturbed, with the norm weights and routers moved off their initial
-    values (HF starts routers at 0), the routers' correction biases drawn, and the decay rates
-    ``exp(A_log)`` drawn in [0.02, 0.5] (HF's draw up to 16 makes the state forget within a step)."""
-    perturb_parameters(model, torch, seed=seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("norm.weight", "gate.weight")):
-                p.add_(0.3 * torch.randn(p.shape, generator=g))
-            elif name.endswith("A_log"):
-                p.copy_(torch.log(0.02 + 0.48 * torch.rand(p.shape, generator=g)))
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.copy_(0.1 * torch.randn(b.shape, generator=g))
 
 
 SPEC = FamilySpec(

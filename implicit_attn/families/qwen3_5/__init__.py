@@ -11,14 +11,10 @@ from .checkpoint import MOE, TEXT
 from .config import Config, MoeConfig
 from .modules import LM, AttentionMixer, DeltaMixer, MoeLM, Qwen3_5Layer
 
-MOE_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
-DENSE_KEYS = ("intermediate_size",)
-
-
-def family_spec(config, lm, checkpoint, hf_class: str, hf_config_class: str, drop: tuple) -> FamilySpec:
-    """Qwen3-Next's spec with Qwen3.5's config, classes and checkpoint; ``drop``: Qwen3-Next's tiny
-    and bench keys the HF config class does not have."""
-    keep = lambda d: {k: v for k, v in d.items() if k not in drop + ("mlp_only_layers",)}
+def family_spec(config, lm, checkpoint, hf_class: str, hf_config_class: str) -> FamilySpec:
+    """Qwen3-Next's spec with Qwen3.5's config, classes and checkpoint (Qwen3-Next's tiny and bench
+    keys without the fields the HF config class deletes, ``config.ignored``)."""
+    keep = lambda d: {k: v for k, v in d.items() if k not in config.ignored}
     return FamilySpec(
         model_type=config.model_type, label=config.label, config=config, lm=lm, variants=VARIANTS,
         exact_variants=EXACT_VARIANTS, to_params=checkpoint.to_params, from_params=checkpoint.from_params,
@@ -28,8 +24,8 @@ def family_spec(config, lm, checkpoint, hf_class: str, hf_config_class: str, dro
         bench={k: keep(v) for k, v in QWEN3_NEXT.bench.items()})
 
 
-SPEC = family_spec(Config, LM, TEXT, "Qwen3_5ForCausalLM", "Qwen3_5TextConfig", MOE_KEYS)
-MOE_SPEC = family_spec(MoeConfig, MoeLM, MOE, "Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig", DENSE_KEYS)
+SPEC = family_spec(Config, LM, TEXT, "Qwen3_5ForCausalLM", "Qwen3_5TextConfig")
+MOE_SPEC = family_spec(MoeConfig, MoeLM, MOE, "Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig")
 
 __all__ = ["SPEC", "MOE_SPEC", "Config", "MoeConfig", "LM", "MoeLM", "DeltaMixer", "AttentionMixer",
            "Qwen3_5Layer", "family_spec"]

@@ -16,18 +16,23 @@ from .naive import naive_operator
 
 
 def hf_setup(model, torch, seed: int = 0):
-    """Tiny torch test model: perturbed, with the zero-centred norm weights, the DeltaNets' gated
-    norm weights and the routers moved off their initial values (HF starts the routers at 0),
-    and the DeltaNets' decay rates ``exp(A_log)`` drawn in [0.02, 0.5] (HF's draw up to 16
-    makes the state forget within a step, and the delta rule's erasure then never shows)."""
+    """Tiny torch test model of a delta-rule family (Qwen3-Next and the families built on its
+    DeltaNet or Kimi's): perturbed, with the norm weights (zero-centred or not, the gated output
+    norms included) and the routers moved off their initial values (HF starts routers at 0), the
+    routers' correction biases drawn, and the decay rates ``exp(A_log)`` drawn in [0.02, 0.5]
+    (HF's draw up to 16 makes the state forget within a step, and the delta rule's erasure then
+    never shows)."""
     perturb_parameters(model, torch, seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(("norm.weight", "mlp.gate.weight")):
                 p.add_(0.3 * torch.randn(p.shape, generator=g))
-            elif name.endswith("linear_attn.A_log"):
+            elif name.endswith("A_log"):
                 p.copy_(torch.log(0.02 + 0.48 * torch.rand(p.shape, generator=g)))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.1 * torch.randn(b.shape, generator=g))
 
 
 SPEC = FamilySpec(
