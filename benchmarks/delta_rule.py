@@ -10,10 +10,12 @@ extra resident MiB of the first call, compilation included); ``agree`` compares 
 results (max abs difference over max abs value).
 
 * ``M``: the per-head matrices of 16 heads at L = 1024;
-* ``reduce("mean")`` of a layer operator with 8 value heads of 64 channels (512 channels; left /
-  right factors and a width-4 conv, as in a Gated DeltaNet layer) at L = 1024, ours
-  (``Mamba2Operator.reduce`` over ``DeltaRuleCore``) against the recurrence's ``M`` put through
-  the same per-channel factors in blocks of 16 channels.
+* ``reduce("mean")`` and ``reduce("abs_mean")`` of a layer operator with 8 value heads of 64
+  channels (512 channels; left / right factors and a width-4 conv, as in a Gated DeltaNet layer)
+  at L = 1024, ours (``Mamba2Operator.reduce`` over ``DeltaRuleCore``: the mean through each
+  head's matrix with one rank-64 matmul per conv tap, ``abs_mean`` per channel in blocks with
+  every ``M_h`` computed once) against the recurrence's ``M`` put through the same per-channel
+  factors in blocks of 16 channels.
 
     python -m benchmarks.delta_rule [--quick]
 """
@@ -93,18 +95,23 @@ def block_sum_fn():
     import jax
     import jax.numpy as jnp
 
-    return jax.jit(lambda core, M, idx: core.sandwich(jnp.take(M, core.head[idx], axis=1), idx).sum(1))
+    def block_sum(core, M, idx, absolute: bool):
+        H = core.sandwich(jnp.take(M, core.head[idx], axis=1), idx)
+        return (jnp.abs(H) if absolute else H).sum(1)
+
+    return jax.jit(block_sum, static_argnums=3)
 
 
-def recurrence_mean(op):
-    """``mean_c H_c`` with ``M`` from the recurrence and the core's own per-channel factors."""
+def recurrence_mean(op, absolute: bool = False):
+    """``mean_c H_c`` (``mean_c |H_c|``) with ``M`` from the recurrence and the core's own
+    per-channel factors."""
     import jax
     import jax.numpy as jnp
 
     core = op.core
     M = recurrence_fn()(core.q, core.k, core.log_a, core.beta)
     C = core.num_channels
-    acc = sum(block_sum_fn()(core, M, jnp.arange(s, min(s + BLOCK, C))) for s in range(0, C, BLOCK))
+    acc = sum(block_sum_fn()(core, M, jnp.arange(s, min(s + BLOCK, C)), absolute) for s in range(0, C, BLOCK))
     return jax.block_until_ready(acc / C)
 
 
@@ -120,8 +127,9 @@ def case(shape: dict, what: str, impl: str, per_dim: bool) -> dict:
         fn = lambda: f(*args)
     else:
         op = layer_operator(shape, per_dim)
-        reduce = jax.jit(lambda op: op.reduce("mean"))
-        fn = (lambda: reduce(op)) if impl == "ours" else (lambda: recurrence_mean(op))
+        how = "abs_mean" if what == "reduce_abs" else "mean"
+        reduce = jax.jit(lambda op: op.reduce(how))
+        fn = (lambda: reduce(op)) if impl == "ours" else (lambda: recurrence_mean(op, how == "abs_mean"))
     peak = peak_mb_of(fn)
     t = timeit(fn, repeat=2, warmup=0)
     out = np.asarray(fn(), np.float64)
@@ -138,7 +146,8 @@ def main(quick: bool = False) -> list[dict]:
     for per_dim in (False, True):
         decay = "per key dim (KDA)" if per_dim else "per head (Gated DeltaNet)"
         for what, label in (("M", f"M of {shape['heads']} heads, d_k {shape['dk']}"),
-                            ("reduce", f"reduce('mean') {shape['value_heads'] * shape['dv']} ch")):
+                            ("reduce", f"reduce('mean') {shape['value_heads'] * shape['dv']} ch"),
+                            ("reduce_abs", f"reduce('abs_mean') {shape['value_heads'] * shape['dv']} ch")):
             ours = isolated("benchmarks.delta_rule:case", shape=shape, what=what, impl="ours", per_dim=per_dim)
             base = isolated("benchmarks.delta_rule:case", shape=shape, what=what, impl="recurrence", per_dim=per_dim)
             a = np.load(f"/tmp/delta_bench_{what}_ours_{int(per_dim)}.npy")

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from implicit_attn.families import griffin, mamba, mamba2, rwkv
+from implicit_attn.families import griffin, kimi_linear, mamba, mamba2, qwen3_next, rwkv
 from implicit_attn.operator import ImplicitOperator, ScalarDecayCore
 
 B, L = 2, 37
@@ -53,6 +53,21 @@ def rwkv_op(L_=L, B=B):
     return rwkv.block.time_mix_operator_jit(att, h, cfg=cfg)
 
 
+def delta_op(L_=L, B=B, family=qwen3_next):
+    """A delta-rule layer of a tiny model (Qwen3-Next: one decay per head; 2 key heads serve 4
+    value heads; conv, gate and norm folded in)."""
+    spec = family.SPEC
+    cfg = spec.config.from_hf(dict(spec.tiny))
+    p = spec.init_params(cfg, jax.random.PRNGKey(1))["layers"][0]["mixer"]
+    h = jax.random.normal(jax.random.PRNGKey(2), (B, L_, cfg.hidden_size))
+    return family.block.mixer_operator_jit(p, h, cfg=cfg, kind="delta")
+
+
+def kda_op(L_=L, B=B):
+    """Kimi Delta Attention: one decay per key dimension."""
+    return delta_op(L_, B, family=kimi_linear)
+
+
 def scalar_lowrank_op(L_=L, B=B):
     """A generic ScalarDecayCore with q k^T groups, a diagonal, both scalings, a reset, a conv."""
     r = np.random.default_rng(0)
@@ -68,4 +83,4 @@ def scalar_lowrank_op(L_=L, B=B):
 
 
 BUILDERS = {"mamba": mamba_op, "mamba2": mamba2_op, "griffin": griffin_op, "rwkv": rwkv_op,
-            "scalar_lowrank": scalar_lowrank_op}
+            "scalar_lowrank": scalar_lowrank_op, "delta": delta_op, "kda": kda_op}

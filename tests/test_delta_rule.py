@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from implicit_attn.kernels.pallas import calls, plans
 from implicit_attn.operator import DeltaRuleCore, ImplicitOperator, Mamba2Operator
 from implicit_attn.ops import decay_matrix, delta_rule, delta_rule_matrix
 
@@ -80,6 +81,25 @@ def test_per_dimension_decays_equal_the_float64_recurrence(L, chunk, beta_range,
     assert rel(delta_rule(*f32(q, k, v, log_a, beta), chunk=chunk, erase=erase), ref) <= 2e-6
     M = np.asarray(delta_rule_matrix(*f32(q, k, log_a, beta), chunk=chunk, erase=erase))
     assert not np.triu(M, 1).any()
+    assert rel(M, recurrence(q, k, np.broadcast_to(np.eye(L), (2, 3, L, L)), log_a, beta, erase)) <= 2e-6
+
+
+@pytest.mark.parametrize("sequential", [False, True], ids=["loop", "sequential_grid"])
+@pytest.mark.parametrize("per_dim, beta_range, erase", [(False, (0.0, 2.0), True), (False, (1.9, 2.0), True),
+                                                        (True, (0.0, 1.0), True), (True, (0.0, 1.0), False)],
+                         ids=["up_to_2", "near_2", "per_dim", "per_dim_no_erasure"])
+def test_pallas_chunk_recurrence_equals_the_float64_recurrence(sequential, per_dim, beta_range, erase):
+    """The Pallas kernel of ``M_h`` (``kernels.pallas.calls.delta_matrices``, interpret mode) in
+    both forms: the in-program loop over row chunks (Triton, the interpreter) and the sequential
+    grid axis with the state in scratch (Mosaic TPU). L = 37 in chunks of 8: a ragged last chunk."""
+    L = 37
+    q, k, _, log_a, beta = inputs(2, 3, L, 6, 1, beta_range, seed=11)
+    if per_dim:
+        log_a = -np.random.default_rng(12).uniform(0.0, 4.0, (2, 3, L, 6))
+    core = DeltaRuleCore(*f32(q, k, log_a, beta), head=jnp.arange(3), delta=erase)
+    target = calls.Target("interpret", channel_grid=sequential)
+    M = np.asarray(calls.delta_matrices(plans.plan_delta(core, None, 8), target))
+    assert M.shape == (2, 3, L, L) and not np.triu(M, 1).any()
     assert rel(M, recurrence(q, k, np.broadcast_to(np.eye(L), (2, 3, L, L)), log_a, beta, erase)) <= 2e-6
 
 

@@ -58,6 +58,8 @@ class AttentionOperator:
         ``ImplicitOperator.reduce`` (weights per head: ``(H',)``, ``(B, H')``, ``(B, H', L)``)."""
         return ImplicitOperator.reduce(self, how, weights, key_weights, channels, impl, block_channels)
 
+    linear_sum = ImplicitOperator.linear_sum  # none: heads are summed in blocks
+
     @full_precision
     def apply(self, channels=None):
         """``H @ values + offset`` for the selected heads: ``(B, H', L, head_dim)``."""

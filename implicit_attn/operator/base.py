@@ -51,6 +51,11 @@ class OperatorCore(abc.ABC):
     def dense(self, idx):
         """``(B, len(idx), L, L)`` float32 operators of channels ``idx``."""
 
+    def precompute(self) -> "OperatorCore":
+        """This core with the parts every block of channels shares computed once (a
+        blocked ``materialize`` / ``reduce`` calls it before its loop); by default itself."""
+        return self
+
     def named_factors(self) -> dict:
         """The data-dependent factors a researcher looks at, by role: ``"gate"`` (the
         output gate, per channel ``(B, C, L)``) and ``"log_decay"`` (the per-step log decay;

@@ -16,6 +16,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -142,29 +143,51 @@ class DocumentMaskedCore(OperatorCore):
         return jnp.where(same, H, 0.0)
 
 
-def head_mean_of_factors(core, h):
-    """Mean over head ``h``'s channels (``h P ... (h + 1) P - 1``) of ``H_c = diag(l_c) alpha_h
-    diag(r_c) Conv_c`` for a core with ``alpha(heads)``, ``left``, ``right``, ``conv_w`` (each may
-    be None) and ``num_channels`` / ``num_heads``, without forming any ``H_c``: ``(B, L, L)``.
+def head_weighted_sum(core, h, qw=None, kw=None):
+    """``sum_c qw[b,c,i] H_c[b,i,j] kw[b,c,j]`` over head ``h``'s channels (``h P ... (h + 1) P - 1``)
+    of ``H_c = diag(l_c) alpha_h diag(r_c) Conv_c``, for a core with ``alpha(heads)``, ``left``,
+    ``right``, ``conv_w`` (each may be None) and ``num_channels`` / ``num_heads``, without forming
+    any ``H_c``: ``(B, L, L)``.
 
-    ``(1/P) sum_c (diag(l_c) alpha diag(r_c) Conv_c)[i, j] = sum_s alpha[i, j+s] W_s[i, j+s]``,
-    ``W_s = (1/P) sum_c l_c[i] r_c[j'] w_c[K-1-s]``: one rank-``P`` matmul per conv tap instead of
+    ``sum_c qw_c[i] H_c[i, j] kw_c[j] = sum_s alpha[i, j+s] X_s[i, j]`` with ``X_s[i, j] = sum_c
+    (qw_c l_c)[i] (r_c[j+s] w_c[K-1-s] kw_c[j])``: one rank-``P`` matmul per conv tap instead of
     ``P`` dense matrices.
+
+    Args:
+      h: an int or a traced int32 scalar.
+      qw, kw: ``(B, P, L)`` float32 weights of the head's channels; None: ``1/P`` (``qw``), 1 (``kw``).
     """
     P = core.num_channels // core.num_heads
     sl = lambda a: jax.lax.dynamic_slice_in_dim(a, h * P, P, axis=1)
     alpha = core.alpha(jnp.reshape(h, (1,)))[:, 0]
-    Bn, L = alpha.shape[0], alpha.shape[-1]
-    left = jnp.ones((Bn, P, L), f32) if core.left is None else sl(core.left)
-    right = jnp.ones((Bn, P, L), f32) if core.right is None else sl(core.right)
+    ones = jnp.ones((alpha.shape[0], P, alpha.shape[-1]), f32)
+    qw = ones / P if qw is None else qw
+    kw = ones if kw is None else kw
+    a = qw if core.left is None else qw * sl(core.left)
+    right = ones if core.right is None else sl(core.right)
     w = (jnp.ones((P, 1), f32) if core.conv_w is None
          else jax.lax.dynamic_slice_in_dim(core.conv_w, h * P, P, axis=0))
     Kc = w.shape[1]
     out = jnp.zeros_like(alpha)
     for s in range(Kc):
-        W = jnp.einsum("bpi,bpj,p->bij", left, right, w[:, Kc - 1 - s]) / P
-        out = out + jnp.pad(alpha * W, ((0, 0), (0, 0), (0, s)))[..., s:]
+        shift = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, s)))[..., s:]  # x[..., j + s], 0 past L
+        X = jnp.einsum("bpi,bpj->bij", a, shift(right) * w[None, :, Kc - 1 - s, None] * kw)
+        out = out + shift(alpha) * X
     return out
+
+
+def heads_weighted_sum(core, qw, kw):
+    """``sum_c qw[b,c,i] H_c[b,i,j] kw[b,c,j]`` over all ``C`` channels of a core with heads
+    (``head_weighted_sum`` per head, accumulated one head at a time): ``qw, kw (B, C, L)``
+    float32 (zero for channels left out) -> ``(B, L, L)``."""
+    B, C, L = qw.shape
+    P = C // core.num_heads
+
+    def body(h, acc):
+        sl = lambda a: jax.lax.dynamic_slice_in_dim(a, h * P, P, axis=1)
+        return acc + head_weighted_sum(core, h, sl(qw), sl(kw))
+
+    return jax.lax.fori_loop(0, core.num_heads, body, jnp.zeros((B, L, L), f32))
 
 
 @pytree_dataclass(static=("heads_per_group",))
@@ -265,8 +288,8 @@ class Mamba2Core(OperatorCore):
 
     def head_mean(self, h):
         """Mean of ``H_c`` over the channels ``c`` of head ``h`` (an int or a traced scalar)
-        without forming any ``H_c``: ``(B, L, L)`` (``head_mean_of_factors``)."""
-        return head_mean_of_factors(self, h)
+        without forming any ``H_c``: ``(B, L, L)`` (``head_weighted_sum``)."""
+        return head_weighted_sum(self, h)
 
 
 @jax.jit
@@ -286,7 +309,8 @@ class DeltaRuleCore(OperatorCore):
 
     Shapes: ``q, k (B, G, L, d_k)``, ``log_a (B, H, L)`` (one decay per head) or ``(B, H, L, d_k)``
     (per key dimension, Kimi Delta Attention), ``beta (B, H, L)``, ``head (C,)`` int, ``left, right
-    (B, C, L)`` or None (ones), ``conv_w (C, K)`` or None (no conv).
+    (B, C, L)`` or None (ones), ``conv_w (C, K)`` or None (no conv), ``matrices (B, H, L, L)`` every
+    ``M_h`` when already computed (``precompute``, the Pallas kernel), else None.
     """
 
     q: Any
@@ -300,6 +324,7 @@ class DeltaRuleCore(OperatorCore):
     heads_per_group: int = 1
     delta: bool = True
     chunk: int = 64
+    matrices: Any = None
 
     @property
     def num_channels(self) -> int:
@@ -309,8 +334,24 @@ class DeltaRuleCore(OperatorCore):
     def num_heads(self) -> int:
         return self.log_a.shape[1]
 
+    def with_head_matrices(self, M) -> "DeltaRuleCore":
+        """This core with every ``M_h`` given: ``M (B, H, L, L)`` float32 (e.g. from the Pallas
+        kernel); ``dense``, ``alpha`` and ``head_mean`` then read it."""
+        B, H, L = self.beta.shape
+        if M.shape != (B, H, L, L):
+            raise ValueError(f"head matrices must have shape {(B, H, L, L)}, got {M.shape}")
+        return dataclasses.replace(self, matrices=M)
+
+    def precompute(self) -> "DeltaRuleCore":
+        """Every ``M_h`` computed once (``(B, H, L, L)``), for loops over blocks of channels."""
+        if self.matrices is not None:
+            return self
+        return self.with_head_matrices(self.head_matrix(jnp.arange(self.num_heads)))
+
     def head_matrix(self, heads):
         """``(B, len(heads), L, L)`` float32 ``M_h`` of the value heads ``heads``."""
+        if self.matrices is not None:
+            return jnp.take(self.matrices, heads, axis=1)
         groups = heads // self.heads_per_group
         q, k = jnp.take(self.q, groups, axis=1), jnp.take(self.k, groups, axis=1)
         log_a, beta = jnp.take(self.log_a, heads, axis=1), jnp.take(self.beta, heads, axis=1)
@@ -323,8 +364,8 @@ class DeltaRuleCore(OperatorCore):
     def head_mean(self, h):
         """Mean of ``H_c`` over the channels of value head ``h`` (an int or a traced scalar; the
         head's channels are ``h P ... (h + 1) P - 1``), ``M_h`` computed once and no ``H_c``
-        formed (``head_mean_of_factors``): ``(B, L, L)``."""
-        return head_mean_of_factors(self, h)
+        formed (``head_weighted_sum``): ``(B, L, L)``."""
+        return head_weighted_sum(self, h)
 
     def named_factors(self) -> dict:
         """``gate = left (B, C, L)``, ``log_decay = log_a (B, H, L[, d_k])`` per value head."""
@@ -463,5 +504,5 @@ class ParallelCore(OperatorCore):
         return out
 
 
-__all__ = ["head_mean_of_factors", "StateDecayCore", "ScalarDecayCore", "DocumentMaskedCore", "Mamba2Core",
+__all__ = ["head_weighted_sum", "heads_weighted_sum", "StateDecayCore", "ScalarDecayCore", "DocumentMaskedCore", "Mamba2Core",
            "DeltaRuleCore", "RwkvCore", "AttentionCore", "ParallelCore"]

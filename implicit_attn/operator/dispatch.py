@@ -182,6 +182,7 @@ def materialize_blocks(core, idx, bc: int, impl: str, B: int, L: int):
     idx = jnp.asarray(idx)
     if bc >= n or impl != "xla":  # kernels write their output directly, tile by tile
         return dense(idx)
+    dense = dense_fn(core.precompute(), impl)
     nb = -(-n // bc)
     starts = jnp.minimum(jnp.arange(nb) * bc, n - bc)
 
@@ -222,6 +223,7 @@ def blocked_reduce(core, idx, qw, kw, how, bc: int):
     qw_b = jnp.moveaxis(jnp.pad(qw, ((0, 0), (0, pad), (0, 0))).reshape(B, nb, bc, L), 1, 0)
     kw_b = jnp.moveaxis(jnp.pad(kw, ((0, 0), (0, pad), (0, 0))).reshape(B, nb, bc, L), 1, 0)
     mode = MODES[how] if isinstance(how, str) else how
+    core = core.precompute()
 
     def body(acc, xs):
         ib, qb, kb = xs

@@ -15,11 +15,15 @@ import numpy as np
 
 from ..ops import full_precision
 from .base import REDUCTIONS, block_size, channel_index, channel_weights, pytree_dataclass, relative_error
+from .cores import heads_weighted_sum
 from .dispatch import (backend, blocked_reduce_jit, materialize_blocks, materialize_jit, resolve_impl,
                        with_fallback)
 from .html import operator_html
 
 HEAD_MATRICES = ("alpha", "mean")
+# Reductions linear in H (MODES' identity): a core with heads sums them through the head matrices.
+LINEAR = ("mean", "weighted")
+heads_weighted_sum_jit = jax.jit(full_precision(heads_weighted_sum))
 
 
 @pytree_dataclass
@@ -103,7 +107,8 @@ class ImplicitOperator:
         if how != "weighted" and (weights is not None or key_weights is not None):
             raise ValueError(f"weights are only used with how='weighted', not how={how!r}")
         B, C, L, _ = self.shape
-        idx = jnp.asarray(channel_index(channels, C))
+        chosen = channel_index(channels, C)
+        idx = jnp.asarray(chosen)
         n = idx.shape[0]
         if how == "weighted":
             qw = channel_weights(weights, "weights", B, n, L)
@@ -115,10 +120,20 @@ class ImplicitOperator:
         bc = block_size(n, B, L, block_channels)
         xla = lambda: blocked_reduce_jit(self.core, idx, qw, kw, how, bc)
         if impl == "xla":
+            if how in LINEAR and not isinstance(chosen, jax.core.Tracer) and len(set(chosen.tolist())) == n:
+                fused = self.linear_sum(chosen, qw, kw)
+                if fused is not None:
+                    return fused
             return xla()
         # One fused kernel over all selected channels: only (B, L, L) is written.
         return with_fallback(requested, impl, self.core,
                              lambda: backend(impl).reduce(self.core, idx, how, qw, kw), xla)
+
+    def linear_sum(self, idx, qw, kw):
+        """``sum_c qw[b,c,i] H_c[b,i,j] kw[b,c,j]`` over the distinct channels ``idx (n,)`` (numpy)
+        by a route faster than blocks of channels, or None where there is none (here: none;
+        ``Mamba2Operator`` sums each head's channels through the head's matrix)."""
+        return None
 
     @full_precision
     def apply(self, channels=None):
@@ -175,6 +190,15 @@ class Mamba2Operator(ImplicitOperator):
         if how == "alpha":
             return core.alpha(hs)
         return jnp.moveaxis(jax.lax.map(core.head_mean, hs), 0, 1)
+
+    def linear_sum(self, idx, qw, kw):
+        """``reduce("mean" | "weighted")`` through the heads (``cores.heads_weighted_sum``): the
+        weights go to their channels' slots (zero elsewhere), then each head's channels are
+        summed with one rank-``P`` matmul per conv tap against the head's matrix, computed once;
+        no ``H_c`` is formed. ``idx (n,)`` distinct numpy channels, ``qw, kw (B, n, L)``."""
+        B, C, L, _ = self.shape
+        place = lambda w: jnp.zeros((B, C, L), jnp.float32).at[:, idx].set(w)
+        return heads_weighted_sum_jit(self.core, place(qw), place(kw))
 
 
 __all__ = ["ImplicitOperator", "Mamba2Operator", "HEAD_MATRICES"]

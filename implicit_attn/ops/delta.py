@@ -16,6 +16,8 @@ the cumulative log decays (``(C, C, d_k)`` per head; each factor again in ``(0, 
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -25,6 +27,88 @@ f32 = jnp.float32
 def masked_exp(x, mask):
     """``exp(x)`` where ``mask``, exactly 0 elsewhere (no ``exp`` of an unmasked large value)."""
     return jnp.where(mask, jnp.exp(jnp.where(mask, x, 0.0)), 0.0)
+
+
+class DeltaChunks(NamedTuple):
+    """The per-chunk factors of the gated delta rule (``chunk_factors``); ``n`` chunks of ``C``
+    positions, chunk-major (the order the recurrence visits them), decays broadcast to one per
+    key dimension.
+
+    Attributes:
+      q_in: ``(n, B, H, C, d_k)`` ``q_i * a_{start..i}``: queries decayed from the chunk start.
+      k_in: ``(n, B, H, C, d_k)`` ``k_i * a_{start..i}``.
+      k_out: ``(n, B, H, C, d_k)`` ``k_t * a_{t+1..end}``: keys decayed to the chunk end.
+      decay: ``(n, B, H, d_k)`` ``a_{start..end}``: the state's decay over the chunk.
+      qk: ``(n, B, H, C, C)`` ``tril(Q K^T * Gamma)`` within the chunk (diagonal included).
+      system: ``(n, B, H, C, C)`` ``T = I + diag(b) tril(K K^T * Gamma, -1)``, unit lower
+        triangular (the identity without the erasure): the chunk's writes are ``U = T^{-1}
+        diag(b) W``.
+      beta: ``(n, B, H, C)`` the write strengths ``b``.
+    """
+
+    q_in: jax.Array
+    k_in: jax.Array
+    k_out: jax.Array
+    decay: jax.Array
+    qk: jax.Array
+    system: jax.Array
+    beta: jax.Array
+
+    def solved(self):
+        """``T^{-1} diag(b)`` of every chunk, ``(n, B, H, C, C)``: a unit-triangular solve per
+        chunk, never an inverse."""
+        C = self.beta.shape[-1]
+        b = self.beta[..., :, None] * jnp.eye(C, dtype=f32)
+        return jax.scipy.linalg.solve_triangular(self.system, b, lower=True, unit_diagonal=True)
+
+
+def chunk_parts(qc, kc, gc, bc, erase: bool = True) -> DeltaChunks:
+    """The factors of one chunk of every head (``DeltaChunks`` without the chunk axis).
+
+    Args:
+      qc, kc: ``(B, H, C, d_k)``; gc: ``(B, H, C)`` or ``(B, H, C, d_k)`` log decays; bc: ``(B, H, C)``
+        write strengths; erase: as ``delta_rule``.
+    """
+    B, H, C, dk = kc.shape
+    G = jnp.cumsum(gc, axis=2)  # (B, H, C[, d_k]): log prod of a from the chunk start
+    if gc.ndim == 4:
+        diff = G[:, :, :, None, :] - G[:, :, None, :, :]  # (B, H, C, C, d_k)
+        pair = lambda x, y, m: jnp.einsum("bhid,bhjd,bhijd->bhij", x, y, masked_exp(diff, m[..., None]))
+        eG, to_end, decay = jnp.exp(G), jnp.exp(G[:, :, -1:] - G), jnp.exp(G[:, :, -1])
+    else:
+        diff = G[..., :, None] - G[..., None, :]  # (B, H, C, C)
+        pair = lambda x, y, m: jnp.einsum("bhid,bhjd->bhij", x, y) * masked_exp(diff, m)
+        eG, to_end = jnp.exp(G)[..., None], jnp.exp(G[..., -1:] - G)[..., None]
+        decay = jnp.broadcast_to(jnp.exp(G[..., -1])[..., None], (B, H, dk))
+    eye = jnp.eye(C, dtype=f32)
+    if erase:
+        T = eye + bc[..., :, None] * pair(kc, kc, jnp.tril(jnp.ones((C, C), bool), -1))
+    else:
+        T = jnp.broadcast_to(eye, (B, H, C, C))
+    return DeltaChunks(qc * eG, kc * eG, kc * to_end, decay, pair(qc, kc, jnp.tril(jnp.ones((C, C), bool))), T, bc)
+
+
+def split_chunks(x, C: int):
+    """``(B, H, L, ...)`` float32 -> ``(L / C, B, H, C, ...)`` (``L`` a multiple of ``C``)."""
+    x = x.astype(f32)
+    return jnp.moveaxis(x.reshape(x.shape[:2] + (x.shape[2] // C, C) + x.shape[3:]), 2, 0)
+
+
+def chunk_factors(q, k, log_a, beta, chunk: int, erase: bool = True) -> DeltaChunks:
+    """Everything of the chunked delta rule that lives inside one chunk (``O(L C)`` per head),
+    for every chunk: what the Pallas kernel of ``delta_rule_matrix`` takes, leaving it the
+    chunk recurrence (matrix products only).
+
+    Args: as ``delta_rule`` (no ``v``), with ``L`` a multiple of ``chunk`` (pad with zero ``q, k,
+      log_a, beta``: no decay, no write).
+    Returns:
+      ``DeltaChunks`` float32, ``n = L // chunk`` chunks.
+    """
+    xs = tuple(split_chunks(x, chunk) for x in (q, k, log_a, beta))
+    # Per-dimension decays form a (C, C, d_k) product per chunk: one chunk at a time bounds
+    # that; scalar decays need only (C, C), so all chunks at once.
+    one = lambda x: chunk_parts(*x, erase=erase)
+    return jax.lax.map(one, xs) if log_a.ndim == 4 else jax.vmap(one)(xs)
 
 
 def delta_rule(q, k, v, log_a, beta, chunk: int = 64, erase: bool = True):
@@ -47,44 +131,25 @@ def delta_rule(q, k, v, log_a, beta, chunk: int = 64, erase: bool = True):
     """
     B, H, L, dk = k.shape
     dv = v.shape[-1]
-    per_dim = log_a.ndim == 4
     C = max(1, min(chunk, L))
     Lp = -(-L // C) * C
-    pad = lambda x, *tail: jnp.pad(x.astype(f32), ((0, 0), (0, 0), (0, Lp - L)) + tail)
-    q, k, v = pad(q, (0, 0)), pad(k, (0, 0)), pad(v, (0, 0))
-    log_a, beta = pad(log_a, *((0, 0),) * per_dim), pad(beta)  # padded steps: no decay, no write
-    n = Lp // C
-    split = lambda x: jnp.moveaxis(x.reshape(x.shape[:2] + (n, C) + x.shape[3:]), 2, 0)
-    strict = jnp.tril(jnp.ones((C, C), bool), -1)
-    lower = jnp.tril(jnp.ones((C, C), bool))
-    eye = jnp.eye(C, dtype=f32)
+    pad = lambda x: jnp.pad(x.astype(f32), ((0, 0), (0, 0), (0, Lp - L)) + ((0, 0),) * (x.ndim - 3))
 
     def step(S, xs):
         """``S (B, H, d_v, d_k)``: the state entering the chunk."""
-        qc, kc, vc, gc, bc = xs
-        G = jnp.cumsum(gc, axis=2)  # (B, H, C[, d_k]): log prod of a from the chunk start
-        if per_dim:
-            diff = G[:, :, :, None, :] - G[:, :, None, :, :]  # (B, H, C, C, d_k)
-            pair = lambda x, y, m: jnp.einsum("bhid,bhjd,bhijd->bhij", x, y, masked_exp(diff, m[..., None]))
-            eG, to_end = jnp.exp(G), jnp.exp(G[:, :, -1:] - G)  # (B, H, C, d_k)
-            S_decay = jnp.exp(G[:, :, -1])[:, :, None, :]
+        *parts, vc = xs
+        f = chunk_parts(*parts, erase=erase)
+        W = vc - jnp.einsum("bhid,bhvd->bhiv", f.k_in, S) if erase else vc  # (B, H, C, d_v)
+        if vc.shape[-1] > C:  # wide values (the matrix: the identity): solve against diag(b)
+            U = f.solved() @ W
         else:
-            diff = G[..., :, None] - G[..., None, :]  # (B, H, C, C)
-            pair = lambda x, y, m: jnp.einsum("bhid,bhjd->bhij", x, y) * masked_exp(diff, m)
-            eG, to_end = jnp.exp(G)[..., None], jnp.exp(G[..., -1:] - G)[..., None]
-            S_decay = jnp.exp(G[..., -1])[..., None, None]
-        if erase:
-            T = eye + bc[..., :, None] * pair(kc, kc, strict)
-            W = vc - jnp.einsum("bhid,bhvd->bhiv", kc * eG, S)  # (B, H, C, d_v)
-            U = jax.scipy.linalg.solve_triangular(T, bc[..., :, None] * W, lower=True, unit_diagonal=True)
-        else:
-            U = bc[..., :, None] * vc
-        O = jnp.einsum("bhid,bhvd->bhiv", qc * eG, S) + pair(qc, kc, lower) @ U
-        S = S_decay * S + jnp.einsum("bhtv,bhtd->bhvd", U, to_end * kc)
+            U = jax.scipy.linalg.solve_triangular(f.system, f.beta[..., :, None] * W, lower=True, unit_diagonal=True)
+        O = jnp.einsum("bhid,bhvd->bhiv", f.q_in, S) + f.qk @ U
+        S = f.decay[:, :, None, :] * S + jnp.einsum("bhtv,bhtd->bhvd", U, f.k_out)
         return S, O
 
     S0 = jnp.zeros((B, H, dv, dk), f32)
-    _, O = jax.lax.scan(step, S0, tuple(split(x) for x in (q, k, v, log_a, beta)))
+    _, O = jax.lax.scan(step, S0, tuple(split_chunks(pad(x), C) for x in (q, k, log_a, beta, v)))
     return jnp.moveaxis(O, 0, 2).reshape(B, H, Lp, dv)[:, :, :L]
 
 
@@ -105,4 +170,4 @@ def delta_rule_matrix(q, k, log_a, beta, chunk: int = 64, erase: bool = True):
     return jnp.where(jnp.tril(jnp.ones((L, L), bool)), M, 0.0)
 
 
-__all__ = ["masked_exp", "delta_rule", "delta_rule_matrix"]
+__all__ = ["masked_exp", "DeltaChunks", "chunk_parts", "split_chunks", "chunk_factors", "delta_rule", "delta_rule_matrix"]

@@ -7,7 +7,8 @@ math, ``calls.py`` the ``pallas_call``s. The pure-jnp references are the cores' 
 
 Cores with a kernel: every type registered in ``plans.PLANS`` (``StateDecayCore``,
 ``ScalarDecayCore``, ``DocumentMaskedCore`` around a ``ScalarDecayCore``, ``Mamba2Core``,
-``RwkvCore``). Others (``AttentionCore``) raise ``TypeError`` naming the core under
+``RwkvCore``, ``DeltaRuleCore``: its kernel is the chunk recurrence giving every head's
+``M_h``; channels and the channel reduction are then XLA elementwise work on ``M_h``). Others (``AttentionCore``) raise ``TypeError`` naming the core under
 ``impl="pallas"``; ``impl="auto"`` uses XLA for them.
 
 On CPU the kernels run with ``interpret=True`` (correct, slow); on GPU/TPU compiled.
@@ -23,7 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ...operator import MODES, KernelBackend, default_platform, register_backend, register_core, with_xla_backward
+from ...operator import (MODES, KernelBackend, blocked_reduce, block_size, default_platform, register_backend,
+                         register_core, with_xla_backward)
 from . import calls
 from .plans import PLANS, VERIFIED, make_plan
 
@@ -52,11 +54,23 @@ def _kernels(target: calls.Target, tile: int):
         plan = make_plan(core, idx, T)
         return calls.softmax_stats(plan, target) if plan.kind == "softmax" else plan
 
+    def with_matrices(core, plan):
+        # Delta rule: the kernel computes every head's M_h; the channels are M_h with their
+        # scalings and conv, per block of channels (O(L^2) elementwise work, no recurrence).
+        return core.with_head_matrices(calls.delta_matrices(plan, target))
+
     def dense(core, idx):
-        return calls.materialize(planned(core, idx), target)
+        plan = planned(core, idx)
+        if plan.kind == "delta":
+            return with_matrices(core, plan).dense(idx)
+        return calls.materialize(plan, target)
 
     def reduce(core, idx, mode, qw, kw):
-        return calls.reduce(planned(core, idx), mode, qw, kw, target)
+        plan = planned(core, idx)
+        if plan.kind == "delta":
+            B, n, L = qw.shape
+            return blocked_reduce(with_matrices(core, plan), idx, qw, kw, mode, block_size(n, B, L, None))
+        return calls.reduce(plan, mode, qw, kw, target)
 
     return dense, reduce
 

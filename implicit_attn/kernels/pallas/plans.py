@@ -7,7 +7,10 @@ Three tile kinds serve every block:
   and ``d``, any ``ScalarDecayCore``), optional document mask;
 * ``"state"``: ``diag(l) [sum_n q k exp(A_n T^{dt})] diag(r) + diag(d)`` (Mamba-1);
 * ``"softmax"``: ``diag(gate) softmax_rows(l)`` (RWKV-4), with row statistics from a
-  first pass.
+  first pass;
+* ``"delta"`` (``DeltaPlan``): the gated delta rule's per-head matrices ``M_h``, computed by a
+  chunk recurrence kernel from the per-chunk factors; each channel's ``H_c`` is then its
+  head's ``M_h`` with the per-channel scalings and conv (``DeltaRuleCore.dense``).
 
 All then get the optional banded conv on the right. Everything that is ``O(B n L)`` is
 computed here with XLA, once: the per-channel rows of the selected channels, and for the
@@ -23,8 +26,8 @@ from typing import Callable
 
 import jax.numpy as jnp
 
-from ...operator import DocumentMaskedCore, Mamba2Core, RwkvCore, ScalarDecayCore, StateDecayCore
-from ...ops import chunk_sums
+from ...operator import DeltaRuleCore, DocumentMaskedCore, Mamba2Core, RwkvCore, ScalarDecayCore, StateDecayCore
+from ...ops import DeltaChunks, chunk_factors, chunk_sums
 
 f32 = jnp.float32
 
@@ -188,6 +191,53 @@ def plan_softmax(core, idx, T: int) -> Plan:
         vec["gate"] = _rows(core.gate, idx, Lp)
     param = {"w": jnp.take(core.w, idx)[:, None].astype(f32), "u": jnp.take(core.u, idx)[:, None].astype(f32)}
     return Plan("softmax", L, T, vec, None, param, {})
+
+
+@dataclasses.dataclass
+class DeltaPlan:
+    """Kernel inputs of a ``DeltaRuleCore``: every head's chunk factors (``ops.chunk_factors``
+    with chunk ``T``), the chunk recurrence left to the kernel (``calls.delta_matrices``).
+
+    Attributes:
+      L, T: true length and chunk (= tile) edge.
+      chunks: ``DeltaChunks`` of every value head, moved to ``(B, H, n, ...)``, time padded to ``Lp = nt * T``, key
+        dimensions zero-padded to ``N`` (a power of two >= 16); ``system`` holds the solved
+        ``T^{-1} diag(b)``; ``k_in`` is zero without the erasure (``delta=False``: the state
+        then only decays and adds).
+    """
+
+    L: int
+    T: int
+    chunks: DeltaChunks
+    kind: str = "delta"
+
+    @property
+    def Lp(self) -> int:
+        return self.nt * self.T
+
+    @property
+    def nt(self) -> int:
+        return self.chunks.qk.shape[2]
+
+
+@plan_for(DeltaRuleCore)
+def plan_delta(core, idx, T: int) -> DeltaPlan:
+    """``DeltaRuleCore`` -> the chunk factors of all its heads (the channels ``idx`` are picked
+    from the head matrices afterwards)."""
+    B, H, L = core.beta.shape
+    Lp = _padded_length(L, T)
+    groups = jnp.arange(H) // core.heads_per_group
+    q, k = (_pad_axis(jnp.take(x, groups, axis=1).astype(f32), 2, Lp) for x in (core.q, core.k))
+    f = chunk_factors(q, k, _pad_axis(core.log_a.astype(f32), 2, Lp), _pad_axis(core.beta.astype(f32), 2, Lp),
+                      T, erase=core.delta)
+    # The kernel multiplies by T^{-1} diag(b) (solved here: one unit-triangular solve per chunk)
+    # and reads its inputs example- and head-major.
+    f = DeltaChunks(*(jnp.moveaxis(x, 0, 2) for x in f._replace(system=f.solved())))
+    if not core.delta:
+        f = f._replace(k_in=jnp.zeros_like(f.k_in))
+    f = f._replace(**{name: _feature_pad(getattr(f, name), getattr(f, name).ndim - 1)
+                      for name in ("q_in", "k_in", "k_out", "decay")})
+    return DeltaPlan(L, T, f)
 
 
 def _inner_scalar(core) -> str | None:
