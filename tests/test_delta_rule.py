@@ -206,6 +206,17 @@ def test_core_factors_conv_and_the_no_delta_approximation():
     v = jnp.zeros((B, C, L), jnp.float32)
     op = Mamba2Operator(values=v, offset=v, output=v, core=core)
     np.testing.assert_allclose(np.asarray(op.head_matrices("mean")), Hd.reshape(B, H, P, L, L).mean(2), atol=1e-6)
+    # reductions linear in H go through each head's matrix (no H_c formed): equal to the sums
+    wq, wk = g.standard_normal((B, C, L)), g.standard_normal((B, C, L))
+    sel = [5, 0, 2]  # a subset across heads, out of order
+    want_w = np.einsum("bci,bcij,bcj->bij", wq[:, sel], want[:, sel], wk[:, sel])
+    got = op.reduce("weighted", weights=wq[:, sel], key_weights=wk[:, sel], channels=sel, impl="xla")
+    assert rel(got, want_w) <= 2e-6
+    assert rel(op.reduce("mean", impl="xla"), want.mean(1)) <= 2e-6
+    pre = core.precompute()  # every M_h once: dense reads it
+    assert pre.matrices.shape == (B, H, L, L) and rel(pre.dense(jnp.arange(C)), want) <= 2e-6
+    with pytest.raises(ValueError, match=r"head matrices must have shape \(1, 2, 13, 13\)"):
+        core.with_head_matrices(jnp.zeros((B, H, L, L - 1)))
     approx = np.asarray(DeltaRuleCore(**args, delta=False).dense(jnp.arange(C)))
     plain = np.asarray(decay_matrix(jnp.asarray(log_a, jnp.float32))) * np.einsum("bhid,bhjd->bhij", q, k) * beta[
         :, :, None, :]

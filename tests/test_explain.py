@@ -25,7 +25,7 @@ from implicit_attn.explain.maps import channel_tuple
 from implicit_attn.explain.metrics import ordering, perturbed_ids, score_of, token_counts
 from implicit_attn.families import mamba
 from implicit_attn.nn import check_input_ids, check_layers
-from implicit_attn.operator import ImplicitOperator, pytree_dataclass
+from implicit_attn.operator import ImplicitOperator, OperatorCore, pytree_dataclass
 
 PNG = b"\x89PNG\r\n\x1a\n"
 # The operator's own materialize (jitted: eager dispatch of the chunked kernel is slow).
@@ -63,7 +63,7 @@ def mm_grads(mm):
 
 
 @pytree_dataclass
-class DenseCore:
+class DenseCore(OperatorCore):
     """A core holding its dense ``H (B, C, L, L)`` (for synthetic operators)."""
 
     H: Any

@@ -1,0 +1,151 @@
+"""The diagonal-plus-low-rank recurrence's exact token-mixing matrix (``ops.dplr_rule``,
+``ops.dplr_matrix``: RWKV-7's generalised delta rule, and RWKV-5/6's read-before-update form)
+against two independent references: a float64 step-by-step recurrence of the state, and
+flash-linear-attention's plain-torch reference recurrences (``dplr_recurrence``,
+``naive_recurrent_rwkv6``), loaded by file path from the ``fla-core`` wheel (never installed
+or imported as a package: it would replace Hugging Face's CPU paths). Strong decays, the
+low-rank term of RWKV-7's shape, ragged chunks, long inputs."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from implicit_attn.ops import dplr_matrix, dplr_rule
+
+FLA_CORE = "fla-core==0.6.0"
+
+
+def recurrence(q, k, v, log_w, a=None, b=None, after=True):
+    """Float64 ``o (B, H, L, d_v)``: ``S_t = S_{t-1} (Diag(w_t) + a_t b_t^T) + v_t k_t^T`` (``S`` is
+    ``d_v x d_k``), read ``S_t q_t`` (``after``) or ``S_{t-1} q_t``."""
+    B, H, L, dk = k.shape
+    o = np.zeros(v.shape)
+    for bi in range(B):
+        for h in range(H):
+            S = np.zeros((v.shape[-1], dk))
+            for t in range(L):
+                if not after:
+                    o[bi, h, t] = S @ q[bi, h, t]
+                P = np.diag(np.exp(log_w[bi, h, t]))
+                if a is not None:
+                    P = P + np.outer(a[bi, h, t], b[bi, h, t])
+                S = S @ P + np.outer(v[bi, h, t], k[bi, h, t])
+                if after:
+                    o[bi, h, t] = S @ q[bi, h, t]
+    return o
+
+
+def rwkv7_inputs(B, H, L, dk, dv, seed=0, decay=0.6065):
+    """Random float64 inputs of RWKV-7's shape: ``a = -kk``, ``b = kk * iclr`` with ``kk`` of unit
+    norm and ``iclr`` in (0, 1); log decays in ``[-decay, 0]``."""
+    g = np.random.default_rng(seed)
+    kk = g.standard_normal((B, H, L, dk))
+    kk /= np.linalg.norm(kk, axis=-1, keepdims=True)
+    q, k, v = g.standard_normal((B, H, L, dk)), g.standard_normal((B, H, L, dk)), g.standard_normal((B, H, L, dv))
+    log_w = -g.uniform(0.0, decay, (B, H, L, dk))
+    return q, k, v, log_w, -kk, kk * g.uniform(0.0, 1.0, (B, H, L, dk))
+
+
+f32 = lambda *xs: tuple(None if x is None else jnp.asarray(x, jnp.float32) for x in xs)
+rel = lambda a, b: float(np.abs(np.asarray(a, np.float64) - b).max() / np.abs(b).max())
+
+
+@pytest.mark.parametrize("L, chunk, decay, low_rank, after", [
+    (37, 8, 0.6065, True, True),    # RWKV-7's decay range, ragged last chunk
+    (40, 16, 4.0, True, True),      # strong decays
+    (37, 8, 7.0, False, False),     # RWKV-6: read before the update, decays down to e^-7
+    (29, 32, 1.0, True, False),     # one chunk longer than the input
+], ids=["rwkv7", "rwkv7_strong", "rwkv6", "one_chunk"])
+def test_outputs_and_matrix_equal_the_float64_recurrence(L, chunk, decay, low_rank, after):
+    q, k, v, log_w, a, b = rwkv7_inputs(2, 3, L, 6, 5, seed=L, decay=decay)
+    if not low_rank:
+        a = b = None
+    ref = recurrence(q, k, v, log_w, a, b, after)
+    assert rel(dplr_rule(*f32(q, k, v, log_w, a, b), chunk=chunk, after=after), ref) <= 2e-6
+    M = np.asarray(dplr_matrix(*f32(q, k, log_w, a, b), chunk=chunk, after=after))
+    assert not np.triu(M, 0 if not after else 1).any()  # exact zeros above (and, read before, on) the diagonal
+    eye = np.broadcast_to(np.eye(L), (2, 3, L, L))
+    assert rel(M, recurrence(q, k, eye, log_w, a, b, after)) <= 2e-6
+    assert rel(np.einsum("bhij,bhjv->bhiv", M, v), ref) <= 2e-6
+
+
+def test_long_input_is_finite_and_exact():
+    """L = 4096 with RWKV-7's decays and low-rank term: every entry finite, rows equal the float64
+    recurrence (checked on the last 64 rows of the matrix through its outputs)."""
+    L = 4096
+    q, k, v, log_w, a, b = rwkv7_inputs(1, 1, L, 8, 3, seed=1)
+    M = np.asarray(jax.jit(dplr_matrix)(*f32(q, k, log_w, a, b)))
+    assert np.isfinite(M).all()
+    ref = recurrence(q, k, v, log_w, a, b)
+    assert rel(np.einsum("bhij,bhjv->bhiv", M, v)[:, :, -64:], ref[:, :, -64:]) <= 1e-5
+
+
+def test_bad_low_rank_arguments_fail_loudly():
+    q, k, v, log_w, a, _ = f32(*rwkv7_inputs(1, 1, 5, 4, 2))
+    with pytest.raises(ValueError, match="both low-rank vectors"):
+        dplr_rule(q, k, v, log_w, a=a)
+
+
+# ----------------------------------------------------------------------------- fla's references
+
+@pytest.fixture(scope="module")
+def fla_naive(tmp_path_factory):
+    """``relative path -> module``: a plain-torch file of the ``fla-core`` wheel, loaded by path.
+    The wheel comes from the package index (``pip download``, no install); skipped if none."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("einops")
+    where = tmp_path_factory.mktemp("fla")
+    done = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", FLA_CORE, "-d", str(where)],
+                          capture_output=True, text=True, timeout=300)
+    wheels = list(where.glob("fla_core-*.whl"))
+    if done.returncode or not wheels:
+        pytest.skip(f"{FLA_CORE} could not be downloaded: {done.stderr.strip()[-300:]}")
+
+    def load(rel_path: str):
+        out = where / Path(rel_path).name
+        with zipfile.ZipFile(wheels[0]) as z:
+            out.write_bytes(z.read(rel_path))
+        spec = importlib.util.spec_from_file_location(f"fla_ref_{out.stem}", out)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    torch.manual_seed(0)
+    return load
+
+
+def test_matches_fla_dplr_recurrence(fla_naive):
+    """fla's ``dplr_recurrence`` (what ``chunk_rwkv7`` computes; key-major state, queries scaled by
+    ``d_k^-1/2`` inside) on RWKV-7-shaped inputs."""
+    import torch
+
+    ref_fn = fla_naive("fla/ops/generalized_delta_rule/dplr/naive.py").dplr_recurrence
+    dk = 16
+    q, k, v, log_w, a, b = rwkv7_inputs(2, 3, 45, dk, 8, seed=3)
+    t = lambda x: torch.tensor(x, dtype=torch.float32)  # it computes in float32 (and mixes no other)
+    ref, _ = ref_fn(t(q * dk ** 0.5), t(k), t(v), t(a), t(b), t(log_w))
+    ours = dplr_rule(*f32(q, k, v, log_w, a, b), chunk=16)
+    assert rel(ours, ref.numpy()) <= 1e-5
+
+
+def test_matches_fla_rwkv6_recurrence(fla_naive):
+    """fla's ``naive_recurrent_rwkv6`` (read before the update plus the bonus ``u``): ours is the
+    read-before matrix plus the bonus on the diagonal."""
+    import torch
+
+    ref_fn = fla_naive("fla/ops/rwkv6/recurrent_naive.py").naive_recurrent_rwkv6
+    q, k, v, log_w, _, _ = rwkv7_inputs(2, 3, 41, 8, 5, seed=4, decay=5.0)
+    u = np.random.default_rng(5).standard_normal((3, 8))
+    t = lambda x: torch.tensor(x, dtype=torch.float32)  # it computes in float32
+    ref, _ = ref_fn(t(q), t(k), t(v), t(log_w), t(u), scale=1.0)
+    M = np.asarray(dplr_matrix(*f32(q, k, log_w), chunk=8, after=False), np.float64)
+    M = M + np.einsum("bhid,hd,bhid->bhi", q, u, k)[..., None] * np.eye(41)
+    assert rel(np.einsum("bhij,bhjv->bhiv", M, v), ref.numpy()) <= 1e-5
