@@ -98,7 +98,7 @@ def test_pallas_chunk_recurrence_equals_the_float64_recurrence(sequential, per_d
         log_a = -np.random.default_rng(12).uniform(0.0, 4.0, (2, 3, L, 6))
     core = DeltaRuleCore(*f32(q, k, log_a, beta), head=jnp.arange(3), delta=erase)
     target = calls.Target("interpret", channel_grid=sequential)
-    M = np.asarray(calls.delta_matrices(plans.plan_delta(core, None, 8), target))
+    M = np.asarray(calls.head_matrices(plans.plan_delta(core, None, 8), target))
     assert M.shape == (2, 3, L, L) and not np.triu(M, 1).any()
     assert rel(M, recurrence(q, k, np.broadcast_to(np.eye(L), (2, 3, L, L)), log_a, beta, erase)) <= 2e-6
 

@@ -18,6 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from implicit_attn.kernels.pallas import calls, plans
+from implicit_attn.operator import DplrCore, Mamba2Operator
 from implicit_attn.ops import dplr_matrix, dplr_rule
 
 FLA_CORE = "fla-core==0.6.0"
@@ -88,6 +90,50 @@ def test_long_input_is_finite_and_exact():
     assert rel(np.einsum("bhij,bhjv->bhiv", M, v)[:, :, -64:], ref[:, :, -64:]) <= 1e-5
 
 
+@pytest.mark.parametrize("sequential", [False, True], ids=["loop", "sequential_grid"])
+@pytest.mark.parametrize("form", ["rwkv7", "rwkv6"])
+def test_pallas_chunk_recurrence_equals_the_float64_recurrence(sequential, form):
+    """The Pallas kernel of ``M_h`` for ``DplrCore`` (``calls.head_matrices``, interpret mode) in
+    both forms (the in-program loop of Triton and the interpreter; Mosaic's sequential grid axis
+    with the state in scratch), RWKV-7's low-rank transition and RWKV-6's read before the update
+    with a bonus; L = 37 in chunks of 8."""
+    L = 37
+    q, k, _, log_w, a, b = rwkv7_inputs(2, 3, L, 6, 1, seed=21, decay=0.61 if form == "rwkv7" else 5.0)
+    eye = np.broadcast_to(np.eye(L), (2, 3, L, L))
+    if form == "rwkv7":
+        core = DplrCore(*f32(q, k, log_w), head=jnp.arange(3), a=jnp.asarray(a, jnp.float32),
+                        b=jnp.asarray(b, jnp.float32))
+        ref = recurrence(q, k, eye, log_w, a, b)
+    else:
+        bonus = np.random.default_rng(22).standard_normal((2, 3, L))
+        core = DplrCore(*f32(q, k, log_w), head=jnp.arange(3), bonus=jnp.asarray(bonus, jnp.float32), after=False)
+        ref = recurrence(q, k, eye, log_w, after=False) + bonus[..., None] * np.eye(L)
+    M = np.asarray(calls.head_matrices(plans.plan_dplr(core, None, 8), calls.Target("interpret", sequential)))
+    assert M.shape == (2, 3, L, L) and not np.triu(M, 1).any()
+    assert rel(M, ref) <= 2e-6
+
+
+def test_core_is_the_gated_recurrence_per_channel():
+    """``DplrCore``'s ``H_c = diag(left_c) M_h diag(right_c)`` applied to values is the recurrence
+    run on each channel's values with the gates around it; ``head_matrices`` gives ``M_h``."""
+    B, H, L, dk, P = 2, 2, 19, 4, 3
+    q, k, v, log_w, a, b = rwkv7_inputs(B, H, L, dk, P, seed=23)
+    g = np.random.default_rng(24)
+    left, right = g.standard_normal((B, H * P, L)), g.uniform(0.5, 1.5, (B, H * P, L))
+    core = DplrCore(*f32(q, k, log_w), head=jnp.repeat(jnp.arange(H), P), a=jnp.asarray(a, jnp.float32),
+                    b=jnp.asarray(b, jnp.float32), left=jnp.asarray(left, jnp.float32),
+                    right=jnp.asarray(right, jnp.float32))
+    vals = v.transpose(0, 1, 3, 2).reshape(B, H * P, L)  # channel h P + p is value p of head h
+    want = left.reshape(B, H, P, L) * recurrence(q, k, (right * vals).reshape(B, H, P, L).transpose(0, 1, 3, 2),
+                                                 log_w, a, b).transpose(0, 1, 3, 2)
+    op = Mamba2Operator(values=jnp.asarray(vals, jnp.float32), offset=jnp.zeros((B, H * P, L)),
+                        output=jnp.asarray(want.reshape(B, H * P, L), jnp.float32), core=core)
+    assert op.relative_error() <= 2e-6
+    eye = np.broadcast_to(np.eye(L), (B, H, L, L))
+    assert rel(op.head_matrices("alpha"), recurrence(q, k, eye, log_w, a, b)) <= 2e-6
+    assert core.named_factors()["log_decay"].shape == (B, H, L, dk)
+
+
 def test_bad_low_rank_arguments_fail_loudly():
     q, k, v, log_w, a, _ = f32(*rwkv7_inputs(1, 1, 5, 4, 2))
     with pytest.raises(ValueError, match="both low-rank vectors"):
@@ -146,6 +192,8 @@ def test_matches_fla_rwkv6_recurrence(fla_naive):
     u = np.random.default_rng(5).standard_normal((3, 8))
     t = lambda x: torch.tensor(x, dtype=torch.float32)  # it computes in float32
     ref, _ = ref_fn(t(q), t(k), t(v), t(log_w), t(u), scale=1.0)
-    M = np.asarray(dplr_matrix(*f32(q, k, log_w), chunk=8, after=False), np.float64)
-    M = M + np.einsum("bhid,hd,bhid->bhi", q, u, k)[..., None] * np.eye(41)
+    bonus = np.einsum("bhid,hd,bhid->bhi", q, u, k)
+    M = np.asarray(dplr_matrix(*f32(q, k, log_w), bonus=jnp.asarray(bonus, jnp.float32), chunk=8, after=False))
     assert rel(np.einsum("bhij,bhjv->bhiv", M, v), ref.numpy()) <= 1e-5
+    assert rel(dplr_rule(*f32(q, k, v, log_w), bonus=jnp.asarray(bonus, jnp.float32), chunk=16, after=False),
+               ref.numpy()) <= 1e-5

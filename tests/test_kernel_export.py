@@ -29,9 +29,10 @@ TRITON = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
 KERNEL_CALL = {"cuda": "__gpu$xla.gpu.triton", "tpu": "tpu_custom_call"}
 # Per pallas_call: RWKV-4 runs a row-statistics kernel before the tile kernel.
 CALLS = {"rwkv": 2}
-# The delta rule's kernel is the chunk recurrence giving every head's (Lp, Lp) matrix; its
-# O(L C) chunk factors (exps of in-chunk decays) are XLA, so exps outside the call are expected.
-HEAD_MATRIX_KERNELS = {"delta", "kda"}
+# The head-matrix kernels (delta rule, DPLR) are the chunk recurrence giving every head's (Lp, Lp)
+# matrix; their O(L C) chunk factors (exps of in-chunk decays) are XLA, so exps outside the call
+# are expected.
+HEAD_MATRIX_KERNELS = {"delta", "kda", "dplr", "dplr_before"}
 # (B, L): batch 2 with a single position, and with a ragged last tile (37 is no multiple
 # of 32 or 128).
 SHAPES = [(2, 1), (2, 37)]

@@ -16,6 +16,7 @@
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 from typing import Any
 
@@ -23,8 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..ops import (attention_probs, conv_right, decay_matrix, delta_rule_matrix, full_precision, keep_causal,
-                   scalar_decay_kernel, softmax_decay_rows, state_decay_kernel)
+from ..ops import (attention_probs, conv_right, decay_matrix, delta_rule_matrix, dplr_matrix, full_precision,
+                   keep_causal, scalar_decay_kernel, softmax_decay_rows, state_decay_kernel)
 from .base import OperatorCore, diag_embed, pytree_dataclass, take
 
 f32 = jnp.float32
@@ -298,14 +299,79 @@ def _alpha_each(core: Mamba2Core, heads):
     return jnp.moveaxis(jax.lax.map(lambda h: core.alpha(h[None])[:, 0], heads), 0, 1)
 
 
+class HeadMatrixCore(OperatorCore):
+    """A core whose channels share one matrix per head: ``H_c = diag(left_c) M_h diag(right_c) Conv_c``
+    for channel ``c`` of head ``h = head[c]`` (a head's channels are ``h P ... (h + 1) P - 1``).
+
+    Subclasses are ``pytree_dataclass``es with the fields ``q (B, ., L, .)``, ``head (C,)`` int,
+    ``left, right (B, C, L)`` or None (ones), ``conv_w (C, K)`` or None (no conv) and ``matrices
+    (B, H, L, L)`` (every ``M_h`` when already computed, else None), and define ``num_heads`` and
+    ``compute_head_matrix(heads)``.
+    """
+
+    @property
+    @abc.abstractmethod
+    def num_heads(self) -> int:
+        """Number of heads ``H``."""
+
+    @abc.abstractmethod
+    def compute_head_matrix(self, heads):
+        """``(B, len(heads), L, L)`` float32 ``M_h`` of ``heads``, computed from the factors."""
+
+    @property
+    def num_channels(self) -> int:
+        return self.head.shape[0]
+
+    def with_head_matrices(self, M) -> "HeadMatrixCore":
+        """This core with every ``M_h`` given: ``M (B, H, L, L)`` float32 (e.g. from the Pallas
+        kernel); ``dense``, ``alpha`` and ``head_mean`` then read it."""
+        B, L = self.q.shape[0], self.q.shape[2]
+        if M.shape != (B, self.num_heads, L, L):
+            raise ValueError(f"head matrices must have shape {(B, self.num_heads, L, L)}, got {M.shape}")
+        return dataclasses.replace(self, matrices=M)
+
+    def precompute(self) -> "HeadMatrixCore":
+        """Every ``M_h`` computed once (``(B, H, L, L)``), for loops over blocks of channels."""
+        if self.matrices is not None:
+            return self
+        return self.with_head_matrices(self.head_matrix(jnp.arange(self.num_heads)))
+
+    def head_matrix(self, heads):
+        """``(B, len(heads), L, L)`` float32 ``M_h`` of the heads ``heads``."""
+        if self.matrices is not None:
+            return jnp.take(self.matrices, heads, axis=1)
+        return self.compute_head_matrix(heads)
+
+    def alpha(self, heads):
+        """``M_h`` of ``heads`` (``Mamba2Operator.head_matrices(how="alpha")``): ``(B, k, L, L)``."""
+        return self.head_matrix(heads)
+
+    def head_mean(self, h):
+        """Mean of ``H_c`` over the channels of head ``h`` (an int or a traced scalar), ``M_h``
+        computed once and no ``H_c`` formed (``head_weighted_sum``): ``(B, L, L)``."""
+        return head_weighted_sum(self, h)
+
+    def sandwich(self, M, idx):
+        """``diag(left_c) M_c diag(right_c) Conv_c`` for the channels ``idx`` of ``M (B, len(idx), L, L)``."""
+        return _sandwich(M, take(self.left, idx), take(self.right, idx), None, take(self.conv_w, idx, 0))
+
+    def dense(self, idx):
+        heads = self.head[idx]
+        if isinstance(heads, jax.core.Tracer):
+            M = jnp.take(self.head_matrix(jnp.arange(self.num_heads)), heads, axis=1)
+        else:
+            uniq, inv = np.unique(np.asarray(heads), return_inverse=True)
+            M = jnp.take(self.head_matrix(jnp.asarray(uniq)), jnp.asarray(inv.reshape(-1)), axis=1)
+        return self.sandwich(M, idx)
+
+
 @pytree_dataclass(static=("heads_per_group", "delta", "chunk"))
-class DeltaRuleCore(OperatorCore):
-    """``H_c = diag(left_c) M_h diag(right_c) Conv_c`` for channel ``c`` of value head ``h =
-    head[c]``, ``M_h`` the gated delta rule's matrix (``ops.delta_rule_matrix``) of key head ``h //
-    heads_per_group``'s queries and keys with head ``h``'s decays and write strengths. With
-    ``delta=False``, ``M_h = tril(q k^T * Gamma) diag(b)`` (per-dimension decays: inside the key
-    sum): the state's ``(I - b k k^T)`` erasure left out (the approximation others report; not
-    exact).
+class DeltaRuleCore(HeadMatrixCore):
+    """``H_c = diag(left_c) M_h diag(right_c) Conv_c`` (``HeadMatrixCore``) with ``M_h`` the gated
+    delta rule's matrix (``ops.delta_rule_matrix``) of key head ``h // heads_per_group``'s queries
+    and keys with value head ``h``'s decays and write strengths. With ``delta=False``, ``M_h =
+    tril(q k^T * Gamma) diag(b)`` (per-dimension decays: inside the key sum): the state's ``(I - b k
+    k^T)`` erasure left out (the approximation others report; not exact).
 
     Shapes: ``q, k (B, G, L, d_k)``, ``log_a (B, H, L)`` (one decay per head) or ``(B, H, L, d_k)``
     (per key dimension, Kimi Delta Attention), ``beta (B, H, L)``, ``head (C,)`` int, ``left, right
@@ -327,62 +393,58 @@ class DeltaRuleCore(OperatorCore):
     matrices: Any = None
 
     @property
-    def num_channels(self) -> int:
-        return self.head.shape[0]
-
-    @property
     def num_heads(self) -> int:
         return self.log_a.shape[1]
 
-    def with_head_matrices(self, M) -> "DeltaRuleCore":
-        """This core with every ``M_h`` given: ``M (B, H, L, L)`` float32 (e.g. from the Pallas
-        kernel); ``dense``, ``alpha`` and ``head_mean`` then read it."""
-        B, H, L = self.beta.shape
-        if M.shape != (B, H, L, L):
-            raise ValueError(f"head matrices must have shape {(B, H, L, L)}, got {M.shape}")
-        return dataclasses.replace(self, matrices=M)
-
-    def precompute(self) -> "DeltaRuleCore":
-        """Every ``M_h`` computed once (``(B, H, L, L)``), for loops over blocks of channels."""
-        if self.matrices is not None:
-            return self
-        return self.with_head_matrices(self.head_matrix(jnp.arange(self.num_heads)))
-
-    def head_matrix(self, heads):
-        """``(B, len(heads), L, L)`` float32 ``M_h`` of the value heads ``heads``."""
-        if self.matrices is not None:
-            return jnp.take(self.matrices, heads, axis=1)
+    def compute_head_matrix(self, heads):
         groups = heads // self.heads_per_group
         q, k = jnp.take(self.q, groups, axis=1), jnp.take(self.k, groups, axis=1)
         log_a, beta = jnp.take(self.log_a, heads, axis=1), jnp.take(self.beta, heads, axis=1)
         return delta_rule_matrix(q, k, log_a, beta, self.chunk, erase=self.delta)
 
-    def alpha(self, heads):
-        """``M_h`` of ``heads`` (``Mamba2Operator.head_matrices(how="alpha")``): ``(B, k, L, L)``."""
-        return self.head_matrix(heads)
-
-    def head_mean(self, h):
-        """Mean of ``H_c`` over the channels of value head ``h`` (an int or a traced scalar; the
-        head's channels are ``h P ... (h + 1) P - 1``), ``M_h`` computed once and no ``H_c``
-        formed (``head_weighted_sum``): ``(B, L, L)``."""
-        return head_weighted_sum(self, h)
-
     def named_factors(self) -> dict:
         """``gate = left (B, C, L)``, ``log_decay = log_a (B, H, L[, d_k])`` per value head."""
         return _present(gate=self.left, log_decay=self.log_a)
 
-    def sandwich(self, M, idx):
-        """``diag(left_c) M_c diag(right_c) Conv_c`` for the channels ``idx`` of ``M (B, len(idx), L, L)``."""
-        return _sandwich(M, take(self.left, idx), take(self.right, idx), None, take(self.conv_w, idx, 0))
 
-    def dense(self, idx):
-        heads = self.head[idx]
-        if isinstance(heads, jax.core.Tracer):
-            M = jnp.take(self.head_matrix(jnp.arange(self.num_heads)), heads, axis=1)
-        else:
-            uniq, inv = np.unique(np.asarray(heads), return_inverse=True)
-            M = jnp.take(self.head_matrix(jnp.asarray(uniq)), jnp.asarray(inv.reshape(-1)), axis=1)
-        return self.sandwich(M, idx)
+@pytree_dataclass(static=("after", "chunk"))
+class DplrCore(HeadMatrixCore):
+    """``H_c = diag(left_c) M_h diag(right_c) Conv_c`` (``HeadMatrixCore``) with ``M_h`` the matrix of
+    head ``h``'s diagonal-plus-low-rank recurrence (``ops.dplr_matrix``): ``S_t = S_{t-1} (Diag(w_t)
+    + a_t b_t^T) + v_t k_t^T`` read as ``S_t q_t`` (``after``, RWKV-7) or ``S_{t-1} q_t`` plus
+    ``bonus_t v_t`` (RWKV-5/6).
+
+    Shapes: ``q, k, log_w (B, H, L, d_k)``, ``a, b (B, H, L, d_k)`` or None (a diagonal
+    transition), ``bonus (B, H, L)`` or None, ``head (C,)`` int, ``left, right (B, C, L)`` or None,
+    ``conv_w (C, K)`` or None, ``matrices (B, H, L, L)`` or None.
+    """
+
+    q: Any
+    k: Any
+    log_w: Any
+    head: Any
+    a: Any = None
+    b: Any = None
+    bonus: Any = None
+    left: Any = None
+    right: Any = None
+    conv_w: Any = None
+    after: bool = True
+    chunk: int = 32
+    matrices: Any = None
+
+    @property
+    def num_heads(self) -> int:
+        return self.log_w.shape[1]
+
+    def compute_head_matrix(self, heads):
+        pick = lambda x: None if x is None else jnp.take(x, heads, axis=1)
+        return dplr_matrix(pick(self.q), pick(self.k), pick(self.log_w), pick(self.a), pick(self.b),
+                           pick(self.bonus), self.chunk, self.after)
+
+    def named_factors(self) -> dict:
+        """``gate = left (B, C, L)``, ``log_decay = log_w (B, H, L, d_k)``."""
+        return _present(gate=self.left, log_decay=self.log_w)
 
 
 @pytree_dataclass
@@ -504,5 +566,5 @@ class ParallelCore(OperatorCore):
         return out
 
 
-__all__ = ["head_weighted_sum", "heads_weighted_sum", "StateDecayCore", "ScalarDecayCore", "DocumentMaskedCore", "Mamba2Core",
+__all__ = ["head_weighted_sum", "heads_weighted_sum", "StateDecayCore", "ScalarDecayCore", "DocumentMaskedCore", "Mamba2Core", "HeadMatrixCore", "DplrCore",
            "DeltaRuleCore", "RwkvCore", "AttentionCore", "ParallelCore"]

@@ -23,6 +23,8 @@ factor is in ``(0, 1]``: strong decays underflow to 0, never overflow.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -31,15 +33,40 @@ from .delta import masked_exp, split_chunks
 f32 = jnp.float32
 
 
-def dplr_chunk(qc, kc, vc, gc, ac, bc, S, after: bool):
-    """One chunk of the DPLR recurrence for every head.
+class DplrChunks(NamedTuple):
+    """The factors of one chunk of the DPLR recurrence (``dplr_parts``), every head; ``C``
+    positions, decays per key dimension.
+
+    Attributes:
+      q_in: ``(B, H, C, d_k)`` queries decayed from the chunk start (through ``t``, or ``t - 1``
+        for the read before the update).
+      a_in: ``(B, H, C, d_k)`` ``a_t`` decayed from the chunk start through ``t - 1``, or None.
+      k_out, b_out: ``(B, H, C, d_k)`` ``k_t``, ``b_t`` decayed to the chunk end (``b_out`` None
+        without the low-rank term).
+      decay: ``(B, H, d_k)`` the state's decay over the chunk.
+      qk, qb: ``(B, H, C, C)`` ``A_qk`` (the bonus, if any, on its diagonal) and ``A_qb`` (None).
+      ak: ``(B, H, C, C)`` ``A_ak``, or None.
+      system: ``(B, H, C, C)`` ``I - A_ab``, unit lower triangular, or None.
+    """
+
+    q_in: jax.Array
+    a_in: jax.Array | None
+    k_out: jax.Array
+    b_out: jax.Array | None
+    decay: jax.Array
+    qk: jax.Array
+    qb: jax.Array | None
+    ak: jax.Array | None
+    system: jax.Array | None
+
+
+def dplr_parts(qc, kc, gc, ac=None, bc=None, bonus=None, after: bool = True) -> DplrChunks:
+    """The factors of one chunk of every head (see the module docstring).
 
     Args:
-      qc, kc: ``(B, H, C, d_k)``; vc: ``(B, H, C, d_v)``; gc: ``(B, H, C, d_k)`` log decays;
-      ac, bc: ``(B, H, C, d_k)`` the low-rank vectors, or None (no low-rank term);
-      S: ``(B, H, d_v, d_k)`` the state entering the chunk; after: read ``S_t`` (else ``S_{t-1}``).
-    Returns:
-      ``(O (B, H, C, d_v), S after the chunk)``.
+      qc, kc: ``(B, H, C, d_k)``; gc: ``(B, H, C, d_k)`` log decays; ac, bc: ``(B, H, C, d_k)`` the
+        low-rank vectors, or None; bonus: ``(B, H, C)`` an extra weight of each position's own
+        value (RWKV-5/6's ``u`` term), or None; after: read ``S_t`` (else ``S_{t-1}``).
     """
     C = kc.shape[2]
     G = jnp.cumsum(gc, axis=2)
@@ -54,18 +81,31 @@ def dplr_chunk(qc, kc, vc, gc, ac, bc, S, after: bool):
         return jnp.einsum("bhtd,bhsd,bhtsd->bhts", x, y, e)
 
     to_end = jnp.exp(G[:, :, -1:] - G)
-    O = jnp.einsum("bhtd,bhvd->bhtv", qc * jnp.exp(R), S) + pair(qc, R, kc, read_mask) @ vc
-    S_next = jnp.exp(G[:, :, -1])[:, :, None, :] * S + jnp.einsum("bhtv,bhtd->bhvd", vc, kc * to_end)
+    qk = pair(qc, R, kc, read_mask)
+    if bonus is not None:
+        qk = qk + bonus[..., :, None] * jnp.eye(C, dtype=f32)
+    parts = dict(q_in=qc * jnp.exp(R), a_in=None, k_out=kc * to_end, b_out=None, decay=jnp.exp(G[:, :, -1]),
+                 qk=qk, qb=None, ak=None, system=None)
     if ac is not None:
-        T = jnp.eye(C, dtype=f32) - pair(ac, E, bc, strict)
-        rhs = jnp.einsum("bhtd,bhvd->bhtv", ac * jnp.exp(E), S) + pair(ac, E, kc, strict) @ vc
-        X = jax.scipy.linalg.solve_triangular(T, rhs, lower=True, unit_diagonal=True)
-        O = O + pair(qc, R, bc, read_mask) @ X
-        S_next = S_next + jnp.einsum("bhtv,bhtd->bhvd", X, bc * to_end)
+        parts.update(a_in=ac * jnp.exp(E), b_out=bc * to_end, qb=pair(qc, R, bc, read_mask),
+                     ak=pair(ac, E, kc, strict), system=jnp.eye(C, dtype=f32) - pair(ac, E, bc, strict))
+    return DplrChunks(**parts)
+
+
+def dplr_step(f: DplrChunks, S, vc):
+    """The chunk's outputs ``(B, H, C, d_v)`` and the state after it, from its factors ``f``, the
+    state ``S (B, H, d_v, d_k)`` entering it and its values ``vc (B, H, C, d_v)``."""
+    O = jnp.einsum("bhtd,bhvd->bhtv", f.q_in, S) + f.qk @ vc
+    S_next = f.decay[:, :, None, :] * S + jnp.einsum("bhtv,bhtd->bhvd", vc, f.k_out)
+    if f.system is not None:
+        rhs = jnp.einsum("bhtd,bhvd->bhtv", f.a_in, S) + f.ak @ vc
+        X = jax.scipy.linalg.solve_triangular(f.system, rhs, lower=True, unit_diagonal=True)  # rows x_t
+        O = O + f.qb @ X
+        S_next = S_next + jnp.einsum("bhtv,bhtd->bhvd", X, f.b_out)
     return O, S_next
 
 
-def dplr_rule(q, k, v, log_w, a=None, b=None, chunk: int = 32, after: bool = True):
+def dplr_rule(q, k, v, log_w, a=None, b=None, bonus=None, chunk: int = 32, after: bool = True):
     """Outputs of the DPLR recurrence (float32, chunk by chunk; see the module docstring).
 
     Args:
@@ -74,6 +114,7 @@ def dplr_rule(q, k, v, log_w, a=None, b=None, chunk: int = 32, after: bool = Tru
       log_w: ``(B, H, L, d_k)`` log decays (``<= 0``).
       a, b: ``(B, H, L, d_k)`` the transition's low-rank vectors (``Diag(w_t) + a_t b_t^T``), or
         None for a diagonal transition.
+      bonus: ``(B, H, L)``: ``o_t += bonus_t v_t`` (RWKV-5/6: ``sum_d q_td u_d k_td``), or None.
       chunk: positions per chunk (a performance knob: the numbers do not depend on it beyond
         float32 rounding).
       after: read ``o_t = S_t q_t`` (True) or ``S_{t-1} q_t`` (False).
@@ -86,33 +127,40 @@ def dplr_rule(q, k, v, log_w, a=None, b=None, chunk: int = 32, after: bool = Tru
     dv = v.shape[-1]
     C = max(1, min(chunk, L))
     Lp = -(-L // C) * C
-    pad = lambda x: split_chunks(jnp.pad(x.astype(f32), ((0, 0), (0, 0), (0, Lp - L), (0, 0))), C)
-    low_rank = a is not None
+    pad = lambda x: split_chunks(jnp.pad(x.astype(f32), ((0, 0), (0, 0), (0, Lp - L)) + ((0, 0),) * (x.ndim - 3)), C)
+    present = {name: x for name, x in dict(ac=a, bc=b, bonus=bonus).items() if x is not None}
 
     def step(S, xs):
-        qc, kc, vc, gc, *ab = xs
-        O, S = dplr_chunk(qc, kc, vc, gc, *(ab if low_rank else (None, None)), S, after)
-        return S, O
+        qc, kc, vc, gc, extra = xs
+        return dplr_step(dplr_parts(qc, kc, gc, **extra, after=after), S, vc)[::-1]
 
-    xs = tuple(pad(x) for x in (q, k, v, log_w) + ((a, b) if low_rank else ()))
+    xs = tuple(pad(x) for x in (q, k, v, log_w)) + ({n: pad(x) for n, x in present.items()},)
     _, O = jax.lax.scan(step, jnp.zeros((B, H, dv, dk), f32), xs)
     return jnp.moveaxis(O, 0, 2).reshape(B, H, Lp, dv)[:, :, :L]
 
 
-def dplr_matrix(q, k, log_w, a=None, b=None, chunk: int = 32, after: bool = True):
+def dplr_factors(q, k, log_w, a=None, b=None, bonus=None, chunk: int = 32, after: bool = True) -> DplrChunks:
+    """``dplr_parts`` of every chunk, chunk-major (``(n, B, H, ...)``), for a kernel that runs the
+    chunk recurrence; ``L`` a multiple of ``chunk`` (pad with zeros: no decay, no write)."""
+    present = {name: split_chunks(x, chunk) for name, x in dict(ac=a, bc=b, bonus=bonus).items() if x is not None}
+    xs = tuple(split_chunks(x, chunk) for x in (q, k, log_w))
+    return jax.lax.map(lambda x: dplr_parts(*x[0], **x[1], after=after), (xs, present))
+
+
+def dplr_matrix(q, k, log_w, a=None, b=None, bonus=None, chunk: int = 32, after: bool = True):
     """``M (B, H, L, L)`` float32 of the DPLR recurrence of each head: ``dplr_rule`` with the
     identity as values, so row ``i`` holds ``o_i``'s weights on ``v_0 ... v_{L-1}``.
 
     Args: as ``dplr_rule`` (no ``v``).
     Returns:
       ``(B, H, L, L)``: ``M[i, j] = k_j^T P_{j+1} ... P_i q_i`` with ``P_t = Diag(w_t) + b_t a_t^T``
-      acting on key vectors (``after``; else ``... P_{i-1} q_i`` for ``j < i`` and 0 on the
-      diagonal), exactly 0 above the diagonal.
+      acting on key vectors (``after``; else ``... P_{i-1} q_i`` for ``j < i`` and ``bonus_i`` or 0
+      on the diagonal), exactly 0 above the diagonal.
     """
     B, H, L, _ = k.shape
     eye = jnp.broadcast_to(jnp.eye(L, dtype=f32), (B, H, L, L))
-    M = dplr_rule(q, k, eye, log_w, a, b, chunk, after)
-    return jnp.where(jnp.tril(jnp.ones((L, L), bool), 0 if after else -1), M, 0.0)
+    M = dplr_rule(q, k, eye, log_w, a, b, bonus, chunk, after)
+    return jnp.where(jnp.tril(jnp.ones((L, L), bool), 0 if after or bonus is not None else -1), M, 0.0)
 
 
-__all__ = ["dplr_chunk", "dplr_rule", "dplr_matrix"]
+__all__ = ["DplrChunks", "dplr_parts", "dplr_step", "dplr_rule", "dplr_factors", "dplr_matrix"]

@@ -7,8 +7,9 @@ math, ``calls.py`` the ``pallas_call``s. The pure-jnp references are the cores' 
 
 Cores with a kernel: every type registered in ``plans.PLANS`` (``StateDecayCore``,
 ``ScalarDecayCore``, ``DocumentMaskedCore`` around a ``ScalarDecayCore``, ``Mamba2Core``,
-``RwkvCore``, ``DeltaRuleCore``: its kernel is the chunk recurrence giving every head's
-``M_h``; channels and the channel reduction are then XLA elementwise work on ``M_h``). Others (``AttentionCore``) raise ``TypeError`` naming the core under
+``RwkvCore``, and the head-matrix cores ``DeltaRuleCore`` and ``DplrCore``: their kernel is
+the chunk recurrence giving every head's ``M_h``; channels and the channel reduction are then
+XLA elementwise work on ``M_h``). Others (``AttentionCore``) raise ``TypeError`` naming the core under
 ``impl="pallas"``; ``impl="auto"`` uses XLA for them.
 
 On CPU the kernels run with ``interpret=True`` (correct, slow); on GPU/TPU compiled.
@@ -55,19 +56,19 @@ def _kernels(target: calls.Target, tile: int):
         return calls.softmax_stats(plan, target) if plan.kind == "softmax" else plan
 
     def with_matrices(core, plan):
-        # Delta rule: the kernel computes every head's M_h; the channels are M_h with their
-        # scalings and conv, per block of channels (O(L^2) elementwise work, no recurrence).
-        return core.with_head_matrices(calls.delta_matrices(plan, target))
+        # Head-matrix cores: the kernel computes every head's M_h; the channels are M_h with
+        # their scalings and conv, per block of channels (O(L^2) elementwise work).
+        return core.with_head_matrices(calls.head_matrices(plan, target))
 
     def dense(core, idx):
         plan = planned(core, idx)
-        if plan.kind == "delta":
+        if plan.kind == "head_matrices":
             return with_matrices(core, plan).dense(idx)
         return calls.materialize(plan, target)
 
     def reduce(core, idx, mode, qw, kw):
         plan = planned(core, idx)
-        if plan.kind == "delta":
+        if plan.kind == "head_matrices":
             B, n, L = qw.shape
             return blocked_reduce(with_matrices(core, plan), idx, qw, kw, mode, block_size(n, B, L, None))
         return calls.reduce(plan, mode, qw, kw, target)

@@ -30,7 +30,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from ...operator import apply_mode
 from . import tiles
-from .plans import DeltaPlan, Plan, next_pow2
+from .plans import HeadMatrixPlan, Plan, next_pow2
 
 f32 = jnp.float32
 
@@ -398,44 +398,67 @@ def softmax_stats(plan: Plan, target: Target) -> Plan:
     return dataclasses.replace(plan, vec=vec)
 
 
-def _delta_tile(I, J, S, q_in, k_in, k_out, decay, qk, solve):
-    """One step of the delta rule's chunk recurrence for the source stripe ``J``: the
-    ``(T, T)`` tile ``(I, J)`` of ``M`` and the stripe's state after chunk ``I >= J``.
+def _source_identity(on_diag, T):
+    """The values of a source stripe in row chunk ``I``: the identity where ``I == J``, else 0."""
+    return jnp.where(on_diag & (tiles.iota2((T, T), 0) == tiles.iota2((T, T), 1)), 1.0, 0.0)
+
+
+def _keep_lower(O, on_diag):
+    T = O.shape[0]
+    return jnp.where(on_diag & (tiles.iota2((T, T), 1) > tiles.iota2((T, T), 0)), 0.0, O)
+
+
+def _delta_tile(on_diag, S, decay, q_in, k_in, k_out, qk, solve):
+    """One step of the delta rule's chunk recurrence for a source stripe: the ``(T, T)`` tile
+    ``(I, J)`` of ``M`` and the stripe's state after chunk ``I >= J``.
 
     ``S (T, N)``: row ``j`` is source ``j``'s state (``b_j k_j^T A_{j+1} ... A_t``) entering the
     chunk; the values are the identity on the stripe, so they enter only at ``I == J`` (where
     ``S`` is zero). The rest are the chunk's ``DeltaChunks`` rows (``decay (1, N)``; ``solve``
     the solved ``T^{-1} diag(b)``)."""
-    T = qk.shape[0]
-    on_diag = I == J
-    V = jnp.where(on_diag & (tiles.iota2((T, T), 0) == tiles.iota2((T, T), 1)), 1.0, 0.0)
-    U = tiles.dot(solve, V - tiles.dot_t(k_in, S))  # the chunk's writes u_t, one column per source
+    U = tiles.dot(solve, _source_identity(on_diag, qk.shape[0]) - tiles.dot_t(k_in, S))  # writes, one column per source
     O = tiles.dot_t(q_in, S) + tiles.dot(qk, U)
-    O = jnp.where(on_diag & (tiles.iota2((T, T), 1) > tiles.iota2((T, T), 0)), 0.0, O)
-    return O, decay * S + tiles.dot(jnp.transpose(U), k_out)
+    return _keep_lower(O, on_diag), decay * S + tiles.dot(jnp.transpose(U), k_out)
 
 
-def delta_matrices(plan: DeltaPlan, target: Target):
-    """Every head's delta-rule matrix ``M_h``: ``(B, H, L, L)`` float32, exact zeros above the
-    diagonal.
+def _dplr_tile(on_diag, S, decay, q_in, k_out, qk, *low_rank):
+    """The same step for the DPLR recurrence (``ops.DplrChunks`` rows; ``low_rank`` is ``(a_in,
+    b_out, qb, ak, solve)`` with ``solve = (I - A_ab)^{-1}``, or empty for a diagonal transition).
+    The values (the identity on the stripe) multiply ``A_qk``, ``A_ak`` and ``k_out`` only where
+    ``I == J``, so those products are selections, not matmuls."""
+    at_diag = lambda x: jnp.where(on_diag, x, 0.0)
+    O = tiles.dot_t(q_in, S) + at_diag(qk)
+    S_next = decay * S + at_diag(k_out)
+    if low_rank:
+        a_in, b_out, qb, ak, solve = low_rank
+        X = tiles.dot(solve, tiles.dot_t(a_in, S) + at_diag(ak))  # rows x_t = S_{t-1} a_t, one column per source
+        O = O + tiles.dot(qb, X)
+        S_next = S_next + tiles.dot(jnp.transpose(X), b_out)
+    return _keep_lower(O, on_diag), S_next
+
+
+def head_matrices(plan: HeadMatrixPlan, target: Target):
+    """Every head's matrix ``M_h`` of a chunked recurrence (the gated delta rule or the DPLR
+    recurrence): ``(B, H, L, L)`` float32, exact zeros above the diagonal.
 
     One program per (example, head, source stripe ``J`` of ``T`` positions) runs the chunk
     recurrence over the row chunks ``I >= J`` with a ``(T, N)`` state (the stripe's sources);
-    the ``O(L C)`` chunk factors come from the plan, so each step is five matmuls. Triton and
-    the interpreter loop over ``I`` inside the program (grid steps run in parallel there);
-    Mosaic makes ``I`` a sequential grid axis and keeps the state in VMEM scratch, so each step
-    holds one chunk's inputs."""
-    f = plan.chunks
-    B, H, nt = f.qk.shape[:3]
-    T, L, Lp = plan.T, plan.L, plan.Lp
-    N = f.q_in.shape[-1]
-    rows = lambda x: x.reshape(B, H, Lp, x.shape[-1])  # (B, H, nt, T, X) -> (B, H, Lp, X)
-    inputs = [rows(f.q_in), rows(f.k_in), rows(f.k_out), f.decay[:, :, :, None, :], rows(f.qk), rows(f.system)]
+    the ``O(L C)`` chunk factors come from the plan, so each step is a few ``(T, .)`` matmuls.
+    Triton and the interpreter loop over ``I`` inside the program (grid steps run in parallel
+    there); Mosaic makes ``I`` a sequential grid axis and keeps the state in VMEM scratch, so
+    each step holds one chunk's inputs."""
+    B, H, nt, T = plan.rows[0].shape[:4]
+    L, Lp = plan.L, plan.Lp
+    N = plan.decay.shape[-1]
+    tile = {"delta": _delta_tile, "dplr": _dplr_tile}[plan.form]
+    rows = [x.reshape(B, H, Lp, x.shape[-1]) for x in plan.rows]  # (B, H, nt, T, X) -> (B, H, Lp, X)
+    decay = plan.decay[:, :, :, None, :]
     out_shape = jax.ShapeDtypeStruct((B, H, Lp, Lp), f32)
     zero = lambda: jnp.zeros((T, T), f32)  # built inside the kernel (no captured constants)
 
     if target.channel_grid:
-        def kernel(qi, ki, ko, dec, qk, sv, o, S_ref):
+        def kernel(dec, *refs):
+            *ins, o, S_ref = refs
             J, I = pl.program_id(2), pl.program_id(3)
 
             @pl.when(I < J)
@@ -448,19 +471,19 @@ def delta_matrices(plan: DeltaPlan, target: Target):
 
             @pl.when(I >= J)
             def _():
-                O, S = _delta_tile(I, J, S_ref[...], qi[0, 0], ki[0, 0], ko[0, 0], dec[0, 0, 0], qk[0, 0], sv[0, 0])
+                O, S = tile(I == J, S_ref[...], dec[0, 0, 0], *(x[0, 0] for x in ins))
                 o[0, 0] = O
                 S_ref[...] = S
 
-        chunk = lambda X: pl.BlockSpec((1, 1, T, X), lambda b, h, J, I: (b, h, I, 0))
         M = target.call(
             kernel, grid=(B, H, nt, nt),
-            in_specs=[chunk(N)] * 3 + [pl.BlockSpec((1, 1, 1, 1, N), lambda b, h, J, I: (b, h, I, 0, 0))]
-            + [chunk(T)] * 2,
+            in_specs=[pl.BlockSpec((1, 1, 1, 1, N), lambda b, h, J, I: (b, h, I, 0, 0))]
+            + [pl.BlockSpec((1, 1, T, x.shape[-1]), lambda b, h, J, I: (b, h, I, 0)) for x in rows],
             out_specs=pl.BlockSpec((1, 1, T, T), lambda b, h, J, I: (b, h, I, J)), out_shape=out_shape,
-            sequential_last=True, scratch_shapes=[pltpu.VMEM((T, N), f32)])(*inputs)
+            sequential_last=True, scratch_shapes=[pltpu.VMEM((T, N), f32)])(decay, *rows)
     else:
-        def kernel(qi, ki, ko, dec, qk, sv, o):
+        def kernel(dec, *refs):
+            *ins, o = refs
             J = pl.program_id(2)
 
             def above(I, carry):
@@ -469,18 +492,16 @@ def delta_matrices(plan: DeltaPlan, target: Target):
 
             def step(I, S):
                 r = pl.ds(I * T, T)
-                O, S = _delta_tile(I, J, S, qi[0, 0, r, :], ki[0, 0, r, :], ko[0, 0, r, :], dec[0, 0, I],
-                                   qk[0, 0, r, :], sv[0, 0, r, :])
+                O, S = tile(I == J, S, dec[0, 0, I], *(x[0, 0, r, :] for x in ins))
                 o[0, 0, r, :] = O
                 return S
 
             jax.lax.fori_loop(0, J, above, 0)
             jax.lax.fori_loop(J, nt, step, jnp.zeros((T, N), f32))
 
-        whole = lambda X: pl.BlockSpec((1, 1, Lp, X), lambda b, h, J: (b, h, 0, 0))
         M = target.call(
             kernel, grid=(B, H, nt),
-            in_specs=[whole(N)] * 3 + [pl.BlockSpec((1, 1, nt, 1, N), lambda b, h, J: (b, h, 0, 0, 0))]
-            + [whole(T)] * 2,
-            out_specs=pl.BlockSpec((1, 1, Lp, T), lambda b, h, J: (b, h, 0, J)), out_shape=out_shape)(*inputs)
+            in_specs=[pl.BlockSpec((1, 1, nt, 1, N), lambda b, h, J: (b, h, 0, 0, 0))]
+            + [pl.BlockSpec((1, 1, Lp, x.shape[-1]), lambda b, h, J: (b, h, 0, 0)) for x in rows],
+            out_specs=pl.BlockSpec((1, 1, Lp, T), lambda b, h, J: (b, h, 0, J)), out_shape=out_shape)(decay, *rows)
     return M[:, :, :L, :L]

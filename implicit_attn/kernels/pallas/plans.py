@@ -8,9 +8,10 @@ Three tile kinds serve every block:
 * ``"state"``: ``diag(l) [sum_n q k exp(A_n T^{dt})] diag(r) + diag(d)`` (Mamba-1);
 * ``"softmax"``: ``diag(gate) softmax_rows(l)`` (RWKV-4), with row statistics from a
   first pass;
-* ``"delta"`` (``DeltaPlan``): the gated delta rule's per-head matrices ``M_h``, computed by a
-  chunk recurrence kernel from the per-chunk factors; each channel's ``H_c`` is then its
-  head's ``M_h`` with the per-channel scalings and conv (``DeltaRuleCore.dense``).
+* ``"head_matrices"`` (``HeadMatrixPlan``): the per-head matrices ``M_h`` of the gated delta rule
+  (``DeltaRuleCore``) or the DPLR recurrence (``DplrCore``: RWKV-5/6/7), computed by a chunk
+  recurrence kernel from the per-chunk factors; each channel's ``H_c`` is then its head's
+  ``M_h`` with the per-channel scalings and conv (``HeadMatrixCore.dense``).
 
 All then get the optional banded conv on the right. Everything that is ``O(B n L)`` is
 computed here with XLA, once: the per-channel rows of the selected channels, and for the
@@ -24,10 +25,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+import jax
 import jax.numpy as jnp
 
-from ...operator import DeltaRuleCore, DocumentMaskedCore, Mamba2Core, RwkvCore, ScalarDecayCore, StateDecayCore
-from ...ops import DeltaChunks, chunk_factors, chunk_sums
+from ...operator import (DeltaRuleCore, DocumentMaskedCore, DplrCore, Mamba2Core, RwkvCore, ScalarDecayCore,
+                         StateDecayCore)
+from ...ops import chunk_factors, chunk_sums, dplr_factors
 
 f32 = jnp.float32
 
@@ -194,34 +197,48 @@ def plan_softmax(core, idx, T: int) -> Plan:
 
 
 @dataclasses.dataclass
-class DeltaPlan:
-    """Kernel inputs of a ``DeltaRuleCore``: every head's chunk factors (``ops.chunk_factors``
-    with chunk ``T``), the chunk recurrence left to the kernel (``calls.delta_matrices``).
+class HeadMatrixPlan:
+    """Kernel inputs of a core with one matrix per head computed by a chunk recurrence
+    (``calls.head_matrices``): every head's chunk factors, time padded to ``Lp = nt * T`` (chunk =
+    tile edge ``T``), key dimensions zero-padded to ``N`` (a power of two >= 16).
 
     Attributes:
-      L, T: true length and chunk (= tile) edge.
-      chunks: ``DeltaChunks`` of every value head, moved to ``(B, H, n, ...)``, time padded to ``Lp = nt * T``, key
-        dimensions zero-padded to ``N`` (a power of two >= 16); ``system`` holds the solved
-        ``T^{-1} diag(b)``; ``k_in`` is zero without the erasure (``delta=False``: the state
-        then only decays and adds).
+      L, T: true length and chunk edge.
+      form: ``"delta"`` (``DeltaRuleCore``) or ``"dplr"`` (``DplrCore``): which tile step.
+      rows: the per-chunk factors the step reads, each ``(B, H, nt, T, X)`` in the step's
+        argument order (``X`` is ``N`` or ``T``).
+      decay: ``(B, H, nt, N)`` the state's decay over each chunk.
     """
 
     L: int
     T: int
-    chunks: DeltaChunks
-    kind: str = "delta"
+    form: str
+    rows: list
+    decay: object
+    kind: str = "head_matrices"
+
+    @property
+    def nt(self) -> int:
+        return self.decay.shape[2]
 
     @property
     def Lp(self) -> int:
         return self.nt * self.T
 
-    @property
-    def nt(self) -> int:
-        return self.chunks.qk.shape[2]
+
+def _head_major(x):
+    """Chunk-major ``(n, B, H, ...)`` factors -> ``(B, H, n, ...)`` float32."""
+    return jnp.moveaxis(x.astype(f32), 0, 2)
+
+
+def _solved(system):
+    """``system^{-1}`` of unit lower-triangular ``(..., C, C)`` matrices: a triangular solve."""
+    eye = jnp.broadcast_to(jnp.eye(system.shape[-1], dtype=f32), system.shape)
+    return jax.scipy.linalg.solve_triangular(system, eye, lower=True, unit_diagonal=True)
 
 
 @plan_for(DeltaRuleCore)
-def plan_delta(core, idx, T: int) -> DeltaPlan:
+def plan_delta(core, idx, T: int) -> HeadMatrixPlan:
     """``DeltaRuleCore`` -> the chunk factors of all its heads (the channels ``idx`` are picked
     from the head matrices afterwards)."""
     B, H, L = core.beta.shape
@@ -230,14 +247,27 @@ def plan_delta(core, idx, T: int) -> DeltaPlan:
     q, k = (_pad_axis(jnp.take(x, groups, axis=1).astype(f32), 2, Lp) for x in (core.q, core.k))
     f = chunk_factors(q, k, _pad_axis(core.log_a.astype(f32), 2, Lp), _pad_axis(core.beta.astype(f32), 2, Lp),
                       T, erase=core.delta)
-    # The kernel multiplies by T^{-1} diag(b) (solved here: one unit-triangular solve per chunk)
-    # and reads its inputs example- and head-major.
-    f = DeltaChunks(*(jnp.moveaxis(x, 0, 2) for x in f._replace(system=f.solved())))
-    if not core.delta:
-        f = f._replace(k_in=jnp.zeros_like(f.k_in))
-    f = f._replace(**{name: _feature_pad(getattr(f, name), getattr(f, name).ndim - 1)
-                      for name in ("q_in", "k_in", "k_out", "decay")})
-    return DeltaPlan(L, T, f)
+    # The kernel multiplies by T^{-1} diag(b) (solved here: one unit-triangular solve per chunk);
+    # without the erasure the state only decays and adds, so the erasure's read k_in is zero.
+    k_in = f.k_in if core.delta else jnp.zeros_like(f.k_in)
+    N = lambda x: _feature_pad(_head_major(x), x.ndim - 1)
+    rows = [N(f.q_in), N(k_in), N(f.k_out), _head_major(f.qk), _head_major(f.solved())]
+    return HeadMatrixPlan(L, T, "delta", rows, N(f.decay))
+
+
+@plan_for(DplrCore)
+def plan_dplr(core, idx, T: int) -> HeadMatrixPlan:
+    """``DplrCore`` -> the chunk factors of all its heads (``ops.dplr_factors``)."""
+    B, H, L, _ = core.k.shape
+    Lp = _padded_length(L, T)
+    pad = lambda x: None if x is None else _pad_axis(x.astype(f32), 2, Lp)
+    f = dplr_factors(pad(core.q), pad(core.k), pad(core.log_w), pad(core.a), pad(core.b), pad(core.bonus),
+                     chunk=T, after=core.after)
+    N = lambda x: _feature_pad(_head_major(x), x.ndim - 1)
+    rows = [N(f.q_in), N(f.k_out), _head_major(f.qk)]
+    if f.system is not None:
+        rows += [N(f.a_in), N(f.b_out), _head_major(f.qb), _head_major(f.ak), _head_major(_solved(f.system))]
+    return HeadMatrixPlan(L, T, "dplr", rows, N(f.decay))
 
 
 def _inner_scalar(core) -> str | None:
