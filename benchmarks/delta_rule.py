@@ -17,6 +17,10 @@ results (max abs difference over max abs value).
   every ``M_h`` computed once) against the recurrence's ``M`` put through the same per-channel
   factors in blocks of 16 channels.
 
+* the DPLR recurrence's ``M`` (``ops.dplr_matrix``) of 16 heads at L = 1024 in RWKV-7's form (the
+  low-rank term ``-kk (kk * iclr)^T``, read after the update) and RWKV-6's (read before, a bonus
+  on the diagonal, decays down to e^-5), against the same per-step recurrence generalised.
+
     python -m benchmarks.delta_rule [--quick]
 """
 from __future__ import annotations
@@ -70,6 +74,54 @@ def recurrence_fn():
     return run
 
 
+def dplr_inputs(heads: int, dk: int, L: int, after: bool, seed: int = 0):
+    """RWKV-shaped ``q, k, log_w (1, H, L, dk)`` and the low-rank ``a, b`` (RWKV-7: ``-kk``, ``kk *
+    iclr``, decays in [e^-0.61, 1]) or the bonus ``(1, H, L)`` (RWKV-6: decays in [e^-5, 1])."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    g = np.random.default_rng(seed)
+    x = lambda *s: jnp.asarray(g.standard_normal(s) * dk ** -0.5, jnp.float32)
+    q, k = x(1, heads, L, dk), x(1, heads, L, dk)
+    if after:
+        kk = g.standard_normal((1, heads, L, dk))
+        kk /= np.linalg.norm(kk, axis=-1, keepdims=True)
+        log_w = jnp.asarray(-g.uniform(0, 0.61, (1, heads, L, dk)), jnp.float32)
+        return dict(q=q, k=k, log_w=log_w, a=jnp.asarray(-kk, jnp.float32),
+                    b=jnp.asarray(kk * g.uniform(0, 1, kk.shape), jnp.float32))
+    log_w = jnp.asarray(-g.uniform(0, 5.0, (1, heads, L, dk)), jnp.float32)
+    return dict(q=q, k=k, log_w=log_w, bonus=jnp.asarray(g.standard_normal((1, heads, L)), jnp.float32))
+
+
+@functools.lru_cache(maxsize=None)
+def dplr_recurrence_fn(after: bool):
+    """The per-step DPLR recurrence building ``M (B, H, L, L)`` row by row (jitted): one state row
+    per source, ``S[j] <- S[j] Diag(w_t) + (S[j] . a_t) b_t``, ``S[t] += k_t``; row ``t`` of ``M`` is
+    ``S q_t`` after the update (RWKV-7) or before it plus the bonus (RWKV-6)."""
+    import jax
+    import jax.numpy as jnp
+
+    @jax.jit
+    def run(q, k, log_w, a=None, b=None, bonus=None):
+        B, H, L, dk = k.shape
+
+        def step(S, t):
+            read = jnp.einsum("bhsd,bhd->bhs", S, q[:, :, t])
+            decayed = S * jnp.exp(log_w[:, :, t])[:, :, None, :]
+            if a is not None:  # the low-rank read uses the state before the decay
+                decayed = decayed + jnp.einsum("bhsd,bhd->bhs", S, a[:, :, t])[..., None] * b[:, :, t][:, :, None, :]
+            S = decayed
+            S = S.at[:, :, t].add(k[:, :, t])
+            if after:
+                return S, jnp.einsum("bhsd,bhd->bhs", S, q[:, :, t])
+            return S, read.at[:, :, t].add(bonus[:, :, t])
+
+        _, rows = jax.lax.scan(step, jnp.zeros((B, H, L, dk), jnp.float32), jnp.arange(L))
+        return jnp.moveaxis(rows, 0, 2)
+
+    return run
+
+
 def layer_operator(shape: dict, per_dim: bool):
     """A ``Mamba2Operator`` over ``DeltaRuleCore`` with random factors: ``value_heads`` heads of
     ``dv`` channels, key width ``dk``, conv width 4."""
@@ -119,12 +171,17 @@ def case(shape: dict, what: str, impl: str, per_dim: bool) -> dict:
     import jax
     import numpy as np
 
-    from implicit_attn.ops import delta_rule_matrix
+    from implicit_attn.ops import delta_rule_matrix, dplr_matrix
 
     if what == "M":
         args = inputs(shape["heads"], shape["dk"], shape["L"], per_dim)
         f = jax.jit(delta_rule_matrix) if impl == "ours" else recurrence_fn()
         fn = lambda: f(*args)
+    elif what in ("dplr_after", "dplr_before"):
+        after = what == "dplr_after"
+        kw = dplr_inputs(shape["heads"], shape["dk"], shape["L"], after)
+        f = jax.jit(functools.partial(dplr_matrix, after=after)) if impl == "ours" else dplr_recurrence_fn(after)
+        fn = lambda: f(**kw)
     else:
         op = layer_operator(shape, per_dim)
         how = "abs_mean" if what == "reduce_abs" else "mean"
@@ -157,6 +214,17 @@ def main(quick: bool = False) -> list[dict]:
                          "baseline_s": base["seconds"], "baseline_peak_mb": base["peak_mb"],
                          "speedup": base["seconds"] / ours["seconds"],
                          "agree": float(np.abs(a - b).max() / np.abs(b).max())})
+    for what, label in (("dplr_after", "DPLR M, RWKV-7 form (low rank, read after)"),
+                        ("dplr_before", "DPLR M, RWKV-6 form (read before, bonus)")):
+        ours = isolated("benchmarks.delta_rule:case", shape=shape, what=what, impl="ours", per_dim=True)
+        base = isolated("benchmarks.delta_rule:case", shape=shape, what=what, impl="recurrence", per_dim=True)
+        a = np.load(f"/tmp/delta_bench_{what}_ours_1.npy")
+        b = np.load(f"/tmp/delta_bench_{what}_recurrence_1.npy")
+        rows.append({"case": f"{label} of {shape['heads']} heads, d_k {shape['dk']}, L={L}",
+                     "ours_s": ours["seconds"], "ours_peak_mb": ours["peak_mb"],
+                     "baseline": "per-step recurrence, M row by row", "baseline_s": base["seconds"],
+                     "baseline_peak_mb": base["peak_mb"], "speedup": base["seconds"] / ours["seconds"],
+                     "agree": float(np.abs(a - b).max() / np.abs(b).max())})
     write_results("delta_rule_quick" if quick else "delta_rule", rows, meta={"shape": shape})
     return rows
 
