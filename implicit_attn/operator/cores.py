@@ -177,18 +177,25 @@ def head_weighted_sum(core, h, qw=None, kw=None):
     return out
 
 
-def heads_weighted_sum(core, qw, kw):
-    """``sum_c qw[b,c,i] H_c[b,i,j] kw[b,c,j]`` over all ``C`` channels of a core with heads
-    (``head_weighted_sum`` per head, accumulated one head at a time): ``qw, kw (B, C, L)``
-    float32 (zero for channels left out) -> ``(B, L, L)``."""
+def heads_weighted_sum(core, qw, kw, heads):
+    """``sum_c qw[b,c,i] H_c[b,i,j] kw[b,c,j]`` over the channels of ``heads`` of a core with heads
+    (``head_weighted_sum`` per head, accumulated one head at a time).
+
+    Args:
+      qw, kw: ``(B, C, L)`` float32 weights of all channels (zero for channels left out).
+      heads: ``(k,)`` int32 heads holding every channel with a nonzero weight.
+    Returns:
+      ``(B, L, L)`` float32.
+    """
     B, C, L = qw.shape
     P = C // core.num_heads
 
-    def body(h, acc):
+    def body(i, acc):
+        h = heads[i]
         sl = lambda a: jax.lax.dynamic_slice_in_dim(a, h * P, P, axis=1)
         return acc + head_weighted_sum(core, h, sl(qw), sl(kw))
 
-    return jax.lax.fori_loop(0, core.num_heads, body, jnp.zeros((B, L, L), f32))
+    return jax.lax.fori_loop(0, heads.shape[0], body, jnp.zeros((B, L, L), f32))
 
 
 @pytree_dataclass(static=("heads_per_group",))

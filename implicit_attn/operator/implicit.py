@@ -194,11 +194,13 @@ class Mamba2Operator(ImplicitOperator):
     def linear_sum(self, idx, qw, kw):
         """``reduce("mean" | "weighted")`` through the heads (``cores.heads_weighted_sum``): the
         weights go to their channels' slots (zero elsewhere), then each head's channels are
-        summed with one rank-``P`` matmul per conv tap against the head's matrix, computed once;
-        no ``H_c`` is formed. ``idx (n,)`` distinct numpy channels, ``qw, kw (B, n, L)``."""
+        summed with one rank-``P`` matmul per conv tap against the head's matrix, computed once
+        for each head holding a selected channel; no ``H_c`` is formed. ``idx (n,)`` distinct numpy
+        channels, ``qw, kw (B, n, L)``."""
         B, C, L, _ = self.shape
         place = lambda w: jnp.zeros((B, C, L), jnp.float32).at[:, idx].set(w)
-        return heads_weighted_sum_jit(self.core, place(qw), place(kw))
+        heads = np.unique(np.asarray(idx) // (C // self.core.num_heads)).astype(np.int32)
+        return heads_weighted_sum_jit(self.core, place(qw), place(kw), jnp.asarray(heads))
 
 
 __all__ = ["ImplicitOperator", "Mamba2Operator", "HEAD_MATRICES"]
