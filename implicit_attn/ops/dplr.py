@@ -59,6 +59,12 @@ class DplrChunks(NamedTuple):
     ak: jax.Array | None
     system: jax.Array | None
 
+    def solved(self):
+        """``(I - A_ab)^{-1}`` of every chunk, ``(..., C, C)``: a unit-triangular solve against the
+        identity, never a general inverse."""
+        eye = jnp.broadcast_to(jnp.eye(self.system.shape[-1], dtype=f32), self.system.shape)
+        return jax.scipy.linalg.solve_triangular(self.system, eye, lower=True, unit_diagonal=True)
+
 
 def dplr_parts(qc, kc, gc, ac=None, bc=None, bonus=None, after: bool = True) -> DplrChunks:
     """The factors of one chunk of every head (see the module docstring).
@@ -132,7 +138,8 @@ def dplr_rule(q, k, v, log_w, a=None, b=None, bonus=None, chunk: int = 32, after
 
     def step(S, xs):
         qc, kc, vc, gc, extra = xs
-        return dplr_step(dplr_parts(qc, kc, gc, **extra, after=after), S, vc)[::-1]
+        O, S = dplr_step(dplr_parts(qc, kc, gc, **extra, after=after), S, vc)
+        return S, O
 
     xs = tuple(pad(x) for x in (q, k, v, log_w)) + ({n: pad(x) for n, x in present.items()},)
     _, O = jax.lax.scan(step, jnp.zeros((B, H, dv, dk), f32), xs)

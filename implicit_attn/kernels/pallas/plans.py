@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-import jax
 import jax.numpy as jnp
 
 from ...operator import (DeltaRuleCore, DocumentMaskedCore, DplrCore, Mamba2Core, RwkvCore, ScalarDecayCore,
@@ -231,12 +230,6 @@ def _head_major(x):
     return jnp.moveaxis(x.astype(f32), 0, 2)
 
 
-def _solved(system):
-    """``system^{-1}`` of unit lower-triangular ``(..., C, C)`` matrices: a triangular solve."""
-    eye = jnp.broadcast_to(jnp.eye(system.shape[-1], dtype=f32), system.shape)
-    return jax.scipy.linalg.solve_triangular(system, eye, lower=True, unit_diagonal=True)
-
-
 @plan_for(DeltaRuleCore)
 def plan_delta(core, idx, T: int) -> HeadMatrixPlan:
     """``DeltaRuleCore`` -> the chunk factors of all its heads (the channels ``idx`` are picked
@@ -266,7 +259,7 @@ def plan_dplr(core, idx, T: int) -> HeadMatrixPlan:
     N = lambda x: _feature_pad(_head_major(x), x.ndim - 1)
     rows = [N(f.q_in), N(f.k_out), _head_major(f.qk)]
     if f.system is not None:
-        rows += [N(f.a_in), N(f.b_out), _head_major(f.qb), _head_major(f.ak), _head_major(_solved(f.system))]
+        rows += [N(f.a_in), N(f.b_out), _head_major(f.qb), _head_major(f.ak), _head_major(f.solved())]
     return HeadMatrixPlan(L, T, "dplr", rows, N(f.decay))
 
 
