@@ -75,11 +75,11 @@ def case_jax(ckpt: str, L: int, out: str) -> dict:
 def case_torch(family: str, ckpt: str, L: int, out: str) -> dict:
     import numpy as np
     import torch
-    import transformers
 
     from implicit_attn.registry import family as spec_of
+    from implicit_attn.testing import reference_class
 
-    cls = getattr(transformers, spec_of(family).hf_class)
+    cls = reference_class(spec_of(family).hf_class)
     model = cls.from_pretrained(ckpt, torch_dtype=torch.float32).eval()
     ids = torch.tensor(random_ids(model.config.vocab_size, L))
 

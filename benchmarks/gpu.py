@@ -97,11 +97,11 @@ def case_torch_gpu(family: str, ckpt: str, L: int, out: str) -> dict:
     """HF torch forward on the GPU (fresh process): seconds, best of 3 after a warm-up."""
     import numpy as np
     import torch
-    import transformers
 
     from implicit_attn.registry import family as spec_of
+    from implicit_attn.testing import reference_class
 
-    cls = getattr(transformers, spec_of(family).hf_class)
+    cls = reference_class(spec_of(family).hf_class)
     model = cls.from_pretrained(ckpt, torch_dtype=torch.float32).eval().to("cuda")
     ids = torch.tensor(random_ids(model.config.vocab_size, L)).to("cuda")
 

@@ -1,8 +1,13 @@
 """Shared fixtures: tiny random Hugging Face models built in torch and saved locally."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
 
 # Compiling dominates the suite (hundreds of tiny XLA programs, ~0.3 s each): the tests
 # compile with LLVM's cheap optimisation level, which cuts compile time by about a fifth.
@@ -54,6 +59,36 @@ def torch_or_skip():
 @pytest.fixture(scope="session")
 def rng():
     return np.random.default_rng(0)
+
+
+FLA_CORE = "fla-core==0.6.0"
+
+
+@pytest.fixture(scope="session")
+def fla_naive(tmp_path_factory):
+    """``relative path -> module``: a plain-torch file of the ``fla-core`` wheel, loaded by path
+    (never installed or imported as a package: it would replace Hugging Face's CPU paths).
+    The wheel comes from the package index (``pip download``, no install); skipped if none."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("einops")
+    where = tmp_path_factory.mktemp("fla")
+    done = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", FLA_CORE, "-d", str(where)],
+                          capture_output=True, text=True, timeout=300)
+    wheels = list(where.glob("fla_core-*.whl"))
+    if done.returncode or not wheels:
+        pytest.skip(f"{FLA_CORE} could not be downloaded: {done.stderr.strip()[-300:]}")
+
+    def load(rel_path: str):
+        out = where / Path(rel_path).name
+        with zipfile.ZipFile(wheels[0]) as z:
+            out.write_bytes(z.read(rel_path))
+        spec = importlib.util.spec_from_file_location(f"fla_ref_{out.stem}", out)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    torch.manual_seed(0)
+    return load
 
 
 # Module-scoped fixtures that build (and compile) one tiny model per parameter. With

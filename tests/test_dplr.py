@@ -7,12 +7,6 @@ or imported as a package: it would replace Hugging Face's CPU paths). Strong dec
 low-rank term of RWKV-7's shape, ragged chunks, long inputs."""
 from __future__ import annotations
 
-import importlib.util
-import subprocess
-import sys
-import zipfile
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,8 +15,6 @@ import pytest
 from implicit_attn.kernels.pallas import calls, plans
 from implicit_attn.operator import DplrCore, Mamba2Operator
 from implicit_attn.ops import dplr_matrix, dplr_rule
-
-FLA_CORE = "fla-core==0.6.0"
 
 
 def recurrence(q, k, v, log_w, a=None, b=None, after=True):
@@ -141,31 +133,7 @@ def test_bad_low_rank_arguments_fail_loudly():
 
 
 # ----------------------------------------------------------------------------- fla's references
-
-@pytest.fixture(scope="module")
-def fla_naive(tmp_path_factory):
-    """``relative path -> module``: a plain-torch file of the ``fla-core`` wheel, loaded by path.
-    The wheel comes from the package index (``pip download``, no install); skipped if none."""
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("einops")
-    where = tmp_path_factory.mktemp("fla")
-    done = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", FLA_CORE, "-d", str(where)],
-                          capture_output=True, text=True, timeout=300)
-    wheels = list(where.glob("fla_core-*.whl"))
-    if done.returncode or not wheels:
-        pytest.skip(f"{FLA_CORE} could not be downloaded: {done.stderr.strip()[-300:]}")
-
-    def load(rel_path: str):
-        out = where / Path(rel_path).name
-        with zipfile.ZipFile(wheels[0]) as z:
-            out.write_bytes(z.read(rel_path))
-        spec = importlib.util.spec_from_file_location(f"fla_ref_{out.stem}", out)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-
-    torch.manual_seed(0)
-    return load
+# (the ``fla_naive`` fixture is in conftest.py)
 
 
 def test_matches_fla_dplr_recurrence(fla_naive):

@@ -18,8 +18,6 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-import transformers  # noqa: E402
-
 from implicit_attn.registry import FAMILIES, family  # noqa: E402
 from implicit_attn.testing import deps, strategies  # noqa: E402
 from test_layers import graph  # noqa: E402
@@ -40,7 +38,7 @@ def test_every_registered_family_has_a_config_strategy():
 def test_drawn_configs_are_valid_for_hf_and_for_us(case):
     model_type, config, ids = case
     spec = family(model_type)
-    getattr(transformers, spec.hf_config_class)(**testing.hf_config_kwargs(model_type, config))
+    testing.reference_class(spec.hf_config_class)(**testing.hf_config_kwargs(model_type, config))
     cfg = spec.config.from_hf(config)
     assert cfg.vocab_size == config["vocab_size"]
     assert ids.dtype == np.int64 and ids.ndim == 2 and 1 <= ids.shape[0] <= 3 and 1 <= ids.shape[1] <= 12
@@ -66,7 +64,7 @@ def test_property_every_family_matches_torch(model_type):
         t, config, ids = case
         report = testing.assert_hf_parity(t, config, ids, seed=seed, variants=("full",))
         spec = family(t)
-        hf_config = getattr(transformers, spec.hf_config_class)(**testing.hf_config_kwargs(t, config))
+        hf_config = testing.reference_class(spec.hf_config_class)(**testing.hf_config_kwargs(t, config))
         # one of our layers per token mixer (every HF layer but Nemotron-H's MLP / MoE ones; two per Zamba2 hybrid)
         n = hf_config.num_hidden_layers if spec.hf_mixer_layers is None else len(spec.hf_mixer_layers(hf_config))
         assert len(report["mixers"]) == n == len(report["exactness"]["full"])

@@ -42,6 +42,9 @@ class FamilySpec:
         mixer output``, for a mixer HF computes in several modules (Falcon-H1's Mamba and
         attention paths); None otherwise.
       has_heads: operators of this family have heads (``heads=``, ``head_matrices``).
+      hf_mixer_input: ``(torch, module, args, kwargs) -> our mixer's input`` from the HF mixer
+        module and the arguments of its call, for a mixer that reads more than its first argument (RWKV-7's value
+        residual); None: the first argument (or ``hidden_states``).
     """
 
     model_type: str
@@ -64,6 +67,7 @@ class FamilySpec:
     has_heads: bool = False
     hf_mixer_layers: Callable | None = None
     hf_mixer_output: Callable | None = None
+    hf_mixer_input: Callable | None = None
 
 
 def perturb_parameters(model, torch, scale: float = 0.05, seed: int = 0):

@@ -169,7 +169,10 @@ def head_weighted_sum(core, h, qw=None, kw=None):
     w = (jnp.ones((P, 1), f32) if core.conv_w is None
          else jax.lax.dynamic_slice_in_dim(core.conv_w, h * P, P, axis=0))
     Kc = w.shape[1]
-    out = jnp.zeros_like(alpha)
+    d = core.diagonal() if isinstance(core, HeadMatrixCore) else None
+    if d is not None and core.conv_w is not None:
+        raise NotImplementedError("a diagonal term and a conv together are not supported in head sums")
+    out = jnp.zeros_like(alpha) if d is None else diag_embed(jnp.sum(qw * sl(d) * kw, axis=1))
     for s in range(Kc):
         shift = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, s)))[..., s:]  # x[..., j + s], 0 past L
         X = jnp.einsum("bpi,bpj->bij", a, shift(right) * w[None, :, Kc - 1 - s, None] * kw)
@@ -358,9 +361,16 @@ class HeadMatrixCore(OperatorCore):
         computed once and no ``H_c`` formed (``head_weighted_sum``): ``(B, L, L)``."""
         return head_weighted_sum(self, h)
 
+    def diagonal(self):
+        """``(B, C, L)`` a per-channel term added on the diagonal after the sandwich (RWKV-7's bonus
+        read outside the group norm), or None (the default)."""
+        return None
+
     def sandwich(self, M, idx):
-        """``diag(left_c) M_c diag(right_c) Conv_c`` for the channels ``idx`` of ``M (B, len(idx), L, L)``."""
-        return _sandwich(M, take(self.left, idx), take(self.right, idx), None, take(self.conv_w, idx, 0))
+        """``(diag(left_c) M_c diag(right_c) + diag(d_c)) Conv_c`` for the channels ``idx`` of ``M (B,
+        len(idx), L, L)`` (``d = diagonal()``, absent when None)."""
+        return _sandwich(M, take(self.left, idx), take(self.right, idx), take(self.diagonal(), idx),
+                         take(self.conv_w, idx, 0))
 
     def dense(self, idx):
         heads = self.head[idx]
@@ -423,7 +433,7 @@ class DplrCore(HeadMatrixCore):
 
     Shapes: ``q, k, log_w (B, H, L, d_k)``, ``a, b (B, H, L, d_k)`` or None (a diagonal
     transition), ``bonus (B, H, L)`` or None, ``head (C,)`` int, ``left, right (B, C, L)`` or None,
-    ``conv_w (C, K)`` or None, ``matrices (B, H, L, L)`` or None.
+    ``conv_w (C, K)`` or None, ``matrices (B, H, L, L)`` or None, ``diag (B, C, L)`` or None.
     """
 
     q: Any
@@ -439,10 +449,14 @@ class DplrCore(HeadMatrixCore):
     after: bool = True
     chunk: int = 32
     matrices: Any = None
+    diag: Any = None
 
     @property
     def num_heads(self) -> int:
         return self.log_w.shape[1]
+
+    def diagonal(self):
+        return self.diag
 
     def compute_head_matrix(self, heads):
         pick = lambda x: None if x is None else jnp.take(x, heads, axis=1)

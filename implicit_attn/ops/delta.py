@@ -29,6 +29,26 @@ def masked_exp(x, mask):
     return jnp.where(mask, jnp.exp(jnp.where(mask, x, 0.0)), 0.0)
 
 
+def segment_sums(g):
+    """Pairwise sums of log decays within a chunk: ``D[t, s] = sum_{s < u <= t} g_u`` for ``t >= s``
+    (0 above the diagonal), from ``g (B, H, C)`` or ``(B, H, C, d_k)``: ``(B, H, C, C[, d_k])``.
+
+    Summed per pair (a cumulative sum of the masked ``g`` down each column), not as ``G_t - G_s`` of
+    the running sum: the rounding error then scales with ``|D[t, s]|``, not with ``|G|`` at the chunk
+    end (with decays near ``e^-80`` a step, ``G`` reaches thousands while a pair of neighbours after
+    the strong step needs ``|D|`` to a few ulps).
+    """
+    C = g.shape[2]
+    later = jnp.tril(jnp.ones((C, C), bool), -1)  # [t, s]: s < t
+    later = later.reshape((C, C) + (1,) * (g.ndim - 3))
+    return jnp.cumsum(jnp.where(later, jnp.expand_dims(g, 3), 0.0), axis=2)
+
+
+def shift_down(D):
+    """``D[t - 1, s]`` of ``D (B, H, C, C, ...)`` (0 in row 0): the sums through ``t - 1``."""
+    return jnp.concatenate([jnp.zeros_like(D[:, :, :1]), D[:, :, :-1]], axis=2)
+
+
 class DeltaChunks(NamedTuple):
     """The per-chunk factors of the gated delta rule (``chunk_factors``); ``n`` chunks of ``C``
     positions, chunk-major (the order the recurrence visits them), decays broadcast to one per
@@ -71,14 +91,13 @@ def chunk_parts(qc, kc, gc, bc, erase: bool = True) -> DeltaChunks:
     """
     B, H, C, dk = kc.shape
     G = jnp.cumsum(gc, axis=2)  # (B, H, C[, d_k]): log prod of a from the chunk start
+    diff = segment_sums(gc)  # (B, H, C, C[, d_k])
     if gc.ndim == 4:
-        diff = G[:, :, :, None, :] - G[:, :, None, :, :]  # (B, H, C, C, d_k)
         pair = lambda x, y, m: jnp.einsum("bhid,bhjd,bhijd->bhij", x, y, masked_exp(diff, m[..., None]))
-        eG, to_end, decay = jnp.exp(G), jnp.exp(G[:, :, -1:] - G), jnp.exp(G[:, :, -1])
+        eG, to_end, decay = jnp.exp(G), jnp.exp(diff[:, :, -1]), jnp.exp(G[:, :, -1])
     else:
-        diff = G[..., :, None] - G[..., None, :]  # (B, H, C, C)
         pair = lambda x, y, m: jnp.einsum("bhid,bhjd->bhij", x, y) * masked_exp(diff, m)
-        eG, to_end = jnp.exp(G)[..., None], jnp.exp(G[..., -1:] - G)[..., None]
+        eG, to_end = jnp.exp(G)[..., None], jnp.exp(diff[:, :, -1])[..., None]
         decay = jnp.broadcast_to(jnp.exp(G[..., -1])[..., None], (B, H, dk))
     eye = jnp.eye(C, dtype=f32)
     if erase:
@@ -170,4 +189,5 @@ def delta_rule_matrix(q, k, log_a, beta, chunk: int = 64, erase: bool = True):
     return jnp.where(jnp.tril(jnp.ones((L, L), bool)), M, 0.0)
 
 
-__all__ = ["masked_exp", "DeltaChunks", "chunk_parts", "split_chunks", "chunk_factors", "delta_rule", "delta_rule_matrix"]
+__all__ = ["segment_sums", "shift_down", "masked_exp", "DeltaChunks", "chunk_parts", "split_chunks", "chunk_factors",
+           "delta_rule", "delta_rule_matrix"]

@@ -28,7 +28,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .delta import masked_exp, split_chunks
+from .delta import masked_exp, segment_sums, shift_down, split_chunks
 
 f32 = jnp.float32
 
@@ -76,25 +76,26 @@ def dplr_parts(qc, kc, gc, ac=None, bc=None, bonus=None, after: bool = True) -> 
     """
     C = kc.shape[2]
     G = jnp.cumsum(gc, axis=2)
-    E = G - gc  # through t - 1
+    E = jnp.concatenate([jnp.zeros_like(G[:, :, :1]), G[:, :, :-1]], axis=2)  # through t - 1
     R = G if after else E
+    D = segment_sums(gc)  # [t, s]: G_t - G_s, summed per pair
+    De = shift_down(D)  # E_t - G_s
     strict = jnp.tril(jnp.ones((C, C), bool), -1)
     read_mask = jnp.tril(jnp.ones((C, C), bool)) if after else strict
 
-    def pair(x, Rx, y, mask):
-        """``sum_d x_td y_sd exp(Rx_td - G_sd)`` where ``mask[t, s]``: ``(B, H, C, C)``."""
-        e = masked_exp(Rx[:, :, :, None, :] - G[:, :, None, :, :], mask[..., None])
-        return jnp.einsum("bhtd,bhsd,bhtsd->bhts", x, y, e)
+    def pair(x, Dx, y, mask):
+        """``sum_d x_td y_sd exp(Dx_tsd)`` where ``mask[t, s]``: ``(B, H, C, C)``."""
+        return jnp.einsum("bhtd,bhsd,bhtsd->bhts", x, y, masked_exp(Dx, mask[..., None]))
 
-    to_end = jnp.exp(G[:, :, -1:] - G)
-    qk = pair(qc, R, kc, read_mask)
+    to_end = jnp.exp(D[:, :, -1])
+    qk = pair(qc, D if after else De, kc, read_mask)
     if bonus is not None:
         qk = qk + bonus[..., :, None] * jnp.eye(C, dtype=f32)
     parts = dict(q_in=qc * jnp.exp(R), a_in=None, k_out=kc * to_end, b_out=None, decay=jnp.exp(G[:, :, -1]),
                  qk=qk, qb=None, ak=None, system=None)
     if ac is not None:
-        parts.update(a_in=ac * jnp.exp(E), b_out=bc * to_end, qb=pair(qc, R, bc, read_mask),
-                     ak=pair(ac, E, kc, strict), system=jnp.eye(C, dtype=f32) - pair(ac, E, bc, strict))
+        parts.update(a_in=ac * jnp.exp(E), b_out=bc * to_end, qb=pair(qc, D if after else De, bc, read_mask),
+                     ak=pair(ac, De, kc, strict), system=jnp.eye(C, dtype=f32) - pair(ac, De, bc, strict))
     return DplrChunks(**parts)
 
 

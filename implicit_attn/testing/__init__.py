@@ -18,9 +18,9 @@ Needs the ``test`` extra (torch, transformers, hypothesis): ``pip install implic
 Nothing else in ``implicit_attn`` imports this package.
 """
 from .hf import (assert_hf_parity, build_hf_model, hf_config_kwargs, hf_module, load_jax_from_hf, max_rel_error,
-                 random_ids, save_hf_model, torch_forward)
+                 random_ids, reference_class, save_hf_model, torch_forward)
 from .strategies import configs, input_ids, model_inputs, model_types
 
 __all__ = ["assert_hf_parity", "build_hf_model", "hf_config_kwargs", "hf_module", "load_jax_from_hf",
-           "max_rel_error", "random_ids", "save_hf_model", "torch_forward", "configs", "input_ids", "model_inputs",
+           "max_rel_error", "random_ids", "reference_class", "save_hf_model", "torch_forward", "configs", "input_ids", "model_inputs",
            "model_types"]

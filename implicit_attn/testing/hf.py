@@ -19,6 +19,23 @@ from .deps import require
 torch = require("torch")
 transformers = require("transformers")
 
+from . import fla_rwkv  # noqa: E402  (needs torch and transformers, checked above)
+
+# Where the reference torch classes are found: transformers, then our plain-torch versions of the
+# flash-linear-attention models transformers does not ship (RWKV-6/7).
+REFERENCE_MODULES = (transformers, fla_rwkv)
+
+
+def reference_class(name: str):
+    """The torch reference class ``name`` (a ``FamilySpec.hf_class`` or ``hf_config_class``):
+    from transformers, else from ``testing.fla_rwkv``. ``AttributeError`` if neither has it."""
+    for module in REFERENCE_MODULES:
+        cls = getattr(module, name, None)
+        if cls is not None:
+            return cls
+    raise AttributeError(f"no reference class {name!r} in transformers {transformers.__version__} or "
+                         "implicit_attn.testing.fla_rwkv")
+
 ROPE_KEYS = ("rope_theta", "partial_rotary_factor")
 
 
@@ -49,7 +66,7 @@ def build_hf_model(model_type: str, config: dict | None = None, seed: int = 0, p
     spec = family(model_type)
     kw = hf_config_kwargs(model_type, config)
     torch.manual_seed(seed)
-    model = getattr(transformers, spec.hf_class)(getattr(transformers, spec.hf_config_class)(**kw)).eval()
+    model = reference_class(spec.hf_class)(reference_class(spec.hf_config_class)(**kw)).eval()
     spec.hf_setup(model, torch, seed)
     if path is not None:
         model.save_pretrained(path, safe_serialization=True)
@@ -120,7 +137,10 @@ def torch_forward(torch_model, input_ids, mixer_path: str | None = None):
     for i, hf_layer in enumerate(hf_layers):
         for j, part in enumerate(parts):
             def hook(mod, args, kwargs, out, key=(i, j)):
-                x = args[0] if args else kwargs["hidden_states"]  # some HF layers call mixers by keyword
+                if spec.hf_mixer_input is not None:  # a mixer that reads more than its input
+                    x = spec.hf_mixer_input(torch, mod, args, kwargs)
+                else:
+                    x = args[0] if args else kwargs["hidden_states"]  # some HF layers call mixers by keyword
                 out = out[0] if isinstance(out, tuple) else out
                 seen[key] = (x.detach().float().numpy().copy(), out.detach().float().numpy().copy())
             where = hf_layer if isinstance(hf_layer, str) else part.format(i=hf_layer)
@@ -234,5 +254,5 @@ def assert_hf_parity(model, config: dict | None = None, input_ids=None, *, seed:
     return report
 
 
-__all__ = ["build_hf_model", "hf_config_kwargs", "save_hf_model", "load_jax_from_hf", "hf_module",
+__all__ = ["REFERENCE_MODULES", "reference_class", "build_hf_model", "hf_config_kwargs", "save_hf_model", "load_jax_from_hf", "hf_module",
            "torch_forward", "max_rel_error", "random_ids", "assert_hf_parity"]

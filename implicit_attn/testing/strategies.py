@@ -363,6 +363,39 @@ def rwkv_configs(draw) -> dict:
             "rescale_every": draw(st.sampled_from([0, 1, 2, 6])), "tie_word_embeddings": draw(st.booleans())}
 
 
+@st.composite
+def rwkv6_configs(draw) -> dict:
+    """fla ``RWKV6Config`` kwargs: width, heads (dividing the key and value widths), key and value
+    expansions, LoRA ranks, channel-mix width (or fla's ``hidden_ratio`` rounding), depth, the
+    output norm's eps (fla's or the official 64e-5), norm biases, ``norm_first``, tie."""
+    C = draw(st.sampled_from([8, 16]))
+    heads = draw(st.sampled_from([1, 2, 4]))
+    return {**family("rwkv6").tiny,
+            "vocab_size": draw(VOCAB), "hidden_size": C, "num_heads": heads,
+            "expand_k": draw(st.sampled_from([0.5, 1.0])), "expand_v": draw(st.sampled_from([0.5, 1.0, 1.5])),
+            "proj_low_rank_dim": draw(st.sampled_from([2, 4])), "gate_low_rank_dim": draw(st.sampled_from([3, 8])),
+            "intermediate_size": draw(st.sampled_from([None, 8, 24])), "num_hidden_layers": draw(st.integers(1, 3)),
+            "g_norm_eps": draw(st.sampled_from([None, 64e-5])), "norm_bias": draw(st.booleans()),
+            "norm_first": draw(st.booleans()), "tie_word_embeddings": draw(st.booleans())}
+
+
+@st.composite
+def rwkv7_configs(draw) -> dict:
+    """fla ``RWKV7Config`` kwargs: width, head width, value width (a multiple of the width), LoRA
+    ranks, channel-mix width (or fla's rounding), depth (the value residual from layer 2 on),
+    ``norm_eps``, the removal key's normalisation (``fuse_norm``), norm biases, ``norm_first``, tie."""
+    C = draw(st.sampled_from([8, 16]))
+    n = draw(st.integers(1, 3))
+    return {**family("rwkv7").tiny,
+            "vocab_size": draw(VOCAB), "hidden_size": C, "head_dim": draw(st.sampled_from([4, 8])),
+            "value_dim": draw(st.sampled_from([None, 2 * C])), "decay_low_rank_dim": draw(st.sampled_from([2, 4])),
+            "a_low_rank_dim": draw(st.sampled_from([2, 4])), "v_low_rank_dim": draw(st.sampled_from([2, 3])),
+            "gate_low_rank_dim": draw(st.sampled_from([3, 6])), "intermediate_size": draw(st.sampled_from([None, 24])),
+            "num_hidden_layers": n, "norm_eps": draw(st.sampled_from([1e-5, 1e-3])),
+            "fuse_norm": draw(st.booleans()), "norm_bias": draw(st.booleans()), "norm_first": draw(st.booleans()),
+            "tie_word_embeddings": draw(st.booleans())}
+
+
 CONFIGS = {"mamba": mamba_configs, "mamba2": mamba2_configs, "recurrent_gemma": recurrent_gemma_configs,
            "rwkv": rwkv_configs, "falcon_mamba": falcon_mamba_configs,
            "bamba": bamba_configs, "granitemoehybrid": granite_configs,
@@ -370,7 +403,8 @@ CONFIGS = {"mamba": mamba_configs, "mamba2": mamba2_configs, "recurrent_gemma": 
            "falcon_h1": falcon_h1_configs, "zamba2": zamba2_configs, "zamba": zamba_configs,
            "qwen3_next": qwen3_next_configs, "qwen3_5_text": qwen3_5_configs,
            "qwen3_5_moe_text": qwen3_5_moe_configs, "olmo_hybrid": olmo_hybrid_configs,
-           "kimi_linear": kimi_linear_configs, "bailing_hybrid": bailing_hybrid_configs}
+           "kimi_linear": kimi_linear_configs, "bailing_hybrid": bailing_hybrid_configs,
+           "rwkv6": rwkv6_configs, "rwkv7": rwkv7_configs}
 
 
 def model_types():
