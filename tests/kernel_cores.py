@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from implicit_attn.families import griffin, kimi_linear, mamba, mamba2, qwen3_next, rwkv
-from implicit_attn.operator import DplrCore, ImplicitOperator, Mamba2Operator, ScalarDecayCore
+from implicit_attn.families import griffin, kimi_linear, mamba, mamba2, qwen3_next, rwkv, rwkv6, rwkv7
+from implicit_attn.operator import ImplicitOperator, ScalarDecayCore
 
 B, L = 2, 37
 
@@ -68,30 +68,25 @@ def kda_op(L_=L, B=B):
     return delta_op(L_, B, family=kimi_linear)
 
 
-def dplr_op(L_=L, B=B, after=True, seed=0):
-    """A ``DplrCore`` of RWKV-7's shape (``after``: the low-rank term ``a = -kk``, ``b = kk * iclr``,
-    decays in [e^-0.61, 1]) or RWKV-6's (read before the update, no low-rank term, a bonus on
-    the diagonal, decays down to e^-5), with per-channel gates and 3 heads of 2 channels."""
-    r = np.random.default_rng(seed)
-    H, dk, P = 3, 5, 2
-    f = lambda *s: jnp.asarray(r.standard_normal(s), jnp.float32)
-    kk = f(B, H, L_, dk)
-    kk = kk / jnp.linalg.norm(kk, axis=-1, keepdims=True)
-    parts = dict(q=f(B, H, L_, dk), k=f(B, H, L_, dk), head=jnp.repeat(jnp.arange(H), P), left=f(B, H * P, L_),
-                 right=jnp.asarray(r.uniform(0.5, 1.5, (B, H * P, L_)), jnp.float32))
-    if after:
-        parts.update(log_w=jnp.asarray(-r.uniform(0, 0.61, (B, H, L_, dk)), jnp.float32), a=-kk,
-                     b=kk * jnp.asarray(r.uniform(0, 1, (B, H, L_, dk)), jnp.float32))
-    else:
-        parts.update(log_w=jnp.asarray(-r.uniform(0, 5.0, (B, H, L_, dk)), jnp.float32), bonus=f(B, H, L_))
-    core = DplrCore(**parts, after=after)
-    v = f(B, H * P, L_)
-    H_ = core.dense(jnp.arange(H * P))
-    return Mamba2Operator(values=v, offset=jnp.zeros_like(v), output=jnp.einsum("bcij,bcj->bci", H_, v), core=core)
+def dplr_op(L_=L, B=B):
+    """An RWKV-7 time mix (layer 1: the value residual; DPLR transition read after the update, the
+    ``r_k`` diagonal outside the norm), 2 heads of 8 channels."""
+    spec = rwkv7.SPEC
+    cfg = spec.config(**spec.tiny)
+    p = spec.init_params(cfg, jax.random.PRNGKey(1))["layers"][1]["attn"]
+    x = jax.random.normal(jax.random.PRNGKey(2), (B, L_, cfg.hidden_size + cfg.value_width))
+    return rwkv7.block.time_mix_operator_jit(p, x, cfg=cfg)
 
 
 def dplr_before_op(L_=L, B=B):
-    return dplr_op(L_, B, after=False, seed=1)
+    """An RWKV-6 time mix (read before the update, the bonus ``u`` on the diagonal), decays from
+    slow down to ``e^-20`` a step."""
+    spec = rwkv6.SPEC
+    cfg = spec.config(**spec.tiny)
+    p = dict(spec.init_params(cfg, jax.random.PRNGKey(1))["layers"][0]["attn"])
+    p["w_proj.linear.lora.2.bias"] = jnp.linspace(-5.0, 3.0, cfg.key_dim)
+    x = jax.random.normal(jax.random.PRNGKey(2), (B, L_, cfg.hidden_size))
+    return rwkv6.block.time_mix_operator_jit(p, x, cfg=cfg)
 
 
 def scalar_lowrank_op(L_=L, B=B):
