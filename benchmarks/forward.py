@@ -26,10 +26,14 @@ from benchmarks.common import RESULTS, isolated, timeit, write_results
 
 
 def families() -> list[str]:
-    """The benchmarked ``model_type``s: every family in the registry."""
+    """The benchmarked ``model_type``s: every family in the registry whose reference is a
+    transformers class (RWKV-6/7's reference is our plain-torch rebuild of fla's model, a
+    per-step loop: ``benchmarks.rwkv_official`` times those against the official package)."""
+    import transformers
+
     from implicit_attn.registry import FAMILIES
 
-    return list(FAMILIES)
+    return [t for t, spec in FAMILIES.items() if hasattr(transformers, spec.hf_class)]
 
 
 def bench_shape(model_type: str, quick: bool) -> dict:

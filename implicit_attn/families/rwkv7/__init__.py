@@ -47,7 +47,7 @@ SPEC = FamilySpec(
     # RWKV-7 0.1B's shape (heads of 64; ranks 64/64/32/128), fewer layers and a small vocabulary
     bench={"full": dict(vocab_size=1024, hidden_size=768, num_hidden_layers=12, head_dim=64, decay_low_rank_dim=64,
                         a_low_rank_dim=64, v_low_rank_dim=32, gate_low_rank_dim=128, intermediate_size=3072),
-           "quick": dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, head_dim=32, decay_low_rank_dim=8,
+           "quick": dict(vocab_size=256, hidden_size=128, num_hidden_layers=2, head_dim=64, decay_low_rank_dim=8,
                          a_low_rank_dim=8, v_low_rank_dim=4, gate_low_rank_dim=16, intermediate_size=256)})
 
 __all__ = ["SPEC", "Config", "LM", "TimeMix", "ChannelMix", "Block", "VARIANTS", "EXACT_VARIANTS", "hf_setup",
