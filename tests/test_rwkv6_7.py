@@ -252,3 +252,24 @@ def test_rwkv7_layers_after_the_first_need_the_value_residual():
     out = model.layers[1](cap["blocks.1.hook_resid_pre"], v_first=v_first)
     cap2 = model.run_with_cache(ids, ["blocks.1.hook_resid_post"])[1]
     np.testing.assert_allclose(np.asarray(out), np.asarray(cap2["blocks.1.hook_resid_post"]), atol=1e-5)
+
+
+def test_rwkv7_reads_fla_first_layout_of_the_interpolations(tmp_path):
+    """fla's first RWKV-7 checkpoints hold ``attn.x_x (6, C)`` (rows r, w, k, v, a, g) instead of
+    ``x_r ... x_g``: read the same; both forms in one layer is an error."""
+    from implicit_attn.nn.checkpoint import read_hf_dir, write_hf_dir
+
+    model = tiny_model("rwkv7")
+    ia.save(model, tmp_path / "new")
+    config, tensors = read_hf_dir(tmp_path / "new")
+    old = {k: np.asarray(v) for k, v in tensors.items()}
+    for i in range(model.config.num_hidden_layers):
+        p = f"model.layers.{i}.attn."
+        old[p + "x_x"] = np.concatenate([old.pop(p + "x_" + n).reshape(1, -1) for n in "rwkvag"])
+    write_hf_dir(tmp_path / "old", config, old)
+    ids = np.array([[3, 1, 4, 1, 5, 9]])
+    np.testing.assert_array_equal(np.asarray(ia.load(tmp_path / "old")(ids)), np.asarray(model(ids)))
+    both = {**old, "model.layers.0.attn.x_r": np.asarray(tensors["model.layers.0.attn.x_r"])}
+    write_hf_dir(tmp_path / "both", config, both)
+    with pytest.raises(ValueError, match="two forms"):
+        ia.load(tmp_path / "both")

@@ -63,10 +63,13 @@ class RwkvCheckpoint:
     init_params: Callable
 
 
-def rwkv_checkpoint(config_cls, attn_table: Callable, ffn_table: Callable, init_rule: Callable) -> RwkvCheckpoint:
+def rwkv_checkpoint(config_cls, attn_table: Callable, ffn_table: Callable, init_rule: Callable,
+                    standard_form: Callable | None = None) -> RwkvCheckpoint:
     """The checkpoint functions of an fla RWKV layout whose layer ``i`` holds ``attn_table(cfg, i)``
     under ``attn.`` and ``ffn_table(cfg, i)`` under ``ffn.`` (params: ``{"embeddings", "layers":
-    [{"pre_norm" (or None), "attn_norm", "ffn_norm", "attn", "ffn"}], "norm", "lm_head"}``)."""
+    [{"pre_norm" (or None), "attn_norm", "ffn_norm", "attn", "ffn"}], "norm", "lm_head"}``).
+    ``standard_form``: ``(Config, tensors) -> tensors`` turning older forms of the layout into the
+    table's before the checks (None: none)."""
     label = config_cls.label
 
     def expected_shapes(cfg) -> tuple[dict, dict]:
@@ -103,6 +106,12 @@ def rwkv_checkpoint(config_cls, attn_table: Callable, ffn_table: Callable, init_
 
     def to_params(config: dict, tensors: dict):
         """HF config dict + tensors -> ``(Config, params)`` after strict checks."""
+        if standard_form is not None:
+            try:
+                cfg = config_cls.from_hf(config)
+            except (TypeError, ValueError) as e:
+                raise CheckpointError(f"{label} config: {e}") from e
+            tensors = standard_form(cfg, tensors)
         return params_from_hf(config_cls, expected_shapes, params_from_tensors, config, tensors, label)
 
     def from_params(cfg, params: dict) -> tuple[dict, dict]:

@@ -8,13 +8,13 @@ V)`` weights, ``w_lora.lora.{0,2}`` (``(Dw, C)``, ``(C, Dw)`` and ``lora.2.bias 
 ``a_lora.lora.*`` (``Da``, with bias), ``v_lora.lora.*`` (``Dv``, with bias ``(V,)``; not on layer
 0, whose values are the value residual), ``g_lora.lora.{0,2}.weight`` (``Dg``, no bias),
 ``g_norm.{weight,bias} (V,)``; the channel mix under ``ffn.``: ``x_k (C,)``, ``key.weight (F, C)``,
-``value.weight (C, F)``.
+``value.weight (C, F)``. fla's first layout's ``attn.x_x (6, C)`` is read too (``standard_form``).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ...nn import fan_in_normal
+from ...nn import CheckpointError, fan_in_normal
 from ..rwkv6.checkpoint import norm_init, rwkv_checkpoint
 from .config import Config
 
@@ -67,9 +67,27 @@ def init_rule(name: str, shape: tuple, g: np.random.Generator) -> np.ndarray:
     return fan_in_normal(shape, g)
 
 
-CHECKPOINT = rwkv_checkpoint(Config, attn_shapes, ffn_shapes, init_rule)
+def standard_form(cfg: Config, tensors: dict) -> dict:
+    """fla's first RWKV-7 layout stored the six interpolation weights as one ``attn.x_x (6, C)``
+    (rows r, w, k, v, a, g; fla's ``RWKV7Model.load_state_dict`` splits it): split into ``x_r ...
+    x_g (1, 1, C)``. A layer with both forms is refused."""
+    out = dict(tensors)
+    for name in [k for k in tensors if k.endswith(".attn.x_x")]:
+        prefix = name[:-len("x_x")]
+        x = tensors[name]
+        if tuple(x.shape) != (len(MIXES), cfg.hidden_size):
+            raise CheckpointError(f"{name} has shape {tuple(x.shape)}, expected {(len(MIXES), cfg.hidden_size)}")
+        both = [prefix + m for m in MIXES if prefix + m in tensors]
+        if both:
+            raise CheckpointError(f"{name} and {both[0]} are the same weights in two forms; keep one")
+        del out[name]
+        out.update({prefix + m: x[j].reshape(1, 1, -1) for j, m in enumerate(MIXES)})
+    return out
+
+
+CHECKPOINT = rwkv_checkpoint(Config, attn_shapes, ffn_shapes, init_rule, standard_form)
 expected_shapes, params_from_tensors = CHECKPOINT.expected_shapes, CHECKPOINT.params_from_tensors
 to_params, from_params, init_params = CHECKPOINT.to_params, CHECKPOINT.from_params, CHECKPOINT.init_params
 
-__all__ = ["MIXES", "lora_shapes", "attn_shapes", "ffn_shapes", "init_rule", "CHECKPOINT", "expected_shapes",
+__all__ = ["MIXES", "lora_shapes", "attn_shapes", "ffn_shapes", "init_rule", "standard_form", "CHECKPOINT", "expected_shapes",
            "params_from_tensors", "to_params", "from_params", "init_params"]
