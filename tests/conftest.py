@@ -148,7 +148,7 @@ FIRST_CONFIG_BY_DEFAULT = ("test_mamba.py", "test_mamba2.py", "test_griffin.py",
 DEEP = {
     # README: the full pass on Mamba and the Quickstart on Bamba (a hybrid) by default; the
     # Griffin full pass and the other families' Quickstart repeat them.
-    "test_readme.py": r"test_readme_blocks_run\[(recurrent_gemma|mamba2|rwkv|falcon_mamba|granitemoehybrid|jamba|nemotron_h|falcon_h1|zamba|zamba2|qwen3_next|qwen3_5_text|qwen3_5_moe_text|olmo_hybrid|kimi_linear|bailing_hybrid)\]",
+    "test_readme.py": r"test_readme_blocks_run\[(recurrent_gemma|mamba2|rwkv|falcon_mamba|granitemoehybrid|jamba|nemotron_h|falcon_h1|zamba|zamba2|qwen3_next|qwen3_5_text|qwen3_5_moe_text|olmo_hybrid|kimi_linear|bailing_hybrid|rwkv6|rwkv7)\]",
     # The hybrids' released layouts scaled down: the conformance contract again, on a second
     # configuration of each (the per-file checks of what is specific stay in the default tier).
     "test_bamba.py": r"test_released_layout_matches_torch_and_is_exact",
@@ -198,7 +198,8 @@ DEEP = {
                                # operators are built of Mamba's, Mamba-2's and attention cores,
                                # exported by default (ParallelCore: Falcon-H1's export, by default;
                                # the delta rule: test_delta_rule's cuda export)
-                               r"|test_operators_export\[(falcon_mamba|granitemoehybrid|jamba|nemotron_h|zamba|zamba2|qwen3_next|qwen3_5_\w+|olmo_hybrid|kimi_linear|bailing_hybrid)-cuda\]"
+                               # (DplrCore: RWKV-7's export by default, RWKV-6's is the same core)
+                               r"|test_operators_export\[(falcon_mamba|granitemoehybrid|jamba|nemotron_h|zamba|zamba2|qwen3_next|qwen3_5_\w+|olmo_hybrid|kimi_linear|bailing_hybrid|rwkv6)-cuda\]"
                                r"|test_explain_methods_export\[(?!mamba-)[\w-]+-given-\w+\]"
                                r"|test_explain_(maps|methods)_export\[(?!mamba-|bamba-)[\w-]+\]"),
 }
