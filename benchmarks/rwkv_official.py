@@ -1,12 +1,13 @@
-"""RWKV-6 and RWKV-7 (flash-linear-attention layout): our jitted forward against BlinkDL's official
-``rwkv`` package on CPU (0.8.32, strategy ``cpu fp32``, its pure-torch paths: ``RWKV_JIT_ON=0`` for
-RWKV-6; RWKV-7 mode runs TorchScript), on the same random weights, and one layer's operator
+"""RWKV-5 (the RWKV team's HF layout), RWKV-6 and RWKV-7 (flash-linear-attention layout): our jitted
+forward against BlinkDL's official ``rwkv`` package on CPU (0.8.32, strategy ``cpu fp32``, its
+pure-torch paths: ``RWKV_JIT_ON=0`` for RWKV-5/6; RWKV-7 mode runs TorchScript), on the same
+random weights, and one layer's operator
 (``materialize`` of every channel, ``reduce("mean")``) against the per-step recurrence that builds
 each head's ``M`` row by row (``benchmarks.delta_rule.dplr_recurrence_fn``) put through the same
 per-channel factors.
 
-Shapes: ``FamilySpec.bench`` (RWKV-6: 12 layers at width 512, heads of 64; RWKV-7: RWKV-7 0.1B's
-width and ranks, 12 layers), a vocabulary of 1024, one sequence of ``L`` tokens. The official
+Shapes: ``FamilySpec.bench`` (RWKV-5, RWKV-6: 12 layers at width 512, heads of 64; RWKV-7: RWKV-7
+0.1B's width and ranks, 12 layers), a vocabulary of 1024, one sequence of ``L`` tokens. The official
 package is unbatched and runs its sequence mode (``forward(tokens, None, full_output=True)``).
 Every case runs in a fresh process (time = the best of 3 after a warm-up call); ``agree`` is the
 max abs logits difference over the max abs logit (RWKV-6 uses the official group-norm eps,
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from benchmarks.common import isolated, peak_mb_of, timeit, write_results
 
-MODEL_TYPES = ("rwkv6", "rwkv7")
+MODEL_TYPES = ("rwkv5", "rwkv6", "rwkv7")
 
 
 def shape(model_type: str, quick: bool) -> dict:
@@ -41,11 +42,11 @@ def write_models(model_type: str, d: str, quick: bool) -> dict:
     layout (``d/hf``) and as the official checkpoint (``d/official.pth``)."""
     import torch
 
-    from implicit_attn.testing import build_hf_model
-    from implicit_attn.testing.fla_rwkv import official_state_dict
+    from implicit_attn.testing import build_hf_model, fla_rwkv, rwkv5_reference
 
     model = build_hf_model(model_type, shape(model_type, quick), seed=0, path=Path(d) / "hf")
-    torch.save(official_state_dict(model), Path(d) / "official.pth")
+    reference = rwkv5_reference if model_type == "rwkv5" else fla_rwkv
+    torch.save(reference.official_state_dict(model), Path(d) / "official.pth")
     return {"params": sum(p.numel() for p in model.parameters())}
 
 

@@ -131,11 +131,11 @@ ONE_FAMILY_BY_DEFAULT = {
 # a flag; GraniteMoeHybrid and Jamba: Bamba's ``hybrid_functions`` with their own feed-forward
 # part; Falcon-H1: Bamba's with its own parallel mixer; Zamba: Zamba2's ``zamba_functions`` with
 # its own Mamba mixer; Qwen3.5 and Qwen3.5-MoE: Qwen3-Next's with a flag; Bailing-Hybrid:
-# Kimi-Linear's with flags): the checks of that shared forward machinery (hooks, NaN causality, input and tap checks,
+# Kimi-Linear's with flags; RWKV-5: RWKV-4's block and LM with its own time mix): the checks of that shared forward machinery (hooks, NaN causality, input and tap checks,
 # out-of-range ids, causality, forward exports) are repeats for them and run in the deep tier;
 # their parity, exactness, float64 reference, checkpoint and info checks stay in the default tier.
 BUILT_FROM_OTHERS = ("falcon_mamba", "granitemoehybrid", "jamba", "falcon_h1", "zamba", "qwen3_5_text",
-                     "qwen3_5_moe_text", "bailing_hybrid")
+                     "qwen3_5_moe_text", "bailing_hybrid", "rwkv5")
 MACHINERY_TESTS = re.compile(r"test_hooks\.py::\w+|test_nan\.py::\w+"
                              r"|test_conformance\.py::test_(bad_inputs_fail_with_named_errors|bad_taps"
                              r"|out_of_range_ids_under_jit_give_nan_logits"
@@ -148,7 +148,7 @@ FIRST_CONFIG_BY_DEFAULT = ("test_mamba.py", "test_mamba2.py", "test_griffin.py",
 DEEP = {
     # README: the full pass on Mamba and the Quickstart on Bamba (a hybrid) by default; the
     # Griffin full pass and the other families' Quickstart repeat them.
-    "test_readme.py": r"test_readme_blocks_run\[(recurrent_gemma|mamba2|rwkv|falcon_mamba|granitemoehybrid|jamba|nemotron_h|falcon_h1|zamba|zamba2|qwen3_next|qwen3_5_text|qwen3_5_moe_text|olmo_hybrid|kimi_linear|bailing_hybrid|rwkv6|rwkv7)\]",
+    "test_readme.py": r"test_readme_blocks_run\[(recurrent_gemma|mamba2|rwkv|falcon_mamba|granitemoehybrid|jamba|nemotron_h|falcon_h1|zamba|zamba2|qwen3_next|qwen3_5_text|qwen3_5_moe_text|olmo_hybrid|kimi_linear|bailing_hybrid|rwkv5|rwkv6|rwkv7)\]",
     # The hybrids' released layouts scaled down: the conformance contract again, on a second
     # configuration of each (the per-file checks of what is specific stay in the default tier).
     "test_bamba.py": r"test_released_layout_matches_torch_and_is_exact",
@@ -199,7 +199,7 @@ DEEP = {
                                # exported by default (ParallelCore: Falcon-H1's export, by default;
                                # the delta rule: test_delta_rule's cuda export)
                                # (DplrCore: RWKV-7's export by default, RWKV-6's is the same core)
-                               r"|test_operators_export\[(falcon_mamba|granitemoehybrid|jamba|nemotron_h|zamba|zamba2|qwen3_next|qwen3_5_\w+|olmo_hybrid|kimi_linear|bailing_hybrid|rwkv6)-cuda\]"
+                               r"|test_operators_export\[(falcon_mamba|granitemoehybrid|jamba|nemotron_h|zamba|zamba2|qwen3_next|qwen3_5_\w+|olmo_hybrid|kimi_linear|bailing_hybrid|rwkv5|rwkv6)-cuda\]"
                                r"|test_explain_methods_export\[(?!mamba-)[\w-]+-given-\w+\]"
                                r"|test_explain_(maps|methods)_export\[(?!mamba-|bamba-)[\w-]+\]"),
 }

@@ -925,14 +925,7 @@ np.save(out_path, np.stack(logits))
 def official_logits(model, ids, timeout: float = 600) -> np.ndarray:
     """Logits of the official ``rwkv`` package (``rwkv.model.RWKV``, strategy ``"cpu fp32"``, its
     pure-torch paths) on ``model``'s weights (``official_state_dict``), for ``ids`` (B, L) ints.
-    Returns numpy float32 (B, L, vocab).
-
-    Runs in one subprocess (``sys.executable``) with ``RWKV_JIT_ON=0``, ``RWKV_CUDA_ON=0`` and, for
-    RWKV-7, ``RWKV_V7_ON=1``: the package reads these at import time, and V7 mode switches it to
-    TorchScript for the whole process, so nothing of it enters the calling process. The weights
-    go through a temporary ``.pth`` file (the package only loads from a path; its RWKV-7 loader
-    appends ``.pth`` itself). The package is unbatched: each row is one ``forward(row, None,
-    full_output=True)``.
+    Returns numpy float32 (B, L, vocab). Runs ``run_official`` (one subprocess; see there).
 
     Exact agreement with the reference (float32 rounding) needs the official constants: the
     output GroupNorm epsilon is ``64e-5`` in both versions, so RWKV-6 needs ``g_norm_eps=64e-5``
@@ -941,15 +934,42 @@ def official_logits(model, ids, timeout: float = 600) -> np.ndarray:
     normalised with ``F.normalize`` there (``fuse_norm=False`` here) and its decay constant is
     rounded to 0.606531. Raises ``ImportError`` if the package is not installed, ``RuntimeError``
     with the subprocess's output if it fails."""
-    if importlib.util.find_spec("rwkv") is None:
-        raise ImportError(f"official_logits needs the official RWKV package: pip install {OFFICIAL_PACKAGE} "
-                          "(part of implicit-attn's test extra)")
     version = _version(model)
+    check_ids(ids)
+    return run_official(official_state_dict(model), ids, version, timeout=timeout)
+
+
+def check_ids(ids) -> np.ndarray:
+    """``ids`` as a ``(B, L)`` int array with ``L >= 1`` (``ValueError`` otherwise)."""
     ids = np.asarray(ids)
     if ids.ndim != 2 or ids.shape[1] < 1:
         raise ValueError(f"ids must be (B, L) with L >= 1, got shape {ids.shape}")
-    weights = official_state_dict(model)
-    env = dict(os.environ, RWKV_JIT_ON="0", RWKV_CUDA_ON="0", RWKV_RESCALE_LAYER="0")
+    return ids
+
+
+def run_official(weights: dict, ids, version: int, rescale_layer: int = 0, timeout: float = 600) -> np.ndarray:
+    """Logits of the official ``rwkv`` package (``rwkv.model.RWKV``, strategy ``"cpu fp32"``, its
+    pure-torch paths) on the official-layout checkpoint ``weights`` (``name -> tensor``, RWKV-LM
+    names), for ``ids`` (B, L) ints: numpy float32 (B, L, vocab).
+
+    ``version``: 7 runs ``RWKV_x070`` (``RWKV_V7_ON=1``); any other value the RWKV-4/5/6 class,
+    which detects the version from the weights' names and shapes. ``rescale_layer``: the
+    package's ``RWKV_RESCALE_LAYER`` (``R > 0``: ``att.output`` / ``ffn.value`` weights of block
+    ``i`` divided by ``2 ** (i // R)`` and the residual stream halved after every ``R``-th
+    block; 0: none, the fp32 default). One subprocess (``sys.executable``) with
+    ``RWKV_JIT_ON=0``, ``RWKV_CUDA_ON=0``: the package reads these at import time, and V7 mode
+    switches it to TorchScript for the whole process, so nothing of it enters the calling
+    process. The weights go through a temporary ``.pth`` file (the package only loads from a
+    path; its RWKV-7 loader appends ``.pth`` itself). The package is unbatched: each row is one
+    ``forward(row, None, full_output=True)``. Raises ``ImportError`` if the package is not
+    installed, ``RuntimeError`` with the subprocess's output if it fails."""
+    if importlib.util.find_spec("rwkv") is None:
+        raise ImportError(f"the official RWKV package is needed: pip install {OFFICIAL_PACKAGE} "
+                          "(part of implicit-attn's test extra)")
+    ids = check_ids(ids)
+    if isinstance(rescale_layer, bool) or not isinstance(rescale_layer, int) or rescale_layer < 0:
+        raise ValueError(f"rescale_layer must be a non-negative int, got {rescale_layer!r}")
+    env = dict(os.environ, RWKV_JIT_ON="0", RWKV_CUDA_ON="0", RWKV_RESCALE_LAYER=str(rescale_layer))
     for name in ("RWKV_V7_ON", "RWKV_DE_VERSION", "RWKV_DML_ON"):
         env.pop(name, None)
     if version == 7:
@@ -972,5 +992,5 @@ __all__ = [
     "RWKV6Config", "RWKV6Attention", "RWKV6FeedForward", "RWKV6Block", "RWKV6Model", "RWKV6ForCausalLM",
     "RWKV7Config", "RWKV7Attention", "RWKV7FeedForward", "RWKV7Block", "RWKV7Model", "RWKV7ForCausalLM",
     "rwkv6_recurrence", "rwkv7_recurrence", "perturb_weights", "official_state_dict", "official_logits",
-    "OFFICIAL_PACKAGE",
+    "run_official", "check_ids", "OFFICIAL_PACKAGE",
 ]

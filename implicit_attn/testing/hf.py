@@ -19,22 +19,23 @@ from .deps import require
 torch = require("torch")
 transformers = require("transformers")
 
-from . import fla_rwkv  # noqa: E402  (needs torch and transformers, checked above)
+from . import fla_rwkv, rwkv5_reference  # noqa: E402  (need torch and transformers, checked above)
 
 # Where the reference torch classes are found: transformers, then our plain-torch versions of the
-# flash-linear-attention models transformers does not ship (RWKV-6/7).
-REFERENCE_MODULES = (transformers, fla_rwkv)
+# models transformers does not ship (flash-linear-attention's RWKV-6/7, the RWKV team's RWKV-5).
+REFERENCE_MODULES = (transformers, fla_rwkv, rwkv5_reference)
 
 
 def reference_class(name: str):
     """The torch reference class ``name`` (a ``FamilySpec.hf_class`` or ``hf_config_class``):
-    from transformers, else from ``testing.fla_rwkv``. ``AttributeError`` if neither has it."""
+    from transformers, else from ``testing.fla_rwkv`` or ``testing.rwkv5_reference``
+    (``REFERENCE_MODULES``, in order). ``AttributeError`` if none has it."""
     for module in REFERENCE_MODULES:
         cls = getattr(module, name, None)
         if cls is not None:
             return cls
     raise AttributeError(f"no reference class {name!r} in transformers {transformers.__version__} or "
-                         "implicit_attn.testing.fla_rwkv")
+                         "implicit_attn.testing's reference modules")
 
 ROPE_KEYS = ("rope_theta", "partial_rotary_factor")
 

@@ -364,6 +364,19 @@ def rwkv_configs(draw) -> dict:
 
 
 @st.composite
+def rwkv5_configs(draw) -> dict:
+    """The RWKV team's ``Rwkv5Config`` kwargs: width, head size, channel-mix width (or the 3.5x
+    rounding, from width 16), depth, eval rescaling (``rescale_every`` 0 is none; only half
+    precision rescales), the group norm's divisor (the official 8, the earlier port's 1), tie."""
+    C = draw(st.sampled_from([8, 16]))
+    return {**family("rwkv5").tiny,
+            "vocab_size": draw(VOCAB), "hidden_size": C, "head_size": draw(st.sampled_from([2, 4, 8])),
+            "intermediate_size": draw(st.sampled_from([8, 24] + ([None] if C >= 16 else []))),
+            "num_hidden_layers": draw(st.integers(1, 4)), "rescale_every": draw(st.sampled_from([0, 1, 2, 6])),
+            "head_size_divisor": draw(st.sampled_from([1, 8])), "tie_word_embeddings": draw(st.booleans())}
+
+
+@st.composite
 def rwkv6_configs(draw) -> dict:
     """fla ``RWKV6Config`` kwargs: width, heads (dividing the key and value widths), key and value
     expansions, LoRA ranks, channel-mix width (or fla's ``hidden_ratio`` rounding), depth, the
@@ -404,7 +417,7 @@ CONFIGS = {"mamba": mamba_configs, "mamba2": mamba2_configs, "recurrent_gemma": 
            "qwen3_next": qwen3_next_configs, "qwen3_5_text": qwen3_5_configs,
            "qwen3_5_moe_text": qwen3_5_moe_configs, "olmo_hybrid": olmo_hybrid_configs,
            "kimi_linear": kimi_linear_configs, "bailing_hybrid": bailing_hybrid_configs,
-           "rwkv6": rwkv6_configs, "rwkv7": rwkv7_configs}
+           "rwkv5": rwkv5_configs, "rwkv6": rwkv6_configs, "rwkv7": rwkv7_configs}
 
 
 def model_types():

@@ -140,7 +140,7 @@ def time_mix_forward(p: dict, h, cfg: Config, layer: int = 0, hook=None):
     operator's ``output`` layout before the ``output`` projection (``mixer.hook_out``).
     """
     y = apply_out_hook(time_mix_inner(p, h, cfg), hook)
-    wo = p["output.weight"] / cfg.rescale(layer)
+    wo = p["output.weight"] / cfg.rescale(layer, h.dtype)
     return y.astype(h.dtype) @ wo.T
 
 
@@ -151,7 +151,7 @@ def channel_mix_forward(p: dict, h, cfg: Config, layer: int = 0):
     k = mix(h, prev, p["time_mix_key"]) @ p["key.weight"].T
     r = mix(h, prev, p["time_mix_receptance"]) @ p["receptance.weight"].T
     k = jnp.square(jax.nn.relu(k))
-    val = k @ (p["value.weight"] / cfg.rescale(layer)).T
+    val = k @ (p["value.weight"] / cfg.rescale(layer, h.dtype)).T
     return jax.nn.sigmoid(r) * val
 
 
@@ -179,7 +179,7 @@ def stack_layers(layers: list) -> dict:
     return jax.tree.map(lambda *a: jnp.stack(a), *[{k: l[k] for k in keep} for l in layers])
 
 
-def rwkv_block(lp: dict, h, cfg: Config, layer=0, hook=None):
+def rwkv_block(lp: dict, h, cfg: Config, layer=0, hook=None, time_mix=None):
     """HF ``RwkvBlock.forward`` in eval mode: ``(pre_ln on block 0), h + attention(ln1 h),
     h + feed_forward(ln2 h)``, halved after every ``rescale_every``-th block.
 
@@ -188,36 +188,43 @@ def rwkv_block(lp: dict, h, cfg: Config, layer=0, hook=None):
         (block 0 only; ``lm_forward`` applies it before its scan over blocks);
       h: ``(B, L, D)`` residual stream; layer: block index (may be traced: it only picks
         the rescaling divisor); hook: optional ``(point, x) -> x`` called at the block's
-        hook points (``nn.hooks``; ``mixer.hook_out`` is ``(B, A, L)``).
+        hook points (``nn.hooks``; ``mixer.hook_out`` is ``(B, A, L)``);
+      time_mix: the time mix's forward ``(p, x, cfg, layer, hook) -> (B, L, D)`` (default
+        RWKV-4's ``time_mix_forward``; RWKV-5 passes its own, the rest of the block is shared).
     Returns:
       ``(h_next (B, L, D), x (B, L, D))``: the block output and the time-mix input (``ln1`` output).
     """
     hook = hook or no_hook
+    time_mix = time_mix_forward if time_mix is None else time_mix
     eps = cfg.layer_norm_epsilon
     pre = lp.get("pre_ln")
     if pre is not None:
         h = layer_norm(h, pre["weight"], pre["bias"], eps)
     h = hook("hook_resid_pre", h)
     x = hook("mixer.hook_in", layer_norm(h, lp["ln1"]["weight"], lp["ln1"]["bias"], eps))
-    h = hook("hook_resid_mid", h + time_mix_forward(lp["attention"], x, cfg, layer, out_hook(hook)))
+    h = hook("hook_resid_mid", h + time_mix(lp["attention"], x, cfg, layer, out_hook(hook)))
     hn = layer_norm(h, lp["ln2"]["weight"], lp["ln2"]["bias"], eps)
     h = h + channel_mix_forward(lp["feed_forward"], hn, cfg, layer)
-    if cfg.rescale_every > 0:
-        h = jnp.where((layer + 1) % cfg.rescale_every == 0, h / 2, h)
+    period = cfg.rescale_period(h.dtype)
+    if period > 0:
+        h = jnp.where((layer + 1) % period == 0, h / 2, h)
     return hook("hook_resid_post", h), x
 
 
-def block_forward(lp: dict, h, cfg: Config, layer=0, tap=None):
-    """``rwkv_block`` with an optional ``tap (B, A, L)`` added to the time mix's operator output."""
-    return rwkv_block(lp, h, cfg, layer, layer_tap(tap))
+def block_forward(lp: dict, h, cfg: Config, layer=0, tap=None, time_mix=None):
+    """``rwkv_block`` with an optional ``tap (B, A, L)`` added to the time mix's operator output
+    (``time_mix`` as there)."""
+    return rwkv_block(lp, h, cfg, layer, layer_tap(tap), time_mix)
 
 
-def lm_forward(params: dict, ids, cfg: Config, capture: tuple[str, ...] = (), adds=None, sets=None):
+def lm_forward(params: dict, ids, cfg: Config, capture: tuple[str, ...] = (), adds=None, sets=None,
+               time_mix=None):
     """Full LM in eval mode: ``ids (B, L) -> logits (B, L, vocab)`` float32, and
     ``{name: activation}`` of the hook names in ``capture``. ``adds`` / ``sets``:
     ``{name: array}`` added to / replacing activations (``nn.hooks.ForwardHooks``;
     ``hook_embed`` is the embedding before block 0's ``pre_ln``, ``blocks.0.hook_resid_pre``
     after it). The blocks run under one ``lax.scan`` (compile time independent of depth).
+    ``time_mix``: as in ``rwkv_block`` (default RWKV-4's).
     """
     eps = cfg.layer_norm_epsilon
     layers = params["layers"]
@@ -232,7 +239,7 @@ def lm_forward(params: dict, ids, cfg: Config, capture: tuple[str, ...] = (), ad
     def block(h, xs):
         i, lp, e = xs
         hook = ScannedLayerHook(e, keep)
-        h, _ = rwkv_block(lp, h, cfg, i, hook)
+        h, _ = rwkv_block(lp, h, cfg, i, hook, time_mix)
         return h, hook.captured
 
     h, ys = jax.lax.scan(block, h, (jnp.arange(n), stack_layers(layers), edits))

@@ -40,10 +40,22 @@ class Config(HFConfig):
             object.__setattr__(self, "intermediate_size", 4 * self.hidden_size)
         self.check_ints("intermediate_size")
 
-    def rescale(self, layer):
-        """Eval-mode divisor ``2 ** (layer // rescale_every)`` of block ``layer``'s
-        ``output`` / ``value`` weights (``layer`` may be a traced int)."""
-        return 2 ** (layer // self.rescale_every) if self.rescale_every > 0 else 1
+    def rescale_period(self, dtype) -> int:
+        """The ``rescale_every`` in effect at compute dtype ``dtype``: HF's RWKV-4 rescales at every
+        dtype (RWKV-5 only in half precision)."""
+        return self.rescale_every
+
+    def rescale(self, layer, dtype=None):
+        """Eval-mode divisor of block ``layer``'s ``output`` / ``value`` weights at compute dtype
+        ``dtype`` (``rescale_divisor`` of ``rescale_period``)."""
+        return rescale_divisor(layer, self.rescale_period(dtype))
 
 
-__all__ = ["Config"]
+def rescale_divisor(layer, rescale_every: int):
+    """HF's eval-mode divisor ``2 ** (layer // rescale_every)`` of block ``layer``'s
+    ``attention.output`` / ``feed_forward.value`` weights (``layer`` may be a traced int);
+    1 when ``rescale_every <= 0`` (no rescaling). RWKV-4 and RWKV-5 share it."""
+    return 2 ** (layer // rescale_every) if rescale_every > 0 else 1
+
+
+__all__ = ["Config", "rescale_divisor"]

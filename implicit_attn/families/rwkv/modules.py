@@ -2,6 +2,8 @@
 mix, the block and the LM (eval mode)."""
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import jax.numpy as jnp
 from flax import nnx
 
@@ -15,11 +17,13 @@ from .config import Config
 class RwkvSelfAttention(Mixer):
     """NNX time mix of block ``layer``: ``__call__(x)`` is HF ``RwkvSelfAttention.forward``
     (eval mode); ``as_operator(x, variant)`` its operator (channels = attention width).
-    ``x`` is the ``ln1`` output."""
+    ``x`` is the ``ln1`` output. RWKV-5 subclasses it (its own ``forward_fn`` /
+    ``operator_fn``)."""
 
     label = "RWKV"
     variants = VARIANTS
     input_name = "block input"
+    forward_fn = staticmethod(time_mix_forward_jit)
     operator_fn = staticmethod(time_mix_operator_jit)
 
     def __init__(self, cfg: Config, tensors: dict, layer: int = 0):
@@ -28,7 +32,7 @@ class RwkvSelfAttention(Mixer):
 
     def __call__(self, x):
         """``(B, L, D) -> (B, L, D)``."""
-        return time_mix_forward_jit(self.arrays(), self.check_input(x), cfg=self.cfg, layer=jnp.int32(self.layer))
+        return type(self).forward_fn(self.arrays(), self.check_input(x), cfg=self.cfg, layer=jnp.int32(self.layer))
 
 
 class RwkvFeedForward(Weights):
@@ -47,7 +51,11 @@ class RwkvFeedForward(Weights):
 
 class RwkvBlock(nnx.Module):
     """``h (+pre_ln on block 0) -> h + attention(ln1 h) -> h + feed_forward(ln2 h)``
-    (halved after every ``rescale_every``-th block in eval mode)."""
+    (halved after every ``rescale_every``-th block in eval mode). Subclasses set
+    ``mixer_class`` (the time mix) and ``block_fn`` (the jitted ``block_forward``)."""
+
+    mixer_class: ClassVar[type] = RwkvSelfAttention
+    block_fn: ClassVar[Any] = staticmethod(block_forward_jit)
 
     def __init__(self, cfg: Config, layer: dict, index: int):
         self.cfg = cfg
@@ -55,7 +63,7 @@ class RwkvBlock(nnx.Module):
         self.pre_ln = None if layer.get("pre_ln") is None else Weights(layer["pre_ln"])
         self.ln1 = Weights(layer["ln1"])
         self.ln2 = Weights(layer["ln2"])
-        self.attention = RwkvSelfAttention(cfg, layer["attention"], index)
+        self.attention = type(self).mixer_class(cfg, layer["attention"], index)
         self.feed_forward = RwkvFeedForward(cfg, layer["feed_forward"], index)
 
     @property
@@ -83,7 +91,7 @@ class RwkvBlock(nnx.Module):
         if tap is not None:
             B, L, _ = h.shape
             tap = check_tap(tap, (B, self.cfg.attention_hidden_size, L))
-        return block_forward_jit(self.params(), h, cfg=self.cfg, layer=jnp.int32(self.index), tap=tap)[0]
+        return type(self).block_fn(self.params(), h, cfg=self.cfg, layer=jnp.int32(self.index), tap=tap)[0]
 
 
 class LM(LanguageModel):
@@ -95,11 +103,12 @@ class LM(LanguageModel):
     variants = VARIANTS
     forward_fn = staticmethod(lm_forward_jit)
     hook_points = MID_POINTS
+    block_class: ClassVar[type] = RwkvBlock
 
     def __init__(self, cfg: Config, params: dict):
         self.config = cfg
         self.embeddings = nnx.Param(jnp.asarray(params["embeddings"]))
-        self.layers = nnx.List([RwkvBlock(cfg, l, i) for i, l in enumerate(params["layers"])])
+        self.layers = nnx.List([type(self).block_class(cfg, l, i) for i, l in enumerate(params["layers"])])
         self.ln_out = Weights(params["ln_out"])
         head = params.get("head")
         self.head = None if head is None else nnx.Param(jnp.asarray(head))
