@@ -71,6 +71,25 @@ def test_outputs_and_matrix_equal_the_float64_recurrence(L, chunk, decay, low_ra
     assert rel(np.einsum("bhij,bhjv->bhiv", M, v), ref) <= 2e-6
 
 
+@pytest.mark.parametrize("chunk, factorized", [(16, True), (32, True), (64, False)])
+def test_bounded_decays_take_the_factorized_chunks(chunk, factorized):
+    """With a static floor of the log decays (RWKV-7's ``-e^-1/2``) chunks whose decays cannot
+    underflow (``ops.factorizable``: up to 39 positions) take the pair sums as matmuls of ``x e^R``
+    and ``y e^-G``; longer chunks fall back to the per-pair exponents. Both equal the float64
+    recurrence (outputs and matrix)."""
+    from implicit_attn.ops import factorizable
+
+    floor = -0.6065306597126334
+    assert factorizable(floor, chunk) == factorized and not factorizable(None, chunk)
+    L = 70
+    q, k, v, log_w, a, b = rwkv7_inputs(2, 3, L, 6, 5, seed=chunk, decay=-floor)
+    ref = recurrence(q, k, v, log_w, a, b)
+    assert rel(dplr_rule(*f32(q, k, v, log_w, a, b), chunk=chunk, decay_floor=floor), ref) <= 2e-6
+    M = np.asarray(dplr_matrix(*f32(q, k, log_w, a, b), chunk=chunk, decay_floor=floor))
+    assert not np.triu(M, 1).any()
+    assert rel(M, recurrence(q, k, np.broadcast_to(np.eye(L), (2, 3, L, L)), log_w, a, b)) <= 2e-6
+
+
 def test_long_input_is_finite_and_exact():
     """L = 4096 with RWKV-7's decays and low-rank term: every entry finite, rows equal the float64
     recurrence (checked on the last 64 rows of the matrix through its outputs)."""

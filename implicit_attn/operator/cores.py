@@ -424,7 +424,7 @@ class DeltaRuleCore(HeadMatrixCore):
         return _present(gate=self.left, log_decay=self.log_a)
 
 
-@pytree_dataclass(static=("after", "chunk"))
+@pytree_dataclass(static=("after", "chunk", "decay_floor"))
 class DplrCore(HeadMatrixCore):
     """``H_c = diag(left_c) M_h diag(right_c) Conv_c`` (``HeadMatrixCore``) with ``M_h`` the matrix of
     head ``h``'s diagonal-plus-low-rank recurrence (``ops.dplr_matrix``): ``S_t = S_{t-1} (Diag(w_t)
@@ -433,7 +433,9 @@ class DplrCore(HeadMatrixCore):
 
     Shapes: ``q, k, log_w (B, H, L, d_k)``, ``a, b (B, H, L, d_k)`` or None (a diagonal
     transition), ``bonus (B, H, L)`` or None, ``head (C,)`` int, ``left, right (B, C, L)`` or None,
-    ``conv_w (C, K)`` or None, ``matrices (B, H, L, L)`` or None, ``diag (B, C, L)`` or None.
+    ``conv_w (C, K)`` or None, ``matrices (B, H, L, L)`` or None, ``diag (B, C, L)`` or None;
+    ``decay_floor`` a static lower bound of ``log_w`` or None (``ops.dplr_parts``: a faster chunk
+    form where the decays cannot underflow).
     """
 
     q: Any
@@ -450,6 +452,7 @@ class DplrCore(HeadMatrixCore):
     chunk: int = 32
     matrices: Any = None
     diag: Any = None
+    decay_floor: Any = None
 
     @property
     def num_heads(self) -> int:
@@ -461,7 +464,7 @@ class DplrCore(HeadMatrixCore):
     def compute_head_matrix(self, heads):
         pick = lambda x: None if x is None else jnp.take(x, heads, axis=1)
         return dplr_matrix(pick(self.q), pick(self.k), pick(self.log_w), pick(self.a), pick(self.b),
-                           pick(self.bonus), self.chunk, self.after)
+                           pick(self.bonus), self.chunk, self.after, self.decay_floor)
 
     def named_factors(self) -> dict:
         """``gate = left (B, C, L)``, ``log_decay = log_w (B, H, L, d_k)``."""

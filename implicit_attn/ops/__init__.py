@@ -2,8 +2,8 @@
 the library."""
 from .attention import attention_mask, attention_probs, softmax_decay_rows
 from .conv import causal_conv, conv_matrix, conv_right
-from .delta import DeltaChunks, chunk_factors, delta_rule, delta_rule_matrix
-from .dplr import DplrChunks, dplr_factors, dplr_matrix, dplr_parts, dplr_rule, dplr_step
+from .delta import DeltaChunks, chunk_factors, delta_rule, delta_rule_matrix, segment_sums
+from .dplr import DplrChunks, dplr_factors, dplr_matrix, dplr_parts, dplr_rule, dplr_step, factorizable
 from .embed import embed
 from .linear import linear
 from .precision import full_precision
@@ -13,7 +13,7 @@ from .nan import from_first, mark_nan, zero_nan
 from .segsum import causal_mask, chunk_sums, decay_matrix, keep_causal, rate_times_time, segment_sum
 
 __all__ = [
-    "attention_mask", "attention_probs", "softmax_decay_rows", "DeltaChunks", "chunk_factors", "delta_rule", "delta_rule_matrix", "DplrChunks", "dplr_parts", "dplr_step", "dplr_rule", "dplr_factors", "dplr_matrix", "full_precision", "linear", "causal_conv", "conv_matrix", "conv_right", "embed",
+    "attention_mask", "attention_probs", "softmax_decay_rows", "DeltaChunks", "chunk_factors", "delta_rule", "delta_rule_matrix", "segment_sums", "DplrChunks", "dplr_parts", "dplr_step", "dplr_rule", "dplr_factors", "dplr_matrix", "factorizable", "full_precision", "linear", "causal_conv", "conv_matrix", "conv_right", "embed",
     "scalar_decay_kernel", "state_decay_kernel", "linear_scan", "causal_mask", "chunk_sums", "decay_matrix",
     "segment_sum", "keep_causal", "rate_times_time", "zero_nan", "from_first", "mark_nan",
 ]

@@ -29,19 +29,35 @@ def masked_exp(x, mask):
     return jnp.where(mask, jnp.exp(jnp.where(mask, x, 0.0)), 0.0)
 
 
+def two_sum(a, b):
+    """``(s, e)`` with ``s = fl(a + b)`` and ``s + e = a + b`` exactly (Knuth's TwoSum)."""
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+def double_float_add(x, y):
+    """The sum of two double-float numbers ``(hi, lo)`` (values ``hi + lo``), renormalised."""
+    hi, lo = two_sum(x[0], y[0])
+    return two_sum(hi, lo + x[1] + y[1])
+
+
 def segment_sums(g):
     """Pairwise sums of log decays within a chunk: ``D[t, s] = sum_{s < u <= t} g_u`` for ``t >= s``
-    (0 above the diagonal), from ``g (B, H, C)`` or ``(B, H, C, d_k)``: ``(B, H, C, C[, d_k])``.
+    (meaningless above the diagonal), from ``g (B, H, C)`` or ``(B, H, C, d_k)``: ``(B, H, C, C[,
+    d_k])``.
 
-    Summed per pair (a cumulative sum of the masked ``g`` down each column), not as ``G_t - G_s`` of
-    the running sum: the rounding error then scales with ``|D[t, s]|``, not with ``|G|`` at the chunk
-    end (with decays near ``e^-80`` a step, ``G`` reaches thousands while a pair of neighbours after
-    the strong step needs ``|D|`` to a few ulps).
+    ``G_t - G_s`` of a float32 running sum loses ``|G| * 2^-24``: with decays near ``e^-80`` a step,
+    ``G`` reaches thousands within a chunk while a pair of neighbours after the strong step needs
+    ``D`` to a few ulps of its own size. So the running sum is kept as a double float (``hi + lo``,
+    an associative scan of TwoSum additions) and the difference taken with TwoSum: the error is
+    a few ulps of ``|D[t, s]|``, at the cost of the plain difference.
     """
-    C = g.shape[2]
-    later = jnp.tril(jnp.ones((C, C), bool), -1)  # [t, s]: s < t
-    later = later.reshape((C, C) + (1,) * (g.ndim - 3))
-    return jnp.cumsum(jnp.where(later, jnp.expand_dims(g, 3), 0.0), axis=2)
+    hi, lo = jax.lax.associative_scan(double_float_add, (g, jnp.zeros_like(g)), axis=2)
+    col = lambda x: jnp.expand_dims(x, 3)  # [t, .]
+    row = lambda x: jnp.expand_dims(x, 2)  # [., s]
+    d, e = two_sum(col(hi), -row(hi))
+    return d + (e + (col(lo) - row(lo)))
 
 
 def shift_down(D):
@@ -189,5 +205,5 @@ def delta_rule_matrix(q, k, log_a, beta, chunk: int = 64, erase: bool = True):
     return jnp.where(jnp.tril(jnp.ones((L, L), bool)), M, 0.0)
 
 
-__all__ = ["segment_sums", "shift_down", "masked_exp", "DeltaChunks", "chunk_parts", "split_chunks", "chunk_factors",
+__all__ = ["two_sum", "double_float_add", "segment_sums", "shift_down", "masked_exp", "DeltaChunks", "chunk_parts", "split_chunks", "chunk_factors",
            "delta_rule", "delta_rule_matrix"]

@@ -66,28 +66,53 @@ class DplrChunks(NamedTuple):
         return jax.scipy.linalg.solve_triangular(self.system, eye, lower=True, unit_diagonal=True)
 
 
-def dplr_parts(qc, kc, gc, ac=None, bc=None, bonus=None, after: bool = True) -> DplrChunks:
+# Largest |cumulative log decay| within a chunk for which the pair sums are taken as matmuls of
+# (x e^{R_t}) and (y e^{-G_s}): every factor in [e^-24, e^24], far inside float32's range.
+FACTOR_LIMIT = 24.0
+
+
+def factorizable(decay_floor, C: int) -> bool:
+    """Whether chunks of ``C`` positions whose log decays are all ``>= decay_floor`` (a static
+    bound, e.g. RWKV-7's ``-e^-1/2``; None: unbounded) can use the factorized pair sums."""
+    return decay_floor is not None and -decay_floor * C <= FACTOR_LIMIT
+
+
+def dplr_parts(qc, kc, gc, ac=None, bc=None, bonus=None, after: bool = True, decay_floor=None) -> DplrChunks:
     """The factors of one chunk of every head (see the module docstring).
 
     Args:
       qc, kc: ``(B, H, C, d_k)``; gc: ``(B, H, C, d_k)`` log decays; ac, bc: ``(B, H, C, d_k)`` the
         low-rank vectors, or None; bonus: ``(B, H, C)`` an extra weight of each position's own
-        value (RWKV-5/6's ``u`` term), or None; after: read ``S_t`` (else ``S_{t-1}``).
+        value (RWKV-5/6's ``u`` term), or None; after: read ``S_t`` (else ``S_{t-1}``);
+        decay_floor: a static lower bound of every log decay, or None. Where the chunk's decays
+        cannot underflow (``factorizable``), ``A_xy = tril((x e^R) (y e^-G)^T)`` is a matmul;
+        otherwise every pair's exponent is summed on its own (``ops.segment_sums``, a
+        ``(C, C, d_k)`` block) so strong decays underflow to 0 and nothing overflows.
     """
     C = kc.shape[2]
     G = jnp.cumsum(gc, axis=2)
     E = jnp.concatenate([jnp.zeros_like(G[:, :, :1]), G[:, :, :-1]], axis=2)  # through t - 1
     R = G if after else E
-    D = segment_sums(gc)  # [t, s]: G_t - G_s, summed per pair
-    De = shift_down(D)  # E_t - G_s
     strict = jnp.tril(jnp.ones((C, C), bool), -1)
     read_mask = jnp.tril(jnp.ones((C, C), bool)) if after else strict
+    if factorizable(decay_floor, C):
+        inv = jnp.exp(-G)
+        D, De = G, E  # the exponent of the row factor; the column's is -G
 
-    def pair(x, Dx, y, mask):
-        """``sum_d x_td y_sd exp(Dx_tsd)`` where ``mask[t, s]``: ``(B, H, C, C)``."""
-        return jnp.einsum("bhtd,bhsd,bhtsd->bhts", x, y, masked_exp(Dx, mask[..., None]))
+        def pair(x, Rx, y, mask):
+            """``sum_d x_td y_sd exp(Rx_td - G_sd)`` where ``mask[t, s]``: ``(B, H, C, C)``."""
+            return jnp.where(mask, jnp.einsum("bhtd,bhsd->bhts", x * jnp.exp(Rx), y * inv), 0.0)
 
-    to_end = jnp.exp(D[:, :, -1])
+        to_end = jnp.exp(G[:, :, -1:]) * inv
+    else:
+        D = segment_sums(gc)  # [t, s]: G_t - G_s, summed per pair
+        De = shift_down(D)  # E_t - G_s
+
+        def pair(x, Dx, y, mask):
+            """``sum_d x_td y_sd exp(Dx_tsd)`` where ``mask[t, s]``: ``(B, H, C, C)``."""
+            return jnp.einsum("bhtd,bhsd,bhtsd->bhts", x, y, masked_exp(Dx, mask[..., None]))
+
+        to_end = jnp.exp(D[:, :, -1])
     qk = pair(qc, D if after else De, kc, read_mask)
     if bonus is not None:
         qk = qk + bonus[..., :, None] * jnp.eye(C, dtype=f32)
@@ -112,7 +137,7 @@ def dplr_step(f: DplrChunks, S, vc):
     return O, S_next
 
 
-def dplr_rule(q, k, v, log_w, a=None, b=None, bonus=None, chunk: int = 32, after: bool = True):
+def dplr_rule(q, k, v, log_w, a=None, b=None, bonus=None, chunk: int = 32, after: bool = True, decay_floor=None):
     """Outputs of the DPLR recurrence (float32, chunk by chunk; see the module docstring).
 
     Args:
@@ -125,6 +150,8 @@ def dplr_rule(q, k, v, log_w, a=None, b=None, bonus=None, chunk: int = 32, after
       chunk: positions per chunk (a performance knob: the numbers do not depend on it beyond
         float32 rounding).
       after: read ``o_t = S_t q_t`` (True) or ``S_{t-1} q_t`` (False).
+      decay_floor: a static lower bound of ``log_w`` (RWKV-7: ``-e^-1/2``), or None: see
+        ``dplr_parts`` (a speed knob; a bound the decays break gives wrong numbers, not an error).
     Returns:
       ``(B, H, L, d_v)`` float32.
     """
@@ -139,7 +166,7 @@ def dplr_rule(q, k, v, log_w, a=None, b=None, bonus=None, chunk: int = 32, after
 
     def step(S, xs):
         qc, kc, vc, gc, extra = xs
-        O, S = dplr_step(dplr_parts(qc, kc, gc, **extra, after=after), S, vc)
+        O, S = dplr_step(dplr_parts(qc, kc, gc, **extra, after=after, decay_floor=decay_floor), S, vc)
         return S, O
 
     xs = tuple(pad(x) for x in (q, k, v, log_w)) + ({n: pad(x) for n, x in present.items()},)
@@ -147,15 +174,16 @@ def dplr_rule(q, k, v, log_w, a=None, b=None, bonus=None, chunk: int = 32, after
     return jnp.moveaxis(O, 0, 2).reshape(B, H, Lp, dv)[:, :, :L]
 
 
-def dplr_factors(q, k, log_w, a=None, b=None, bonus=None, chunk: int = 32, after: bool = True) -> DplrChunks:
+def dplr_factors(q, k, log_w, a=None, b=None, bonus=None, chunk: int = 32, after: bool = True,
+                 decay_floor=None) -> DplrChunks:
     """``dplr_parts`` of every chunk, chunk-major (``(n, B, H, ...)``), for a kernel that runs the
     chunk recurrence; ``L`` a multiple of ``chunk`` (pad with zeros: no decay, no write)."""
     present = {name: split_chunks(x, chunk) for name, x in dict(ac=a, bc=b, bonus=bonus).items() if x is not None}
     xs = tuple(split_chunks(x, chunk) for x in (q, k, log_w))
-    return jax.lax.map(lambda x: dplr_parts(*x[0], **x[1], after=after), (xs, present))
+    return jax.lax.map(lambda x: dplr_parts(*x[0], **x[1], after=after, decay_floor=decay_floor), (xs, present))
 
 
-def dplr_matrix(q, k, log_w, a=None, b=None, bonus=None, chunk: int = 32, after: bool = True):
+def dplr_matrix(q, k, log_w, a=None, b=None, bonus=None, chunk: int = 32, after: bool = True, decay_floor=None):
     """``M (B, H, L, L)`` float32 of the DPLR recurrence of each head: ``dplr_rule`` with the
     identity as values, so row ``i`` holds ``o_i``'s weights on ``v_0 ... v_{L-1}``.
 
@@ -167,8 +195,8 @@ def dplr_matrix(q, k, log_w, a=None, b=None, bonus=None, chunk: int = 32, after:
     """
     B, H, L, _ = k.shape
     eye = jnp.broadcast_to(jnp.eye(L, dtype=f32), (B, H, L, L))
-    M = dplr_rule(q, k, eye, log_w, a, b, bonus, chunk, after)
+    M = dplr_rule(q, k, eye, log_w, a, b, bonus, chunk, after, decay_floor)
     return jnp.where(jnp.tril(jnp.ones((L, L), bool), 0 if after or bonus is not None else -1), M, 0.0)
 
 
-__all__ = ["DplrChunks", "dplr_parts", "dplr_step", "dplr_rule", "dplr_factors", "dplr_matrix"]
+__all__ = ["FACTOR_LIMIT", "factorizable", "DplrChunks", "dplr_parts", "dplr_step", "dplr_rule", "dplr_factors", "dplr_matrix"]

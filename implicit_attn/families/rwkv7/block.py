@@ -35,6 +35,8 @@ VARIANTS = ("full", "no_gate", "no_low_rank", "no_bonus")
 EXACT_VARIANTS = ("full",)
 f32 = jnp.float32
 LOG_DECAY_SCALE = 0.6065306597126334  # e^{-1/2}: log decays in (-e^{-1/2}, 0)
+# Chunks of 16 with that bound let the chunk factors be matmuls (ops.dplr_parts; 7x faster on CPU)
+CHUNK = 16
 MIX_NAMES = ("r", "w", "k", "v", "a", "g")
 
 
@@ -95,7 +97,7 @@ def recurrence(q: dict, low_rank: bool = True):
     """``o (B, H, L, V)`` float32 of the DPLR recurrence of ``time_mix_parts`` ``q`` (NaN rows where
     ``q["bad"]``); ``low_rank=False`` leaves out the ``-kk (kk a)^T`` term."""
     a, b = (-q["kk"], q["kk"] * q["a"]) if low_rank else (None, None)
-    o = dplr_rule(q["r"], q["k"], q["v"], q["log_w"], a, b, after=True)
+    o = dplr_rule(q["r"], q["k"], q["v"], q["log_w"], a, b, chunk=CHUNK, after=True, decay_floor=-LOG_DECAY_SCALE)
     return mark_nan(o, q["bad"][..., None])
 
 
@@ -137,7 +139,8 @@ def time_mix_operator(p: dict, x_ext, cfg: Config, variant: str = "full") -> Mam
     q = time_mix_parts(p, x_ext, cfg)
     o = recurrence(q)
     low_rank = variant != "no_low_rank"
-    core_args = dict(q=q["r"], k=q["k"], log_w=q["log_w"], after=True, outside=q["outside"],
+    core_args = dict(q=q["r"], k=q["k"], log_w=q["log_w"], after=True, outside=q["outside"], chunk=CHUNK,
+                     decay_floor=-LOG_DECAY_SCALE,
                      a=-q["kk"] if low_rank else None, b=q["kk"] * q["a"] if low_rank else None)
     return head_operator(o, q["v"], q["gate"], p, cfg.group_norm_eps, core_args, variant)
 
@@ -214,7 +217,7 @@ time_mix_operator_jit = jax.jit(full_precision(time_mix_operator), static_argnam
 channel_mix_forward_jit = jax.jit(full_precision(channel_mix_forward), static_argnames=("cfg",))
 block_forward_jit = jax.jit(full_precision(block_forward), static_argnames=("cfg", "first"))
 
-__all__ = ["VARIANTS", "EXACT_VARIANTS", "LOG_DECAY_SCALE", "MIX_NAMES", "split_input", "unit", "time_mix_parts",
+__all__ = ["VARIANTS", "EXACT_VARIANTS", "LOG_DECAY_SCALE", "CHUNK", "MIX_NAMES", "split_input", "unit", "time_mix_parts",
            "recurrence", "time_mix_inner", "time_mix_forward", "channel_mix_forward", "time_mix_operator",
            "rwkv7_block", "with_value_lora", "block_forward", "lm_forward", "lm_forward_jit", "time_mix_forward_jit",
            "time_mix_operator_jit", "channel_mix_forward_jit", "block_forward_jit"]

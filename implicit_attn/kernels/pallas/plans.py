@@ -255,7 +255,7 @@ def plan_dplr(core, idx, T: int) -> HeadMatrixPlan:
     Lp = _padded_length(L, T)
     pad = lambda x: None if x is None else _pad_axis(x.astype(f32), 2, Lp)
     f = dplr_factors(pad(core.q), pad(core.k), pad(core.log_w), pad(core.a), pad(core.b), pad(core.bonus),
-                     chunk=T, after=core.after)
+                     chunk=T, after=core.after, decay_floor=core.decay_floor)
     N = lambda x: _feature_pad(_head_major(x), x.ndim - 1)
     rows = [N(f.q_in), N(f.k_out), _head_major(f.qk)]
     if f.system is not None:
