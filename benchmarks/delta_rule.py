@@ -18,8 +18,9 @@ results (max abs difference over max abs value).
   factors in blocks of 16 channels.
 
 * the DPLR recurrence's ``M`` (``ops.dplr_matrix``) of 16 heads at L = 1024 in RWKV-7's form (the
-  low-rank term ``-kk (kk * iclr)^T``, read after the update) and RWKV-6's (read before, a bonus
-  on the diagonal, decays down to e^-5), against the same per-step recurrence generalised.
+  low-rank term ``-kk (kk * iclr)^T``, read after the update, with RWKV-7's decay floor: matmul
+  chunk factors) and RWKV-6's (read before, a bonus on the diagonal, decays down to e^-5: per-pair
+  exponents), against the same per-step recurrence generalised.
 
     python -m benchmarks.delta_rule [--quick]
 """
@@ -180,7 +181,10 @@ def case(shape: dict, what: str, impl: str, per_dim: bool) -> dict:
     elif what in ("dplr_after", "dplr_before"):
         after = what == "dplr_after"
         kw = dplr_inputs(shape["heads"], shape["dk"], shape["L"], after)
-        f = jax.jit(functools.partial(dplr_matrix, after=after)) if impl == "ours" else dplr_recurrence_fn(after)
+        # RWKV-7's decays are bounded (log w >= -e^-1/2), which the model passes on (factorized chunks)
+        floor = -0.6065306597126334 if after else None
+        f = (jax.jit(functools.partial(dplr_matrix, after=after, decay_floor=floor)) if impl == "ours"
+             else dplr_recurrence_fn(after))
         fn = lambda: f(**kw)
     else:
         op = layer_operator(shape, per_dim)
