@@ -21,10 +21,7 @@ import numpy as np
 from ...nn import CheckpointError, fan_in_normal, hf_from_params, init_from_table, params_from_hf
 from .config import Config
 
-LAYER_NORMS = ("pre_ln", "ln1", "ln2")
-
-
-def attention_shapes(cfg: Config) -> dict:
+def attention_shapes(cfg: Config, i: int = 0) -> dict:
     """Local names (under ``attention.``) -> shapes of an RWKV-4 time mix (``A`` the attention width)."""
     D, A = cfg.hidden_size, cfg.attention_hidden_size
     mix = (1, 1, D)
@@ -33,7 +30,7 @@ def attention_shapes(cfg: Config) -> dict:
             "output.weight": (D, A)}
 
 
-def feed_forward_shapes(cfg) -> dict:
+def feed_forward_shapes(cfg, i: int = 0) -> dict:
     """Local names (under ``feed_forward.``) -> shapes of the RWKV-4/5 channel mix (``F`` its
     width, ``cfg.intermediate_size``)."""
     D, F = cfg.hidden_size, cfg.intermediate_size
@@ -43,8 +40,30 @@ def feed_forward_shapes(cfg) -> dict:
 
 
 @dataclasses.dataclass(frozen=True)
+class Names:
+    """Where an RWKV layout keeps its tensors; the parameter tree uses the same local names.
+
+    Attributes:
+      root: the backbone's prefix (``"rwkv."``; fla: ``"model."``); ``layers``: the list's name
+        (``"blocks"`` / ``"layers"``); ``first_norm``: layer 0's norm of the embeddings
+        (``"pre_ln"`` / ``"pre_norm"``, only with ``cfg.norm_first`` where the config has it);
+        ``norms``: each layer's two norms; ``mixer``, ``ffn``: the time and channel mixes'
+        prefixes; ``final_norm``; ``head``: the output head (absent when tied).
+    """
+
+    root: str = "rwkv."
+    layers: str = "blocks"
+    first_norm: str = "pre_ln"
+    norms: tuple = ("ln1", "ln2")
+    mixer: str = "attention"
+    ffn: str = "feed_forward"
+    final_norm: str = "ln_out"
+    head: str = "head"
+
+
+@dataclasses.dataclass(frozen=True)
 class BlocksCheckpoint:
-    """The checkpoint functions of one family in the HF RWKV layout (see ``blocks_checkpoint``)."""
+    """The checkpoint functions of one family in an RWKV layout (see ``blocks_checkpoint``)."""
 
     expected_shapes: Callable
     params_from_tensors: Callable
@@ -53,66 +72,83 @@ class BlocksCheckpoint:
     init_params: Callable
 
 
-def blocks_checkpoint(config_cls, attention_table: Callable, ffn_table: Callable, init_rule: Callable,
-                      where: str) -> BlocksCheckpoint:
-    """The checkpoint functions of the HF RWKV layout (module docstring) whose blocks hold
-    ``attention_table(cfg)`` under ``attention.`` and ``ffn_table(cfg)`` under
-    ``feed_forward.`` (params: ``{"embeddings", "layers": [{"pre_ln" (or None), "ln1", "ln2",
-    "attention", "feed_forward"}], "ln_out", "head"}``); ``where`` names the family in errors."""
+def blocks_checkpoint(config_cls, mixer_table: Callable, ffn_table: Callable, init_rule: Callable, where: str,
+                      names: Names = Names(), standard_form: Callable | None = None) -> BlocksCheckpoint:
+    """The checkpoint functions of an RWKV layout (``names``; default transformers' RWKV-4 names,
+    the module docstring) whose layer ``i`` holds ``mixer_table(cfg, i)`` under ``names.mixer``
+    and ``ffn_table(cfg, i)`` under ``names.ffn``. Params: ``{"embeddings", "layers": [{first_norm
+    (or None), *norms, mixer, ffn}], final_norm, head}``, norms ``{"weight", "bias"}`` (no bias
+    where ``cfg.norm_bias`` is false). ``where`` names the family in errors; ``standard_form``:
+    ``(Config, tensors) -> tensors`` turning older forms of the layout into the table's before
+    the checks (None: none)."""
+    n = names
+    emb, final = f"{n.root}embeddings", f"{n.root}{n.final_norm}"
+    has_first = lambda cfg, i: i == 0 and getattr(cfg, "norm_first", True)
+
+    def norm_shapes(cfg, name: str) -> dict:
+        D = cfg.hidden_size
+        return {name + ".weight": (D,), **({name + ".bias": (D,)} if getattr(cfg, "norm_bias", True) else {})}
+
+    def layer_norms(cfg, i: int) -> tuple:
+        return ((n.first_norm,) if has_first(cfg, i) else ()) + n.norms
 
     def expected_shapes(cfg) -> tuple[dict, dict]:
         """``(required, optional)`` HF tensor names -> shapes for ``cfg``."""
-        D, V = cfg.hidden_size, cfg.vocab_size
-        req = {"rwkv.embeddings.weight": (V, D), "rwkv.ln_out.weight": (D,), "rwkv.ln_out.bias": (D,)}
+        V, D = cfg.vocab_size, cfg.hidden_size
+        req = {emb + ".weight": (V, D), **norm_shapes(cfg, final)}
         opt = {}
-        att, ffn = attention_table(cfg), ffn_table(cfg)
         for i in range(cfg.num_hidden_layers):
-            p = f"rwkv.blocks.{i}."
-            for ln in LAYER_NORMS if i == 0 else LAYER_NORMS[1:]:
-                req[p + ln + ".weight"] = (D,)
-                req[p + ln + ".bias"] = (D,)
-            req.update({p + "attention." + k: s for k, s in att.items()})
-            req.update({p + "feed_forward." + k: s for k, s in ffn.items()})
+            p = f"{n.root}{n.layers}.{i}."
+            for name in layer_norms(cfg, i):
+                req.update(norm_shapes(cfg, p + name))
+            req.update({f"{p}{n.mixer}.{k}": v for k, v in mixer_table(cfg, i).items()})
+            req.update({f"{p}{n.ffn}.{k}": v for k, v in ffn_table(cfg, i).items()})
         if cfg.tie_word_embeddings:
-            opt["head.weight"] = (V, D)  # HF may drop it when tied; ignored if present
+            opt[n.head + ".weight"] = (V, D)  # may be dropped when tied; ignored if present
         else:
-            req["head.weight"] = (V, D)
+            req[n.head + ".weight"] = (V, D)
         return req, opt
 
     def params_from_tensors(cfg, tensors: dict) -> dict:
         """HF tensors (already checked) -> the ``LM`` parameter tree."""
-        ln = lambda name: {"weight": tensors[name + ".weight"], "bias": tensors[name + ".bias"]}
-        att, ffn = attention_table(cfg), ffn_table(cfg)
+        norm = lambda name: {k: tensors[f"{name}.{k}"] for k in ("weight", "bias") if f"{name}.{k}" in tensors}
         layers = []
         for i in range(cfg.num_hidden_layers):
-            p = f"rwkv.blocks.{i}."
-            layers.append({"pre_ln": ln(p + "pre_ln") if i == 0 else None, "ln1": ln(p + "ln1"), "ln2": ln(p + "ln2"),
-                           "attention": {k: tensors[p + "attention." + k] for k in att},
-                           "feed_forward": {k: tensors[p + "feed_forward." + k] for k in ffn}})
-        return {"embeddings": tensors["rwkv.embeddings.weight"], "layers": layers, "ln_out": ln("rwkv.ln_out"),
-                "head": None if cfg.tie_word_embeddings else tensors["head.weight"]}
+            p = f"{n.root}{n.layers}.{i}."
+            layer = {n.first_norm: norm(p + n.first_norm) if has_first(cfg, i) else None}
+            layer.update({name: norm(p + name) for name in n.norms})
+            layer[n.mixer] = {k: tensors[f"{p}{n.mixer}.{k}"] for k in mixer_table(cfg, i)}
+            layer[n.ffn] = {k: tensors[f"{p}{n.ffn}.{k}"] for k in ffn_table(cfg, i)}
+            layers.append(layer)
+        return {"embeddings": tensors[emb + ".weight"], "layers": layers, n.final_norm: norm(final),
+                n.head: None if cfg.tie_word_embeddings else tensors[n.head + ".weight"]}
 
     def to_params(config: dict, tensors: dict):
         """HF config dict + tensors -> ``(Config, params)`` after strict checks."""
+        if standard_form is not None:
+            try:
+                cfg = config_cls.from_hf(config)
+            except (TypeError, ValueError) as e:
+                raise CheckpointError(f"{where} config: {e}") from e
+            tensors = standard_form(cfg, tensors)
         return params_from_hf(config_cls, expected_shapes, params_from_tensors, config, tensors, where)
 
     def from_params(cfg, params: dict) -> tuple[dict, dict]:
         """``(Config, params)`` -> HF ``(config dict, tensors)`` (numpy)."""
-        t = {"rwkv.embeddings.weight": params["embeddings"],
-             "rwkv.ln_out.weight": params["ln_out"]["weight"], "rwkv.ln_out.bias": params["ln_out"]["bias"]}
+        t = {emb + ".weight": params["embeddings"]}
+        t.update({f"{final}.{k}": v for k, v in params[n.final_norm].items()})
         for i, layer in enumerate(params["layers"]):
-            p = f"rwkv.blocks.{i}."
-            for ln in LAYER_NORMS if i == 0 else LAYER_NORMS[1:]:
-                if layer.get(ln) is None:
-                    raise CheckpointError(f"{where} block {i} has no {ln}")
-                t[p + ln + ".weight"] = layer[ln]["weight"]
-                t[p + ln + ".bias"] = layer[ln]["bias"]
-            t.update({p + "attention." + k: v for k, v in layer["attention"].items()})
-            t.update({p + "feed_forward." + k: v for k, v in layer["feed_forward"].items()})
+            p = f"{n.root}{n.layers}.{i}."
+            for name in layer_norms(cfg, i):
+                if layer.get(name) is None:
+                    raise CheckpointError(f"{where} layer {i} has no {name}")
+                t.update({f"{p}{name}.{k}": v for k, v in layer[name].items()})
+            t.update({f"{p}{n.mixer}.{k}": v for k, v in layer[n.mixer].items()})
+            t.update({f"{p}{n.ffn}.{k}": v for k, v in layer[n.ffn].items()})
         if not cfg.tie_word_embeddings:
-            if params.get("head") is None:
-                raise CheckpointError(f"untied {where} model has no head")
-            t["head.weight"] = params["head"]
+            if params.get(n.head) is None:
+                raise CheckpointError(f"untied {where} model has no {n.head}")
+            t[n.head + ".weight"] = params[n.head]
         return hf_from_params(cfg, t, expected_shapes, config_cls.model_type)
 
     def init_params(cfg, key, dtype=jnp.float32) -> dict:
@@ -159,5 +195,5 @@ FEED_FORWARD = ("time_mix_key", "time_mix_receptance", "key.weight", "receptance
 
 
 __all__ = ["expected_shapes", "to_params", "from_params", "params_from_tensors", "init_rule", "init_params",
-           "ATTENTION", "FEED_FORWARD", "LAYER_NORMS", "attention_shapes", "feed_forward_shapes", "BlocksCheckpoint",
+           "ATTENTION", "FEED_FORWARD", "attention_shapes", "feed_forward_shapes", "Names", "BlocksCheckpoint",
            "blocks_checkpoint", "shared_init", "CHECKPOINT"]

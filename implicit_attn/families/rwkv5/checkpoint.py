@@ -15,7 +15,7 @@ from ..rwkv.checkpoint import blocks_checkpoint, feed_forward_shapes, shared_ini
 from .config import Config
 
 
-def attention_shapes(cfg: Config) -> dict:
+def attention_shapes(cfg: Config, i: int = 0) -> dict:
     """Local names (under ``attention.``) -> shapes of an RWKV-5 time mix."""
     C, A, H, S = cfg.hidden_size, cfg.attention_hidden_size, cfg.num_heads, cfg.head_size
     mix = (1, 1, C)

@@ -17,21 +17,15 @@ C)``, ``{v,g}_proj.linear.weight (V, C)``, ``w_proj.linear.lora.0.weight (G, C)`
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Callable
-
-import jax.numpy as jnp
 import numpy as np
 
-from ...nn import CheckpointError, fan_in_normal, hf_from_params, init_from_table, params_from_hf
+from ...nn import fan_in_normal
+from ..rwkv.checkpoint import BlocksCheckpoint, Names, blocks_checkpoint
 from .config import Config
 
-PREFIX = "model.layers."
-
-
-def norm_shapes(cfg, name: str) -> dict:
-    D = cfg.hidden_size
-    return {name + ".weight": (D,), **({name + ".bias": (D,)} if cfg.norm_bias else {})}
+# fla's names (transformers' RWKV-4 layout's roles under other names)
+NAMES = Names(root="model.", layers="layers", first_norm="pre_norm", norms=("attn_norm", "ffn_norm"), mixer="attn",
+              ffn="ffn", final_norm="norm", head="lm_head")
 
 
 def attn_shapes(cfg: Config, i: int) -> dict:
@@ -52,93 +46,11 @@ def ffn_shapes(cfg: Config, i: int) -> dict:
             "receptance.linear.weight": (D, D)}
 
 
-@dataclasses.dataclass(frozen=True)
-class RwkvCheckpoint:
-    """The checkpoint functions of one RWKV-6/7 family (see ``rwkv_checkpoint``)."""
-
-    expected_shapes: Callable
-    params_from_tensors: Callable
-    to_params: Callable
-    from_params: Callable
-    init_params: Callable
-
-
-def rwkv_checkpoint(config_cls, attn_table: Callable, ffn_table: Callable, init_rule: Callable,
-                    standard_form: Callable | None = None) -> RwkvCheckpoint:
-    """The checkpoint functions of an fla RWKV layout whose layer ``i`` holds ``attn_table(cfg, i)``
-    under ``attn.`` and ``ffn_table(cfg, i)`` under ``ffn.`` (params: ``{"embeddings", "layers":
-    [{"pre_norm" (or None), "attn_norm", "ffn_norm", "attn", "ffn"}], "norm", "lm_head"}``).
-    ``standard_form``: ``(Config, tensors) -> tensors`` turning older forms of the layout into the
-    table's before the checks (None: none)."""
-    label = config_cls.label
-
-    def expected_shapes(cfg) -> tuple[dict, dict]:
-        """``(required, optional)`` HF tensor names -> shapes for ``cfg``."""
-        V, D = cfg.vocab_size, cfg.hidden_size
-        req = {"model.embeddings.weight": (V, D), **norm_shapes(cfg, "model.norm")}
-        opt = {}
-        for i in range(cfg.num_hidden_layers):
-            p = f"{PREFIX}{i}."
-            if i == 0 and cfg.norm_first:
-                req.update(norm_shapes(cfg, p + "pre_norm"))
-            req.update(norm_shapes(cfg, p + "attn_norm"))
-            req.update(norm_shapes(cfg, p + "ffn_norm"))
-            req.update({p + "attn." + k: s for k, s in attn_table(cfg, i).items()})
-            req.update({p + "ffn." + k: s for k, s in ffn_table(cfg, i).items()})
-        if cfg.tie_word_embeddings:
-            opt["lm_head.weight"] = (V, D)  # may be dropped when tied; ignored if present
-        else:
-            req["lm_head.weight"] = (V, D)
-        return req, opt
-
-    def params_from_tensors(cfg, tensors: dict) -> dict:
-        """HF tensors (already checked) -> the ``LM`` parameter tree."""
-        norm = lambda name: {k: tensors[f"{name}.{k}"] for k in ("weight", "bias") if f"{name}.{k}" in tensors}
-        layers = []
-        for i in range(cfg.num_hidden_layers):
-            p = f"{PREFIX}{i}."
-            layers.append({"pre_norm": norm(p + "pre_norm") if i == 0 and cfg.norm_first else None,
-                           "attn_norm": norm(p + "attn_norm"), "ffn_norm": norm(p + "ffn_norm"),
-                           "attn": {k: tensors[p + "attn." + k] for k in attn_table(cfg, i)},
-                           "ffn": {k: tensors[p + "ffn." + k] for k in ffn_table(cfg, i)}})
-        return {"embeddings": tensors["model.embeddings.weight"], "layers": layers, "norm": norm("model.norm"),
-                "lm_head": None if cfg.tie_word_embeddings else tensors["lm_head.weight"]}
-
-    def to_params(config: dict, tensors: dict):
-        """HF config dict + tensors -> ``(Config, params)`` after strict checks."""
-        if standard_form is not None:
-            try:
-                cfg = config_cls.from_hf(config)
-            except (TypeError, ValueError) as e:
-                raise CheckpointError(f"{label} config: {e}") from e
-            tensors = standard_form(cfg, tensors)
-        return params_from_hf(config_cls, expected_shapes, params_from_tensors, config, tensors, label)
-
-    def from_params(cfg, params: dict) -> tuple[dict, dict]:
-        """``(Config, params)`` -> HF ``(config dict, tensors)`` (numpy)."""
-        t = {"model.embeddings.weight": params["embeddings"]}
-        t.update({f"model.norm.{k}": v for k, v in params["norm"].items()})
-        for i, layer in enumerate(params["layers"]):
-            p = f"{PREFIX}{i}."
-            for name in ("pre_norm", "attn_norm", "ffn_norm") if i == 0 and cfg.norm_first else ("attn_norm",
-                                                                                                   "ffn_norm"):
-                if layer.get(name) is None:
-                    raise CheckpointError(f"{label} layer {i} has no {name}")
-                t.update({f"{p}{name}.{k}": v for k, v in layer[name].items()})
-            t.update({p + "attn." + k: v for k, v in layer["attn"].items()})
-            t.update({p + "ffn." + k: v for k, v in layer["ffn"].items()})
-        if not cfg.tie_word_embeddings:
-            if params.get("lm_head") is None:
-                raise CheckpointError(f"untied {label} model has no lm_head")
-            t["lm_head.weight"] = params["lm_head"]
-        return hf_from_params(cfg, t, expected_shapes, config_cls.model_type)
-
-    def init_params(cfg, key, dtype=jnp.float32) -> dict:
-        """Random parameters in the layout of ``LM``, drawn from the shape table. ``key``: int
-        seed or JAX PRNG key."""
-        return init_from_table(cfg, expected_shapes, init_rule, params_from_tensors, key, dtype)
-
-    return RwkvCheckpoint(expected_shapes, params_from_tensors, to_params, from_params, init_params)
+def rwkv_checkpoint(config_cls, attn_table, ffn_table, init_rule, standard_form=None) -> BlocksCheckpoint:
+    """The checkpoint functions of an fla RWKV layout (``NAMES``) whose layer ``i`` holds
+    ``attn_table(cfg, i)`` under ``attn.`` and ``ffn_table(cfg, i)`` under ``ffn.``:
+    ``rwkv.checkpoint.blocks_checkpoint`` with fla's names."""
+    return blocks_checkpoint(config_cls, attn_table, ffn_table, init_rule, config_cls.label, NAMES, standard_form)
 
 
 def norm_init(name: str, shape: tuple, g: np.random.Generator):
@@ -170,6 +82,6 @@ CHECKPOINT = rwkv_checkpoint(Config, attn_shapes, ffn_shapes, init_rule)
 expected_shapes, params_from_tensors = CHECKPOINT.expected_shapes, CHECKPOINT.params_from_tensors
 to_params, from_params, init_params = CHECKPOINT.to_params, CHECKPOINT.from_params, CHECKPOINT.init_params
 
-__all__ = ["PREFIX", "norm_shapes", "attn_shapes", "ffn_shapes", "RwkvCheckpoint", "rwkv_checkpoint", "norm_init",
+__all__ = ["NAMES", "attn_shapes", "ffn_shapes", "rwkv_checkpoint", "norm_init",
            "init_rule", "CHECKPOINT", "expected_shapes", "params_from_tensors", "to_params", "from_params",
            "init_params"]
