@@ -14,7 +14,9 @@ import pytest
 
 import implicit_attn as ia
 from implicit_attn.families import rwkv5
+import test_rwkv6_7 as rwkv6_7
 from conftest import torch_or_skip
+from test_rwkv6_7 import head_matrices, with_attn
 
 # Official RWKV-5.2 scaled down: heads of 64, the official group-norm eps (head_size_divisor 8),
 # three blocks; R = 1 rescales only in half precision (float32 here: none, as the official package)
@@ -139,21 +141,7 @@ def test_checkpoints_stay_in_training_form(tmp_path):
 # ----------------------------------------------------------------------------- operators
 
 def tiny_model(seed: int = 0, **overrides):
-    spec = rwkv5.SPEC
-    cfg = spec.config(**{**spec.tiny, **overrides})
-    return spec.lm(cfg, spec.init_params(cfg, seed))
-
-
-def with_attention(model, layer: int, **changes):
-    """The same model with layer ``layer``'s time-mix tensors replaced."""
-    params = model.params()
-    layers = list(params["layers"])
-    layers[layer] = {**layers[layer], "attention": {**layers[layer]["attention"], **changes}}
-    return type(model)(model.config, {**params, "layers": layers})
-
-
-def head_matrices(op):
-    return np.asarray(op.core.head_matrix(jnp.arange(op.core.num_heads)))
+    return rwkv6_7.tiny_model("rwkv5", seed, **overrides)
 
 
 def test_operator_matches_the_float64_operator():
@@ -177,7 +165,7 @@ def test_no_bonus_is_the_matrix_without_u():
     x = model.mixer_inputs(ids, [1])[1]
     mixer = model.layers[1].mixer
     full, ablated = mixer.as_operator(x), mixer.as_operator(x, "no_bonus")
-    zero_u = with_attention(model, 1, time_faaaa=jnp.zeros_like(mixer.arrays()["time_faaaa"]))
+    zero_u = with_attn(model, 1, time_faaaa=jnp.zeros_like(mixer.arrays()["time_faaaa"]))
     np.testing.assert_allclose(head_matrices(ablated), head_matrices(zero_u.layers[1].mixer.as_operator(x)),
                                atol=1e-6)
     diff = np.asarray(full.materialize()) - np.asarray(ablated.materialize())
@@ -194,13 +182,12 @@ def test_no_bonus_is_the_matrix_without_u():
 def test_long_input_is_finite_and_exact_against_float64():
     """L = 1024 in one call with strong decays (down to ``e^-20`` per step) next to slow ones:
     the block output equals a float64 step-by-step recurrence and the operator is exact."""
-    from test_rwkv6_7 import block_output64, recurrence64
 
     L = 1024
     model = tiny_model(num_hidden_layers=1)
     S = model.config.head_size
     decay = jnp.tile(jnp.linspace(-6.0, 3.0, S), (model.config.num_heads, 1))
-    model = with_attention(model, 0, time_decay=decay)
+    model = with_attn(model, 0, time_decay=decay)
     ids = np.random.default_rng(4).integers(0, 64, (1, L))
     x = model.mixer_inputs(ids, [0])[0]
     mixer = model.layers[0].mixer
@@ -209,8 +196,8 @@ def test_long_input_is_finite_and_exact_against_float64():
     assert np.isfinite(out).all() and op.relative_error() <= 1e-5
     p = {k: np.asarray(v, np.float64) for k, v in mixer.arrays().items()}
     f = rwkv5.naive.naive_parts(mixer.arrays(), np.asarray(x), model.config)
-    want = block_output64(f, recurrence64(f, after=False, low_rank=False), p["ln_x.weight"], p["ln_x.bias"],
-                          model.config.group_norm_eps)
+    o = rwkv6_7.recurrence64(f, after=False, low_rank=False)
+    want = rwkv6_7.block_output64(f, o, p["ln_x.weight"], p["ln_x.bias"], model.config.group_norm_eps)
     got = out.transpose(0, 2, 1)
     assert np.abs(got - want).max() / np.abs(want).max() <= 2e-5
     assert np.isfinite(np.asarray(op.materialize(channels=[0]))).all()

@@ -59,10 +59,12 @@ def tiny_model(model_type, seed=0, **overrides):
 
 
 def with_attn(model, layer: int, **changes):
-    """The same model with layer ``layer``'s time-mix tensors replaced."""
+    """The same model with layer ``layer``'s time-mix tensors replaced (under ``attn``, fla's
+    name, or ``attention``, RWKV-4/5's)."""
     params = model.params()
     layers = list(params["layers"])
-    layers[layer] = {**layers[layer], "attn": {**layers[layer]["attn"], **changes}}
+    key = "attn" if "attn" in layers[layer] else "attention"
+    layers[layer] = {**layers[layer], key: {**layers[layer][key], **changes}}
     return type(model)(model.config, {**params, "layers": layers})
 
 

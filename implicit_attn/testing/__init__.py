@@ -21,6 +21,6 @@ from .hf import (assert_hf_parity, build_hf_model, hf_config_kwargs, hf_module, 
                  random_ids, reference_class, save_hf_model, torch_forward)
 from .strategies import configs, input_ids, model_inputs, model_types
 
-__all__ = ["assert_hf_parity", "build_hf_model", "hf_config_kwargs", "hf_module", "load_jax_from_hf",
-           "max_rel_error", "random_ids", "reference_class", "save_hf_model", "torch_forward", "configs", "input_ids", "model_inputs",
+__all__ = ["assert_hf_parity", "build_hf_model", "hf_config_kwargs", "hf_module", "load_jax_from_hf", "max_rel_error",
+           "random_ids", "reference_class", "save_hf_model", "torch_forward", "configs", "input_ids", "model_inputs",
            "model_types"]

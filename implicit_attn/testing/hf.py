@@ -255,5 +255,5 @@ def assert_hf_parity(model, config: dict | None = None, input_ids=None, *, seed:
     return report
 
 
-__all__ = ["REFERENCE_MODULES", "reference_class", "build_hf_model", "hf_config_kwargs", "save_hf_model", "load_jax_from_hf", "hf_module",
-           "torch_forward", "max_rel_error", "random_ids", "assert_hf_parity"]
+__all__ = ["REFERENCE_MODULES", "reference_class", "build_hf_model", "hf_config_kwargs", "save_hf_model",
+           "load_jax_from_hf", "hf_module", "torch_forward", "max_rel_error", "random_ids", "assert_hf_parity"]

@@ -409,7 +409,8 @@ def official_state_dict(model: Rwkv5ForCausalLM) -> dict:
 def official_logits(model: Rwkv5ForCausalLM, ids, timeout: float = 600) -> np.ndarray:
     """Logits of the official ``rwkv`` package (its RWKV-5.2 pure-torch path, ``"cpu fp32"``) on
     ``model``'s weights (``official_state_dict``) for ``ids (B, L)`` ints, without rescaling (its
-    float32 default, and ours in float32): numpy float32 ``(B, L, vocab)``. See ``fla_rwkv.run_official`` (one subprocess).
+    float32 default, and ours in float32): numpy float32 ``(B, L, vocab)``. See
+    ``fla_rwkv.run_official`` (one subprocess).
 
     Agreement to float32 rounding needs the official constants: the output group norm's eps is
     ``64e-5`` there, which is ``head_size_divisor = 8`` here (eps ``1e-5 * 8^2``); all its layer

@@ -217,7 +217,7 @@ time_mix_operator_jit = jax.jit(full_precision(time_mix_operator), static_argnam
 channel_mix_forward_jit = jax.jit(full_precision(channel_mix_forward), static_argnames=("cfg",))
 block_forward_jit = jax.jit(full_precision(block_forward), static_argnames=("cfg", "first"))
 
-__all__ = ["VARIANTS", "EXACT_VARIANTS", "LOG_DECAY_SCALE", "CHUNK", "MIX_NAMES", "split_input", "unit", "time_mix_parts",
-           "recurrence", "time_mix_inner", "time_mix_forward", "channel_mix_forward", "time_mix_operator",
-           "rwkv7_block", "with_value_lora", "block_forward", "lm_forward", "lm_forward_jit", "time_mix_forward_jit",
-           "time_mix_operator_jit", "channel_mix_forward_jit", "block_forward_jit"]
+__all__ = ["VARIANTS", "EXACT_VARIANTS", "LOG_DECAY_SCALE", "CHUNK", "MIX_NAMES", "split_input", "unit",
+           "time_mix_parts", "recurrence", "time_mix_inner", "time_mix_forward", "channel_mix_forward",
+           "time_mix_operator", "rwkv7_block", "with_value_lora", "block_forward", "lm_forward", "lm_forward_jit",
+           "time_mix_forward_jit", "time_mix_operator_jit", "channel_mix_forward_jit", "block_forward_jit"]

@@ -89,5 +89,5 @@ CHECKPOINT = rwkv_checkpoint(Config, attn_shapes, ffn_shapes, init_rule, standar
 expected_shapes, params_from_tensors = CHECKPOINT.expected_shapes, CHECKPOINT.params_from_tensors
 to_params, from_params, init_params = CHECKPOINT.to_params, CHECKPOINT.from_params, CHECKPOINT.init_params
 
-__all__ = ["MIXES", "lora_shapes", "attn_shapes", "ffn_shapes", "init_rule", "standard_form", "CHECKPOINT", "expected_shapes",
-           "params_from_tensors", "to_params", "from_params", "init_params"]
+__all__ = ["MIXES", "lora_shapes", "attn_shapes", "ffn_shapes", "init_rule", "standard_form", "CHECKPOINT",
+           "expected_shapes", "params_from_tensors", "to_params", "from_params", "init_params"]
