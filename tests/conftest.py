@@ -135,7 +135,7 @@ ONE_FAMILY_BY_DEFAULT = {
 # out-of-range ids, causality, forward exports) are repeats for them and run in the deep tier;
 # their parity, exactness, float64 reference, checkpoint and info checks stay in the default tier.
 BUILT_FROM_OTHERS = ("falcon_mamba", "granitemoehybrid", "jamba", "falcon_h1", "zamba", "qwen3_5_text",
-                     "qwen3_5_moe_text", "bailing_hybrid", "rwkv5")
+                     "qwen3_5_moe_text", "bailing_hybrid", "rwkv5", "lfm2_moe", "lfm3")
 MACHINERY_TESTS = re.compile(r"test_hooks\.py::\w+|test_nan\.py::\w+"
                              r"|test_conformance\.py::test_(bad_inputs_fail_with_named_errors|bad_taps"
                              r"|out_of_range_ids_under_jit_give_nan_logits"

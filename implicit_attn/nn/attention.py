@@ -87,19 +87,32 @@ def segment_ids(pos):
     return jnp.cumsum(pos == 0, axis=-1) - 1
 
 
-def rotary(x, pos, cfg):
-    """HF partial rotary embedding on the first ``rotary_dim`` features of ``x (B, h, L, d)``
-    at positions ``pos (B, L)`` (rotate-half convention)."""
-    R = cfg.rotary_dim
+def rope(x, pos, inv):
+    """Rotate-half rotary embedding of the first ``2 * len(inv)`` features of ``x (B, h, L, d)``
+    at positions ``pos (B, L)`` with angular frequencies ``inv (R/2,)`` float32 (a zero
+    frequency leaves its feature pair as it is); the other features pass unchanged."""
+    R = 2 * inv.shape[0]
     if R == 0:
         return x
-    inv = 1.0 / (cfg.rope_theta ** (jnp.arange(0, R, 2, dtype=f32) / R))
     fr = pos.astype(f32)[..., None] * inv  # (B, L, R/2)
     emb = jnp.concatenate([fr, fr], axis=-1)[:, None]  # (B, 1, L, R)
     cos, sin = jnp.cos(emb).astype(x.dtype), jnp.sin(emb).astype(x.dtype)
     xr, xp = x[..., :R], x[..., R:]
     rot = jnp.concatenate([-xr[..., R // 2:], xr[..., :R // 2]], axis=-1)
     return jnp.concatenate([xr * cos + rot * sin, xp], axis=-1)
+
+
+def rope_frequencies(theta: float, R: int):
+    """HF's default RoPE frequencies ``theta ** (-2i / R)``, ``i < R/2``: ``(R/2,)`` float32."""
+    return 1.0 / (theta ** (jnp.arange(0, R, 2, dtype=f32) / R))
+
+
+def rotary(x, pos, cfg):
+    """HF partial rotary embedding on the first ``rotary_dim`` features of ``x (B, h, L, d)``
+    at positions ``pos (B, L)`` (rotate-half convention; none where ``rotary_dim`` is 0)."""
+    if cfg.rotary_dim == 0:
+        return x
+    return rope(x, pos, rope_frequencies(cfg.rope_theta, cfg.rotary_dim))
 
 
 def projection(p: dict, x, name: str):
@@ -174,5 +187,5 @@ def operator_of_parts(a: dict, cfg) -> AttentionOperator:
                              core=core)
 
 
-__all__ = ["FULL_WINDOW", "AttentionFields", "NoPositionFields", "segment_ids", "rotary", "projection", "attention_parts",
-           "repeat_kv", "attend", "attention_inner", "attention_forward", "attention_operator", "operator_of_parts"]
+__all__ = ["FULL_WINDOW", "AttentionFields", "NoPositionFields", "segment_ids", "rope", "rope_frequencies", "rotary",
+           "projection", "attention_parts", "repeat_kv", "attend", "attention_inner", "attention_forward", "attention_operator", "operator_of_parts"]

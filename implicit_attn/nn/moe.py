@@ -25,24 +25,27 @@ def softmax_then_topk(logits, k: int):
     return jax.lax.top_k(jax.nn.softmax(logits.astype(f32), axis=-1), k)
 
 
-def sigmoid_group_topk(logits, bias, k: int, n_group: int, topk_group: int, normalize: bool, scale: float):
+def sigmoid_group_topk(logits, bias, k: int, n_group: int, topk_group: int, normalize: bool, scale: float,
+                       eps: float = 1e-20):
     """DeepSeek-V3 / Nemotron-H routing: sigmoid scores; experts are chosen on ``scores +
     bias`` among the ``topk_group`` of ``n_group`` expert groups with the largest sum of
-    their two best biased scores; each chosen expert is weighted by its unbiased score,
-    divided by the chosen scores' sum (``+ 1e-20``) if ``normalize``, times ``scale``.
+    their two best biased scores (all experts when ``topk_group == n_group``, LFM2-MoE);
+    each chosen expert is weighted by its unbiased score, divided by the chosen scores' sum
+    (``+ eps``) if ``normalize``, times ``scale``.
     ``logits (T, E)``, ``bias (E,)`` -> ``(weights (T, k) float32, experts (T, k) int32)``."""
     T, E = logits.shape
     scores = jax.nn.sigmoid(logits.astype(f32))
     choice = scores + jnp.asarray(bias, f32)
-    groups = choice.reshape(T, n_group, E // n_group)
-    group_score = jax.lax.top_k(groups, 2)[0].sum(-1)  # (T, n_group)
-    _, keep = jax.lax.top_k(group_score, topk_group)
-    kept = jnp.zeros((T, n_group), bool).at[jnp.arange(T)[:, None], keep].set(True)
-    choice = jnp.where(jnp.repeat(kept, E // n_group, axis=1), choice, -jnp.inf)
+    if topk_group < n_group:
+        groups = choice.reshape(T, n_group, E // n_group)
+        group_score = jax.lax.top_k(groups, 2)[0].sum(-1)  # (T, n_group)
+        _, keep = jax.lax.top_k(group_score, topk_group)
+        kept = jnp.zeros((T, n_group), bool).at[jnp.arange(T)[:, None], keep].set(True)
+        choice = jnp.where(jnp.repeat(kept, E // n_group, axis=1), choice, -jnp.inf)
     _, idx = jax.lax.top_k(choice, k)
     w = jnp.take_along_axis(scores, idx, axis=1)
     if normalize:
-        w = w / (w.sum(-1, keepdims=True) + 1e-20)
+        w = w / (w.sum(-1, keepdims=True) + eps)
     return w * jnp.asarray(scale, f32), idx
 
 

@@ -9,6 +9,7 @@
 * ``DeltaRuleCore``: per-head gated delta-rule matrices shared by the head's channels (Gated
   DeltaNet).
 * ``RwkvCore``: a gated, decayed row softmax (RWKV-4).
+* ``ShortConvCore``: a banded causal convolution between two gates (LFM2's gated short conv).
 * ``AttentionCore``: the softmax probabilities of a (grouped-query) local attention.
 * ``ParallelCore``: cores side by side, a part's channels possibly repeated (a layer that
   mixes tokens through two paths at once, Falcon-H1's Mamba-2 and attention; Zamba's Mamba
@@ -24,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..ops import (attention_probs, conv_right, decay_matrix, delta_rule_matrix, dplr_matrix, full_precision,
+from ..ops import (attention_probs, conv_matrix, conv_right, decay_matrix, delta_rule_matrix, dplr_matrix, full_precision,
                    keep_causal, scalar_decay_kernel, softmax_decay_rows, state_decay_kernel)
 from .base import OperatorCore, diag_embed, pytree_dataclass, take
 
@@ -499,6 +500,37 @@ class RwkvCore(OperatorCore):
         return P
 
 
+@pytree_dataclass
+class ShortConvCore(OperatorCore):
+    """``H_c = diag(left_c) M_c diag(right_c)`` with ``M_c`` the banded causal conv matrix of
+    filter ``conv_w[c]`` (``ops.conv_matrix``): nonzero only ``K - 1`` steps below the diagonal.
+
+    Shapes: ``conv_w (C, K)``, ``left (B, C, L)``, ``right (B, C, L)`` or None, float32.
+    """
+
+    conv_w: Any
+    left: Any
+    right: Any = None
+
+    @property
+    def num_channels(self) -> int:
+        return self.conv_w.shape[0]
+
+    def named_factors(self) -> dict:
+        """``gate = left (B, C, L)`` (the output gate)."""
+        return {"gate": self.left}
+
+    def dense(self, idx):
+        """``(B, len(idx), L, L)`` float32 operators of channels ``idx``."""
+        L, K = self.left.shape[-1], self.conv_w.shape[-1]
+        H = conv_matrix(self.conv_w[idx].astype(f32), L)[None]
+        H = jnp.take(self.left, idx, axis=1)[..., :, None] * H
+        if self.right is not None:
+            H = H * jnp.take(self.right, idx, axis=1)[..., None, :]
+        d = jnp.arange(L)[:, None] - jnp.arange(L)[None, :]
+        return jnp.where((d >= 0) & (d < K), H, 0.0)  # exact zeros off the band, a NaN gate included
+
+
 @pytree_dataclass(static=("window",))
 class AttentionCore(OperatorCore):
     """Factors of a (multi-query / grouped) local attention map.
@@ -591,4 +623,4 @@ class ParallelCore(OperatorCore):
 
 
 __all__ = ["head_weighted_sum", "heads_weighted_sum", "StateDecayCore", "ScalarDecayCore", "DocumentMaskedCore", "Mamba2Core", "HeadMatrixCore", "DplrCore",
-           "DeltaRuleCore", "RwkvCore", "AttentionCore", "ParallelCore"]
+           "DeltaRuleCore", "RwkvCore", "ShortConvCore", "AttentionCore", "ParallelCore"]

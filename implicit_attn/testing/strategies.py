@@ -409,6 +409,59 @@ def rwkv7_configs(draw) -> dict:
             "tie_word_embeddings": draw(st.booleans())}
 
 
+LFM_KINDS = st.sampled_from(["conv", "full_attention"])
+
+
+def lfm_common(draw, model_type: str, kinds=LFM_KINDS) -> dict:
+    """Kwargs every LFM generation draws: width, heads, depth and layer kinds, conv width and
+    biases, RoPE base, tie."""
+    n = draw(st.integers(1, 4))
+    heads = draw(st.sampled_from([1, 2, 4]))
+    return {**family(model_type).tiny,
+            "vocab_size": draw(VOCAB), "hidden_size": draw(st.sampled_from([8, 16])), "num_attention_heads": heads,
+            "num_key_value_heads": draw(st.sampled_from(divisors(heads))), "num_hidden_layers": n,
+            "layer_types": draw(st.lists(kinds, min_size=n, max_size=n)),
+            "conv_L_cache": draw(st.sampled_from([2, 3, 5])), "conv_bias": draw(st.booleans()),
+            "rope_parameters": {"rope_type": "default", "rope_theta": draw(st.sampled_from([100.0, 1e6]))},
+            "tie_word_embeddings": draw(st.booleans())}
+
+
+@st.composite
+def lfm2_configs(draw) -> dict:
+    """``Lfm2Config`` kwargs: the shared LFM ones, the SwiGLU width rule (adjusted or not, the
+    multiplier and rounding)."""
+    return {**lfm_common(draw, "lfm2"), "intermediate_size": draw(st.sampled_from([12, 24, 48])),
+            "block_auto_adjust_ff_dim": draw(st.booleans()), "block_multiple_of": draw(st.sampled_from([4, 16])),
+            "block_ffn_dim_multiplier": draw(st.sampled_from([0.5, 1.0, 1.5]))}
+
+
+@st.composite
+def lfm2_moe_configs(draw) -> dict:
+    """``Lfm2MoeConfig`` kwargs: the shared LFM ones, dense layers, experts and routing (the
+    expert bias on or off, renormalised or not, scaled)."""
+    E = draw(st.sampled_from([2, 4]))
+    return {**lfm_common(draw, "lfm2_moe"), "num_dense_layers": draw(st.integers(0, 2)), "num_experts": E,
+            "num_experts_per_tok": draw(st.integers(1, E)), "moe_intermediate_size": draw(st.sampled_from([4, 8])),
+            "use_expert_bias": draw(st.booleans()), "norm_topk_prob": draw(st.booleans()),
+            "routed_scaling_factor": draw(st.sampled_from([1.0, 2.5]))}
+
+
+@st.composite
+def lfm3_configs(draw) -> dict:
+    """``Lfm3Config`` kwargs: the shared LFM ones with sliding layers, head width, window, the
+    sandwich norms and head gate on or off, biases, full attention's RoPE (proportional with a
+    factor, or default)."""
+    kw = lfm_common(draw, "lfm3", st.sampled_from(["conv", "full_attention", "sliding_attention"]))
+    full = draw(st.sampled_from([{"rope_type": "proportional", "rope_theta": 1e6, "partial_rotary_factor": 0.5},
+                                 {"rope_type": "proportional", "rope_theta": 500.0, "partial_rotary_factor": 0.25,
+                                  "factor": 2.0},
+                                 {"rope_type": "default", "rope_theta": 1e4}]))
+    kw["rope_parameters"] = {"full_attention": full, "sliding_attention": kw["rope_parameters"]}
+    return {**kw, "head_dim": draw(st.sampled_from([4, 8])), "sliding_window": draw(st.integers(1, 6)),
+            "use_sandwich_norm": draw(st.booleans()), "use_attention_gate": draw(st.booleans()),
+            "attention_bias": draw(st.booleans())}
+
+
 CONFIGS = {"mamba": mamba_configs, "mamba2": mamba2_configs, "recurrent_gemma": recurrent_gemma_configs,
            "rwkv": rwkv_configs, "falcon_mamba": falcon_mamba_configs,
            "bamba": bamba_configs, "granitemoehybrid": granite_configs,
@@ -417,7 +470,8 @@ CONFIGS = {"mamba": mamba_configs, "mamba2": mamba2_configs, "recurrent_gemma": 
            "qwen3_next": qwen3_next_configs, "qwen3_5_text": qwen3_5_configs,
            "qwen3_5_moe_text": qwen3_5_moe_configs, "olmo_hybrid": olmo_hybrid_configs,
            "kimi_linear": kimi_linear_configs, "bailing_hybrid": bailing_hybrid_configs,
-           "rwkv5": rwkv5_configs, "rwkv6": rwkv6_configs, "rwkv7": rwkv7_configs}
+           "rwkv5": rwkv5_configs, "rwkv6": rwkv6_configs, "rwkv7": rwkv7_configs,
+           "lfm2": lfm2_configs, "lfm2_moe": lfm2_moe_configs, "lfm3": lfm3_configs}
 
 
 def model_types():

@@ -66,10 +66,13 @@ mixer_forward, mixer_operator = hybrid_mixers(mamba_forward, mamba_operator)
 
 def hybrid_layer(layer: dict, h, cfg, kind: str, hook, mixer_fn, ffn_fn, residual_scale=None):
     """The decoder layer of Bamba and its relatives: ``h + s * mixer(rms_norm(h))``, then
-    ``h + s * ffn(rms_norm(h))`` (``s = residual_scale``, none if ``None``).
+    ``h + s * ffn(rms_norm(h))`` (``s = residual_scale``, none if ``None``); where ``layer`` has
+    ``"post_mixer_norm"`` / ``"post_ffn_norm"`` weights (LFM3's sandwich norms), the mixer's /
+    feed-forward part's output is RMS-normed with them before it joins the residual stream.
 
     Args:
-      layer: ``{"input_layernorm", "pre_ff_layernorm", "mixer", "feed_forward"}``;
+      layer: ``{"input_layernorm", "pre_ff_layernorm", "mixer", "feed_forward"}`` (and the
+        optional post norms);
       h: ``(B, L, d_model)`` residual stream; kind: the layer's mixer kind;
       hook: optional ``(point, x) -> x`` called at the layer's hook points (``nn.hooks``);
       mixer_fn: ``(p, h, cfg, kind, out_hook) -> (B, L, d_model)``;
@@ -79,10 +82,16 @@ def hybrid_layer(layer: dict, h, cfg, kind: str, hook, mixer_fn, ffn_fn, residua
     """
     hook = hook or no_hook
     scale = (lambda t: t) if residual_scale is None else (lambda t: t * jnp.asarray(residual_scale, t.dtype))
+
+    def post(name, t):
+        return t if name not in layer else rms_norm(t, layer[name], cfg.rms_norm_eps)
+
     h = hook("hook_resid_pre", h)
     hn = hook("mixer.hook_in", rms_norm(h, layer["input_layernorm"], cfg.rms_norm_eps))
-    h = hook("hook_resid_mid", h + scale(mixer_fn(layer["mixer"], hn, cfg, kind, out_hook(hook))))
-    h = h + scale(ffn_fn(layer["feed_forward"], rms_norm(h, layer["pre_ff_layernorm"], cfg.rms_norm_eps), cfg))
+    h = hook("hook_resid_mid", h + scale(post("post_mixer_norm", mixer_fn(layer["mixer"], hn, cfg, kind,
+                                                                         out_hook(hook)))))
+    x = rms_norm(h, layer["pre_ff_layernorm"], cfg.rms_norm_eps)
+    h = h + scale(post("post_ffn_norm", ffn_fn(layer["feed_forward"], x, cfg)))
     return hook("hook_resid_post", h), hn
 
 

@@ -62,6 +62,9 @@ class Layout:
       mixer_prefix: ``{kind: the local prefix of that kind's mixer tensors}``.
       mixer_tables: ``(Config, Layout) -> {kind: {name under the prefix: shape}}``.
       embed: the embedding's tensor name.
+      mixer_norm: the local name of each layer's norm before the mixer.
+      extra_norms: ``Config -> {key in the layer's params: local name}`` of further per-layer
+        norm weights (LFM3's norms after the mixer and the feed-forward part).
     """
 
     family: str
@@ -75,6 +78,8 @@ class Layout:
     mixer_prefix: dict = dataclasses.field(default_factory=lambda: dict(MIXER_PREFIX))
     mixer_tables: Callable = None  # None: ``mixer_tables`` below
     embed: str = "model.embed_tokens.weight"
+    mixer_norm: str = "input_layernorm.weight"
+    extra_norms: Callable = lambda cfg: {}
 
 
 LAYOUT = Layout("bamba", "model.final_layernorm.weight", "pre_ff_layernorm.weight", "feed_forward.",
@@ -105,8 +110,9 @@ def layout_shapes(cfg, layout: Layout) -> tuple[dict, dict]:
     mixers = layout_mixers(cfg, layout)
     for i, kind in enumerate(cfg.layer_types):
         p = f"model.layers.{i}."
-        req[p + "input_layernorm.weight"] = (D,)
+        req[p + layout.mixer_norm] = (D,)
         req[p + layout.ffn_norm] = (D,)
+        req.update({p + name: (D,) for name in layout.extra_norms(cfg).values()})
         req.update({p + layout.mixer_prefix[kind] + k: s for k, s in mixers[kind].items()})
         req.update({p + layout.ffn_prefix + k: s for k, s in layout.ffn_shapes(cfg, i).items()})
     opt = {}
@@ -124,13 +130,15 @@ def sub(tensors: dict, prefix: str) -> dict:
 
 def layout_params(cfg, tensors: dict, layout: Layout) -> dict:
     """HF tensors (already checked) in ``layout`` -> the ``LM`` parameter tree: per layer
-    ``{"input_layernorm", "pre_ff_layernorm", "mixer", "feed_forward"}`` (local names)."""
+    ``{"input_layernorm", "pre_ff_layernorm", "mixer", "feed_forward"}`` (local names) and the
+    layout's extra norms."""
     layers = []
     mixers = layout_mixers(cfg, layout)
     for i, kind in enumerate(cfg.layer_types):
         p = f"model.layers.{i}."
-        layers.append({"input_layernorm": tensors[p + "input_layernorm.weight"],
+        layers.append({"input_layernorm": tensors[p + layout.mixer_norm],
                        "pre_ff_layernorm": tensors[p + layout.ffn_norm],
+                       **{key: tensors[p + name] for key, name in layout.extra_norms(cfg).items()},
                        "mixer": {k: tensors[p + layout.mixer_prefix[kind] + k] for k in mixers[kind]},
                        "feed_forward": layout.ffn_params(cfg, i, {k: tensors[p + layout.ffn_prefix + k]
                                                                   for k in layout.ffn_shapes(cfg, i)})})
@@ -144,8 +152,9 @@ def layout_tensors(cfg, params: dict, layout: Layout) -> dict:
     t = {layout.embed: params["embed_tokens"], layout.final_norm: params["final_layernorm"]}
     for i, (kind, layer) in enumerate(zip(cfg.layer_types, params["layers"])):
         p = f"model.layers.{i}."
-        t[p + "input_layernorm.weight"] = layer["input_layernorm"]
+        t[p + layout.mixer_norm] = layer["input_layernorm"]
         t[p + layout.ffn_norm] = layer["pre_ff_layernorm"]
+        t.update({p + name: layer[key] for key, name in layout.extra_norms(cfg).items()})
         t.update({p + layout.mixer_prefix[kind] + k: v for k, v in layer["mixer"].items()})
         t.update({p + layout.ffn_prefix + k: v
                   for k, v in layout.ffn_tensors(cfg, i, layer["feed_forward"]).items()})
