@@ -91,7 +91,10 @@ class Config(AttentionFields, HFConfig):
                                tuple("attention" if (i + 1) % 2 else "lightning" for i in range(n)))
         if len(self.layer_types) != n:
             raise ValueError(f"num_hidden_layers ({n}) must equal the number of layer_types ({len(self.layer_types)})")
-        self.check_attention_fields()
+        if "attention" in self.layer_types:
+            self.check_attention_fields()
+        else:  # no softmax attention: its key/value heads are never read (HF does not check them)
+            self.check_ints("head_dim")
 
     @property
     def rotary_dim(self) -> int:
