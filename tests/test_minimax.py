@@ -184,3 +184,26 @@ def test_config_fields_hf_ignores_are_refused_where_they_change_the_math():
         with pytest.raises(ValueError, match=msg):
             minimax.Config.from_hf({**base, **change})
     assert json.loads(json.dumps(cfg.to_hf()))["layer_types"] == TINY["layer_types"]
+
+
+def test_long_input_past_hf_default_block_is_finite_and_exact(tmp_path):
+    """HF's default ``block_size`` 256 and 16 heads (rates up to ``2^-0.5``: decays far below float32's
+    range across the sequence) at ``L = 261``: the mixer equals HF's, ``H`` is finite, exact, and its
+    rows equal the float64 formula."""
+    torch, _ = torch_or_skip()
+    from implicit_attn.testing import build_hf_model, max_rel_error
+
+    config = {**TINY, "block_size": 256, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 2}
+    tm = build_hf_model("minimax", config, path=tmp_path)
+    model = ia.load(tmp_path)
+    x = np.random.default_rng(8).standard_normal((1, 261, TINY["hidden_size"])).astype(np.float32)
+    with torch.no_grad():
+        want = tm.model.layers[0].self_attn(torch.as_tensor(x), None, None)[0].numpy()
+    mixer = model.layers[0].mixer
+    assert max_rel_error(mixer(x), want) <= 1e-5
+    op = mixer.as_operator(x)
+    H = np.asarray(op.materialize())
+    assert np.isfinite(H).all() and op.relative_error() <= 1e-5
+    ref = minimax.SPEC.naive_operator(mixer.arrays(), x, model.config, 0)
+    rows = [0, 100, 255, 256, 260]
+    assert max_rel_error(H[:, :, rows], ref[:, :, rows]) <= 1e-5
