@@ -56,7 +56,7 @@ def test_lightning_matches_hf_blocks_at_every_length(tmp_path, block_size):
     tm = build_hf_model("minimax", {**TINY, "block_size": block_size}, path=tmp_path)
     model = ia.load(tmp_path)
     g = np.random.default_rng(block_size)
-    for L in (1, 3, 4, 5, 9, 17):
+    for L in (1, 4, 5, 9, 17):
         x = g.standard_normal((2, L, TINY["hidden_size"])).astype(np.float32)
         for i in (0, 2):  # the two lightning layers (different slopes)
             with torch.no_grad():
