@@ -77,7 +77,8 @@ def expected_shapes(cfg: Config) -> tuple[dict, dict]:
 
 
 def checked_slope(cfg: Config, tensors: dict, i: int):
-    """Layer ``i``'s ``slope_rate (H, 1, 1)``: the checkpoint's if it has one, else HF's formula;
+    """Layer ``i``'s ``slope_rate (H, 1, 1)``: the checkpoint's if it has one, else HF's formula
+    (float32, as decays are kept);
     ``CheckpointError`` if a stored decay table is not the one these slopes give."""
     p = f"model.layers.{i}.self_attn."
     stored = tensors.get(p + "slope_rate")
@@ -101,10 +102,8 @@ def params_from_tensors(cfg: Config, tensors: dict) -> dict:
     """HF tensors (already checked) -> the ``LM`` parameter tree (Bamba's; each lightning mixer with
     its ``slope_rate``)."""
     params = layout_params(cfg, tensors, LAYOUT)
-    dtype = tensors[LAYOUT.embed].dtype
     for i in lightning_layers(cfg):
-        slope = checked_slope(cfg, tensors, i)
-        params["layers"][i]["mixer"]["slope_rate"] = slope if slope.dtype == dtype else jnp.asarray(slope, dtype)
+        params["layers"][i]["mixer"]["slope_rate"] = checked_slope(cfg, tensors, i)
     return params
 
 
