@@ -79,20 +79,21 @@ def lightning_parts(p: dict, h, cfg: Config) -> dict:
 
 
 def lightning_inner(p: dict, h, cfg: Config, parts=None):
-    """``(o (B, L, C), left (B, L, C))`` float32: the decayed linear attention's output and the
-    norm-and-gate factor ``w sigmoid(g) / rms(o)`` (the block's pre-``out_proj`` output is ``left * o``)."""
+    """``(o, norm)``, both ``(B, L, C)`` float32: the decayed linear attention's output and the norm's
+    factor ``w / rms(o)`` (the block's pre-``out_proj`` output is ``norm * gate * o``)."""
     q = parts or lightning_parts(p, h, cfg)
     B, L, H, d = q["q"].shape
     o = ssd(q["v"], jnp.ones((B, L, H), f32), -q["slope"], q["k"], q["q"], CHUNK).reshape(B, L, H * d)
     inv = jax.lax.rsqrt(jnp.mean(o * o, axis=-1, keepdims=True) + cfg.lightning_norm_eps)
-    return o, p["norm.weight"].astype(f32) * inv * q["gate"]
+    return o, p["norm.weight"].astype(f32) * inv
 
 
 def lightning_forward(p: dict, h, cfg: Config, hook=None):
     """HF ``MiniMaxLightningAttention.forward`` (no cache): ``(B, L, D) -> (B, L, D)``. ``hook``:
     optional ``(B, C, L) -> (B, C, L)`` on the gated, normed output before ``out_proj``."""
-    o, left = lightning_inner(p, h, cfg)
-    return linear(apply_out_hook(left * o, hook).astype(h.dtype), p["out_proj.weight"])
+    parts = lightning_parts(p, h, cfg)
+    o, norm = lightning_inner(p, h, cfg, parts)
+    return linear(apply_out_hook(norm * parts["gate"] * o, hook).astype(h.dtype), p["out_proj.weight"])
 
 
 def lightning_operator(p: dict, h, cfg: Config, variant: str = "full") -> Mamba2Operator:
@@ -105,13 +106,10 @@ def lightning_operator(p: dict, h, cfg: Config, variant: str = "full") -> Mamba2
     if variant not in VARIANTS:
         raise ValueError(f"{cfg.label} lightning attention variant must be one of {VARIANTS}, got {variant!r}")
     parts = lightning_parts(p, h, cfg)
-    o, left = lightning_inner(p, h, cfg, parts)
+    o, norm = lightning_inner(p, h, cfg, parts)
     T = lambda a: jnp.swapaxes(a, 1, 2).astype(f32)
-    output = T(left * o)
-    if variant == "no_gate":
-        left = left / parts["gate"]
-    elif variant == "no_norm":
-        left = parts["gate"]
+    left = {"full": norm * parts["gate"], "no_gate": norm, "no_norm": parts["gate"]}[variant]
+    output = T(norm * parts["gate"] * o)
     B, L, H, d = parts["q"].shape
     heads = lambda t: jnp.swapaxes(t, 1, 2)  # (B, L, H, d) -> (B, H, L, d)
     core = Mamba2Core(log_a=jnp.broadcast_to(-parts["slope"][None, :, None], (B, H, L)), dt=jnp.ones((B, H, L), f32),
