@@ -148,7 +148,7 @@ FIRST_CONFIG_BY_DEFAULT = ("test_mamba.py", "test_mamba2.py", "test_griffin.py",
 DEEP = {
     # README: the full pass on Mamba and the Quickstart on Bamba (a hybrid) by default; the
     # Griffin full pass and the other families' Quickstart repeat them.
-    "test_readme.py": r"test_readme_blocks_run\[(recurrent_gemma|mamba2|rwkv|falcon_mamba|granitemoehybrid|jamba|nemotron_h|falcon_h1|zamba|zamba2|qwen3_next|qwen3_5_text|qwen3_5_moe_text|olmo_hybrid|kimi_linear|bailing_hybrid|rwkv5|rwkv6|rwkv7)\]",
+    "test_readme.py": r"test_readme_blocks_run\[(recurrent_gemma|mamba2|rwkv|falcon_mamba|granitemoehybrid|jamba|nemotron_h|falcon_h1|zamba|zamba2|qwen3_next|qwen3_5_text|qwen3_5_moe_text|olmo_hybrid|kimi_linear|bailing_hybrid|minimax|rwkv5|rwkv6|rwkv7|lfm2|lfm2_moe|lfm3)\]",
     # The hybrids' released layouts scaled down: the conformance contract again, on a second
     # configuration of each (the per-file checks of what is specific stay in the default tier).
     "test_bamba.py": r"test_released_layout_matches_torch_and_is_exact",
@@ -174,6 +174,12 @@ DEEP = {
     "test_olmo_hybrid.py": r"test_released_layout_matches_torch_and_is_exact",
     "test_kimi_linear.py": r"test_released_layout_matches_torch_and_is_exact",
     "test_bailing_hybrid.py": r"test_released_layout_matches_torch_and_is_exact",
+    # MiniMax: HF's block-wise lightning attention at one block length by default, HF's slope
+    # buffers for one and for 80 layers (the released depth) by default; the long input repeats
+    # the block checks at HF's default block length
+    "test_minimax.py": (r"test_lightning_matches_hf_blocks_at_every_length\[(1|5)\]"
+                        r"|test_slopes_are_hf_buffers\[(4-3|6-5|3-2)\]|test_other_configs_match_torch\[hf_default_layers\]"
+                        r"|test_long_input_past_hf_default_block_is_finite_and_exact"),
     # (the parallel core's channel layout is also checked by Zamba's heads test)
     "test_falcon_h1.py": r"test_released_layout_matches_torch_and_is_exact|test_layer_operator_holds_both_paths"
                          r"|test_mamba_output_norm_settings_match_torch\[\w+\]",
@@ -199,7 +205,7 @@ DEEP = {
                                # exported by default (ParallelCore: Falcon-H1's export, by default;
                                # the delta rule: test_delta_rule's cuda export)
                                # (DplrCore: RWKV-7's export by default, RWKV-6's is the same core)
-                               r"|test_operators_export\[(falcon_mamba|granitemoehybrid|jamba|nemotron_h|zamba|zamba2|qwen3_next|qwen3_5_\w+|olmo_hybrid|kimi_linear|bailing_hybrid|rwkv5|rwkv6)-cuda\]"
+                               r"|test_operators_export\[(falcon_mamba|granitemoehybrid|jamba|nemotron_h|zamba|zamba2|qwen3_next|qwen3_5_\w+|olmo_hybrid|kimi_linear|bailing_hybrid|minimax|rwkv5|rwkv6|lfm2_moe|lfm3)-cuda\]"
                                r"|test_explain_methods_export\[(?!mamba-)[\w-]+-given-\w+\]"
                                r"|test_explain_(maps|methods)_export\[(?!mamba-|bamba-)[\w-]+\]"),
 }

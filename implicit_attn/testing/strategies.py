@@ -352,6 +352,30 @@ def bailing_hybrid_configs(draw) -> dict:
 
 
 @st.composite
+def minimax_configs(draw) -> dict:
+    """``MiniMaxConfig`` kwargs: layer kinds (lightning / softmax attention; one layer included, where
+    HF's slope factor is ``1 + 1e-5``), heads (KV heads dividing them) and head width (None: from
+    ``hidden_size``), HF's block length, a sliding window or none, experts and experts per token,
+    the residual factors, tie."""
+    n = draw(st.integers(1, 3))
+    types = draw(st.lists(st.sampled_from(["linear_attention", "full_attention"]), min_size=n, max_size=n))
+    heads = draw(st.sampled_from([1, 2, 4]))
+    experts = draw(st.integers(1, 4))
+    factor = st.sampled_from([1.0, 0.5, 2.0])
+    return {**family("minimax").tiny,
+            "vocab_size": draw(VOCAB), "hidden_size": draw(st.sampled_from([8, 16])),
+            "intermediate_size": draw(st.sampled_from([4, 8])), "num_hidden_layers": n, "layer_types": types,
+            "num_attention_heads": heads, "num_key_value_heads": draw(st.sampled_from(divisors(heads))),
+            "head_dim": draw(st.sampled_from([None, 4, 6])), "block_size": draw(st.sampled_from([2, 3, 4, 16])),
+            "sliding_window": draw(st.sampled_from([None, 2, 5])), "num_local_experts": experts,
+            "num_experts_per_tok": draw(st.integers(1, experts)),
+            **{name: draw(factor) for name in ("full_attn_alpha_factor", "full_attn_beta_factor",
+                                                "linear_attn_alpha_factor", "linear_attn_beta_factor",
+                                                "mlp_alpha_factor", "mlp_beta_factor")},
+            "tie_word_embeddings": draw(st.booleans())}
+
+
+@st.composite
 def rwkv_configs(draw) -> dict:
     """``RwkvConfig`` kwargs: widths of the residual stream, attention and feed-forward,
     depth (at least 2: HF's initialisation divides by ``num_hidden_layers - 1``), and eval
@@ -469,7 +493,7 @@ CONFIGS = {"mamba": mamba_configs, "mamba2": mamba2_configs, "recurrent_gemma": 
            "falcon_h1": falcon_h1_configs, "zamba2": zamba2_configs, "zamba": zamba_configs,
            "qwen3_next": qwen3_next_configs, "qwen3_5_text": qwen3_5_configs,
            "qwen3_5_moe_text": qwen3_5_moe_configs, "olmo_hybrid": olmo_hybrid_configs,
-           "kimi_linear": kimi_linear_configs, "bailing_hybrid": bailing_hybrid_configs,
+           "kimi_linear": kimi_linear_configs, "bailing_hybrid": bailing_hybrid_configs, "minimax": minimax_configs,
            "rwkv5": rwkv5_configs, "rwkv6": rwkv6_configs, "rwkv7": rwkv7_configs,
            "lfm2": lfm2_configs, "lfm2_moe": lfm2_moe_configs, "lfm3": lfm3_configs}
 
