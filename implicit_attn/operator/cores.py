@@ -473,15 +473,16 @@ class DplrCore(HeadMatrixCore):
         return _present(gate=self.left, log_decay=self.log_w)
 
 
-@pytree_dataclass(static=("eps",))
+@pytree_dataclass
 class MlstmCore(HeadMatrixCore):
     """``H_c = diag(left_c) M_h diag(right_c) Conv_c`` (``HeadMatrixCore``) with ``M_h`` head ``h``'s
     mLSTM matrix (``ops.mlstm_matrix``): the decayed ``q k^T`` weighted by the input gates relative
-    to the stabiliser ``m``, divided row by row by ``max(|row sum|, e^{-m}) + eps``.
+    to the stabiliser ``m``, divided row by row by the normaliser ``max(|n . q|, e^{-m}) + eps``
+    (a per-row diagonal, the block's own).
 
-    Shapes: ``q, k (B, H, L, d_k)`` (``q`` scaled), ``log_f, log_i, m (B, H, L)`` log forget gates,
-    log input gates and the model's stabiliser, ``head (C,)`` int, ``left, right (B, C, L)`` or
-    None, ``conv_w (C, K)`` or None, ``matrices (B, H, L, L)`` or None; ``eps`` static.
+    Shapes: ``q, k (B, H, L, d_k)`` (``q`` scaled), ``log_f, log_i, m, norm (B, H, L)`` log forget
+    gates, log input gates, the model's stabiliser and normaliser, ``head (C,)`` int, ``left, right
+    (B, C, L)`` or None, ``conv_w (C, K)`` or None, ``matrices (B, H, L, L)`` or None.
     """
 
     q: Any
@@ -489,12 +490,12 @@ class MlstmCore(HeadMatrixCore):
     log_f: Any
     log_i: Any
     m: Any
+    norm: Any
     head: Any
     left: Any = None
     right: Any = None
     conv_w: Any = None
     matrices: Any = None
-    eps: float = 1e-6
 
     @property
     def num_heads(self) -> int:
@@ -502,7 +503,8 @@ class MlstmCore(HeadMatrixCore):
 
     def compute_head_matrix(self, heads):
         pick = lambda x: jnp.take(x, heads, axis=1)
-        return mlstm_matrix(pick(self.q), pick(self.k), pick(self.log_f), pick(self.log_i), pick(self.m), self.eps)
+        return mlstm_matrix(pick(self.q), pick(self.k), pick(self.log_f), pick(self.log_i), pick(self.m),
+                            norm=pick(self.norm))
 
     def named_factors(self) -> dict:
         """``gate = left (B, C, L)``, ``log_decay = log_f (B, H, L)`` per head."""

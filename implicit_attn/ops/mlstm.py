@@ -89,7 +89,8 @@ def mlstm_stabiliser(log_f, log_i, chunk: int, segment: int | None = None):
 
 
 def mlstm_rule(q, k, v, log_f, log_i, m, eps: float, chunk: int = 64):
-    """The mLSTM read-out ``h (..., L, d_v)`` for the stabiliser ``m (..., L)``, chunk-wise: within a
+    """The mLSTM read-out ``h (..., L, d_v)`` and its normaliser ``max(|n . q|, e^{-m}) + eps (..., L)``
+    for the stabiliser ``m (..., L)``, chunk-wise: within a
     chunk the decayed ``q k^T`` block, across chunks a state stabilised by its own running maximum
     (every exponential ``<= 1`` because ``m_i`` is at least every log weight of row ``i``).
 
@@ -131,20 +132,27 @@ def mlstm_rule(q, k, v, log_f, log_i, m, eps: float, chunk: int = 64):
     inter = jnp.exp(b + Ms[..., None] - m)
     num = inter[..., None] * jnp.einsum("...id,...de->...ie", q, Cs) + P @ v
     den = inter * jnp.einsum("...id,...d->...i", q, ns) + jnp.sum(P, axis=-1)
-    h = num / (jnp.maximum(jnp.abs(den), jnp.exp(-m)) + eps)[..., None]
-    return h.reshape(*lead, nc * Q, dv)[..., :L, :]
+    norm = jnp.maximum(jnp.abs(den), jnp.exp(-m)) + eps
+    h = num / norm[..., None]
+    return h.reshape(*lead, nc * Q, dv)[..., :L, :], norm.reshape(*lead, nc * Q)[..., :L]
 
 
-def mlstm_matrix(q, k, log_f, log_i, m, eps: float, chunk: int = 32):
+def mlstm_matrix(q, k, log_f, log_i, m, eps: float | None = None, norm=None, chunk: int = 32):
     """The mLSTM's matrix ``M (..., L, L)`` (module docstring): ``h = M v``. ``q, k (..., L, d_k)``
     (``q`` scaled), ``log_f, log_i, m (..., L)``; the exponents ``F[i, j] + i_j - m_i`` from stable
-    segment sums (``chunk``: their split), exact zeros above the diagonal."""
+    segment sums (``chunk``: their split), exact zeros above the diagonal. The rows are divided by
+    ``norm (..., L)`` when given (the forward's own normaliser, ``mlstm_rule``: where the normaliser
+    is a near-cancelling sum its float32 rounding differs between summation orders, and the
+    operator must divide by the forward's), else by ``max(|row sum|, e^{-m}) + eps``."""
     q, k, log_f, log_i, m = (x.astype(f32) for x in (q, k, log_f, log_i, m))
     L = q.shape[-2]
     log_d = segment_sum(log_f, chunk) + log_i[..., None, :] - m[..., :, None]
     P = jnp.where(causal_mask(L), jnp.exp(log_d) * jnp.einsum("...id,...jd->...ij", q, k), 0.0)
-    den = jnp.sum(P, axis=-1)
-    return P / (jnp.maximum(jnp.abs(den), jnp.exp(-m)) + eps)[..., None]
+    if norm is None:
+        if eps is None:
+            raise ValueError("mlstm_matrix needs eps or norm")
+        norm = jnp.maximum(jnp.abs(jnp.sum(P, axis=-1)), jnp.exp(-m)) + eps
+    return P / norm.astype(f32)[..., None]
 
 
 __all__ = ["chunk_stabiliser", "step_stabiliser", "mlstm_stabiliser", "mlstm_rule", "mlstm_matrix"]

@@ -17,7 +17,8 @@ Operator (channels = the value width, head ``h`` owns ``d_v`` of them; ``operato
 to the head mean of ``v`` and (``rwkv6.block.head_operator``)
 ``H_c = diag(sigmoid(o_c) w_c / sigma_h) M_h`` on the head-centred values ``v_c - mean_h(v)``,
 ``offset_c = sigmoid(o_c) b_c`` (``w``, ``b`` the norm's weight and bias, ``sigma_h`` the row's
-standard deviation from the layer's own output).
+standard deviation from the layer's own output). ``M_h`` divides each row by the layer's own
+normaliser ``max(|n . q|, e^{-m}) + eps`` (another per-row diagonal).
 """
 from __future__ import annotations
 
@@ -108,16 +109,16 @@ def mixer_parts(p: dict, x, cfg: Config) -> dict:
 
 
 def recurrence(q: dict, cfg: Config):
-    """The per-head mLSTM read-out of ``mixer_parts`` ``q``: ``(B, H, L, d_v)`` float32 (NaN rows
-    where ``q["bad"]``)."""
-    h = mlstm_rule(q["q"], q["k"], q["v"], q["log_f"], q["log_i"], q["m"], cfg.eps, cfg.chunk_size)
-    return mark_nan(h, q["bad"][..., None])
+    """The per-head mLSTM read-out of ``mixer_parts`` ``q``: ``(h (B, H, L, d_v), norm (B, H, L))``
+    float32, ``h`` with NaN rows where ``q["bad"]``, ``norm`` its normaliser."""
+    h, norm = mlstm_rule(q["q"], q["k"], q["v"], q["log_f"], q["log_i"], q["m"], cfg.eps, cfg.chunk_size)
+    return mark_nan(h, q["bad"][..., None]), norm
 
 
 def mixer_inner(p: dict, x, cfg: Config):
     """``MultiHeadLayerNorm(h) * sigmoid(o)``: the layer's output before ``out_proj``, ``(B, L, V)``."""
     q = mixer_parts(p, x, cfg)
-    y, _ = normed(recurrence(q, cfg), head_norm_params(p), cfg.norm_eps)
+    y, _ = normed(recurrence(q, cfg)[0], head_norm_params(p), cfg.norm_eps)
     return y * q["gate"]
 
 
@@ -150,9 +151,10 @@ def mixer_operator(p: dict, x, cfg: Config, variant: str = "full") -> Mamba2Oper
     if variant not in VARIANTS:
         raise ValueError(f"xLSTM variant must be one of {VARIANTS}, got {variant!r}")
     q = mixer_parts(p, x, cfg)
-    core_args = dict(q=q["q"], k=q["k"], log_f=q["log_f"], log_i=q["log_i"], m=q["m"], eps=cfg.eps)
-    return head_operator(recurrence(q, cfg), q["v"], q["gate"], head_norm_params(p), cfg.norm_eps, core_args,
-                         variant, core=MlstmCore)
+    h, norm = recurrence(q, cfg)
+    core_args = dict(q=q["q"], k=q["k"], log_f=q["log_f"], log_i=q["log_i"], m=q["m"], norm=zero_nan(norm))
+    return head_operator(h, q["v"], q["gate"], head_norm_params(p), cfg.norm_eps, core_args, variant,
+                         core=MlstmCore)
 
 
 # ----------------------------------------------------------------------------- the LM
