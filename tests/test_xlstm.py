@@ -12,7 +12,7 @@ import implicit_attn as ia
 from implicit_attn.families import xlstm
 from implicit_attn.families.xlstm.block import mixer_parts, recurrence
 from implicit_attn.families.xlstm.naive import naive_stabiliser
-from implicit_attn.ops import mlstm_rule
+from implicit_attn.ops import mlstm_matrix, mlstm_rule, mlstm_stabiliser
 from conftest import torch_or_skip
 from weights_convert import CheckpointError, read_hf_dir, write_hf_dir
 
@@ -86,7 +86,7 @@ def test_stabiliser_is_the_torch_forward_s_and_a_wrong_one_fails(long_case):
     h_wrong, _ = mlstm_rule(wrong["q"], wrong["k"], wrong["v"], wrong["log_f"], wrong["log_i"], wrong["m"],
                             cfg.eps)
     h_ok, _ = recurrence(q, cfg)
-    assert ok <= 1e-5 and rel(h_wrong, h_ok) > 1e-3
+    assert ok <= 1e-5 and rel(h_wrong, h_ok) > 0.1  # measured: 0.23
 
 
 def test_long_operator_equals_the_float64_reference(long_case):
@@ -249,8 +249,6 @@ def test_long_input_is_finite_and_matches_float64():
     over the soft-capped range; the chunk-wise read-out against a float64 recurrence (row by row,
     within 1e-5 plus what the row's own conditioning makes of float32 rounding), and the matrix of
     the first 1000 rows times ``v`` equal to it."""
-    from implicit_attn.ops import mlstm_matrix, mlstm_stabiliser
-
     g = np.random.default_rng(7)
     H, L, dk, dv = 3, 4099, 8, 8
     f32 = lambda a: np.asarray(a, np.float32)
