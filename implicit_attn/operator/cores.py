@@ -8,6 +8,8 @@
 * ``Mamba2Core``: per-head SSD matrices shared by the head's channels (Mamba-2).
 * ``DeltaRuleCore``: per-head gated delta-rule matrices shared by the head's channels (Gated
   DeltaNet).
+* ``MlstmCore``: per-head mLSTM matrices (xLSTM: decayed, stabilised and normalised ``q k^T``)
+  shared by the head's channels.
 * ``RwkvCore``: a gated, decayed row softmax (RWKV-4).
 * ``ShortConvCore``: a banded causal convolution between two gates (LFM2's gated short conv).
 * ``AttentionCore``: the softmax probabilities of a (grouped-query) local attention.
@@ -25,8 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..ops import (attention_probs, conv_matrix, conv_right, decay_matrix, delta_rule_matrix, dplr_matrix, full_precision,
-                   keep_causal, scalar_decay_kernel, softmax_decay_rows, state_decay_kernel)
+from ..ops import (attention_probs, conv_matrix, conv_right, decay_matrix, delta_rule_matrix, dplr_matrix,
+                   full_precision, keep_causal, mlstm_matrix, scalar_decay_kernel, softmax_decay_rows,
+                   state_decay_kernel)
 from .base import OperatorCore, diag_embed, pytree_dataclass, take
 
 f32 = jnp.float32
@@ -470,6 +473,44 @@ class DplrCore(HeadMatrixCore):
     def named_factors(self) -> dict:
         """``gate = left (B, C, L)``, ``log_decay = log_w (B, H, L, d_k)``."""
         return _present(gate=self.left, log_decay=self.log_w)
+
+
+@pytree_dataclass
+class MlstmCore(HeadMatrixCore):
+    """``H_c = diag(left_c) M_h diag(right_c) Conv_c`` (``HeadMatrixCore``) with ``M_h`` head ``h``'s
+    mLSTM matrix (``ops.mlstm_matrix``): the decayed ``q k^T`` weighted by the input gates relative
+    to the stabiliser ``m``, divided row by row by the normaliser ``max(|n . q|, e^{-m}) + eps``
+    (a per-row diagonal, the block's own).
+
+    Shapes: ``q, k (B, H, L, d_k)`` (``q`` scaled), ``log_f, log_i, m, norm (B, H, L)`` log forget
+    gates, log input gates, the model's stabiliser and normaliser, ``head (C,)`` int, ``left, right
+    (B, C, L)`` or None, ``conv_w (C, K)`` or None, ``matrices (B, H, L, L)`` or None.
+    """
+
+    q: Any
+    k: Any
+    log_f: Any
+    log_i: Any
+    m: Any
+    norm: Any
+    head: Any
+    left: Any = None
+    right: Any = None
+    conv_w: Any = None
+    matrices: Any = None
+
+    @property
+    def num_heads(self) -> int:
+        return self.log_f.shape[1]
+
+    def compute_head_matrix(self, heads):
+        pick = lambda x: jnp.take(x, heads, axis=1)
+        return mlstm_matrix(pick(self.q), pick(self.k), pick(self.log_f), pick(self.log_i), pick(self.m),
+                            norm=pick(self.norm))
+
+    def named_factors(self) -> dict:
+        """``gate = left (B, C, L)``, ``log_decay = log_f (B, H, L)`` per head."""
+        return _present(gate=self.left, log_decay=self.log_f)
 
 
 @pytree_dataclass

@@ -486,6 +486,25 @@ def lfm3_configs(draw) -> dict:
             "attention_bias": draw(st.booleans())}
 
 
+@st.composite
+def xlstm_configs(draw) -> dict:
+    """transformers ``xLSTMConfig`` kwargs: width, heads, query-key and value widths, biases, chunk
+    size (mostly below the test lengths: chunk-wise rows and step-wise tails), gate and logit soft
+    caps, the normaliser's and the norms' eps, feed-forward width, depth. Always
+    ``weight_mode="single"``: transformers 5.23 cannot build a "fused" model (its weight init fails;
+    ``tests/test_xlstm.py`` checks "fused" against a torch model built around that), and always the
+    default ``max_inference_chunksize`` (its pieces need widths that are multiples of 64)."""
+    return {**family("xlstm").tiny,
+            "vocab_size": draw(VOCAB), "hidden_size": draw(st.sampled_from([16, 32])),
+            "num_heads": draw(st.sampled_from([1, 2, 4])), "qk_dim_factor": draw(st.sampled_from([0.5, 1.0])),
+            "v_dim_factor": draw(st.sampled_from([0.5, 1.0, 1.5])),
+            "use_bias": draw(st.booleans()), "chunk_size": draw(st.sampled_from([2, 4, 64])),
+            "gate_soft_cap": draw(st.sampled_from([15.0, 3.0])),
+            "output_logit_soft_cap": draw(st.sampled_from([30.0, 2.0])), "eps": draw(st.sampled_from([1e-6, 1e-2])),
+            "norm_eps": draw(st.sampled_from([1e-6, 1e-3])), "ffn_proj_factor": draw(st.sampled_from([1.0, 2.667])),
+            "ffn_round_up_to_multiple_of": draw(st.sampled_from([8, 16])), "num_hidden_layers": draw(st.integers(1, 2))}
+
+
 CONFIGS = {"mamba": mamba_configs, "mamba2": mamba2_configs, "recurrent_gemma": recurrent_gemma_configs,
            "rwkv": rwkv_configs, "falcon_mamba": falcon_mamba_configs,
            "bamba": bamba_configs, "granitemoehybrid": granite_configs,
@@ -495,7 +514,7 @@ CONFIGS = {"mamba": mamba_configs, "mamba2": mamba2_configs, "recurrent_gemma": 
            "qwen3_5_moe_text": qwen3_5_moe_configs, "olmo_hybrid": olmo_hybrid_configs,
            "kimi_linear": kimi_linear_configs, "bailing_hybrid": bailing_hybrid_configs, "minimax": minimax_configs,
            "rwkv5": rwkv5_configs, "rwkv6": rwkv6_configs, "rwkv7": rwkv7_configs,
-           "lfm2": lfm2_configs, "lfm2_moe": lfm2_moe_configs, "lfm3": lfm3_configs}
+           "lfm2": lfm2_configs, "lfm2_moe": lfm2_moe_configs, "lfm3": lfm3_configs, "xlstm": xlstm_configs}
 
 
 def model_types():

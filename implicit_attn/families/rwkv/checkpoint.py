@@ -59,6 +59,7 @@ class Names:
     ffn: str = "feed_forward"
     final_norm: str = "ln_out"
     head: str = "head"
+    final_norm_bias: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,9 +86,10 @@ def blocks_checkpoint(config_cls, mixer_table: Callable, ffn_table: Callable, in
     emb, final = f"{n.root}embeddings", f"{n.root}{n.final_norm}"
     has_first = lambda cfg, i: i == 0 and getattr(cfg, "norm_first", True)
 
-    def norm_shapes(cfg, name: str) -> dict:
+    def norm_shapes(cfg, name: str, bias: bool = True) -> dict:
         D = cfg.hidden_size
-        return {name + ".weight": (D,), **({name + ".bias": (D,)} if getattr(cfg, "norm_bias", True) else {})}
+        bias = bias and getattr(cfg, "norm_bias", True)
+        return {name + ".weight": (D,), **({name + ".bias": (D,)} if bias else {})}
 
     def layer_norms(cfg, i: int) -> tuple:
         return ((n.first_norm,) if has_first(cfg, i) else ()) + n.norms
@@ -95,7 +97,7 @@ def blocks_checkpoint(config_cls, mixer_table: Callable, ffn_table: Callable, in
     def expected_shapes(cfg) -> tuple[dict, dict]:
         """``(required, optional)`` HF tensor names -> shapes for ``cfg``."""
         V, D = cfg.vocab_size, cfg.hidden_size
-        req = {emb + ".weight": (V, D), **norm_shapes(cfg, final)}
+        req = {emb + ".weight": (V, D), **norm_shapes(cfg, final, n.final_norm_bias)}
         opt = {}
         for i in range(cfg.num_hidden_layers):
             p = f"{n.root}{n.layers}.{i}."

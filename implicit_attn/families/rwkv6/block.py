@@ -142,8 +142,9 @@ def channel_mix_forward(p: dict, x, cfg) -> jax.Array:
     return jax.nn.sigmoid(r) * linear(k, p["value.weight"])
 
 
-def head_operator(o, v, gate, p: dict, eps: float, core_args: dict, variant: str) -> Mamba2Operator:
-    """The operator of a per-head DPLR time mix followed by ``GroupNorm * gate`` (RWKV-5/6/7).
+def head_operator(o, v, gate, p: dict, eps: float, core_args: dict, variant: str, core=DplrCore) -> Mamba2Operator:
+    """The operator of a per-head DPLR time mix followed by ``GroupNorm * gate`` (RWKV-5/6/7; xLSTM's
+    mLSTM with its multi-head layer norm passes ``core=MlstmCore``).
 
     Args:
       o: ``(B, H, L, V)`` the recurrence's output (NaN rows kept); v: ``(B, H, L, V)`` its values;
@@ -153,7 +154,8 @@ def head_operator(o, v, gate, p: dict, eps: float, core_args: dict, variant: str
         optionally ``outside (B, H, L)``: a weight on each position's own value added after the
         norm (RWKV-7's ``r_k`` term; the block's output then includes it);
       variant: ``"no_gate"`` leaves the gate out of ``H`` and the offset, ``"no_bonus"`` the
-        ``outside`` term (the output keeps both).
+        ``outside`` term (the output keeps both);
+      core: the ``HeadMatrixCore`` class built from ``core_args`` (default ``DplrCore``).
     Returns:
       ``Mamba2Operator`` on the head-centred values, ``output`` the block's own gated output.
     """
@@ -174,9 +176,9 @@ def head_operator(o, v, gate, p: dict, eps: float, core_args: dict, variant: str
         if variant != "no_bonus":
             args["diag"] = zero_nan(T(g * diag))
             offset = offset + T(g * diag * flat(jnp.broadcast_to(jnp.mean(v, -1, keepdims=True), v.shape)))
-    core = DplrCore(head=jnp.repeat(jnp.arange(H), V), left=zero_nan(left), **args)
     values = T(flat(head_centred(v)))
-    return Mamba2Operator(values=values, offset=offset, output=output, core=core)
+    return Mamba2Operator(values=values, offset=offset, output=output,
+                          core=core(head=jnp.repeat(jnp.arange(H), V), left=zero_nan(left), **args))
 
 
 def time_mix_operator(p: dict, x, cfg: Config, variant: str = "full") -> Mamba2Operator:
