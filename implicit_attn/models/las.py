@@ -18,8 +18,8 @@ only), ``s_attention`` (AP only), ``vanilla``, ``alibi``, ``las_chunk``.
 The operator of a layer is an ``AttentionOperator`` over a ``LaSCore``: channels = heads,
 ``materialize()`` the pooled, masked matrices ``(B, heads, L, L)``, ``values`` the value
 vectors ``(B, heads, L, head_dim)``; ``H v`` equals the block's per-head output (before
-``o_proj``), which the forward computes another way for ``pool_align="causal"``: the
-softmax matrix times the causally averaged values (``ops.pool_values``).
+``o_proj``), which the forward computes another way: the softmax matrix applied to shifted,
+averaged values (``ops.pooled_apply``), never the pooled matrix.
 
 Later parts of the LaS issue (training on Select / CumSum / CumMax and a long-range task)
 take ``Config``, ``init_params`` and ``lm_forward`` (pure, jittable, differentiable in the
@@ -42,8 +42,8 @@ from ..nn.checkpoint import CheckpointError, read_hf_dir, write_hf_dir
 from ..nn.config import HFConfig
 from ..nn.hooks import MID_POINTS, ForwardHooks, no_hook, out_hook
 from ..operator import AttentionOperator, LaSCore
-from ..ops import (POOL_ALIGNS, alibi_slopes, check_chunk, check_pool, embed, from_first, full_precision, las_alphas,
-                   las_probs, las_softmax, linear, mark_nan, pool_values, zero_nan)
+from ..ops import (POOL_ALIGNS, alibi_slopes, block_start, check_chunk, check_pool, embed, full_precision, las_alphas,
+                   las_softmax, linear, mark_nan, pooled_apply, zero_nan)
 
 f32 = jnp.float32
 MODEL_TYPE = "las_transformer"
@@ -182,19 +182,20 @@ def mixer_parts(p: dict, h, cfg: Config) -> dict:
 def attend(a: dict, cfg: Config):
     """Per-head LaS attention output ``(B, heads, L, head_dim)`` of the parts ``a``.
 
-    ``"causal"`` pooling: ``SF(...) @ pool_values(v)`` (the values averaged over their last
-    ``P`` positions), never forming the pooled matrix; ``"centered"``: ``las_probs(...) @ v``.
-    NaN stays causal (``ops.nan``): a NaN key or value reaches the rows at and after it, a
-    NaN query its own row."""
+    The pooling is applied to the values, never forming the pooled matrix (``ops.pooled_apply``):
+    ``"causal"``: ``SF(...) @ pool_values(v)`` (the values averaged over their last ``P``
+    positions); ``"centered"``: one product per window offset. The operator forms
+    ``AP(SF(...))`` itself (``ops.las_probs``), so ``H v == output`` is a real check.
+    NaN stays causal (``ops.nan``): a NaN key or value reaches the rows at and after it in its
+    block (LaS-chunk), a NaN query its own row."""
     q, k, v = a["q"], a["k"], a["v"]
-    bad = from_first(jnp.isnan(k).any(-1) | jnp.isnan(v).any(-1), axis=2) | jnp.isnan(q).any(-1)
+    seen = jnp.cumsum((jnp.isnan(k).any(-1) | jnp.isnan(v).any(-1)).astype(jnp.int32), axis=2)
+    start = block_start(q.shape[2], cfg.chunk)
+    before = jnp.where(start > 0, jnp.take(seen, jnp.maximum(start - 1, 0), axis=2), 0)
+    bad = (seen > before) | jnp.isnan(q).any(-1)   # a NaN key / value earlier in the query's block
     q, k, v = zero_nan(q).astype(f32), zero_nan(k).astype(f32), zero_nan(v).astype(f32)
-    alpha, slope = cfg.head_alphas(), cfg.head_slopes()
-    if cfg.pool_align == "causal":
-        o = jnp.einsum("bhij,bhjd->bhid", las_softmax(q, k, alpha, slope, cfg.chunk),
-                       pool_values(v, cfg.pool, cfg.chunk))
-    else:
-        o = jnp.einsum("bhij,bhjd->bhid", las_probs(q, k, alpha, slope, cfg.pool, cfg.chunk, cfg.pool_align), v)
+    S = las_softmax(q, k, cfg.head_alphas(), cfg.head_slopes(), cfg.chunk)
+    o = pooled_apply(S, v, cfg.pool, cfg.chunk, cfg.pool_align)
     return mark_nan(o.astype(a["v"].dtype), bad[..., None])
 
 

@@ -160,6 +160,34 @@ def pool_values(v, pool: int, chunk: int | None = None):
     return out / jnp.asarray(pool, v.dtype)
 
 
+def pooled_apply(S, v, pool: int, chunk: int | None = None, align: str = "causal"):
+    """``AP(S) v`` masked to the visible keys, without forming the pooled matrix: ``S (..., L, L)``
+    a causal, block-diagonal matrix (``las_softmax``), ``v (..., L, d)``. With window offsets
+    ``lo .. hi`` (``pool_window``),
+
+        sum_{j visible} AP(S)[i, j] v_j = 1/P sum_k sum_{j'} S[i, j'] v_{j' - k} [s_i <= j' - k <= i]
+
+    ``"causal"``: ``k >= 0``, so ``j' - k <= i`` always holds and the sum over ``k`` is one
+    product with the averaged values, ``S @ pool_values(v)``. ``"centered"``: one product per
+    offset, ``S`` restricted to keys ``j' <= i + k`` times the values shifted by ``k`` (zero
+    outside the block)."""
+    pool = check_pool(pool, align)
+    if align == "causal" or pool == 1:
+        return jnp.einsum("...ij,...jd->...id", S, pool_values(v, pool, chunk))
+    lo, hi = pool_window(pool, align)
+    L = S.shape[-1]
+    start = block_start(L, chunk)
+    i = jnp.arange(L)[:, None]
+    j = jnp.arange(L)[None, :]
+    vp = jnp.pad(v, [(0, 0)] * (v.ndim - 2) + [(hi, -lo), (0, 0)])   # vp[m] = v[m - hi]
+    out = jnp.zeros(S.shape[:-1] + v.shape[-1:], jnp.result_type(S, v))
+    for k in range(lo, hi + 1):
+        src = jnp.arange(L) - k
+        vk = jnp.where((src >= start)[:, None], vp[..., hi - k:hi - k + L, :], jnp.zeros((), v.dtype))
+        out = out + jnp.einsum("...ij,...jd->...id", jnp.where(j - k <= i, S, 0.0), vk)
+    return out / jnp.asarray(pool, out.dtype)
+
+
 def _per_head(x, H: int, name: str):
     if x is None:
         return None
@@ -218,5 +246,5 @@ def las_probs(q, k, alpha=None, slope=None, pool: int = 1, chunk: int | None = N
 
 
 __all__ = ["POOL_ALIGNS", "las_alphas", "alibi_slopes", "check_pool", "check_chunk", "causal_distance",
-           "block_start", "visible", "pool_window", "pool_rows", "pool_values", "las_scores", "las_softmax",
+           "block_start", "visible", "pool_window", "pool_rows", "pool_values", "pooled_apply", "las_scores", "las_softmax",
            "las_probs"]
