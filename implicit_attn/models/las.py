@@ -23,7 +23,7 @@ averaged values (``ops.pooled_apply``), never the pooled matrix.
 
 Later parts of the LaS issue (training on Select / CumSum / CumMax and a long-range task)
 take ``Config``, ``init_params`` and ``lm_forward`` (pure, jittable, differentiable in the
-parameters) as they are.
+parameters) as they are; ``stack_forward`` runs the layers on real-valued inputs.
 """
 from __future__ import annotations
 
@@ -259,9 +259,16 @@ def lm_forward(params: dict, ids, cfg: Config, capture: tuple = (), adds=None, s
     ``nn.hooks.ForwardHooks`` (``capture`` names, ``adds`` / ``sets`` ``{name: array}``)."""
     hooks = ForwardHooks(capture, adds, sets)
     h = hooks("hook_embed", embed(params["embeddings"], ids))
-    for i, layer in enumerate(params["layers"]):
-        h = layer_forward(layer, h, cfg, hooks.layer(i))
-    return head(params, h, cfg), hooks.captured
+    return head(params, stack_forward(params["layers"], h, cfg, hooks), cfg), hooks.captured
+
+
+def stack_forward(layers: list, h, cfg: Config, hooks=None):
+    """The layers alone: ``h (B, L, d_model)`` -> ``(B, L, d_model)`` before the final norm, for
+    inputs that are not token ids (real-valued sequences: put your own projection in front and
+    your own head after). ``hooks``: an optional ``nn.hooks.ForwardHooks``."""
+    for i, layer in enumerate(layers):
+        h = layer_forward(layer, h, cfg, None if hooks is None else hooks.layer(i))
+    return h
 
 
 lm_forward_jit = jax.jit(full_precision(lm_forward), static_argnames=("cfg", "capture"))
@@ -428,6 +435,6 @@ def load(path) -> LaSLM:
 
 
 __all__ = ["MODEL_TYPE", "VARIANTS", "POOLINGS", "POOL_ALIGNS", "Config", "layer_norm", "mixer_parts", "attend",
-           "mixer_inner", "mixer_forward", "mixer_operator", "mlp", "layer_forward", "head", "lm_forward",
+           "mixer_inner", "mixer_forward", "mixer_operator", "mlp", "layer_forward", "stack_forward", "head", "lm_forward",
            "lm_forward_jit", "mixer_forward_jit", "mixer_operator_jit", "expected_shapes", "to_params",
            "from_params", "init_rule", "init_params", "LaSMixer", "LaSLayer", "LaSLM", "init", "save", "load"]
