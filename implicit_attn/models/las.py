@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from ..families.rwkv.block import layer_norm  # nn.LayerNorm (float32 statistics)
 from ..nn import LanguageModel, Mixer, Weights, check_tensors, fan_in_normal, random_tensors
 from ..nn.checkpoint import CheckpointError, read_hf_dir, write_hf_dir
 from ..nn.config import HFConfig
@@ -161,14 +162,6 @@ class Config(HFConfig):
 
 
 # ----------------------------------------------------------------------------- pure functions
-
-def layer_norm(x, w, b, eps: float):
-    """LayerNorm over the last axis in float32, returned in ``x``'s dtype."""
-    xf = x.astype(f32)
-    mu = jnp.mean(xf, axis=-1, keepdims=True)
-    var = jnp.mean(jnp.square(xf - mu), axis=-1, keepdims=True)
-    return ((xf - mu) * jax.lax.rsqrt(var + eps) * w.astype(f32) + b.astype(f32)).astype(x.dtype)
-
 
 def mixer_parts(p: dict, h, cfg: Config) -> dict:
     """Scaled queries, keys and values ``(B, heads, L, head_dim)`` of the LaS block."""
@@ -434,7 +427,7 @@ def load(path) -> LaSLM:
     return LaSLM(cfg, to_params(cfg, tensors))
 
 
-__all__ = ["MODEL_TYPE", "VARIANTS", "POOLINGS", "POOL_ALIGNS", "Config", "layer_norm", "mixer_parts", "attend",
+__all__ = ["MODEL_TYPE", "VARIANTS", "POOLINGS", "POOL_ALIGNS", "Config", "mixer_parts", "attend",
            "mixer_inner", "mixer_forward", "mixer_operator", "mlp", "layer_forward", "stack_forward", "head", "lm_forward",
            "lm_forward_jit", "mixer_forward_jit", "mixer_operator_jit", "expected_shapes", "to_params",
            "from_params", "init_rule", "init_params", "LaSMixer", "LaSLayer", "LaSLM", "init", "save", "load"]
