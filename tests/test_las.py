@@ -355,3 +355,20 @@ def test_classifier_save_load_and_explain(tmp_path, ids):
     cpath.write_text(json.dumps({**d, "pool": 4}))
     with pytest.raises(CheckpointError, match="odd"):
         las.load(tmp_path / "m")
+
+
+def test_exports_for_accelerators(lm, ids):
+    """The forward and the operator (materialize, reduce with impl="auto") lower for CUDA and
+    TPU from this machine as plain XLA: no custom call (no CPU kernel), no host callback."""
+    cfg, params = lm.config, lm.params()
+
+    def operator_maps(i):
+        x = las.lm_forward(params, i, cfg, capture=("blocks.1.mixer.hook_in",))[1]["blocks.1.mixer.hook_in"]
+        op = las.mixer_operator(params["layers"][1]["mixer"], x, cfg)
+        return op.materialize(), op.reduce("abs_mean", impl="auto"), op.output
+
+    arg = jax.ShapeDtypeStruct(ids.shape, jnp.int32)
+    for f in (lambda i: las.lm_forward(params, i, cfg)[0], operator_maps):
+        for platform in ("cuda", "tpu"):
+            text = jax.export.export(jax.jit(f), platforms=[platform])(arg).mlir_module()
+            assert "custom_call" not in text and "callback" not in text, platform
