@@ -8,8 +8,9 @@
     A = ops[0].reduce("abs_mean")                  # (B, L, L)
 
 Layers, each importing only those before it: ``ops`` (pure math) <- ``operator`` (operator
-types, cores, dispatch) <- ``kernels``, ``nn`` (shared model parts) <- ``families`` <-
-``registry`` <- ``io``, ``explain``, ``demo``, ``cli``.
+types, cores, dispatch) <- ``kernels``, ``nn`` (shared model parts) <- ``families``, ``models``
+(our own models, not in the registry: ``models.las``) <- ``registry`` <- ``io``, ``explain``, ``demo``,
+``cli``.
 """
 from __future__ import annotations
 

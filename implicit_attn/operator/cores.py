@@ -13,6 +13,7 @@
 * ``RwkvCore``: a gated, decayed row softmax (RWKV-4).
 * ``ShortConvCore``: a banded causal convolution between two gates (LFM2's gated short conv).
 * ``AttentionCore``: the softmax probabilities of a (grouped-query) local attention.
+* ``LaSCore``: the LaS attention matrix (ELD / ALiBi, softmax, average pooling, chunks).
 * ``ParallelCore``: cores side by side, a part's channels possibly repeated (a layer that
   mixes tokens through two paths at once, Falcon-H1's Mamba-2 and attention; Zamba's Mamba
   heads, each with its own ``B`` and ``C``).
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..ops import (attention_probs, conv_matrix, conv_right, decay_matrix, delta_rule_matrix, dplr_matrix,
-                   full_precision, keep_causal, mlstm_matrix, scalar_decay_kernel, softmax_decay_rows,
+                   full_precision, keep_causal, las_probs, mlstm_matrix, scalar_decay_kernel, softmax_decay_rows,
                    state_decay_kernel)
 from .base import OperatorCore, diag_embed, pytree_dataclass, take
 
@@ -597,6 +598,35 @@ class AttentionCore(OperatorCore):
         return attention_probs(q, k, self.seg, self.window)
 
 
+@pytree_dataclass(static=("pool", "chunk", "align"))
+class LaSCore(OperatorCore):
+    """Factors of a LaS attention map (``ops.las_probs``): ``H_h = mask(AP(SF(...)))`` per head,
+    pooling and every mask included, so ``H v`` is the block's per-head output.
+
+    Shapes: ``q, k (B, H, L, d)`` float32 (``q`` scaled by ``d ** -0.5``); ``alpha``, ``slope``
+    ``(H,)`` float32 or None (no ELD / no ALiBi); ``pool`` the window ``P`` (1: none),
+    ``chunk`` the block length or None, ``align`` ``"causal"`` or ``"centered"``.
+    """
+
+    q: Any
+    k: Any
+    alpha: Any = None
+    slope: Any = None
+    pool: int = 1
+    chunk: Any = None
+    align: str = "causal"
+
+    @property
+    def num_channels(self) -> int:
+        return self.q.shape[1]
+
+    def dense(self, idx):
+        """``(B, len(idx), L, L)`` LaS attention matrices of heads ``idx``."""
+        sel = lambda a: None if a is None else a[idx]
+        return las_probs(jnp.take(self.q, idx, axis=1), jnp.take(self.k, idx, axis=1), sel(self.alpha),
+                         sel(self.slope), self.pool, self.chunk, self.align)
+
+
 @pytree_dataclass(static=("repeats",))
 class ParallelCore(OperatorCore):
     """Cores side by side: the channels of ``parts[0]``, then of ``parts[1]``, ..., each
@@ -664,4 +694,4 @@ class ParallelCore(OperatorCore):
 
 
 __all__ = ["head_weighted_sum", "heads_weighted_sum", "StateDecayCore", "ScalarDecayCore", "DocumentMaskedCore", "Mamba2Core", "HeadMatrixCore", "DplrCore",
-           "DeltaRuleCore", "RwkvCore", "ShortConvCore", "AttentionCore", "ParallelCore"]
+           "DeltaRuleCore", "RwkvCore", "ShortConvCore", "AttentionCore", "LaSCore", "ParallelCore"]
