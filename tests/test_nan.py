@@ -96,6 +96,9 @@ def test_nan_at_t_leaves_rows_before_t_of_h_and_outputs_unchanged(model_type):
         out, out0 = np.asarray(poisoned.output), np.asarray(clean.output)
         np.testing.assert_allclose(out[:, :, :T], out0[:, :, :T], atol=1e-6, err_msg=f"layer {i}")
         assert np.isnan(out[:, :, T]).any(), f"layer {i}: the NaN position itself must be NaN"
+        # H v: a NaN value at T times the exact zeros of rows before T counts as 0, as in the block
+        applied, applied0 = np.asarray(poisoned.apply()), np.asarray(clean.apply())
+        np.testing.assert_allclose(applied[:, :, :T], applied0[:, :, :T], atol=1e-6, err_msg=f"layer {i}")
 
 
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))

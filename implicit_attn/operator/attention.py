@@ -17,7 +17,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from ..ops import full_precision
-from .base import channel_index, pytree_dataclass, relative_error
+from .base import channel_index, pytree_dataclass, relative_error, sparse_product
 from .html import operator_html
 from .implicit import ImplicitOperator
 
@@ -66,7 +66,7 @@ class AttentionOperator:
         idx = jnp.asarray(channel_index(channels, self.values.shape[1]))
         P = self.materialize(idx)
         v = jnp.take(self.values, idx, axis=1).astype(jnp.float32)
-        return jnp.einsum("bhij,bhjd->bhid", P, v) + jnp.take(self.offset, idx, axis=1)
+        return sparse_product("bhij,bhjd->bhid", P, v) + jnp.take(self.offset, idx, axis=1)
 
     def relative_error(self) -> float:
         """``max |apply() - output| / max |output|`` over all heads: the exactness self-check

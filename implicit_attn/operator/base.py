@@ -63,6 +63,18 @@ class OperatorCore(abc.ABC):
         return {}
 
 
+def sparse_product(spec: str, H, v):
+    """``einsum(spec, H, v)`` where an exact zero of ``H`` times a NaN of ``v`` counts as 0 (as
+    in the blocks: a NaN value at ``t`` never reaches the rows whose ``H`` is 0 at ``t``, those
+    before ``t`` above all); a nonzero entry on a NaN value still gives NaN.
+
+    ``spec``: ``"bcij,bcj->bci"`` (channels) or ``"bhij,bhjd->bhid"`` (heads).
+    """
+    out = jnp.einsum(spec, H, jnp.where(jnp.isnan(v), 0.0, v))
+    reach = jnp.einsum(spec, (H != 0).astype(H.dtype), jnp.isnan(v).astype(H.dtype))
+    return jnp.where(reach > 0, jnp.nan, out)
+
+
 def relative_error(applied, output) -> float:
     """The exactness self-check ``max |applied - output| / max |output|`` (float64, host).
 
@@ -167,5 +179,5 @@ def diag_embed(d):
     return d[..., :, None] * jnp.eye(L, dtype=d.dtype)
 
 
-__all__ = ["OperatorCore", "pytree_dataclass", "take", "channel_index", "block_size", "channel_weights",
+__all__ = ["OperatorCore", "pytree_dataclass", "take", "sparse_product", "channel_index", "block_size", "channel_weights",
            "apply_mode", "diag_embed", "BLOCK_BUDGET", "REDUCTIONS", "MODES"]

@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..ops import full_precision
-from .base import REDUCTIONS, block_size, channel_index, channel_weights, pytree_dataclass, relative_error
+from .base import (REDUCTIONS, block_size, channel_index, channel_weights, pytree_dataclass, relative_error,
+                   sparse_product)
 from .cores import heads_weighted_sum
 from .dispatch import (backend, blocked_reduce_jit, materialize_blocks, materialize_jit, resolve_impl,
                        with_fallback)
@@ -144,7 +145,7 @@ class ImplicitOperator:
         idx = channel_index(channels, self.values.shape[1])
         H = self.materialize(idx)
         v = jnp.take(self.values, jnp.asarray(idx), axis=1).astype(jnp.float32)
-        return jnp.einsum("bcij,bcj->bci", H, v) + jnp.take(self.offset, jnp.asarray(idx), axis=1)
+        return sparse_product("bcij,bcj->bci", H, v) + jnp.take(self.offset, jnp.asarray(idx), axis=1)
 
     def relative_error(self) -> float:
         """``max |apply() - output| / max |output|`` over all channels: the exactness self-check
