@@ -326,5 +326,36 @@ def curves_plot(curves: dict, path, score: str = "prob") -> Path:
     return _save(fig, path)
 
 
-__all__ = ["heatmap_grid", "heatmap", "relevance_strip", "operator_grid", "curves_plot", "color_norm",
+def smoothing_plot(summaries: dict, path, title: str | None = None) -> Path:
+    """Over-smoothing curves (``{name: explain.smoothing.smoothing_summary(...)}``): the
+    batch-mean cosine similarity of each layer's tokens (Eq. 24 of the hidden-attention
+    paper) against the layer index normalised by the model's layer count, ``(l + 1) / N``
+    (so models of different depths share the axis, as in the paper's Fig. 6), with a band
+    of one standard deviation over the examples. Lower is less smoothing.
+
+    Args:
+      summaries: ``{label: summary dict}`` with ``depth``, ``mean``, ``std``, ``layers``.
+      path: output PNG path (or a binary file object).
+    """
+    plt = _plt()
+    if not summaries:
+        raise ValueError("summaries is empty: give {label: smoothing_summary(...)}")
+    fig, ax = plt.subplots(figsize=(5.0, 3.6), dpi=100, layout="constrained")
+    for label, s in summaries.items():
+        x, m, sd = (np.asarray(s[k], np.float64) for k in ("depth", "mean", "std"))
+        ax.plot(x, m, marker="o", ms=4, label=f"{label} ({s.get('num_layers', len(x))} layers)")
+        ax.fill_between(x, m - sd, m + sd, alpha=0.2)
+    ax.set_xlabel("layer (index + 1) / number of layers", fontsize=8)
+    ax.set_ylabel("mean cosine similarity between tokens", fontsize=8)
+    ax.set_xlim(0, 1.05)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=7)
+    point = next(iter(summaries.values())).get("point")
+    head = title or f"over-smoothing (Eq. 24){'' if point is None else f' at {point}'}; lower = less smoothing"
+    ax.set_title(_wrap(head, 4.5, 9), fontsize=9)
+    return _save(fig, path)
+
+
+__all__ = ["heatmap_grid", "heatmap", "relevance_strip", "operator_grid", "curves_plot", "smoothing_plot",
+           "color_norm",
            "metric_label", "METRIC_INFO", "SCALES"]
