@@ -98,9 +98,11 @@ def pairwise_cosine(X, keep):
     Pure and jittable; it does not check its inputs (``feature_smoothing`` does): a kept
     zero row gives NaN, fewer than 2 kept tokens give NaN."""
     X = jnp.asarray(X, jnp.float32)
-    w = jnp.asarray(keep, jnp.float32)
+    keep = jnp.asarray(keep, bool)
+    w = keep.astype(jnp.float32)
     norm = jnp.sqrt(jnp.sum(X * X, axis=-1))
-    u = X / norm[..., None] * w[..., None]
+    # left-out rows (padding, excluded positions) may be zero or NaN: never divide by them
+    u = jnp.where(keep[..., None], X / jnp.where(keep, norm, 1.0)[..., None], 0.0)
     s = jnp.sum(u, axis=1)                                   # (B, d)
     total = jnp.sum(s * s, axis=-1) - jnp.sum(u * u, axis=(1, 2))
     n = jnp.sum(w, axis=1)
