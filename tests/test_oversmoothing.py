@@ -155,3 +155,26 @@ def test_bad_inputs_raise_value_errors_naming_the_problem():
         oversmoothing(model, ids, layers=[5])
     with pytest.raises(ValueError, match="vocab"):
         oversmoothing(model, ids + model.config.vocab_size)
+
+
+def test_compare_maps_script_on_tiny_models(tmp_path):
+    from benchmarks.induction import compare_maps
+
+    a = tiny("mamba")
+    las.save(tmp_path / "b", las.init(las.Config(vocab_size=a.config.vocab_size, hidden_size=16,
+                                                 num_hidden_layers=1, num_attention_heads=2), 1))
+    b = compare_maps.load_checkpoint(tmp_path / "b")
+    assert isinstance(b, las.LaSLM)
+    ids = np.random.default_rng(3).integers(0, a.config.vocab_size, (3, 7))
+    res = compare_maps.compare({"a": a, "b": b}, ids, tmp_path / "out", tag="_t")
+    for f in ("induction_compare_t.png", "induction_compare_t_smoothing.png", "induction_compare_t.json"):
+        assert (tmp_path / "out" / f).stat().st_size > 0, f
+    assert json.loads((tmp_path / "out" / "induction_compare_t.json").read_text()) == res
+    for name, m in (("a", a), ("b", b)):
+        s = res["models"][name]["smoothing"]
+        assert s["num_layers"] == len(m.layers) == len(s["mean"]) and s["n"] == 3
+        np.testing.assert_allclose(s["mean"], oversmoothing(m, ids).mean(axis=0), atol=1e-6)
+    with pytest.raises(ValueError, match="share a vocabulary"):
+        compare_maps.compare({"a": a, "c": las_model()}, ids, tmp_path / "out")
+    c = compare_maps.random_transformer(a, tmp_path / "c", layers=1, heads=2)
+    assert c.config.hidden_size == a.config.hidden_size and not c.config.eld and c.config.pool == 1

@@ -330,8 +330,8 @@ def smoothing_plot(summaries: dict, path, title: str | None = None) -> Path:
     """Over-smoothing curves (``{name: explain.smoothing.smoothing_summary(...)}``): the
     batch-mean cosine similarity of each layer's tokens (Eq. 24 of the hidden-attention
     paper) against the layer index normalised by the model's layer count, ``(l + 1) / N``
-    (so models of different depths share the axis, as in the paper's Fig. 6), with a band
-    of one standard deviation over the examples. Lower is less smoothing.
+    (so models of different depths share the axis, as in the paper's Fig. 6), with error
+    bars of one standard deviation over the examples. Lower is less smoothing.
 
     Args:
       summaries: ``{label: summary dict}`` with ``depth``, ``mean``, ``std``, ``layers``.
@@ -343,8 +343,8 @@ def smoothing_plot(summaries: dict, path, title: str | None = None) -> Path:
     fig, ax = plt.subplots(figsize=(5.0, 3.6), dpi=100, layout="constrained")
     for label, s in summaries.items():
         x, m, sd = (np.asarray(s[k], np.float64) for k in ("depth", "mean", "std"))
-        ax.plot(x, m, marker="o", ms=4, label=f"{label} ({s.get('num_layers', len(x))} layers)")
-        ax.fill_between(x, m - sd, m + sd, alpha=0.2)
+        k = s.get("num_layers", len(x))
+        ax.errorbar(x, m, yerr=sd, marker="o", ms=4, capsize=3, label=f"{label} ({k} layer{'' if k == 1 else 's'})")
     ax.set_xlabel("layer (index + 1) / number of layers", fontsize=8)
     ax.set_ylabel("mean cosine similarity between tokens", fontsize=8)
     ax.set_xlim(0, 1.05)
