@@ -78,6 +78,15 @@ def random_transformer(like, path, variant: str = "vanilla", layers: int = 2, he
     return load_checkpoint(path)
 
 
+def shown_path(path) -> str:
+    """``path`` relative to the working directory when it lies below it (for the JSON)."""
+    p = Path(path).resolve()
+    try:
+        return str(p.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
+
+
 def describe(model) -> dict:
     return {"family": model.family, "label": model.label, "layers": len(model.layers),
             "hidden_size": model.config.hidden_size, "vocab_size": model.config.vocab_size,
@@ -155,7 +164,7 @@ def main(argv=None) -> int:
     tokens = induction.decode(batch.ids[0]) if length <= 40 else None
     a_name = "shipped induction model" if Path(a.a).resolve() == SHIPPED else Path(a.a).name
     res = compare({a_name: model_a, b_name: model_b}, batch.ids, a.out, a.tag, point=a.point,
-                  tokens=tokens, meta={"a": str(a.a), "b": str(b_path), "seed": SEED, "key": task["key"],
+                  tokens=tokens, meta={"a": shown_path(a.a), "b": shown_path(b_path), "seed": SEED, "key": task["key"],
                                        "seconds": None})
     res["meta"]["seconds"] = round(time.perf_counter() - t0, 1)
     Path(a.out, f"induction_compare{a.tag}.json").write_text(json.dumps(res, indent=2))
