@@ -57,6 +57,9 @@ def test_known_cases():
     np.testing.assert_allclose(feature_smoothing(alt), [(2 - 4) / 6], atol=1e-6)
     # the diagonal is not counted: two orthogonal tokens give 0, not (2 + 0) / 4
     np.testing.assert_allclose(feature_smoothing(eye[:2]), [0.0], atol=1e-7)
+    # bfloat16 activations are measured in float32
+    Xb = np.asarray(jax.numpy.asarray(same, jax.numpy.bfloat16))
+    np.testing.assert_allclose(feature_smoothing(Xb), [m_feat(Xb.astype(np.float64))], atol=1e-6)
     # float32 on a long, nearly identical map: no cancellation loss
     rng = np.random.default_rng(1)
     X = (v[None] + 1e-3 * rng.normal(size=(2000, d))).astype(np.float32)
