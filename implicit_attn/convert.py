@@ -70,7 +70,7 @@ def torch_module():
         import torch
     except ImportError:
         raise ImportError("reading PyTorch checkpoints (.bin/.pth) needs torch, an optional dependency: "
-                          "pip install torch") from None
+                          "pip install 'implicit-attn[convert]' (or torch)") from None
     return torch
 
 

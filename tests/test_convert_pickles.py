@@ -4,8 +4,10 @@ malicious pickle is refused and runs nothing; ``ia.load`` never unpickles. Round
 the converted checkpoint's logits with the torch model the pickle was written from."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ import implicit_attn as ia  # noqa: E402
 from implicit_attn import cli  # noqa: E402
 from implicit_attn.convert import convert_checkpoint, padded_vocab  # noqa: E402
 from implicit_attn.testing import fla_rwkv, rwkv5_reference  # noqa: E402
-from implicit_attn.testing.hf import build_hf_model  # noqa: E402
+from implicit_attn.testing.hf import build_hf_model, save_hf_model  # noqa: E402
 
 TOL = 1e-4
 IDS = np.random.default_rng(0).integers(0, 50, (2, 9))
@@ -46,6 +48,13 @@ def max_diff(dst, ref, ids=IDS) -> float:
     ours = np.asarray(ia.load(dst)(ids))
     assert ours.shape == ref.shape
     return float(np.abs(ours - ref).max())
+
+
+def assert_same_as_hf_save(dst, model, tmp_path):
+    """The converted checkpoint gives exactly the logits of ``model`` saved by transformers (the
+    conversion only renames, transposes and reorders tensors)."""
+    save_hf_model(model, tmp_path / "hf")
+    assert np.array_equal(np.asarray(ia.load(dst)(IDS)), np.asarray(ia.load(tmp_path / "hf")(IDS)))
 
 
 # ----------------------------------------------------------------------------- safety
@@ -113,6 +122,7 @@ def test_mamba_ssm_mamba1_round_trip(tmp_path):
     diff = max_diff(dst, torch_logits(hf))
     print(f"mamba_ssm Mamba-1 -> mamba: max |logit diff| {diff:.2e}")
     assert diff <= TOL
+    assert_same_as_hf_save(dst, hf, tmp_path)
 
 
 def test_mamba_ssm_mamba2_round_trip(tmp_path):
@@ -129,6 +139,7 @@ def test_mamba_ssm_mamba2_round_trip(tmp_path):
     diff = max_diff(dst, torch_logits(hf))
     print(f"mamba_ssm Mamba-2 -> mamba2: max |logit diff| {diff:.2e}")
     assert diff <= TOL
+    assert_same_as_hf_save(dst, hf, tmp_path)
 
 
 @pytest.mark.parametrize("change, key", [
@@ -195,15 +206,34 @@ OFFICIAL = {4: rwkv4_official, 5: rwkv5_reference.official_state_dict, 6: fla_rw
 MODEL_TYPE = {4: "rwkv", 5: "rwkv5", 6: "rwkv6", 7: "rwkv7"}
 
 
+needs_official = pytest.mark.skipif(importlib.util.find_spec("rwkv") is None,
+                                    reason=f"the official package is not installed ({fla_rwkv.OFFICIAL_PACKAGE})")
+
+
 @pytest.mark.parametrize("version", [4, 5, 6, 7])
 def test_official_rwkv_pth_round_trip(tmp_path, version):
+    """Converted .pth == the torch model the weights came from (1e-4), and == the same model saved
+    in HF layout by transformers (exactly: the conversion only renames, transposes and reorders)."""
     model = rwkv_models(version)
     pth = save_pth(tmp_path, OFFICIAL[version](model))
     dst = tmp_path / "dst"
     assert cli.main(["convert", str(pth), str(dst)]) == 0
     assert ia.family_of(dst) == MODEL_TYPE[version]
     diff = max_diff(dst, torch_logits(model))
-    print(f"official RWKV-{version} .pth -> {MODEL_TYPE[version]}: max |logit diff| {diff:.2e}")
+    print(f"official RWKV-{version} .pth -> {MODEL_TYPE[version]}: max |logit diff| vs torch {diff:.2e}")
+    assert diff <= TOL
+    assert_same_as_hf_save(dst, model, tmp_path)
+
+
+@needs_official
+@pytest.mark.parametrize("version", [4, 5, 6, 7])
+def test_converted_rwkv_matches_the_official_package(tmp_path, version):
+    """The independent reference: BlinkDL's ``rwkv`` package run on the very .pth converted."""
+    weights = OFFICIAL[version](rwkv_models(version))
+    convert_checkpoint(save_pth(tmp_path, weights), tmp_path / "dst")
+    ref = fla_rwkv.run_official(weights, IDS, version)
+    diff = max_diff(tmp_path / "dst", ref)
+    print(f"official RWKV-{version} .pth -> {MODEL_TYPE[version]}: max |logit diff| vs the rwkv package {diff:.2e}")
     assert diff <= TOL
 
 
@@ -222,3 +252,10 @@ def test_rwkv_generation_and_family_checks(tmp_path):
     with pytest.raises(ia.CheckpointError, match="missing tensor blocks.1.att.time_decay_w1"):
         convert_checkpoint(save_pth(tmp_path, weights), tmp_path / "dst")
     assert not (tmp_path / "dst").exists()
+
+
+def test_without_torch_the_error_says_what_to_install(tmp_path, monkeypatch):
+    pth = save_pth(tmp_path, {"emb.weight": torch.zeros(2, 2)})
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
+    with pytest.raises(ImportError, match=r"implicit-attn\[convert\]"):
+        convert_checkpoint(pth, tmp_path / "dst")
