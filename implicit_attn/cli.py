@@ -123,8 +123,9 @@ def cmd_demo(args) -> int:
 
 def cmd_convert(args) -> int:
     """Convert a PyTorch-pickle checkpoint (a state-spaces/mamba-* directory with mamba_ssm's
-    config.json and pytorch_model.bin, or an official RWKV-4/5.2/6/7 .pth) into a safetensors
-    checkpoint directory that every other command (and implicit_attn.load) reads. The pickle is
+    config.json and pytorch_model.bin, an official RWKV-4/5.2/6/7 .pth, or a Hugging Face
+    directory whose weights are pytorch_model.bin or its shards) into a safetensors checkpoint
+    directory that every other command (and implicit_attn.load) reads. The pickle is
     read with torch.load(weights_only=True) only (torch must be installed): anything but tensors
     is refused and never run."""
     config = convert_checkpoint(args.src, args.dst, args.family)
@@ -174,11 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("convert", help="PyTorch pickle (mamba_ssm, official RWKV .pth) -> safetensors checkpoint",
                        formatter_class=fmt, description=explain_cli.plain(cmd_convert.__doc__))
-    s.add_argument("src", help="mamba_ssm checkpoint directory (config.json + pytorch_model.bin) or official RWKV "
-                               ".pth file")
+    s.add_argument("src", help="mamba_ssm checkpoint directory (config.json + pytorch_model.bin), official RWKV "
+                               ".pth file, or Hugging Face directory with pytorch_model.bin (or its shards)")
     s.add_argument("dst", help="output directory (config.json + model.safetensors)")
     s.add_argument("--family", default=None, choices=list(FAMILY_CHOICES),
-                   help="family to write; default: detected from the source (an error if it disagrees)")
+                   help="family (model_type) to insist on; default: detected from the source (an error if it disagrees)")
     s.set_defaults(func=cmd_convert)
 
     explain_cli.add_parser(sub)

@@ -9,7 +9,10 @@ Sources:
   ``"Mamba1"``) or ``mamba2`` (``"Mamba2"``) family in Hugging Face names;
 - an official RWKV ``.pth`` (BlinkDL's RWKV-LM names: ``emb.weight``, ``blocks.{i}.att.*``, ...):
   the generation (RWKV-4, RWKV-5.2, RWKV-6, RWKV-7) is told from the tensor names and shapes and
-  the config is read off the shapes; written as ``rwkv`` / ``rwkv5`` / ``rwkv6`` / ``rwkv7``.
+  the config is read off the shapes; written as ``rwkv`` / ``rwkv5`` / ``rwkv6`` / ``rwkv7``;
+- a Hugging Face checkpoint saved as pickles (``config.json`` with a registered ``model_type``
+  and ``pytorch_model.bin``, or shards listed in ``pytorch_model.bin.index.json``, e.g. the
+  ``RWKV/rwkv-4-*-pile`` repositories): the tensors are written as they are.
 
 Pickles are read only with ``torch.load(path, map_location="cpu", weights_only=True)``: a
 pickle that holds anything but tensors and plain containers (a pickled object whose loading
@@ -34,13 +37,14 @@ import numpy as np
 from .families.rwkv6.checkpoint import MIX_GROUPS, OFFICIAL_MIX_GROUPS
 from .io import TOKENIZER
 from .nn.checkpoint import CheckpointError, write_hf_dir
-from .registry import family
+from .registry import family, model_types
 
-MAMBA_SSM_WEIGHTS = "pytorch_model.bin"
-# the families written, by source
+PICKLE_WEIGHTS = "pytorch_model.bin"  # mamba_ssm's and transformers' single file
+PICKLE_INDEX = "pytorch_model.bin.index.json"  # transformers' shards
+# the families written, by source (a Hugging Face pickle: its own model_type)
 MAMBA_FAMILIES = ("mamba", "mamba2")
 RWKV_FAMILIES = ("rwkv", "rwkv5", "rwkv6", "rwkv7")
-FAMILY_CHOICES = MAMBA_FAMILIES + RWKV_FAMILIES
+FAMILY_CHOICES = tuple(model_types())
 
 # mamba_ssm's MambaConfig: every field and its default
 MAMBA_SSM_DEFAULTS = {"d_intermediate": 0, "ssm_cfg": {}, "attn_layer_idx": [], "attn_cfg": {}, "rms_norm": True,
@@ -437,32 +441,66 @@ def rwkv_official(tensors: dict, where, model_type: str | None = None) -> tuple[
     return config, out
 
 
+# ----------------------------------------------------------------------------- Hugging Face pickles
+
+def read_pickle_shards(directory: Path) -> dict[str, np.ndarray]:
+    """The tensors of a transformers pickle checkpoint: ``pytorch_model.bin``, else the shards
+    named in ``pytorch_model.bin.index.json`` (each a plain file name inside ``directory``)."""
+    if (directory / PICKLE_WEIGHTS).is_file():
+        return read_pickle(directory / PICKLE_WEIGHTS)
+    index = directory / PICKLE_INDEX
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{index}: not a readable shard index with a weight_map ({e})") from None
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index}: weight_map must map tensor names to shard files")
+    out = {}
+    for shard in sorted(set(weight_map.values())):
+        if not isinstance(shard, str) or Path(shard).name != shard or shard in (".", ".."):
+            raise CheckpointError(f"{index}: shard {shard!r} is not a file name inside {directory}")
+        tensors = read_pickle(directory / shard)
+        clash = sorted(set(tensors) & set(out))
+        if clash:
+            raise CheckpointError(f"{directory / shard}: tensor {clash[0]} is also in another shard")
+        out.update(tensors)
+    return out
+
+
 # ----------------------------------------------------------------------------- the command
 
 def find_source(src: Path) -> tuple[str, Path, dict | None]:
-    """``(kind, weights file, mamba_ssm config or None)`` of a source: ``"mamba_ssm"`` for a
-    directory (or its ``pytorch_model.bin``) with a ``mamba_ssm`` ``config.json``, ``"rwkv"``
-    for a ``.pth`` file (or a directory holding exactly one)."""
+    """``(kind, weights file or directory, config.json dict or None)`` of a source:
+    ``"mamba_ssm"`` for a directory (or its ``pytorch_model.bin``) with a ``mamba_ssm``
+    ``config.json``; ``"hf"`` for a directory whose ``config.json`` has a registered
+    ``model_type`` (its pickles: ``pytorch_model.bin`` or shards); ``"rwkv"`` for a ``.pth`` file
+    (or a directory holding exactly one)."""
     directory = src if src.is_dir() else src.parent
     weights = src if src.is_file() else None
     cfg_path = directory / "config.json"
-    if cfg_path.is_file():
+    if cfg_path.is_file() and (weights is None or weights.suffix != ".pth"):
         try:
             raw = json.loads(cfg_path.read_text())
         except (OSError, ValueError) as e:
             raise CheckpointError(f"{cfg_path}: not readable JSON ({e})") from None
         if isinstance(raw, dict) and "d_model" in raw:
-            weights = weights or directory / MAMBA_SSM_WEIGHTS
+            weights = weights or directory / PICKLE_WEIGHTS
             if not weights.is_file():
                 shards = sorted(p.name for p in directory.glob("pytorch_model*.bin"))
-                raise CheckpointError(f"{directory}: mamba_ssm config.json but no {MAMBA_SSM_WEIGHTS}"
+                raise CheckpointError(f"{directory}: mamba_ssm config.json but no {PICKLE_WEIGHTS}"
                                       + (f" (sharded {shards} are not supported)" if shards else ""))
             return "mamba_ssm", weights, raw
+        if isinstance(raw, dict) and "model_type" in raw:
+            family(raw["model_type"])  # an unknown model_type fails here, naming the supported ones
+            if not ((directory / PICKLE_WEIGHTS).is_file() or (directory / PICKLE_INDEX).is_file()):
+                raise CheckpointError(f"{directory}: config.json has model_type {raw['model_type']!r} but there is "
+                                      f"no {PICKLE_WEIGHTS} or {PICKLE_INDEX} to convert")
+            return "hf", directory, raw
     if weights is None:
         pths = sorted(directory.glob("*.pth"))
         if len(pths) != 1:
             raise CheckpointError(f"{directory}: neither a mamba_ssm checkpoint (config.json with d_model + "
-                                  f"{MAMBA_SSM_WEIGHTS}) nor a directory with one RWKV .pth "
+                                  f"{PICKLE_WEIGHTS}) nor a directory with one RWKV .pth "
                                   f"(found {[p.name for p in pths]}); pass the file itself")
         weights = pths[0]
     return "rwkv", weights, None
@@ -473,11 +511,12 @@ def convert_checkpoint(src, dst, model_type: str | None = None) -> dict:
     safetensors directory ``dst`` that ``load`` reads.
 
     Args:
-      src: a ``mamba_ssm`` directory (``config.json`` + ``pytorch_model.bin``) or an official
-        RWKV ``.pth`` file (or a directory holding one).
+      src: a ``mamba_ssm`` directory (``config.json`` + ``pytorch_model.bin``), an official
+        RWKV ``.pth`` file (or a directory holding one), or a Hugging Face directory with pickled
+        weights (``pytorch_model.bin`` or shards + ``pytorch_model.bin.index.json``).
       dst: the output directory (created; must not be ``src``'s directory).
-      model_type: optional family to insist on (``FAMILY_CHOICES``); an error if the source is
-        another.
+      model_type: optional family to insist on (a registered ``model_type``); an error if the
+        source is another.
     Returns:
       The ``config.json`` dict written.
     Raises:
@@ -486,22 +525,25 @@ def convert_checkpoint(src, dst, model_type: str | None = None) -> dict:
       ``model_type``.
     """
     if model_type is not None and model_type not in FAMILY_CHOICES:
-        raise ValueError(f"family {model_type!r} cannot be converted from a pickle; choose one of {FAMILY_CHOICES}")
+        raise ValueError(f"family {model_type!r} is not a registered model_type; choose one of {FAMILY_CHOICES}")
     src, dst = Path(src), Path(dst)
     if not src.exists():
         raise CheckpointError(f"{src}: no such file or directory")
     kind, weights, raw = find_source(src)
-    src_dir = weights.parent
+    src_dir = weights if kind == "hf" else weights.parent
     if dst.exists() and dst.resolve() == src_dir.resolve():
         raise CheckpointError(f"{dst}: the destination is the source directory; write to another directory")
-    tensors = read_pickle(weights)
-    if kind == "mamba_ssm":
+    tensors = read_pickle_shards(src_dir) if kind == "hf" else read_pickle(weights)
+    if kind == "hf":
+        config = raw
+        if model_type is not None and model_type != config["model_type"]:
+            raise CheckpointError(f"{src_dir}: --family {model_type} given, but config.json has model_type "
+                                  f"{config['model_type']!r}")
+    elif kind == "mamba_ssm":
         config = mamba_ssm_config(raw, str(src_dir / "config.json"))
         if model_type is not None and model_type != config["model_type"]:
             raise CheckpointError(f"{src_dir}: --family {model_type} given, but its ssm_cfg makes it "
                                   f"{config['model_type']}")
-        if model_type is not None and model_type not in MAMBA_FAMILIES:
-            raise CheckpointError(f"{src_dir}: a mamba_ssm checkpoint cannot be written as {model_type}")
         tensors = mamba_ssm_tensors(tensors, config, weights)
     else:
         if model_type is not None and model_type not in RWKV_FAMILIES:

@@ -259,3 +259,36 @@ def test_without_torch_the_error_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
     with pytest.raises(ImportError, match=r"implicit-attn\[convert\]"):
         convert_checkpoint(pth, tmp_path / "dst")
+
+
+def test_hugging_face_pickles_single_and_sharded(tmp_path):
+    """transformers' own layout as pickles (e.g. RWKV/rwkv-4-*-pile): one pytorch_model.bin, or
+    shards + pytorch_model.bin.index.json; written as they are."""
+    hf = rwkv_models(4)
+    sd = {k: v.detach().clone() for k, v in hf.state_dict().items()}
+    ref = torch_logits(hf)
+    one = tmp_path / "one"
+    hf.config.save_pretrained(one)
+    torch.save(sd, one / "pytorch_model.bin")
+    assert cli.main(["convert", str(one), str(tmp_path / "dst1"), "--family", "rwkv"]) == 0
+    sharded = tmp_path / "sharded"
+    hf.config.save_pretrained(sharded)
+    names = sorted(sd)
+    halves = {"pytorch_model-00001-of-00002.bin": names[::2], "pytorch_model-00002-of-00002.bin": names[1::2]}
+    for shard, keys in halves.items():
+        torch.save({k: sd[k] for k in keys}, sharded / shard)
+    index = {"weight_map": {k: shard for shard, keys in halves.items() for k in keys}}
+    (sharded / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    convert_checkpoint(sharded, tmp_path / "dst2")
+    for dst in ("dst1", "dst2"):
+        diff = max_diff(tmp_path / dst, ref)
+        print(f"HF pickle ({dst}) -> rwkv: max |logit diff| {diff:.2e}")
+        assert diff <= TOL
+    with pytest.raises(ia.CheckpointError, match="--family rwkv5 given, but config.json has model_type 'rwkv'"):
+        convert_checkpoint(one, tmp_path / "dst3", "rwkv5")
+    index["weight_map"]["head.weight"] = "../elsewhere.bin"
+    (sharded / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    with pytest.raises(ia.CheckpointError, match="not a file name inside"):
+        convert_checkpoint(sharded, tmp_path / "dst3")
+    with pytest.raises(ia.CheckpointError, match="destination is the source"):
+        convert_checkpoint(one, one)
