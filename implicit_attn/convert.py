@@ -79,15 +79,25 @@ def torch_module():
 
 
 def tensor_to_numpy(torch, name: str, t, where) -> np.ndarray:
-    """A floating torch tensor as numpy in its own dtype (bfloat16 through ``ml_dtypes``)."""
+    """A floating torch tensor as numpy in its own dtype (bfloat16 through ``ml_dtypes``), sharing
+    its memory (no second copy of the checkpoint)."""
     if not isinstance(t, torch.Tensor):
         raise CheckpointError(f"{where}: {name} is a {type(t).__name__}, not a tensor")
     if not t.is_floating_point():
         raise CheckpointError(f"{where}: {name} has dtype {t.dtype}; only floating-point weights are converted")
     t = t.detach().cpu().contiguous()
     if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
-    return t.numpy().copy()
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def load_failure(e: BaseException) -> str:
+    """The informative line of a ``torch.load`` error: the one naming the refused global (torch's
+    message starts with advice to load the file unsafely, which is not repeated here), else the
+    first line."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    named = [ln for ln in lines if "GLOBAL" in ln or "nsupported" in ln]
+    return (named or lines or [type(e).__name__])[0]
 
 
 def read_pickle(path) -> dict[str, np.ndarray]:
@@ -104,9 +114,8 @@ def read_pickle(path) -> dict[str, np.ndarray]:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch raises UnpicklingError, RuntimeError, EOFError, ...
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{path}: refused: torch.load(weights_only=True) cannot read it as plain tensors "
-                              f"({type(e).__name__}: {reason}); pickled code is never run") from None
+                              f"({type(e).__name__}: {load_failure(e)}); pickled code is never run") from None
     if not isinstance(obj, dict) or not obj:
         raise CheckpointError(f"{path}: expected a non-empty dict of tensor names to tensors, got "
                               f"{type(obj).__name__}")
@@ -162,7 +171,7 @@ def mamba_ssm_config(raw: dict, where: str) -> dict:
         refuse(where, "attn_layer_idx", c["attn_layer_idx"], "attention layers in the stack (mamba_ssm's hybrid)")
     if c["d_intermediate"]:
         refuse(where, "d_intermediate", c["d_intermediate"], "an MLP after every mixer")
-    ssm = c["ssm_cfg"]
+    ssm = {} if c["ssm_cfg"] is None else c["ssm_cfg"]  # create_block's reading of null
     if not isinstance(ssm, dict):
         raise CheckpointError(f"{where}: ssm_cfg must be a dict, got {ssm!r}")
     layer = ssm.get("layer", "Mamba1")
