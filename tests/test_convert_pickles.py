@@ -20,6 +20,7 @@ from implicit_attn import cli  # noqa: E402
 from implicit_attn.convert import convert_checkpoint, padded_vocab  # noqa: E402
 from implicit_attn.testing import fla_rwkv, rwkv5_reference  # noqa: E402
 from implicit_attn.testing.hf import build_hf_model, save_hf_model  # noqa: E402
+from weights_convert import read_hf_dir  # noqa: E402
 
 TOL = 1e-4
 IDS = np.random.default_rng(0).integers(0, 50, (2, 9))
@@ -292,3 +293,13 @@ def test_hugging_face_pickles_single_and_sharded(tmp_path):
         convert_checkpoint(sharded, tmp_path / "dst3")
     with pytest.raises(ia.CheckpointError, match="destination is the source"):
         convert_checkpoint(one, one)
+
+
+def test_bfloat16_weights_stay_bfloat16(tmp_path):
+    """Released RWKV-7 .pth files are bfloat16: converted without a float32 detour."""
+    weights = {k: v.to(torch.bfloat16) for k, v in OFFICIAL[7](rwkv_models(7)).items()}
+    convert_checkpoint(save_pth(tmp_path, weights), tmp_path / "dst")
+    _, tensors = read_hf_dir(tmp_path / "dst")
+    assert {str(t.dtype) for t in tensors.values()} == {"bfloat16"}
+    got = np.asarray(tensors["model.layers.1.attn.w_lora.lora.0.weight"], np.float32)
+    assert np.array_equal(got, weights["blocks.1.att.w1"].float().numpy().T)
