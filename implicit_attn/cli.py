@@ -1,4 +1,4 @@
-"""The ``implicit-attn`` command: ``info``, ``operator``, ``demo`` (and ``explain``)."""
+"""The ``implicit-attn`` command: ``info``, ``operator``, ``demo``, ``convert`` (and ``explain``)."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .convert import FAMILY_CHOICES, convert_checkpoint
 from .demo import induction
 from .explain import cli as explain_cli
 from .explain import explain, relevance_strip
@@ -120,6 +121,20 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_convert(args) -> int:
+    """Convert a PyTorch-pickle checkpoint (a state-spaces/mamba-* directory with mamba_ssm's
+    config.json and pytorch_model.bin, an official RWKV-4/5.2/6/7 .pth, or a Hugging Face
+    directory whose weights are pytorch_model.bin or its shards) into a safetensors checkpoint
+    directory that every other command (and implicit_attn.load) reads. The pickle is
+    read with torch.load(weights_only=True) only (torch must be installed): anything but tensors
+    is refused and never run."""
+    config = convert_checkpoint(args.src, args.dst, args.family)
+    print(f"converted {args.src} -> {args.dst} (model_type {config['model_type']}, "
+          f"{config['num_hidden_layers']} layers, hidden size {config['hidden_size']}, "
+          f"vocabulary {config['vocab_size']})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     fmt = explain_cli.HelpFormatter
     p = argparse.ArgumentParser(prog="implicit-attn", description=explain_cli.plain(__doc__), formatter_class=fmt)
@@ -157,6 +172,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0, help="seed of the random induction sequence")
     s.add_argument("--scale", default="log", choices=list(SCALES), help="heatmap colour scale")
     s.set_defaults(func=cmd_demo)
+
+    s = sub.add_parser("convert", help="PyTorch pickle (mamba_ssm, official RWKV .pth) -> safetensors checkpoint",
+                       formatter_class=fmt, description=explain_cli.plain(cmd_convert.__doc__))
+    s.add_argument("src", help="mamba_ssm checkpoint directory (config.json + pytorch_model.bin), official RWKV "
+                               ".pth file, or Hugging Face directory with pytorch_model.bin (or its shards)")
+    s.add_argument("dst", help="output directory (config.json + model.safetensors)")
+    s.add_argument("--family", default=None, choices=list(FAMILY_CHOICES),
+                   help="family (model_type) to insist on; default: detected from the source (an error if it disagrees)")
+    s.set_defaults(func=cmd_convert)
 
     explain_cli.add_parser(sub)
     return p

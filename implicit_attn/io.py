@@ -26,6 +26,7 @@ from .registry import FAMILIES, family
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 # weight files of other frameworks, named when a checkpoint has no safetensors
 _OTHER_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.msgpack", "*.h5", "*.gguf")
+_PICKLES = ("*.bin", "*.pth", "*.pt")
 TOKENIZER = "tokenizer.json"
 
 
@@ -118,6 +119,13 @@ def _cached_snapshot(repo_id: str, revision: str | None) -> Path:
             f"HF_HUB_CACHE / HF_HOME at a cache that has it, or pass a local checkpoint directory") from None
 
 
+def pickle_files(path: Path) -> list[str]:
+    """Names of the PyTorch pickle weight files (``.bin``, ``.pth``, ``.pt``) in directory ``path``."""
+    if not path.is_dir():
+        return []
+    return sorted({p.name for pat in _PICKLES for p in path.glob(pat)})
+
+
 def _check_safetensors(path: Path, name) -> None:
     """``CheckpointError`` naming the weight files present when ``path`` has no safetensors."""
     if (path / SINGLE).exists() or (path / INDEX).exists() or not path.is_dir():
@@ -125,9 +133,12 @@ def _check_safetensors(path: Path, name) -> None:
     others = sorted({p.name for pat in _OTHER_WEIGHTS for p in path.glob(pat)})
     found = f"it has {', '.join(others)} but " if others else "it has "
     where = f"{name} ({path})" if str(name) != str(path) else str(path)
+    how = (f"; PyTorch pickles are never unpickled by load: convert them once with `implicit-attn convert "
+           f"{path} OUT_DIR` (reads them with torch.load(weights_only=True)) and load OUT_DIR"
+           if pickle_files(path) else "")
     raise CheckpointError(f"{where}: {found}no {SINGLE} or {INDEX}; only safetensors weights are read "
                           f"(convert them, e.g. with transformers' save_pretrained(safe_serialization=True), "
-                          f"or use a revision of the repository that has safetensors)")
+                          f"or use a revision of the repository that has safetensors){how}")
 
 
 def load(path_or_repo_id, dtype=None, revision: str | None = None):
@@ -152,6 +163,8 @@ def load(path_or_repo_id, dtype=None, revision: str | None = None):
     config = read_config(path)
     model_type = config.get("model_type")
     if model_type is None:
+        if pickle_files(path):  # e.g. mamba_ssm's config.json + pytorch_model.bin: say how to convert
+            _check_safetensors(path, path_or_repo_id)
         raise CheckpointError(f"{path}: config.json has no model_type; supported: {sorted(FAMILIES)}")
     spec = family(model_type)  # fails early for unknown types
     _check_safetensors(path, path_or_repo_id)

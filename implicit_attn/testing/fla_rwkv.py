@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..families.rwkv6.checkpoint import MIX_GROUPS, OFFICIAL_MIX_GROUPS
 from .deps import require
 
 torch = require("torch")
@@ -810,8 +811,8 @@ def _version(model) -> int:
 
 
 # official RWKV-6 stores its five lerp LoRA groups in the order w, k, v, r, g; fla in r, w, k, v, g
-_V6_OFFICIAL_GROUPS = "wkvrg"
-_V6_FLA_GROUPS = "rwkvg"
+_V6_OFFICIAL_GROUPS = OFFICIAL_MIX_GROUPS
+_V6_FLA_GROUPS = MIX_GROUPS
 
 
 @torch.no_grad()

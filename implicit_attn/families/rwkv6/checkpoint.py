@@ -26,6 +26,10 @@ from .config import Config
 # fla's names (transformers' RWKV-4 layout's roles under other names)
 NAMES = Names(root="model.", layers="layers", first_norm="pre_norm", norms=("attn_norm", "ffn_norm"), mixer="attn",
               ffn="ffn", final_norm="norm", head="lm_head")
+# The five token-shift LoRA groups: their order in fla's ``x_bias`` rows and ``x_proj`` blocks, and
+# in the official RWKV-LM checkpoint's ``time_maa_w1`` / ``time_maa_w2`` blocks.
+MIX_GROUPS = "rwkvg"
+OFFICIAL_MIX_GROUPS = "wkvrg"
 
 
 def attn_shapes(cfg: Config, i: int) -> dict:
@@ -82,6 +86,6 @@ CHECKPOINT = rwkv_checkpoint(Config, attn_shapes, ffn_shapes, init_rule)
 expected_shapes, params_from_tensors = CHECKPOINT.expected_shapes, CHECKPOINT.params_from_tensors
 to_params, from_params, init_params = CHECKPOINT.to_params, CHECKPOINT.from_params, CHECKPOINT.init_params
 
-__all__ = ["NAMES", "attn_shapes", "ffn_shapes", "rwkv_checkpoint", "norm_init",
+__all__ = ["NAMES", "MIX_GROUPS", "OFFICIAL_MIX_GROUPS", "attn_shapes", "ffn_shapes", "rwkv_checkpoint", "norm_init",
            "init_rule", "CHECKPOINT", "expected_shapes", "params_from_tensors", "to_params", "from_params",
            "init_params"]
