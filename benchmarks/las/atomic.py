@@ -92,7 +92,7 @@ def make_batch(task: str, rng: np.random.Generator, n: int, length: int) -> Batc
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
     if length < 2:
         raise ValueError(f"length must be at least 2, got {length}")
-    x = rng.standard_normal((n, length))
+    x = rng.standard_normal((n, length)).astype(np.float32)   # the targets are of what the model sees
     marker = np.zeros((n, length))
     if task == "select":
         marker[np.arange(n), rng.integers(0, length // 2, size=n)] = 1.0
