@@ -249,11 +249,14 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="training steps (default 500, --quick 200)")
     ap.add_argument("--length", type=int, default=64)
     ap.add_argument("--eval", type=int, default=500, help="held-out sequences per run")
+    ap.add_argument("--B", type=float, default=1e-3, help="LaS's B (the ELD rates; Tab. 9: 1e-3, 1e-4)")
+    ap.add_argument("--P", type=int, default=3, help="LaS's pooling window (Tab. 9: 3, 5)")
+    ap.add_argument("--name", default=None, help="results name (default las_atomic[_quick])")
     a = ap.parse_args(argv)
     seeds = a.seeds or (3 if a.quick else 5)
     steps = a.steps or (200 if a.quick else 500)
-    name = "las_atomic_quick" if a.quick else "las_atomic"
-    base = Run(task=a.tasks[0], model=a.models[0], steps=steps, length=a.length)
+    name = a.name or ("las_atomic_quick" if a.quick else "las_atomic")
+    base = Run(task=a.tasks[0], model=a.models[0], steps=steps, length=a.length, B=a.B, P=a.P)
     settings = {k: v for k, v in dataclasses.asdict(base).items() if k not in ("task", "model", "seed")}
     settings.update(eval_sequences=a.eval, seeds=seeds)
     runs = []
