@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import jax
 import jax.numpy as jnp
 
 RESIDUAL_POINTS = ("hook_resid_pre", "mixer.hook_in", "mixer.hook_out", "hook_resid_post")
@@ -111,6 +112,33 @@ class ForwardHooks:
     def scan_captures(self, n: int, points) -> tuple:
         """Points some layer captures (the scan body returns these per layer)."""
         return tuple(p for p in points if any(block_name(i, p) in self.capture for i in range(n)))
+
+    def scan_layers(self, layer_fn: Callable, carry, layers: list, keys: tuple, points):
+        """Run ``layer_fn(carry, i, layer params, hook) -> carry`` over ``layers`` under one
+        ``lax.scan`` (compile time independent of depth), with each layer's hook at ``points``
+        (its edits sliced from ``adds`` / ``sets``, its captures stored under the layer's names).
+
+        Args:
+          layer_fn: one layer; ``i`` is its index (traced), ``hook`` a ``ScannedLayerHook``.
+          carry: what flows from layer to layer (the residual stream, or a tuple of arrays).
+          layers: per-layer parameter dicts; keys: the entries of each that are stacked
+            (all layers must have them with equal shapes).
+          points: the per-layer hook points (``RESIDUAL_POINTS`` / ``MID_POINTS``).
+        Returns:
+          the carry after the last layer.
+        """
+        n = len(layers)
+        stacked = jax.tree.map(lambda *a: jnp.stack(a), *[{k: l[k] for k in keys} for l in layers])
+        edits, keep = self.scan_inputs(n, points), self.scan_captures(n, points)
+
+        def body(c, xs):
+            i, lp, e = xs
+            hook = ScannedLayerHook(e, keep)
+            return layer_fn(c, i, lp, hook), hook.captured
+
+        carry, ys = jax.lax.scan(body, carry, (jnp.arange(n), stacked, edits))
+        self.store_scanned(n, ys)
+        return carry
 
     def store_scanned(self, n: int, stacked: dict):
         """Record ``{point: (n, ...)}`` returned by a scan over layers under the captured names."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ...nn.hooks import MID_POINTS, ForwardHooks, ScannedLayerHook, apply_out_hook, layer_tap, no_hook, out_hook
+from ...nn.hooks import MID_POINTS, ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
 from ...ops import embed, from_first, full_precision, mark_nan, zero_nan
 from ...operator import ImplicitOperator, RwkvCore
 from .config import Config
@@ -173,10 +173,8 @@ def time_mix_operator(p: dict, h, cfg: Config, variant: str = "full") -> Implici
     return ImplicitOperator(values=values, offset=jnp.zeros_like(values), output=T(output), core=core)
 
 
-def stack_layers(layers: list) -> dict:
-    """Per-layer parameter dicts (without ``pre_ln``) stacked on a leading layer axis."""
-    keep = ("ln1", "ln2", "attention", "feed_forward")
-    return jax.tree.map(lambda *a: jnp.stack(a), *[{k: l[k] for k in keep} for l in layers])
+# the per-layer parameters stacked for the scan over layers (``pre_ln`` is applied before it)
+LAYER_KEYS = ("ln1", "ln2", "attention", "feed_forward")
 
 
 def rwkv_block(lp: dict, h, cfg: Config, layer=0, hook=None, time_mix=None):
@@ -228,22 +226,12 @@ def lm_forward(params: dict, ids, cfg: Config, capture: tuple[str, ...] = (), ad
     """
     eps = cfg.layer_norm_epsilon
     layers = params["layers"]
-    n = len(layers)
     hooks = ForwardHooks(capture, adds, sets)
     h = hooks("hook_embed", embed(params["embeddings"], ids))
     pre = layers[0]["pre_ln"]
     h = layer_norm(h, pre["weight"], pre["bias"], eps)
-    edits = hooks.scan_inputs(n, MID_POINTS)
-    keep = hooks.scan_captures(n, MID_POINTS)
-
-    def block(h, xs):
-        i, lp, e = xs
-        hook = ScannedLayerHook(e, keep)
-        h, _ = rwkv_block(lp, h, cfg, i, hook, time_mix)
-        return h, hook.captured
-
-    h, ys = jax.lax.scan(block, h, (jnp.arange(n), stack_layers(layers), edits))
-    hooks.store_scanned(n, ys)
+    h = hooks.scan_layers(lambda h, i, lp, hook: rwkv_block(lp, h, cfg, i, hook, time_mix)[0], h, layers,
+                          LAYER_KEYS, MID_POINTS)
     h = layer_norm(h, params["ln_out"]["weight"], params["ln_out"]["bias"], FINAL_LN_EPS)
     head = params["embeddings"] if params.get("head") is None else params["head"]
     logits = (h.astype(head.dtype) @ head.T).astype(f32)
@@ -259,6 +247,6 @@ block_forward_jit = jax.jit(full_precision(block_forward), static_argnames=("cfg
 
 
 __all__ = ["VARIANTS", "layer_norm", "token_shift", "mix", "time_mix_parts", "past_decay", "wkv", "time_mix_inner",
-           "time_mix_forward", "channel_mix_forward", "time_mix_operator", "stack_layers", "rwkv_block", "block_forward",
+           "time_mix_forward", "channel_mix_forward", "time_mix_operator", "LAYER_KEYS", "rwkv_block", "block_forward",
            "lm_forward", "lm_forward_jit", "time_mix_operator_jit", "time_mix_forward_jit",
            "channel_mix_forward_jit", "block_forward_jit"]

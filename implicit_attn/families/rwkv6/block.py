@@ -24,7 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ...nn.hooks import MID_POINTS, ForwardHooks, ScannedLayerHook, apply_out_hook, layer_tap, no_hook, out_hook
+from ...nn.hooks import MID_POINTS, ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
 from ...operator import DplrCore, Mamba2Operator
 from ...ops import dplr_rule, embed, from_first, full_precision, linear, mark_nan, zero_nan
 from ..rwkv.block import layer_norm, token_shift
@@ -199,10 +199,8 @@ def time_mix_operator(p: dict, x, cfg: Config, variant: str = "full") -> Mamba2O
 
 # ----------------------------------------------------------------------------- the LM
 
-def stack_layers(layers: list) -> dict:
-    """Per-layer parameter dicts (without ``pre_norm``) stacked on a leading layer axis."""
-    keep = ("attn_norm", "ffn_norm", "attn", "ffn")
-    return jax.tree.map(lambda *a: jnp.stack(a), *[{k: l[k] for k in keep} for l in layers])
+# the per-layer parameters stacked for the scan over layers (``pre_norm`` is applied before it)
+LAYER_KEYS = ("attn_norm", "ffn_norm", "attn", "ffn")
 
 
 def rwkv6_block(lp: dict, h, cfg: Config, hook=None):
@@ -243,19 +241,9 @@ def lm_forward(params: dict, ids, cfg: Config, capture: tuple[str, ...] = (), ad
     captured activations (``nn.hooks``; ``hook_embed`` is before layer 0's ``pre_norm``). The layers
     run under one ``lax.scan``."""
     layers = params["layers"]
-    n = len(layers)
     hooks = ForwardHooks(capture, adds, sets)
     h = first_norm(params, hooks("hook_embed", embed(params["embeddings"], ids)), cfg)
-    edits, keep = hooks.scan_inputs(n, MID_POINTS), hooks.scan_captures(n, MID_POINTS)
-
-    def body(h, xs):
-        lp, e = xs
-        hook = ScannedLayerHook(e, keep)
-        h, _ = rwkv6_block(lp, h, cfg, hook)
-        return h, hook.captured
-
-    h, ys = jax.lax.scan(body, h, (stack_layers(layers), edits))
-    hooks.store_scanned(n, ys)
+    h = hooks.scan_layers(lambda h, i, lp, hook: rwkv6_block(lp, h, cfg, hook)[0], h, layers, LAYER_KEYS, MID_POINTS)
     return head_logits(params, h, cfg), hooks.captured
 
 
@@ -267,6 +255,6 @@ block_forward_jit = jax.jit(full_precision(block_forward), static_argnames=("cfg
 
 __all__ = ["VARIANTS", "EXACT_VARIANTS", "MIX_ORDER", "norm", "shift_delta", "lora", "heads", "group_stats",
            "head_centred", "flat", "time_mix_parts", "recurrence", "normed", "time_mix_inner", "time_mix_forward",
-           "channel_mix_forward", "head_operator", "time_mix_operator", "stack_layers", "rwkv6_block", "first_norm",
+           "channel_mix_forward", "head_operator", "time_mix_operator", "LAYER_KEYS", "rwkv6_block", "first_norm",
            "head_logits", "block_forward", "lm_forward", "lm_forward_jit", "time_mix_forward_jit",
            "time_mix_operator_jit", "channel_mix_forward_jit", "block_forward_jit"]

@@ -24,11 +24,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ...nn.hooks import MID_POINTS, ForwardHooks, ScannedLayerHook, apply_out_hook, layer_tap, no_hook, out_hook
+from ...nn.hooks import MID_POINTS, ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
 from ...operator import Mamba2Operator
 from ...ops import dplr_rule, embed, from_first, full_precision, linear, mark_nan, zero_nan
-from ..rwkv6.block import (first_norm, head_logits, head_operator, heads, lora, norm, normed, shift_delta,
-                           stack_layers)
+from ..rwkv6.block import (LAYER_KEYS, first_norm, head_logits, head_operator, heads, lora, norm, normed,
+                           shift_delta)
 from .config import Config
 
 VARIANTS = ("full", "no_gate", "no_low_rank", "no_bonus")
@@ -193,21 +193,14 @@ def lm_forward(params: dict, ids, cfg: Config, capture: tuple[str, ...] = (), ad
     captured activations (``nn.hooks``; ``hook_embed`` is before layer 0's ``pre_norm``). The layers
     run under one ``lax.scan`` carrying the residual stream and the value residual."""
     layers = with_value_lora(params["layers"], cfg)
-    n = len(layers)
     hooks = ForwardHooks(capture, adds, sets)
     h = first_norm(params, hooks("hook_embed", embed(params["embeddings"], ids)), cfg)
-    edits, keep = hooks.scan_inputs(n, MID_POINTS), hooks.scan_captures(n, MID_POINTS)
-
-    def body(carry, xs):
-        h, v_first = carry
-        i, lp, e = xs
-        hook = ScannedLayerHook(e, keep)
-        h, v_first, _ = rwkv7_block(lp, h, v_first, cfg, i == 0, hook)
-        return (h, v_first), hook.captured
+    def layer(carry, i, lp, hook):
+        h, v_first, _ = rwkv7_block(lp, *carry, cfg, i == 0, hook)
+        return h, v_first
 
     v0 = jnp.zeros(h.shape[:2] + (cfg.value_width,), h.dtype)
-    (h, _), ys = jax.lax.scan(body, (h, v0), (jnp.arange(n), stack_layers(layers), edits))
-    hooks.store_scanned(n, ys)
+    h, _ = hooks.scan_layers(layer, (h, v0), layers, LAYER_KEYS, MID_POINTS)
     return head_logits(params, h, cfg), hooks.captured
 
 

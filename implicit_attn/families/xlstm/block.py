@@ -25,7 +25,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ...nn.hooks import MID_POINTS, ForwardHooks, ScannedLayerHook, apply_out_hook, layer_tap, no_hook, out_hook
+from ...nn.hooks import MID_POINTS, ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
 from ...operator import MlstmCore, Mamba2Operator
 from ...ops import embed, from_first, full_precision, linear, mark_nan, mlstm_rule, mlstm_stabiliser, zero_nan
 from ..rwkv6.block import head_operator, heads, normed
@@ -159,11 +159,6 @@ def mixer_operator(p: dict, x, cfg: Config, variant: str = "full") -> Mamba2Oper
 
 # ----------------------------------------------------------------------------- the LM
 
-def stack_layers(layers: list) -> dict:
-    """Per-layer parameter dicts stacked on a leading layer axis."""
-    return jax.tree.map(lambda *a: jnp.stack(a), *[{k: l[k] for k in LAYER_KEYS} for l in layers])
-
-
 def xlstm_block(lp: dict, h, cfg: Config, hook=None):
     """One transformers ``xLSTMBlock``: ``(B, L, D) -> (h_next, x)`` with ``x`` the mLSTM layer's
     input; ``hook``: ``(point, x) -> x`` at the ``nn.hooks.MID_POINTS``."""
@@ -191,19 +186,9 @@ def lm_forward(params: dict, ids, cfg: Config, capture: tuple[str, ...] = (), ad
     """transformers ``xLSTMForCausalLM`` forward: ``ids (B, L) -> logits (B, L, vocab)`` float32, and
     the captured activations (``nn.hooks``). The layers run under one ``lax.scan``."""
     layers = params["layers"]
-    n = len(layers)
     hooks = ForwardHooks(capture, adds, sets)
     h = hooks("hook_embed", embed(params["embeddings"], ids))
-    edits, keep = hooks.scan_inputs(n, MID_POINTS), hooks.scan_captures(n, MID_POINTS)
-
-    def body(h, xs):
-        lp, e = xs
-        hook = ScannedLayerHook(e, keep)
-        h, _ = xlstm_block(lp, h, cfg, hook)
-        return h, hook.captured
-
-    h, ys = jax.lax.scan(body, h, (stack_layers(layers), edits))
-    hooks.store_scanned(n, ys)
+    h = hooks.scan_layers(lambda h, i, lp, hook: xlstm_block(lp, h, cfg, hook)[0], h, layers, LAYER_KEYS, MID_POINTS)
     return head_logits(params, h, cfg), hooks.captured
 
 
@@ -215,5 +200,5 @@ block_forward_jit = jax.jit(full_precision(block_forward), static_argnames=("cfg
 
 __all__ = ["VARIANTS", "EXACT_VARIANTS", "LAYER_KEYS", "soft_cap", "rms_norm", "head_norm_params", "projections",
            "stabiliser", "mixer_parts", "recurrence", "mixer_inner", "mixer_forward", "ffn_forward",
-           "mixer_operator", "stack_layers", "xlstm_block", "head_logits", "block_forward", "lm_forward",
+           "mixer_operator", "xlstm_block", "head_logits", "block_forward", "lm_forward",
            "lm_forward_jit", "mixer_forward_jit", "mixer_operator_jit", "ffn_forward_jit", "block_forward_jit"]
