@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .compile_cache import enable_compile_cache
 from .convert import FAMILY_CHOICES, convert_checkpoint
 from .demo import induction
 from .explain import cli as explain_cli
@@ -138,6 +139,10 @@ def cmd_convert(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     fmt = explain_cli.HelpFormatter
     p = argparse.ArgumentParser(prog="implicit-attn", description=explain_cli.plain(__doc__), formatter_class=fmt)
+    p.add_argument("--no-compile-cache", action="store_true",
+                   help="compile everything afresh: do not read or write JAX's persistent compilation cache "
+                        "(default: on, in $IMPLICIT_ATTN_CACHE/jax or ~/.cache/implicit_attn/jax; "
+                        "IMPLICIT_ATTN_COMPILE_CACHE=0 also turns it off, or names another directory)")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("info", help="family, layers, widths and parameter count of a checkpoint",
@@ -202,6 +207,8 @@ def main(argv=None) -> int:
     except SystemExit as e:  # argparse: usage errors (2, message printed), --help (0)
         return e.code if isinstance(e.code, int) else 2
     try:
+        if not args.no_compile_cache:
+            enable_compile_cache()
         return args.func(args)
     except (ValueError, TypeError, OSError) as e:
         print(f"implicit-attn: error: {one_line(e)}", file=sys.stderr)

@@ -15,6 +15,9 @@ from pathlib import Path
 # (as at any level), so tests compare them with tolerances. Benchmarks use XLA's defaults.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0 "
                                    "--xla_llvm_disable_expensive_passes=true")
+# The command line caches compiled programs on disk by default; tests that call it in-process
+# must not write to the user's cache (tests/test_cli.py checks the cache in subprocesses).
+os.environ.setdefault("IMPLICIT_ATTN_COMPILE_CACHE", "0")
 
 import numpy as np
 import pytest

@@ -1,6 +1,12 @@
 """The command line, end to end, in-process."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import jax
 import numpy as np
+import pytest
 
 import implicit_attn as ia
 from implicit_attn.cli import main
@@ -39,3 +45,46 @@ def test_info_and_operator(tmp_path, capsys):
     assert (tmp_path / "o" / "layer1_full_abs_mean.png").exists()
     assert main(["operator", str(tmp_path / "m"), "--ids", "1,99", "--out", str(tmp_path / "o")]) == 2
     assert "outside the vocabulary" in capsys.readouterr().err
+
+
+COUNT_COMPILES = """
+import collections, sys
+import jax.monitoring
+counts = collections.Counter()
+jax.monitoring.register_event_listener(
+    lambda event, **kw: counts.update([event.rsplit("/", 1)[1]]) if event.startswith("/jax/compilation_cache/") else None)
+from implicit_attn.cli import main
+rc = main(sys.argv[1:])
+print("COMPILES", rc, counts["compile_requests_use_cache"], counts["cache_hits"])
+"""
+
+
+@pytest.mark.deep
+def test_second_cli_run_compiles_nothing(tmp_path):
+    """The command line keeps compiled programs in JAX's persistent cache: run the same
+    command twice in fresh processes; the second loads every program from the cache."""
+    cfg = mamba.Config(vocab_size=20, hidden_size=8, state_size=4, num_hidden_layers=2)
+    ia.save(mamba.LM(cfg, mamba.init_params(cfg, jax.random.PRNGKey(0))), tmp_path / "m")
+    script = tmp_path / "count.py"
+    script.write_text(COUNT_COMPILES)
+    repo = str(Path(__file__).resolve().parents[1])
+
+    def run(cache, *flags):
+        env = {**os.environ, "IMPLICIT_ATTN_COMPILE_CACHE": str(cache),
+               "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}
+        p = subprocess.run([sys.executable, str(script), *flags, "operator", str(tmp_path / "m"), "--ids",
+                            "1,2,3,4,5", "--out", str(tmp_path / "out")], env=env, cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300)
+        line = [ln for ln in p.stdout.splitlines() if ln.startswith("COMPILES")]
+        assert p.returncode == 0 and line, p.stdout + p.stderr
+        rc, requests, hits = map(int, line[0].split()[1:])
+        assert rc == 0
+        return requests, hits
+
+    cache = tmp_path / "cache"
+    requests, hits = run(cache)
+    assert requests > 0 and hits < requests and any(cache.iterdir())
+    assert run(cache) == (requests, requests)  # every program from the cache
+    off = tmp_path / "off"
+    assert run(off, "--no-compile-cache")[1] == 0 and not off.exists()
+    assert run("0")[1] == 0 and not (tmp_path / "0").exists()

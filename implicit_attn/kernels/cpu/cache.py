@@ -50,8 +50,8 @@ def _usable(path: Path) -> bool:
     return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
 
 
-def _private_temp_dir() -> Path:
-    """``<tempdir>/implicit_attn_<uid>/kernels``, created if needed; the per-user directory
+def _private_temp_dir(sub: str = "kernels") -> Path:
+    """``<tempdir>/implicit_attn_<uid>/<sub>``, created if needed; the per-user directory
     must belong to this user and be writable by no one else (code is loaded from it)."""
     base = Path(tempfile.gettempdir()) / f"implicit_attn_{_user()}"
     base.mkdir(mode=0o700, exist_ok=True)
@@ -62,20 +62,21 @@ def _private_temp_dir() -> Path:
                 f"the fallback kernel cache {base} belongs to another user or is writable by others "
                 f"(mode {st.st_mode & 0o777:o}); refusing to load code from it. Remove it, or set "
                 "IMPLICIT_ATTN_CACHE to a directory of your own")
-    path = base / "kernels"
+    path = base / sub
     path.mkdir(exist_ok=True)
     if not _usable(path):
         raise CpuKernelUnavailable(f"the fallback kernel cache {path} is not writable")
     return path
 
 
-def cache_dir() -> Path:
-    """Where compiled kernels are kept: ``$IMPLICIT_ATTN_CACHE/kernels`` or
-    ``~/.cache/implicit_attn/kernels``; if that cannot be created or written, a per-user
-    directory under the system temp dir (``<tempdir>/implicit_attn_<uid>/kernels``, created
+def cache_dir(sub: str = "kernels") -> Path:
+    """Where compiled code is kept: ``$IMPLICIT_ATTN_CACHE/<sub>`` or
+    ``~/.cache/implicit_attn/<sub>`` (``sub``: ``"kernels"`` for the CPU kernels, ``"jax"`` for
+    JAX's persistent compilation cache); if that cannot be created or written, a per-user
+    directory under the system temp dir (``<tempdir>/implicit_attn_<uid>/<sub>``, created
     private). Raises ``CpuKernelUnavailable`` naming both if neither is usable."""
     root = os.environ.get("IMPLICIT_ATTN_CACHE") or Path.home() / ".cache" / "implicit_attn"
-    preferred = Path(root) / "kernels"
+    preferred = Path(root) / sub
     try:
         preferred.mkdir(parents=True, exist_ok=True)
         if _usable(preferred):
@@ -84,7 +85,7 @@ def cache_dir() -> Path:
     except OSError as e:
         why = f"{type(e).__name__}: {e}"
     try:
-        return _private_temp_dir()
+        return _private_temp_dir(sub)
     except OSError as e:
         raise CpuKernelUnavailable(
             f"no usable kernel cache: {preferred} ({why}), and the temp-dir fallback failed "
