@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from implicit_attn.convert import convert_checkpoint
+from implicit_attn.explain import vision
 from implicit_attn.models import vim
 from implicit_attn.nn.checkpoint import CheckpointError
 
@@ -120,19 +121,23 @@ def ref_operator(p, h, cfg, variant):
     return scale * (ref_direction_matrix(qf, variant) + torch.flip(ref_direction_matrix(qb, variant), [-2, -1]))
 
 
-def ref_model(params, imgs, cfg):
-    """Logits ``(B, classes)`` and each block's mixer input."""
+def ref_model(params, imgs, cfg, taps=None):
+    """Logits ``(B, classes)`` and each block's mixer input; ``taps``: optional ``(B, C, L)``
+    tensors added to each block's output before out_proj."""
     P = {k: t(v) for k, v in params.items() if k not in ("layers",)}
     x = F.conv2d(t(imgs), P["patch_embed.proj.weight"], P["patch_embed.proj.bias"], stride=cfg.patch_size)
     x = x.flatten(2).transpose(1, 2)
     c = cfg.cls_index
     x = torch.cat([x[:, :c], P["cls_token"].expand(x.shape[0], 1, -1), x[:, c:]], 1) + P["pos_embed"]
     inputs = []
-    for layer in params["layers"]:
+    for i, layer in enumerate(params["layers"]):
         m = {k: t(v) for k, v in layer["mixer"].items()}
         hn = ref_rms(x, t(layer["norm"]), cfg.layer_norm_epsilon)
         inputs.append(hn)
-        x = x + ref_mixer(m, hn, cfg)[1]
+        y = ref_mixer(m, hn, cfg)[0]
+        if taps is not None:
+            y = y + taps[i].transpose(1, 2)
+        x = x + y @ m["out_proj.weight"].T
     x = ref_rms(x, P["norm_f"], cfg.layer_norm_epsilon)
     return x[:, c] @ P["head.weight"].T + P["head.bias"], inputs
 
@@ -146,7 +151,11 @@ def close(a, b, tol):
 
 # ----------------------------------------------------------------------------- tests
 
-@pytest.mark.parametrize("cls_position,divide_out", [("middle", True), ("start", False), ("end", True)])
+DEEP = pytest.mark.deep  # repeats of a default-tier check (the default tier's time budget)
+
+
+@pytest.mark.parametrize("cls_position,divide_out", [("middle", True), pytest.param("start", False, marks=DEEP),
+                                                     pytest.param("end", True, marks=DEEP)])
 def test_logits_match_reference(cls_position, divide_out):
     import dataclasses
     cfg = dataclasses.replace(CFG, cls_position=cls_position, divide_out=divide_out)
@@ -175,7 +184,8 @@ def test_mixer_inner_matches_reference(setup):
         close(vim.mixer_forward_jit(layer["mixer"], h, cfg=CFG), out.numpy(), 1e-5)
 
 
-@pytest.mark.parametrize("variant", vim.VARIANTS)
+@pytest.mark.parametrize("variant", [v if v in ("full", "s6_only", "no_conv") else pytest.param(v, marks=DEEP)
+                                     for v in vim.VARIANTS])
 def test_operator_matches_reference(setup, variant):
     p, x, inputs = setup
     ops = vim.operators_jit(p, x, cfg=CFG, variant=variant)
@@ -197,6 +207,7 @@ def test_operator_matches_reference(setup, variant):
             assert op.forward.relative_error() < 1e-5 and op.backward.relative_error() < 1e-5
 
 
+@DEEP
 def test_reduce_and_channel_selection(setup):
     p, x, _ = setup
     op = vim.operators_jit(p, x, cfg=CFG)[0]
@@ -253,3 +264,58 @@ def test_convert_official_checkpoint(tmp_path):
     torch.save({"model": official_state_dict(cfg, p), "hook": math.floor}, tmp_path / "evil.pth")
     with pytest.raises(CheckpointError, match="refused"):
         convert_checkpoint(tmp_path / "evil.pth", tmp_path / "out3")
+
+
+# ----------------------------------------------------------------------------- explanations
+
+def ref_rollout(maps, cls):
+    """float64 rollout ``(I + A_{N-1}) ... (I + A_0)``, row ``cls``: ``(B, L)``."""
+    L = maps.shape[-1]
+    rho = np.broadcast_to(np.eye(L), maps.shape[1:]).copy()
+    for A in maps:
+        rho = (np.eye(L) + A) @ rho
+    return rho[:, cls]
+
+
+def drop(row, cfg):
+    return np.delete(row, cfg.cls_index, axis=1)
+
+
+@pytest.mark.parametrize("variant", ["full", pytest.param("s6_only", marks=DEEP)])
+def test_cls_relevance_matches_float64(setup, variant):
+    p, x, inputs = setup
+    H = [ref_operator({k: t(v) for k, v in layer["mixer"].items()}, hn, CFG, variant).numpy()
+         for layer, hn in zip(p["layers"], inputs)]
+    maps = np.stack([np.abs(h).mean(1) for h in H])      # abs_mean over channels
+    c = CFG.cls_index
+    target = np.array([1, 3])
+    got = vision.cls_relevances_jit(p, x, cfg=CFG, variant=variant, target=target)
+    close(got["raw"], drop(maps.mean(0)[:, c], CFG), 2e-5)
+    close(got["rollout"], drop(ref_rollout(maps, c), CFG), 2e-5)
+    # attribution: gradients of the target logit w.r.t. each block's output, by torch autograd
+    C, L = CFG.expand * CFG.hidden_size, CFG.seq_len
+    taps = [torch.zeros(2, C, L, dtype=T64, requires_grad=True) for _ in p["layers"]]
+    logits, _ = ref_model(p, x, CFG, taps)
+    logits[torch.arange(2), torch.tensor(target)].sum().backward()
+    gbar = np.stack([tp.grad.numpy().mean(1) for tp in taps])   # (layers, B, L)
+    amaps = np.maximum(gbar[..., :, None] * maps, 0.0)
+    close(got["attribution"], drop(ref_rollout(amaps, c), CFG), 2e-5)
+    close(vision.gradient_means(p, x, CFG, jnp.asarray(target)), gbar, 2e-5)
+
+
+def test_relevance_image_and_distance_profile():
+    r = np.random.default_rng(0).standard_normal((2, CFG.num_patches)).astype(np.float32)
+    grid = vision.relevance_grid(r, CFG)
+    np.testing.assert_array_equal(np.asarray(grid)[:, 1, 2], r[:, 1 * CFG.grid + 2])   # row-major patches
+    up = torch.nn.functional.interpolate(torch.tensor(np.asarray(grid))[:, None], size=(8, 8), mode="bilinear",
+                                         align_corners=False)[:, 0]
+    close(vision.relevance_image(r, CFG), up.numpy(), 1e-6)
+    with pytest.raises(ValueError, match="relevance must have shape"):
+        vision.relevance_image(r[:, :-1], CFG)
+    with pytest.raises(ValueError, match="methods must be among"):
+        vision.cls_relevances(None, None, CFG, ("gradcam",))
+    # middle CLS at index 8 of 17: patches 0..7 sit at distance 8..1, patches 8..15 at 1..8
+    ds, m = vision.distance_profile(r, CFG)
+    np.testing.assert_array_equal(ds, np.arange(1, 9))
+    np.testing.assert_allclose(m[0], r[:, [7, 8]].mean(), rtol=1e-6)
+    np.testing.assert_allclose(m[-1], r[:, [0, 15]].mean(), rtol=1e-6)
