@@ -2,12 +2,14 @@
 an independent float64 torch reference written from the equations (a recurrence loop, explicit
 conv taps, ``F.conv2d`` patches), and the converter of official checkpoints."""
 import argparse
+import dataclasses
 import math
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from implicit_attn import cli
 from implicit_attn.convert import convert_checkpoint
 from implicit_attn.explain import vision
 from implicit_attn.models import vim
@@ -157,7 +159,6 @@ DEEP = pytest.mark.deep  # repeats of a default-tier check (the default tier's t
 @pytest.mark.parametrize("cls_position,divide_out", [("middle", True), pytest.param("start", False, marks=DEEP),
                                                      pytest.param("end", True, marks=DEEP)])
 def test_logits_match_reference(cls_position, divide_out):
-    import dataclasses
     cfg = dataclasses.replace(CFG, cls_position=cls_position, divide_out=divide_out)
     p, x = perturbed(cfg), images(cfg)
     ref, _ = ref_model(p, x, cfg)
@@ -243,18 +244,22 @@ def official_state_dict(cfg, params):
     return {k: torch.tensor(np.asarray(v)) for k, v in vim.from_params(cfg, params).items()}
 
 
-def test_convert_official_checkpoint(tmp_path):
-    import dataclasses
+def test_convert_official_checkpoint(tmp_path, capsys):
     cfg = dataclasses.replace(CFG, cls_position="end", divide_out=False)
     p = perturbed(cfg, seed=3)
     src = tmp_path / "vim_t.pth"
     torch.save({"model": official_state_dict(cfg, p), "epoch": 3, "args": argparse.Namespace(lr=1e-3)}, src)
-    config = convert_checkpoint(src, tmp_path / "out", vim_cls="end", vim_divide_out=False)
-    assert config["model_type"] == "vim" and config["time_step_rank"] == cfg.time_step_rank
+    assert cli.main(["convert", str(src), str(tmp_path / "out"), "--vim-cls", "end", "--vim-sum-out"]) == 0
+    assert "model_type vim" in capsys.readouterr().out
     model = vim.load(tmp_path / "out")
     assert model.config == cfg
     x = images(cfg)
     close(model(x), ref_model(p, x, cfg)[0].numpy(), 1e-5)
+    config = convert_checkpoint(src, tmp_path / "mid")   # the defaults: middle CLS, divide_out
+    assert config["model_type"] == "vim" and config["time_step_rank"] == cfg.time_step_rank
+    assert vim.load(tmp_path / "mid").config == dataclasses.replace(cfg, cls_position="middle", divide_out=True)
+    with pytest.raises(CheckpointError, match="official ViM"):
+        convert_checkpoint(src, tmp_path / "x", model_type="mamba")
     # a missing tensor is named; a pickled object that would run code is refused
     sd = official_state_dict(cfg, p)
     del sd["layers.1.mixer.D_b"]

@@ -47,7 +47,7 @@ from implicit_attn.explain import vision
 from implicit_attn.explain.metrics import AUC_GRID, token_counts
 from implicit_attn.models import vim
 
-from ..common import RESULTS, write_results
+from ..common import write_results
 
 METHODS = vision.VISION_METHODS
 VARIANTS = ("full", "s6_only")
