@@ -168,6 +168,16 @@ def test_logits_match_reference(cls_position, divide_out):
     assert np.max(np.abs(np.asarray(vim.forward_jit(p, x, cfg=other)) - ref.numpy())) > 1e-3
 
 
+@DEEP
+def test_one_patch_and_large_batch():
+    """``N = 1`` (L = 2: the patch and CLS at N // 2 = 0) with a batch of 5."""
+    cfg = dataclasses.replace(CFG, image_size=2)
+    p, x = perturbed(cfg), images(cfg, n=5)
+    ref, _ = ref_model(p, x, cfg)
+    close(vim.forward_jit(p, x, cfg=cfg), ref.numpy(), 1e-5)
+    assert all(op.relative_error() < 1e-5 for op in vim.operators_jit(p, x, cfg=cfg))
+
+
 @pytest.fixture(scope="module")
 def setup():
     p, x = perturbed(CFG), images(CFG)
@@ -230,13 +240,22 @@ def test_bad_inputs():
         vim.Config(image_size=9, patch_size=2, hidden_size=8, num_labels=2)
 
 
-def test_save_load_roundtrip(tmp_path):
-    model = vim.ViM(CFG, perturbed(CFG))
+def test_module_save_load_roundtrip(tmp_path, setup):
+    p, x, inputs = setup
+    model = vim.ViM(CFG, p)
     vim.save(tmp_path / "m", model)
     back = vim.load(tmp_path / "m")
     assert back.config == CFG
-    x = images(CFG)
     np.testing.assert_array_equal(np.asarray(back(x)), np.asarray(model(x)))
+    # the module's mixer: the block's forward and operator on its input
+    h = jnp.asarray(inputs[1].numpy(), jnp.float32)
+    mixer = back.layers[1].mixer
+    close(mixer(h), ref_mixer({k: t(v) for k, v in p["layers"][1]["mixer"].items()}, inputs[1], CFG)[1].numpy(), 1e-5)
+    assert mixer.as_operator(h).relative_error() < 1e-5
+    with pytest.raises(ValueError, match="ViM variant"):
+        back.operators(x, "nope")
+    with pytest.raises(ValueError, match="mixer input"):
+        mixer.as_operator(h[0])
 
 
 def official_state_dict(cfg, params):

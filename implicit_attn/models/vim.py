@@ -33,7 +33,7 @@ from flax import nnx
 from ..families.mamba import Config as MambaConfig
 from ..families.mamba import block as mamba
 from ..families.mamba.checkpoint import inverse_softplus_dt
-from ..nn import Weights, check_tensors, fan_in_normal, random_tensors
+from ..nn import Mixer, Weights, check_tensors, check_variant, fan_in_normal, random_tensors
 from ..nn.checkpoint import CheckpointError, read_hf_dir, write_hf_dir
 from ..nn.config import HFConfig
 from ..nn.hooks import apply_out_hook, layer_tap
@@ -324,29 +324,49 @@ def init_params(cfg: Config, key, dtype=jnp.float32) -> dict:
 
 # ----------------------------------------------------------------------------- module
 
+class VimMixer(Mixer):
+    """The bidirectional block: ``__call__(h)`` its forward, ``as_operator(x, variant)`` its
+    ``BidirectionalOperator`` (see ``mixer_operator``)."""
+
+    label = "ViM"
+    variants = VARIANTS
+    forward_fn = staticmethod(mixer_forward_jit)
+    operator_fn = staticmethod(mixer_operator_jit)
+
+
+class VimLayer(nnx.Module):
+    """One pre-norm block: ``norm`` (RMSNorm weight) and the ``mixer``."""
+
+    def __init__(self, cfg: Config, layer: dict):
+        self.norm = nnx.Param(jnp.asarray(layer["norm"]))
+        self.mixer = VimMixer(cfg, layer["mixer"])
+
+    def params(self) -> dict:
+        return {"norm": self.norm[...], "mixer": self.mixer.arrays()}
+
+
 class ViM(nnx.Module):
     """A Vision Mamba classifier (``ViM(config, params)``, params from ``init_params``, ``load``
     or a converted official checkpoint): ``model(images)`` logits ``(B, num_labels)``,
-    ``operators(images, variant)`` every block's ``BidirectionalOperator``."""
+    ``operators(images, variant)`` every block's ``BidirectionalOperator``,
+    ``layers[i].mixer.as_operator(x, variant)`` one block's for its input ``x (B, L, D)``."""
 
     def __init__(self, cfg: Config, params: dict):
         self.config = cfg
-        self.layers = nnx.List([Weights({"norm": l["norm"], **{"mixer." + k: v for k, v in l["mixer"].items()}})
-                                for l in params["layers"]])
+        self.layers = nnx.List([VimLayer(cfg, l) for l in params["layers"]])
         self.top = Weights({**{k: params[k] for k in TOP}, "norm_f": params["norm_f"]})
 
     def params(self) -> dict:
         """The parameter tree of the pure functions."""
-        layers = []
-        for w in self.layers:
-            a = w.arrays()
-            layers.append({"norm": a["norm"], "mixer": {k[6:]: v for k, v in a.items() if k.startswith("mixer.")}})
-        return {**self.top.arrays(), "layers": layers}
+        return {**self.top.arrays(), "layers": [l.params() for l in self.layers]}
 
     def __call__(self, images):
+        """``images (B, num_channels, S, S)`` -> logits ``(B, num_labels)`` float32."""
         return forward_jit(self.params(), jnp.asarray(images), cfg=self.config)
 
     def operators(self, images, variant: str = "full") -> list:
+        """One ``BidirectionalOperator`` per block (``variant``: one of ``VARIANTS``)."""
+        check_variant(variant, VARIANTS, "ViM")
         return operators_jit(self.params(), jnp.asarray(images), cfg=self.config, variant=variant)
 
 
@@ -385,4 +405,4 @@ __all__ = ["MODEL_TYPE", "CLS_POSITIONS", "VARIANTS", "SHARED_VALUES", "BACKWARD
            "flip", "mixer_inner", "mixer_forward", "BidirectionalOperator", "mixer_operator", "patch_embed",
            "embed_tokens", "forward", "operators", "forward_jit", "mixer_forward_jit", "mixer_operator_jit",
            "operators_jit", "mixer_shapes", "expected_shapes", "to_params", "from_params", "init_rule", "init_params",
-           "ViM", "init", "save", "config_from_dict", "load"]
+           "VimMixer", "VimLayer", "ViM", "init", "save", "config_from_dict", "load"]
