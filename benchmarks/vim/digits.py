@@ -28,7 +28,9 @@ ordering as the reference.
 
 **CLS position** (Ali et al. Fig. 3): the mean, over the test set, of each patch's relevance
 (each image's 16 relevances divided by their sum of absolute values) grouped by the patch's
-distance in the sequence to the CLS token, for the middle-, start- and end-CLS models.
+distance in the sequence to the CLS token, for the middle-, start- and end-CLS models; and the
+same normalised relevance averaged per patch on the 4x4 grid (``grid``: where in the image it
+sits, which the distance profile mixes in: the digits' strokes fill the middle rows).
 """
 from __future__ import annotations
 
@@ -184,10 +186,14 @@ def relevances(params, x, cfg, variant: str, how: str, chunk: int = 150) -> dict
     return {m: np.concatenate(v) for m, v in out.items()}
 
 
+def normalised(rel: np.ndarray) -> np.ndarray:
+    """Each image's relevances divided by their sum of absolute values."""
+    return rel / np.maximum(np.abs(rel).sum(1, keepdims=True), 1e-30)
+
+
 def distance_rows(rel: np.ndarray, cfg: vim.Config) -> dict:
     """Mean normalised relevance by distance to the CLS token: ``{distance: mean}``."""
-    r = rel / np.maximum(np.abs(rel).sum(1, keepdims=True), 1e-30)
-    ds, m = vision.distance_profile(r, cfg)
+    ds, m = vision.distance_profile(normalised(rel), cfg)
     return {int(d): float(v) for d, v in zip(ds, m)}
 
 
@@ -226,7 +232,8 @@ def main(argv=None) -> int:
                     rel = relevances(params, test_x, cfg, variant, how)
                     for m in METHODS:
                         dist.append({"cls_position": pos, "seed": seed, "variant": variant, "how": how, "method": m,
-                                     "by_distance": distance_rows(rel[m], cfg)})
+                                     "by_distance": distance_rows(rel[m], cfg),
+                                     "grid": normalised(rel[m]).mean(0).reshape(cfg.grid, cfg.grid).tolist()})
                         if pos != "middle":
                             continue
                         pp = perturbation(params, test_x, test_y, rel[m], black, cfg, positive=True)
@@ -247,7 +254,8 @@ def main(argv=None) -> int:
             "paper": "Zimerman et al. Table 1 (ViM-S, ImageNet val; s6_only: Ali et al.'s numbers)"}
     write_results(name, table, meta, columns=["method", "variant", "how", "seeds", "positive_auc", "positive_std",
                                               "paper_positive", "negative_auc", "negative_std", "paper_negative"])
-    print(distance_table(dist, "full", "abs_mean", "raw"))
+    for variant in VARIANTS:
+        print(distance_table(dist, variant, "abs_mean", "raw"))
     return 0
 
 
@@ -270,11 +278,12 @@ def distance_table(dist: list[dict], variant: str, how: str, method: str) -> str
     """Markdown: mean normalised relevance by distance to CLS, one row per CLS position."""
     sel = [d for d in dist if (d["variant"], d["how"], d["method"]) == (variant, how, method)]
     positions = list(dict.fromkeys(d["cls_position"] for d in sel))
-    ds = sorted({k for d in sel for k in d["by_distance"]})
+    ds = sorted({int(k) for d in sel for k in d["by_distance"]})  # JSON keys are strings
     lines = [f"{method}, {variant}, {how}: mean relevance (normalised per image) by distance to CLS",
              "| CLS | " + " | ".join(str(k) for k in ds) + " |", "|---|" + "---|" * len(ds)]
     for p in positions:
         per = [d["by_distance"] for d in sel if d["cls_position"] == p]
+        per = [{int(k): v for k, v in q.items()} for q in per]
         vals = [np.mean([q[k] for q in per if k in q]) if any(k in q for q in per) else None for k in ds]
         lines.append(f"| {p} | " + " | ".join("" if v is None else f"{v:.4f}" for v in vals) + " |")
     return "\n".join(lines) + "\n"
