@@ -195,7 +195,7 @@ def test_mixer_inner_matches_reference(setup):
         close(vim.mixer_forward_jit(layer["mixer"], h, cfg=CFG), out.numpy(), 1e-5)
 
 
-@pytest.mark.parametrize("variant", [v if v in ("full", "s6_only", "no_conv") else pytest.param(v, marks=DEEP)
+@pytest.mark.parametrize("variant", [v if v in ("full", "s6_only") else pytest.param(v, marks=DEEP)
                                      for v in vim.VARIANTS])
 def test_operator_matches_reference(setup, variant):
     p, x, inputs = setup
