@@ -126,13 +126,15 @@ def cmd_convert(args) -> int:
     """Convert a PyTorch-pickle checkpoint (a state-spaces/mamba-* directory with mamba_ssm's
     config.json and pytorch_model.bin, an official RWKV-4/5.2/6/7 .pth, or a Hugging Face
     directory whose weights are pytorch_model.bin or its shards) into a safetensors checkpoint
-    directory that every other command (and implicit_attn.load) reads. The pickle is
+    directory that every other command (and implicit_attn.load) reads; an official Vision Mamba .pth
+    (hustvl/Vim) becomes a directory that implicit_attn.models.vim.load reads. The pickle is
     read with torch.load(weights_only=True) only (torch must be installed): anything but tensors
     is refused and never run."""
-    config = convert_checkpoint(args.src, args.dst, args.family)
+    config = convert_checkpoint(args.src, args.dst, args.family, args.vim_cls, not args.vim_sum_out)
+    size = (f"vocabulary {config['vocab_size']}" if "vocab_size" in config
+            else f"{config['num_labels']} classes, {config['image_size']}px images")
     print(f"converted {args.src} -> {args.dst} (model_type {config['model_type']}, "
-          f"{config['num_hidden_layers']} layers, hidden size {config['hidden_size']}, "
-          f"vocabulary {config['vocab_size']})")
+          f"{config['num_hidden_layers']} layers, hidden size {config['hidden_size']}, {size})")
     return 0
 
 
@@ -178,13 +180,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--scale", default="log", choices=list(SCALES), help="heatmap colour scale")
     s.set_defaults(func=cmd_demo)
 
-    s = sub.add_parser("convert", help="PyTorch pickle (mamba_ssm, official RWKV .pth) -> safetensors checkpoint",
+    s = sub.add_parser("convert",
+                       help="PyTorch pickle (mamba_ssm, official RWKV or ViM .pth) -> safetensors checkpoint",
                        formatter_class=fmt, description=explain_cli.plain(cmd_convert.__doc__))
     s.add_argument("src", help="mamba_ssm checkpoint directory (config.json + pytorch_model.bin), official RWKV "
                                ".pth file, or Hugging Face directory with pytorch_model.bin (or its shards)")
     s.add_argument("dst", help="output directory (config.json + model.safetensors)")
     s.add_argument("--family", default=None, choices=list(FAMILY_CHOICES),
                    help="family (model_type) to insist on; default: detected from the source (an error if it disagrees)")
+    s.add_argument("--vim-cls", default="middle", choices=["middle", "start", "end"],
+                   help="official ViM checkpoint: where its CLS token sits (the weights do not say; the released "
+                        "*midclstok* models: middle)")
+    s.add_argument("--vim-sum-out", action="store_true",
+                   help="official ViM checkpoint trained with if_devide_out=False (out_proj of y_f + y_b, not of "
+                        "their mean)")
     s.set_defaults(func=cmd_convert)
 
     explain_cli.add_parser(sub)

@@ -10,13 +10,20 @@ Sources:
 - an official RWKV ``.pth`` (BlinkDL's RWKV-LM names: ``emb.weight``, ``blocks.{i}.att.*``, ...):
   the generation (RWKV-4, RWKV-5.2, RWKV-6, RWKV-7) is told from the tensor names and shapes and
   the config is read off the shapes; written as ``rwkv`` / ``rwkv5`` / ``rwkv6`` / ``rwkv7``;
+- an official Vision Mamba ``.pth`` (``hustvl/Vim``: a dict whose ``"model"`` entry holds
+  ``patch_embed.proj.weight``, ``layers.{i}.mixer.conv1d_b.weight``, ...; told from the tensor
+  names): the config is read off the shapes, except what the weights do not show (the CLS
+  position and ``if_devide_out``: ``vim_cls`` / ``vim_divide_out``, default the released models'
+  middle CLS and 1/2); written as our ``vim`` model (``models.vim``, official tensor names);
 - a Hugging Face checkpoint saved as pickles (``config.json`` with a registered ``model_type``
   and ``pytorch_model.bin``, or shards listed in ``pytorch_model.bin.index.json``, e.g. the
   ``RWKV/rwkv-4-*-pile`` repositories): the tensors are written as they are.
 
 Pickles are read only with ``torch.load(path, map_location="cpu", weights_only=True)``: a
 pickle that holds anything but tensors and plain containers (a pickled object whose loading
-would run code) is refused before anything of it runs. ``torch`` is imported only when a pickle
+would run code) is refused before anything of it runs. A training checkpoint's dict
+(``{"model": {...}, "epoch": ...}``) is read for its ``"model"`` entry; ``argparse.Namespace`` (the training arguments DeiT-style
+checkpoints carry) is the one class let through, its loading only sets attributes. ``torch`` is imported only when a pickle
 is read (it is an optional dependency). ``load`` itself never unpickles anything.
 
 Whatever our families cannot represent is refused with an error naming the config key or
@@ -25,6 +32,7 @@ written.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import re
@@ -36,7 +44,8 @@ import numpy as np
 
 from .families.rwkv6.checkpoint import MIX_GROUPS, OFFICIAL_MIX_GROUPS
 from .io import TOKENIZER
-from .nn.checkpoint import CheckpointError, write_hf_dir
+from .models import vim
+from .nn.checkpoint import CheckpointError, check_tensors, write_hf_dir
 from .registry import family, model_types
 
 PICKLE_WEIGHTS = "pytorch_model.bin"  # mamba_ssm's and transformers' single file
@@ -44,7 +53,7 @@ PICKLE_INDEX = "pytorch_model.bin.index.json"  # transformers' shards
 # the families written, by source (a Hugging Face pickle: its own model_type)
 MAMBA_FAMILIES = ("mamba", "mamba2")
 RWKV_FAMILIES = ("rwkv", "rwkv5", "rwkv6", "rwkv7")
-FAMILY_CHOICES = tuple(model_types())
+FAMILY_CHOICES = tuple(model_types()) + (vim.MODEL_TYPE,)
 
 # mamba_ssm's MambaConfig: every field and its default
 MAMBA_SSM_DEFAULTS = {"d_intermediate": 0, "ssm_cfg": {}, "attn_layer_idx": [], "attn_cfg": {}, "rms_norm": True,
@@ -112,10 +121,13 @@ def read_pickle(path) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise CheckpointError(f"{path}: no such file")
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch raises UnpicklingError, RuntimeError, EOFError, ...
         raise CheckpointError(f"{path}: refused: torch.load(weights_only=True) cannot read it as plain tensors "
                               f"({type(e).__name__}: {load_failure(e)}); pickled code is never run") from None
+    if isinstance(obj, dict) and isinstance(obj.get("model"), dict):  # a training checkpoint
+        obj = obj["model"]
     if not isinstance(obj, dict) or not obj:
         raise CheckpointError(f"{path}: expected a non-empty dict of tensor names to tensors, got "
                               f"{type(obj).__name__}")
@@ -450,6 +462,44 @@ def rwkv_official(tensors: dict, where, model_type: str | None = None) -> tuple[
     return config, out
 
 
+# ----------------------------------------------------------------------------- Vision Mamba
+
+def is_vim(tensors: dict) -> bool:
+    """Whether the tensor names are an official ViM checkpoint's."""
+    return "patch_embed.proj.weight" in tensors and "layers.0.mixer.conv1d_b.weight" in tensors
+
+
+def vim_official(tensors: dict, where, cls_position: str = "middle", divide_out: bool = True) -> tuple[dict, dict]:
+    """Our ``(config.json dict, tensors)`` of an official ViM checkpoint (``bimamba_type="v2"``,
+    RMSNorm, a CLS token, absolute position embeddings): the sizes from the shapes, the names
+    kept; ``cls_position`` / ``divide_out`` as given (the weights do not show them). Anything
+    else (a LayerNorm model's biases, RoPE, two CLS tokens, ...) is refused naming the tensor."""
+    take = Taker(tensors, where)
+    D, chans, P, P2 = take.shape("patch_embed.proj.weight")
+    n_tok = take.shape("pos_embed")[1]
+    grid = math.isqrt(n_tok - 1)
+    if P != P2 or grid * grid != n_tok - 1:
+        raise CheckpointError(f"{where}: patch_embed.proj.weight {(D, chans, P, P2)} and pos_embed of {n_tok} "
+                              "positions are not square patches on a square grid plus one CLS token")
+    ids = {int(m.group(1)) for k in tensors for m in [re.match(r"layers\.(\d+)\.", k)] if m}
+    if not ids or ids != set(range(max(ids) + 1)):
+        raise CheckpointError(f"{where}: layer indices {sorted(ids)[:8]} are not 0..n-1")
+    inner, state = take.shape("layers.0.mixer.A_log")
+    if inner % D:
+        raise CheckpointError(f"{where}: layers.0.mixer.A_log has {inner} channels, not a multiple of the width {D}")
+    fields = dict(image_size=grid * P, patch_size=P, hidden_size=D, num_labels=take.shape("head.weight")[0],
+                  num_channels=chans, num_hidden_layers=max(ids) + 1, state_size=state,
+                  conv_kernel=take.shape("layers.0.mixer.conv1d.weight")[2], expand=inner // D,
+                  time_step_rank=take.shape("layers.0.mixer.dt_proj.weight")[1], cls_position=cls_position,
+                  divide_out=divide_out)
+    try:
+        cfg = vim.Config(**fields)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{where}: {e}") from None
+    check_tensors(tensors, vim.expected_shapes(cfg), where=str(where))
+    return cfg.to_hf(), dict(tensors)
+
+
 # ----------------------------------------------------------------------------- Hugging Face pickles
 
 def read_pickle_shards(directory: Path) -> dict[str, np.ndarray]:
@@ -509,13 +559,14 @@ def find_source(src: Path) -> tuple[str, Path, dict | None]:
         pths = sorted(directory.glob("*.pth"))
         if len(pths) != 1:
             raise CheckpointError(f"{directory}: neither a mamba_ssm checkpoint (config.json with d_model + "
-                                  f"{PICKLE_WEIGHTS}) nor a directory with one RWKV .pth "
+                                  f"{PICKLE_WEIGHTS}) nor a directory with one RWKV or ViM .pth "
                                   f"(found {[p.name for p in pths]}); pass the file itself")
         weights = pths[0]
     return "rwkv", weights, None
 
 
-def convert_checkpoint(src, dst, model_type: str | None = None) -> dict:
+def convert_checkpoint(src, dst, model_type: str | None = None, vim_cls: str = "middle",
+                       vim_divide_out: bool = True) -> dict:
     """Convert a PyTorch-pickle checkpoint ``src`` (see the module docstring) into a Hugging Face
     safetensors directory ``dst`` that ``load`` reads.
 
@@ -524,8 +575,10 @@ def convert_checkpoint(src, dst, model_type: str | None = None) -> dict:
         RWKV ``.pth`` file (or a directory holding one), or a Hugging Face directory with pickled
         weights (``pytorch_model.bin`` or shards + ``pytorch_model.bin.index.json``).
       dst: the output directory (created; must not be ``src``'s directory).
-      model_type: optional family to insist on (a registered ``model_type``); an error if the
-        source is another.
+      model_type: optional family to insist on (a registered ``model_type`` or ``"vim"``); an
+        error if the source is another.
+      vim_cls, vim_divide_out: an official ViM checkpoint's CLS position (``"middle"``,
+        ``"start"``, ``"end"``) and ``if_devide_out`` (``models.vim.Config``).
     Returns:
       The ``config.json`` dict written.
     Raises:
@@ -554,11 +607,17 @@ def convert_checkpoint(src, dst, model_type: str | None = None) -> dict:
             raise CheckpointError(f"{src_dir}: --family {model_type} given, but its ssm_cfg makes it "
                                   f"{config['model_type']}")
         tensors = mamba_ssm_tensors(tensors, config, weights)
+    elif is_vim(tensors):
+        if model_type not in (None, vim.MODEL_TYPE):
+            raise CheckpointError(f"{weights}: --family {model_type} given, but the tensors are an official ViM "
+                                  "checkpoint")
+        config, tensors = vim_official(tensors, weights, vim_cls, vim_divide_out)
     else:
         if model_type is not None and model_type not in RWKV_FAMILIES:
             raise CheckpointError(f"{weights}: an RWKV .pth cannot be written as {model_type}")
         config, tensors = rwkv_official(tensors, weights, model_type)
-    family(config["model_type"]).to_params(config, tensors)  # every name and shape, before writing
+    if config["model_type"] != vim.MODEL_TYPE:  # vim_official checked every name and shape
+        family(config["model_type"]).to_params(config, tensors)  # every name and shape, before writing
     write_hf_dir(dst, config, tensors)
     tok = src_dir / TOKENIZER
     if tok.is_file():
@@ -567,4 +626,4 @@ def convert_checkpoint(src, dst, model_type: str | None = None) -> dict:
 
 
 __all__ = ["convert_checkpoint", "read_pickle", "mamba_ssm_config", "mamba_ssm_tensors", "rwkv_generation",
-           "rwkv_official", "padded_vocab", "FAMILY_CHOICES"]
+           "rwkv_official", "is_vim", "vim_official", "padded_vocab", "FAMILY_CHOICES"]

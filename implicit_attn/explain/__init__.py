@@ -8,7 +8,9 @@ figures, an HTML report, viewer adapters and the ``explain`` command.
     m = operator_map(op, "abs_mean", heads=[0, 2])                # Mamba-2 / attention heads
     curves = faithfulness(model, ids, ex.relevance)               # {"auac": Curve, ...}
     M = oversmoothing(model, ids)              # (B, layers): Eq. 24 cosine similarity per layer
+    r = vision.cls_relevance(params, images, cfg, "attribution")   # ViM: (B, patches) for CLS
 """
+from . import vision
 from .adapters import circuitsvis_kwargs, to_bertviz, to_circuitsvis
 from .maps import (channel_maps, head_channels, head_maps, iter_operators, minmax_normalize, model_maps,
                    operator_map, position_mean)
@@ -28,4 +30,4 @@ __all__ = ["explain", "Explanation", "METHODS", "raw_attention", "rollout", "att
            "sufficiency", "faithfulness", "perturbation_curve", "random_relevance", "heatmap_grid",
            "relevance_strip", "operator_grid", "curves_plot", "render_html", "write_html",
            "to_circuitsvis", "circuitsvis_kwargs", "to_bertviz", "oversmoothing", "feature_smoothing",
-           "smoothing_summary", "smoothing_plot"]
+           "smoothing_summary", "smoothing_plot", "vision"]

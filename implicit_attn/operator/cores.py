@@ -14,6 +14,8 @@
 * ``ShortConvCore``: a banded causal convolution between two gates (LFM2's gated short conv).
 * ``AttentionCore``: the softmax probabilities of a (grouped-query) local attention.
 * ``LaSCore``: the LaS attention matrix (ELD / ALiBi, softmax, average pooling, chunks).
+* ``BidirectionalCore``: a forward and a backward core on one sequence, ``scale (H_f + J H_b J)``
+  (Vision Mamba's two scans; not causal).
 * ``ParallelCore``: cores side by side, a part's channels possibly repeated (a layer that
   mixes tokens through two paths at once, Falcon-H1's Mamba-2 and attention; Zamba's Mamba
   heads, each with its own ``B`` and ``C``).
@@ -693,5 +695,32 @@ class ParallelCore(OperatorCore):
         return out
 
 
-__all__ = ["head_weighted_sum", "heads_weighted_sum", "StateDecayCore", "ScalarDecayCore", "DocumentMaskedCore", "Mamba2Core", "HeadMatrixCore", "DplrCore",
+@pytree_dataclass(static=("scale",))
+class BidirectionalCore(OperatorCore):
+    """``H = scale * (H_f + J H_b J)``: ``forward`` runs on the sequence, ``backward`` on the
+    reversed sequence (``J`` reverses positions), both with the same channels. The result is
+    dense, not causal (Vision Mamba's bidirectional block: ``scale`` 1/2 with
+    ``if_devide_out``).
+
+    Shapes: ``forward``, ``backward`` cores of ``C`` channels over ``(B, L)``; ``scale`` a float.
+    """
+
+    forward: Any
+    backward: Any
+    scale: float = 1.0
+
+    @property
+    def num_channels(self) -> int:
+        return self.forward.num_channels
+
+    def precompute(self) -> "BidirectionalCore":
+        return dataclasses.replace(self, forward=self.forward.precompute(), backward=self.backward.precompute())
+
+    def dense(self, idx):
+        """``(B, len(idx), L, L)`` float32: ``scale (H_f + flip(H_b))`` with both position axes flipped."""
+        Hb = jnp.flip(self.backward.dense(idx), axis=(-2, -1))
+        return jnp.asarray(self.scale, f32) * (self.forward.dense(idx) + Hb)
+
+
+__all__ = ["BidirectionalCore", "head_weighted_sum", "heads_weighted_sum", "StateDecayCore", "ScalarDecayCore", "DocumentMaskedCore", "Mamba2Core", "HeadMatrixCore", "DplrCore",
            "DeltaRuleCore", "RwkvCore", "ShortConvCore", "AttentionCore", "LaSCore", "ParallelCore"]

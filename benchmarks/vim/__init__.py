@@ -1,0 +1,1 @@
+"""Reproductions of the vision experiments of the implicit-attention papers (Vision Mamba on small images)."""
