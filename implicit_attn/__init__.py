@@ -14,8 +14,7 @@ types, cores, dispatch) <- ``kernels``, ``nn`` (shared model parts) <- ``familie
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from .version import __version__
 from . import kernels  # registers the Pallas and CPU kernels with operator.dispatch
 from .analyze import analyze
 from .io import family_of, hub_cache_dir, load, load_tokenizer, resolve, save, tokenize

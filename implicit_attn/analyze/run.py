@@ -35,6 +35,7 @@ is written but before those rows are marked done.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -51,13 +52,13 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from tqdm import tqdm
 
-from .. import __version__
 from ..explain.maps import HOWS, iter_operators, operator_map, position_mean
 from ..explain.methods import METHODS, combine, contribution_map, query_gradients
 from ..explain.metrics import AUC_GRID, ERASER_BINS, FULL_GRID, SCORES, faithfulness
 from ..io import load, load_tokenizer
 from ..nn import check_layers
 from .corpus import Corpus
+from ..version import __version__
 from .store import FORMAT, Store
 
 ANALYSES = ("maps", "relevance", "faithfulness", "stats")
@@ -193,6 +194,21 @@ def batch_results(model, ids, lengths, s: Settings) -> dict:
     return out
 
 
+def step_fn(graphdef, s: Settings, state, ids, lengths) -> dict:
+    """``batch_results`` of the model ``nnx.merge(graphdef, state)`` (parameters as arguments,
+    not constants of the compiled program)."""
+    return batch_results(nnx.merge(graphdef, state), ids, lengths, s)
+
+
+@functools.lru_cache(maxsize=8)
+def sharded_step(mesh: Mesh):
+    """``step_fn`` jitted for ``mesh``: state replicated, ids and lengths split over its
+    ``"batch"`` axis; one per mesh, so later calls with the same model structure and
+    settings reuse its compilations."""
+    rep, batch = NamedSharding(mesh, P()), NamedSharding(mesh, P("batch"))
+    return jax.jit(step_fn, static_argnums=(0, 1), in_shardings=(rep, batch, batch))
+
+
 def faithfulness_rows(model, ids, lengths, relevance, target, s: Settings) -> dict:
     """``explain.metrics.faithfulness`` of each example at its own last position: examples
     of equal length share one call (on the padded ids: the perturbations touch only
@@ -325,12 +341,7 @@ def analyze(model_or_ckpt, data, out, analyses=("maps", "relevance", "stats"), *
     mesh = Mesh(np.array(devs), ("batch",))
     B = -(-s.batch_size // len(devs)) * len(devs)
     graphdef, state = nnx.split(model)
-
-    def fn(state, ids, lengths):
-        return batch_results(nnx.merge(graphdef, state), ids, lengths, s)
-
-    batch_sh = NamedSharding(mesh, P("batch"))
-    step = jax.jit(fn, in_shardings=(NamedSharding(mesh, P()), batch_sh, batch_sh))
+    step = sharded_step(mesh)
     state = jax.device_put(state, NamedSharding(mesh, P()))
 
     mine = np.arange(pid, N, nproc)
@@ -350,7 +361,7 @@ def analyze(model_or_ckpt, data, out, analyses=("maps", "relevance", "stats"), *
             ids[k, :x.size], lens[k], full[k, :x.size] = x, x.size, x
         ids[len(rows):] = ids[0]   # filler rows (a fixed batch shape), dropped below
         lens[len(rows):] = lens[0]
-        res = {k: np.asarray(v)[:len(rows)] for k, v in step(state, ids, lens).items()}
+        res = {k: np.asarray(v)[:len(rows)] for k, v in step(graphdef, s, state, ids, lens).items()}
         if "faithfulness" in s.analyses:
             res.update(faithfulness_rows(model, ids[:len(rows)], lens[:len(rows)], res["relevance"],
                                          res["target"], s))
