@@ -72,16 +72,17 @@ CASES = {  # model, method, analyses
 }
 
 
-# default tier: the gradient path (attribution) on the tiny model; the others are deep (~20 s each)
-@pytest.mark.parametrize("case", [pytest.param(c, marks=[] if c == "mamba-attribution" else pytest.mark.deep)
+# default tier: every analysis on the demo model at short lengths; the gradient methods are deep
+@pytest.mark.parametrize("case", [pytest.param(c, marks=[] if c == "demo-rollout" else pytest.mark.deep)
                                   for c in CASES])
 def test_padded_batches_equal_each_example_alone(case, tmp_path, tiny_mamba):
-    """Lengths 3..21 in buckets of 16 and 32, batches of 4 (one partly filler): every row
+    """Lengths 3..21 in buckets of 16 and 32, batches of 4 (partly filler): every row
     equals ``explain`` / ``faithfulness`` on the example alone to float32 rounding
     (rtol 1e-5, atol 1e-6), and is exactly 0 (ids: -1) after its length."""
     which, method, analyses = CASES[case]
     model = induction.load_default()[0] if which == "demo" else tiny_mamba
-    lengths = [21, 3, 9, 17, 9, 5]
+    # (the default-tier case: 3 distinct lengths, one bucket, a batch with 3 filler rows)
+    lengths = [9, 3, 9, 5, 3] if case == "demo-rollout" else [21, 3, 9, 17, 9, 5]
     ids = write_corpus(tmp_path / "c.jsonl", lengths, text_every=3 if which == "demo" else 0)
     out = tmp_path / "store"
     summary = ia.analyze(model, tmp_path / "c.jsonl", out, analyses, method=method, batch_size=4,
@@ -154,7 +155,7 @@ def test_killed_run_resumes_to_the_uninterrupted_store(stage, tmp_path):
     """SIGKILL after 4 rows are marked done ("done"), or after a batch's data is written but
     before it is marked done ("data"); the rerun computes only the rest and the store is
     byte-for-byte the uninterrupted one."""
-    write_corpus(tmp_path / "c.jsonl", [21, 3, 9, 17, 9, 5, 12, 30, 4], text_every=4)
+    write_corpus(tmp_path / "c.jsonl", [9, 3, 9, 5, 12, 4], text_every=4)
     args = [DEMO, "--data", tmp_path / "c.jsonl", "--analyses", ANALYSES, "--batch-size", "2", "--no-progress"]
     p = run_cli(args + ["--out", tmp_path / "killed"], {KILL_AFTER_ENV: f"4:{stage}" if stage == "data" else "4"})
     p.communicate(timeout=300)
