@@ -105,8 +105,8 @@ def main(argv=None):
                 print(rows[-1], flush=True)
     for procs in (1, 2):
         small, large = (next(r for r in rows if r["corpus"] == s and r["processes"] == procs) for s in (n, 10 * n))
-        large["steady_ex_per_s"] = round((large["examples"] - small["examples"]) /
-                                         max(large["seconds"] - small["seconds"], 1e-9), 3)
+        dt = large["seconds"] - small["seconds"]  # (noise can make it <= 0 on tiny corpora: no rate then)
+        large["steady_ex_per_s"] = round((large["examples"] - small["examples"]) / dt, 3) if dt > 0 else None
         large["rss_vs_small"] = round(large["peak_rss_mib"] / small["peak_rss_mib"], 3)
     meta = {"config": cfg, "lengths": lengths, "analyses": args.analyses, "batch_size": args.batch_size}
     if args.no_write:
