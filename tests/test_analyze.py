@@ -206,6 +206,10 @@ def test_a_changed_setting_or_corpus_is_refused(tmp_path):
         ia.analyze(model, tmp_path / "c.jsonl", tmp_path / "s3", ("maps", "heads"), progress=False)
     assert main(["analyze", str(DEMO), "--data", str(tmp_path / "c.jsonl"), "--out", str(tmp_path / "s4"),
                  "--analyses", "maps,nope"]) == 2
+    with pytest.raises(ValueError, match="model_shards must be a positive int dividing the 1 devices"):
+        ia.analyze(DEMO, tmp_path / "c.jsonl", tmp_path / "s5", ("relevance",), model_shards=2, progress=False)
+    with pytest.raises(ValueError, match="model_shards > 1 needs a checkpoint path"):
+        ia.analyze(model, tmp_path / "c.jsonl", tmp_path / "s5", ("relevance",), model_shards=2, progress=False)
 
 
 def test_sequences_and_text_files_are_corpora(tmp_path):
@@ -260,3 +264,43 @@ def test_two_processes_give_the_store_of_one(tmp_path):
         outs.append(json.loads(out.splitlines()[-1]))
     assert [o["process_rows"] for o in outs] == [6, 5, 11] and [o["computed"] for o in outs] == [6, 5, 11]
     same_store(tmp_path / "two", tmp_path / "one", exact=False)
+
+
+SHARDED = """
+import json, sys, numpy as np, jax
+import implicit_attn as ia
+from implicit_attn.analyze import model_sharding
+from jax.sharding import Mesh
+ckpt, data, out = sys.argv[1:4]
+devs = jax.local_devices()
+mesh = Mesh(np.array(devs).reshape(1, 4), ("batch", "model"))
+model = ia.load(ckpt, sharding_of=model_sharding(mesh))
+leaves = jax.tree_util.tree_leaves(model.params())
+split = [[sh.data.nbytes for sh in x.addressable_shards] for x in leaves]
+summary = ia.analyze(ckpt, data, out, ("maps", "relevance", "stats"), method="attribution", batch_size=4,
+                     model_shards=4, progress=False)
+print(json.dumps({"devices": len(devs), "total": sum(x.nbytes for x in leaves), "split": split, "summary": summary}))
+"""
+
+
+@pytest.mark.deep
+def test_parameters_split_over_four_devices_give_the_store_of_one(tmp_path, tiny_mamba):
+    """``model_shards=4`` on 4 emulated devices: every parameter of the tiny Mamba (all of its
+    dimensions' largest divisible by 4) is read in 4 slices, one per device, each a quarter of
+    it; the store equals the 1-device one (integers exactly, floats to rounding)."""
+    ia.save(tiny_mamba, tmp_path / "ckpt")
+    write_corpus(tmp_path / "c.jsonl", [9, 3, 17, 5, 12, 4, 7], vocab=20)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace("--xla_force_host_platform_device_count=1", "") + \
+        " --xla_force_host_platform_device_count=4"
+    p = subprocess.run([sys.executable, "-c", SHARDED, str(tmp_path / "ckpt"), str(tmp_path / "c.jsonl"),
+                        str(tmp_path / "four")], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    r = json.loads(p.stdout.splitlines()[-1])
+    assert r["devices"] == 4 and r["summary"]["model_shards"] == 4
+    for shards in r["split"]:
+        assert len(shards) == 4 and len(set(shards)) == 1
+    assert sum(s[0] for s in r["split"]) * 4 == r["total"]
+    ia.analyze(tmp_path / "ckpt", tmp_path / "c.jsonl", tmp_path / "one", ("maps", "relevance", "stats"),
+               method="attribution", batch_size=4, progress=False)
+    same_store(tmp_path / "four", tmp_path / "one", exact=False)

@@ -7,8 +7,8 @@ store (TensorStore), data parallel over local devices and ``jax.distributed`` pr
     rel = read_array("store", "relevance")          # (N, Lmax) float32, 0 after each length
 """
 from .corpus import BadLine, Corpus
-from .run import ANALYSES, Settings, analyze, attention_stats, batch_results, plan
+from .run import ANALYSES, Settings, analyze, attention_stats, batch_results, model_sharding, plan
 from .store import Store, StoreMismatch, read_array, read_manifest
 
 __all__ = ["analyze", "ANALYSES", "Settings", "Corpus", "BadLine", "Store", "StoreMismatch", "read_array",
-           "read_manifest", "attention_stats", "batch_results", "plan"]
+           "read_manifest", "attention_stats", "batch_results", "model_sharding", "plan"]

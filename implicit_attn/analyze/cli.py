@@ -53,6 +53,9 @@ def add_parser(subparsers):
     s.add_argument("--skip-bad-lines", action="store_true",
                    help="skip lines that cannot be read and record them in the manifest (default: stop with an "
                         "error naming the line)")
+    s.add_argument("--model-shards", type=int, default=1,
+                   help="split the parameters over this many devices (read slice by slice from the safetensors "
+                        "files); the batch is split over the rest")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     d = s.add_argument_group("several processes (jax.distributed)")
     d.add_argument("--distributed", action="store_true",
@@ -74,7 +77,8 @@ def cmd_analyze(args) -> int:
                       exclude=int_list(args.exclude, "--exclude", low=0) if args.exclude else (),
                       baseline_id=args.baseline_id, score=args.score, batch_size=args.batch_size,
                       pad_multiple=args.pad_multiple, max_length=args.max_length,
-                      skip_bad_lines=args.skip_bad_lines, progress=not args.no_progress)
+                      skip_bad_lines=args.skip_bad_lines, model_shards=args.model_shards,
+                      progress=not args.no_progress)
     print(json.dumps(summary))
     return 0
 

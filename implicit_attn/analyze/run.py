@@ -19,8 +19,11 @@ right-padded; the models are causal, so every value at positions ``< n_b`` is th
 example run alone (to float32 rounding: tested), and everything at positions ``>= n_b`` is
 stored as 0 (``ids``: -1).
 
-Devices: a ``jax.sharding.Mesh`` over this process's devices, the batch axis sharded with a
-``NamedSharding`` (parameters replicated); the per-batch computation is one ``jax.jit``.
+Devices: a ``jax.sharding.Mesh`` ``("batch", "model")`` over this process's devices, the
+batch axis sharded with a ``NamedSharding``; parameters replicated, or with
+``model_shards=k`` split over the ``"model"`` axis of size ``k`` (read slice by slice from
+the safetensors files onto their devices, ``io.load(sharding_of=model_sharding(mesh))``).
+The per-batch computation is one ``jax.jit``.
 Processes (``jax.distributed.initialize`` before the call): process ``p`` of ``P`` takes the
 rows ``i`` with ``i % P == p``; process 0 creates the store, the others wait for its
 manifest; every process writes only its own rows.
@@ -35,7 +38,6 @@ is written but before those rows are marked done.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import os
@@ -200,13 +202,36 @@ def step_fn(graphdef, s: Settings, state, ids, lengths) -> dict:
     return batch_results(nnx.merge(graphdef, state), ids, lengths, s)
 
 
-@functools.lru_cache(maxsize=8)
-def sharded_step(mesh: Mesh):
-    """``step_fn`` jitted for ``mesh``: state replicated, ids and lengths split over its
-    ``"batch"`` axis; one per mesh, so later calls with the same model structure and
-    settings reuse its compilations."""
-    rep, batch = NamedSharding(mesh, P()), NamedSharding(mesh, P("batch"))
-    return jax.jit(step_fn, static_argnums=(0, 1), in_shardings=(rep, batch, batch))
+# The arguments arrive placed (parameters replicated or split over "model", the batch split
+# over "batch"), and jit keeps their shardings; one cache for every call (graphdef and
+# settings are static), so repeated calls with the same model structure reuse compilations.
+step = jax.jit(step_fn, static_argnums=(0, 1))
+
+
+def model_sharding(mesh: Mesh, axis: str = "model"):
+    """A ``sharding_of`` rule for ``io.load``: a tensor is split over ``mesh``'s ``axis``
+    along its largest dimension divisible by that axis's size (the first of equal ones);
+    tensors with no such dimension are replicated."""
+    k = mesh.shape[axis]
+
+    def rule(name, shape):
+        dims = [d for d in range(len(shape)) if shape[d] % k == 0]
+        if k == 1 or not dims:
+            return NamedSharding(mesh, P())
+        d = max(dims, key=lambda d: (shape[d], -d))
+        return NamedSharding(mesh, P(*[axis if i == d else None for i in range(len(shape))]))
+
+    return rule
+
+
+def place_state(state, mesh: Mesh, replicate: bool):
+    """Parameters on every device of ``mesh``: all replicated, or (``replicate=False``,
+    parameters loaded split over the mesh) each kept where it is unless it lives on other
+    devices (e.g. an array a family's ``to_params`` computed), which is replicated."""
+    rep = NamedSharding(mesh, P())
+    devs = set(mesh.devices.flat)
+    return jax.tree_util.tree_map(
+        lambda x: jax.device_put(x, rep) if replicate or set(x.sharding.device_set) != devs else x, state)
 
 
 def faithfulness_rows(model, ids, lengths, relevance, target, s: Settings) -> dict:
@@ -287,7 +312,7 @@ def analyze(model_or_ckpt, data, out, analyses=("maps", "relevance", "stats"), *
             normalize_rows: bool = False, exclude=(), baseline_id: int = 0, score: str = "prob",
             batch_size: int = 8, pad_multiple: int = 16, max_length: int | None = None,
             skip_bad_lines: bool = False, tokenizer=None, text_field: str = "text", ids_field: str = "ids",
-            devices=None, progress: bool = True, dtype=None) -> dict:
+            devices=None, model_shards: int = 1, progress: bool = True, dtype=None) -> dict:
     """Run analyses over a corpus into a resumable Zarr v3 store (module doc; layout in
     ``analyze.store``).
 
@@ -307,6 +332,10 @@ def analyze(model_or_ckpt, data, out, analyses=("maps", "relevance", "stats"), *
         of raising a ``ValueError`` naming the file and line.
       tokenizer: a ``tokenizers.Tokenizer`` for texts (default: the checkpoint's).
       devices: the devices of this process to use (default ``jax.local_devices()``).
+      model_shards: split the parameters over this many devices (a ``"model"`` mesh axis;
+        the batch is split over the rest): each tensor is read from the checkpoint's
+        safetensors slice by slice onto its devices (``model_sharding``), so a model larger
+        than one device fits. Needs a checkpoint path and a device count it divides.
       progress: show a progress bar (examples/s) on stderr.
       dtype: parameter dtype when loading a checkpoint.
     Returns:
@@ -314,8 +343,16 @@ def analyze(model_or_ckpt, data, out, analyses=("maps", "relevance", "stats"), *
       ``already_done``, ``skipped_lines``, ``seconds``, ``examples_per_s``.
     """
     t0 = time.perf_counter()
-    if isinstance(model_or_ckpt, (str, Path)):
-        model = load(model_or_ckpt, dtype=dtype)
+    devs = list(jax.local_devices() if devices is None else devices)
+    is_path = isinstance(model_or_ckpt, (str, Path))
+    if model_shards != 1 and not is_path:
+        raise ValueError("model_shards > 1 needs a checkpoint path: the parameters are read from its files "
+                         "slice by slice onto their devices")
+    if not isinstance(model_shards, (int, np.integer)) or model_shards < 1 or len(devs) % model_shards:
+        raise ValueError(f"model_shards must be a positive int dividing the {len(devs)} devices, got {model_shards!r}")
+    mesh = Mesh(np.array(devs).reshape(len(devs) // model_shards, model_shards), ("batch", "model"))
+    if is_path:
+        model = load(model_or_ckpt, dtype=dtype, sharding_of=model_sharding(mesh) if model_shards > 1 else None)
         tok = tokenizer if tokenizer is not None else load_tokenizer(model_or_ckpt)
     else:
         model = model_or_ckpt
@@ -337,12 +374,11 @@ def analyze(model_or_ckpt, data, out, analyses=("maps", "relevance", "stats"), *
     pid, nproc = jax.process_index(), jax.process_count()
     store = Store.open_or_create(out, manifest, create=pid == 0)
 
-    devs = list(jax.local_devices() if devices is None else devices)
-    mesh = Mesh(np.array(devs), ("batch",))
-    B = -(-s.batch_size // len(devs)) * len(devs)
+    n_batch = mesh.shape["batch"]
+    B = -(-s.batch_size // n_batch) * n_batch
     graphdef, state = nnx.split(model)
-    step = sharded_step(mesh)
-    state = jax.device_put(state, NamedSharding(mesh, P()))
+    state = place_state(state, mesh, replicate=model_shards == 1)
+    batch_sh = NamedSharding(mesh, P("batch"))
 
     mine = np.arange(pid, N, nproc)
     done = store.done()
@@ -361,7 +397,8 @@ def analyze(model_or_ckpt, data, out, analyses=("maps", "relevance", "stats"), *
             ids[k, :x.size], lens[k], full[k, :x.size] = x, x.size, x
         ids[len(rows):] = ids[0]   # filler rows (a fixed batch shape), dropped below
         lens[len(rows):] = lens[0]
-        res = {k: np.asarray(v)[:len(rows)] for k, v in step(graphdef, s, state, ids, lens).items()}
+        got = step(graphdef, s, state, jax.device_put(ids, batch_sh), jax.device_put(lens, batch_sh))
+        res = {k: np.asarray(v)[:len(rows)] for k, v in got.items()}
         if "faithfulness" in s.analyses:
             res.update(faithfulness_rows(model, ids[:len(rows)], lens[:len(rows)], res["relevance"],
                                          res["target"], s))
@@ -382,7 +419,7 @@ def analyze(model_or_ckpt, data, out, analyses=("maps", "relevance", "stats"), *
     secs = time.perf_counter() - t0
     return {"store": str(Path(out)), "rows": N, "process": pid, "processes": nproc, "process_rows": len(mine),
             "computed": written, "already_done": already, "skipped_lines": len(corpus.bad),
-            "devices": len(devs), "seconds": round(secs, 3), "examples_per_s": round(written / secs, 3) if secs else None}
+            "devices": len(devs), "model_shards": model_shards, "seconds": round(secs, 3), "examples_per_s": round(written / secs, 3) if secs else None}
 
 
 def pad_to(name: str, v: np.ndarray, Lmax: int) -> np.ndarray:
@@ -396,5 +433,5 @@ def pad_to(name: str, v: np.ndarray, Lmax: int) -> np.ndarray:
     return v
 
 
-__all__ = ["analyze", "Settings", "ANALYSES", "batch_results", "attention_stats", "faithfulness_rows", "plan",
+__all__ = ["analyze", "Settings", "ANALYSES", "batch_results", "model_sharding", "place_state", "step", "attention_stats", "faithfulness_rows", "plan",
            "array_table", "model_manifest", "KILL_AFTER_ENV"]
