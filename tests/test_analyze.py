@@ -170,7 +170,7 @@ def test_killed_run_resumes_to_the_uninterrupted_store(stage, tmp_path):
 def test_bad_lines_are_named_or_skipped_and_recorded(tmp_path, capsys):
     good = write_corpus(tmp_path / "c.jsonl", [5, 7, 6])
     lines = (tmp_path / "c.jsonl").read_text().splitlines()
-    lines[1:1] = ['{"ids": [1, 2', '{"ids": [1, 99]}', '{"text": ""}', '[1, 2]']
+    lines[1:1] = ['{"ids": [1, 2', '{"ids": [1, 99]}', '{"text": ""}', '[1, 2]', " "]
     (tmp_path / "bad.jsonl").write_text("\n".join(lines) + "\n")
     model = induction.load_default()[0]
     with pytest.raises(ValueError, match=r"bad\.jsonl:2: not valid JSON"):
@@ -180,10 +180,11 @@ def test_bad_lines_are_named_or_skipped_and_recorded(tmp_path, capsys):
     assert "bad.jsonl:2" in capsys.readouterr().err
     ia.analyze(model, tmp_path / "bad.jsonl", tmp_path / "s", ("relevance",), skip_bad_lines=True, progress=False)
     man = read_manifest(tmp_path / "s")
-    assert [b["line"] for b in man["corpus"]["skipped"]] == [2, 3, 4, 5]
+    assert [b["line"] for b in man["corpus"]["skipped"]] == [2, 3, 4, 5, 6]
+    assert man["corpus"]["skipped"][4]["error"] == "blank line"
     assert "outside the vocabulary [0, 17)" in man["corpus"]["skipped"][1]["error"]
     assert "empty" in man["corpus"]["skipped"][2]["error"] and "JSON object" in man["corpus"]["skipped"][3]["error"]
-    assert read_array(tmp_path / "s", "line").tolist() == [1, 6, 7]
+    assert read_array(tmp_path / "s", "line").tolist() == [1, 7, 8]
     assert read_array(tmp_path / "s", "length").tolist() == [x.size for x in good]
     with pytest.raises(ValueError, match="longer than max_length 6"):
         ia.analyze(model, tmp_path / "c.jsonl", tmp_path / "s2", ("relevance",), max_length=6, progress=False)
@@ -193,6 +194,9 @@ def test_a_changed_setting_or_corpus_is_refused(tmp_path):
     write_corpus(tmp_path / "c.jsonl", [5, 7])
     model = induction.load_default()[0]
     ia.analyze(model, tmp_path / "c.jsonl", tmp_path / "s", ("relevance",), progress=False)
+    (tmp_path / "moved.jsonl").write_bytes((tmp_path / "c.jsonl").read_bytes())  # a moved corpus resumes
+    again = ia.analyze(model, tmp_path / "moved.jsonl", tmp_path / "s", ("relevance",), progress=False)
+    assert again["already_done"] == 2 and again["computed"] == 0
     with pytest.raises(StoreMismatch, match="settings.method: store has \"rollout\", this run \"raw\""):
         ia.analyze(model, tmp_path / "c.jsonl", tmp_path / "s", ("relevance",), method="raw", progress=False)
     write_corpus(tmp_path / "c.jsonl", [5, 7], seed=1)

@@ -73,6 +73,8 @@ class Corpus:
     def parse(self, item, line: int) -> np.ndarray:
         """Token ids of one raw item (a file line as ``str`` or a sequence element); raises
         ``BadLine`` naming the line and the reason."""
+        if self.is_file and not item.strip():
+            raise BadLine(self.where(line), "blank line")
         if self.is_file and self.jsonl:
             try:
                 item = json.loads(item)
@@ -88,10 +90,7 @@ class Corpus:
                 raise BadLine(self.where(line), f"{self.text_field!r} must be a string, got {type(item).__name__}")
         elif self.is_file and self.jsonl:
             raise BadLine(self.where(line), f"a JSON object is needed, got {type(item).__name__}")
-        if isinstance(item, str):
-            ids = self.tokenize(item, line)
-        else:
-            ids = self.id_list(item, line)
+        ids = self.id_list(self.tokenize(item, line) if isinstance(item, str) else item, line)
         if ids.size == 0:
             raise BadLine(self.where(line), "empty example (no tokens)")
         if self.max_length is not None and ids.size > self.max_length:
@@ -116,9 +115,6 @@ class Corpus:
             bad = int(ids[(ids < 0) | (ids >= self.vocab_size)][0])
             raise BadLine(self.where(line), f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
         return ids
-
-    def check_vocab(self, ids: np.ndarray, line: int) -> np.ndarray:
-        return self.id_list(ids, line)
 
     # ------------------------------------------------------------------ reading
     def raw_items(self):
@@ -148,7 +144,7 @@ class Corpus:
             try:
                 if isinstance(item, BadLine):
                     raise item
-                ids = self.check_vocab(self.parse(item, line), line)
+                ids = self.parse(item, line)
             except BadLine as e:
                 if not skip_bad_lines:
                     raise
@@ -170,16 +166,20 @@ class Corpus:
         """Token ids of row ``row`` (good examples numbered from 0)."""
         line = self.lines[row]
         if not self.is_file:
-            return self.check_vocab(self.parse(self.seq[self.offsets[row]], line), line)
+            return self.parse(self.seq[self.offsets[row]], line)
         with open(self.path, "rb") as f:
             f.seek(self.offsets[row])
             text = f.readline().decode("utf-8").rstrip("\r\n")
-        return self.check_vocab(self.parse(text, line), line)
+        return self.parse(text, line)
+
+    def source(self) -> str:
+        """The file's absolute path, or ``<type>`` of a sequence."""
+        return str(self.path.resolve()) if self.is_file else f"<{type(self.seq).__name__}>"
 
     def describe(self) -> dict:
-        """The corpus part of a store's manifest."""
-        return {"source": str(self.path.resolve()) if self.is_file else f"<{type(self.seq).__name__}>",
-                "sha256": self.fingerprint, "rows": len(self), "max_length": int(max(self.lengths, default=0)),
+        """The corpus part of a store's manifest (what a resumed run must match: the path
+        is not part of it, a moved file resumes)."""
+        return {"sha256": self.fingerprint, "rows": len(self), "max_length": int(max(self.lengths, default=0)),
                 "skipped": list(self.bad)}
 
 

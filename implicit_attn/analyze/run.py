@@ -271,7 +271,7 @@ def array_table(s: Settings, N: int, Lmax: int, n_layers: int) -> dict:
 
 
 def model_manifest(model) -> dict:
-    """Family, config hash, parameter hash and checkpoint path of a model."""
+    """Family, layer count, config hash and parameter hash of a model."""
     cfg = json.dumps(dataclasses.asdict(model.config), sort_keys=True, default=str)
     h = hashlib.sha256()
     for path, leaf in jax.tree_util.tree_flatten_with_path(model.params())[0]:
@@ -279,7 +279,7 @@ def model_manifest(model) -> dict:
         h.update(f"{jax.tree_util.keystr(path)} {a.dtype} {a.shape}".encode())
         h.update(np.ascontiguousarray(a).tobytes())
     return {"family": model.family, "layers": len(model.layers), "config_sha256": hashlib.sha256(cfg.encode()).hexdigest(),
-            "params_sha256": h.hexdigest(), "checkpoint": getattr(model, "source", None)}
+            "params_sha256": h.hexdigest()}
 
 
 # ----------------------------------------------------------------------------- driver
@@ -304,6 +304,8 @@ def kill_hook():
     if not v:
         return None
     k, _, stage = v.partition(":")
+    if not k.isdigit() or stage not in ("", "data"):
+        raise ValueError(f"{KILL_AFTER_ENV} must be K or K:data (K rows), got {v!r}")
     return int(k), stage or "done"
 
 
@@ -365,11 +367,12 @@ def analyze(model_or_ckpt, data, out, analyses=("maps", "relevance", "stats"), *
     corpus = Corpus(data, tok, model.config.vocab_size, max_length, text_field, ids_field).index(skip_bad_lines)
     N = len(corpus)
     if N == 0:
-        raise ValueError(f"the corpus {corpus.describe()['source']} has no usable examples")
+        raise ValueError(f"the corpus {corpus.source()} has no usable examples")
     lengths = np.asarray(corpus.lengths, np.int64)
     Lmax = int(lengths.max())
     manifest = {"format": FORMAT, "library_version": __version__, "model": model_manifest(model),
                 "corpus": corpus.describe(), "settings": s.manifest(),
+                "paths": {"checkpoint": getattr(model, "source", None), "corpus": corpus.source()},
                 "arrays": array_table(s, N, Lmax, len(s.layers))}
     pid, nproc = jax.process_index(), jax.process_count()
     store = Store.open_or_create(out, manifest, create=pid == 0)

@@ -1,7 +1,8 @@
 """The results store: a Zarr v3 hierarchy written with TensorStore.
 
 Layout under ``STORE/``: ``zarr.json`` (the root group; its attributes hold the manifest),
-``manifest.json`` (the same manifest, plain JSON), and one array per result, one example
+``manifest.json`` (the same manifest, plain JSON; ``paths`` and ``library_version`` are
+informational, the rest must match for a run to resume), and one array per result, one example
 per chunk (so processes writing different rows never touch the same file):
 
     ids        (N, Lmax) int32    the example's tokens, -1 after its length
