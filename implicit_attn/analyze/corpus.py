@@ -64,7 +64,6 @@ class Corpus:
         self.lines = array.array("q")     # 1-based line number (files) or item index of each row
         self.bad: list[dict] = []
         self.fingerprint = ""
-        self.indexed = False
 
     # ------------------------------------------------------------------ parsing
     def where(self, line: int) -> str:
@@ -106,8 +105,8 @@ class Corpus:
     def id_list(self, item, line: int) -> np.ndarray:
         try:
             ids = np.asarray(item)
-        except (TypeError, ValueError):
-            ids = np.asarray([], object)
+        except (TypeError, ValueError):  # ragged nesting
+            ids = np.asarray(None)
         if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
             raise BadLine(self.where(line), f"token ids must be a flat list of ints, got {str(item)[:60]}")
         ids = ids.astype(np.int64)
@@ -156,7 +155,6 @@ class Corpus:
             self.lengths.append(int(ids.size))
             self.lines.append(line)
         self.fingerprint = h.hexdigest()
-        self.indexed = True
         return self
 
     def __len__(self) -> int:

@@ -327,7 +327,7 @@ def analyze(model_or_ckpt, data, out, analyses=("maps", "relevance", "stats"), *
       method, how, variant, layers, start_layer, normalize_rows, exclude: as ``explain``
         (``exclude``: positions from each example's start).
       baseline_id, score: faithfulness options (``explain.metrics``).
-      batch_size: examples per batch (rounded up to a multiple of the device count).
+      batch_size: examples per batch (rounded up to a multiple of the devices on the batch axis).
       pad_multiple: bucket lengths are multiples of it (fewer compilations, more padding).
       max_length: longer examples are bad lines.
       skip_bad_lines: skip (and record in the manifest) lines that cannot be read, instead
@@ -341,8 +341,10 @@ def analyze(model_or_ckpt, data, out, analyses=("maps", "relevance", "stats"), *
       progress: show a progress bar (examples/s) on stderr.
       dtype: parameter dtype when loading a checkpoint.
     Returns:
-      A summary dict: ``store``, ``rows`` (all), ``process_rows``, ``computed``,
-      ``already_done``, ``skipped_lines``, ``seconds``, ``examples_per_s``.
+      A summary dict: ``store``, ``rows`` (all), ``process`` / ``processes``,
+      ``process_rows`` (this process's share), ``computed`` (this call), ``already_done``
+      (found done), ``skipped_lines``, ``devices``, ``model_shards``, ``seconds`` (the whole
+      call: reading the corpus and compiling included), ``examples_per_s`` (computed / seconds).
     """
     t0 = time.perf_counter()
     devs = list(jax.local_devices() if devices is None else devices)
