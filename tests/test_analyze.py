@@ -23,6 +23,7 @@ from implicit_attn.cli import main
 from implicit_attn.demo import induction
 from implicit_attn.explain import explain, faithfulness
 from implicit_attn.families import mamba
+from implicit_attn.registry import FAMILIES
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = induction.ASSET_DIR
@@ -308,3 +309,26 @@ def test_parameters_split_over_four_devices_give_the_store_of_one(tmp_path, tiny
     ia.analyze(tmp_path / "ckpt", tmp_path / "c.jsonl", tmp_path / "one", ("maps", "relevance", "stats"),
                method="attribution", batch_size=4, progress=False)
     same_store(tmp_path / "four", tmp_path / "one", exact=False)
+
+
+@pytest.mark.deep
+@pytest.mark.parametrize("model_type", ["recurrent_gemma", "qwen3_next", "rwkv7"])
+def test_padding_changes_nothing_in_other_families(model_type, tmp_path):
+    """Local attention + RG-LRU (RecurrentGemma), the chunked delta rule with attention
+    layers (Qwen3-Next), the DPLR recurrence (RWKV-7): right-padded batches give each
+    example's ``explain`` maps and contributions alone (relative to their largest entry: 1e-4)."""
+    spec = FAMILIES[model_type]
+    cfg = spec.config.from_hf(spec.tiny)
+    model = spec.lm(cfg, spec.init_params(cfg, 0))
+    rng = np.random.default_rng(0)
+    data = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (11, 4, 7)]
+    ia.analyze(model, data, tmp_path / "s", ("maps", "relevance"), method="contributions", batch_size=4,
+               progress=False)
+    rel, maps = read_array(tmp_path / "s", "relevance"), read_array(tmp_path / "s", "maps")
+    for r, x in enumerate(data):
+        n = len(x)
+        ex = explain(model, np.array([x]), method="contributions")
+        raw = explain(model, np.array([x]), method="raw").layer_maps[:, 0]
+        assert np.all(rel[r, n:] == 0) and np.all(maps[r][:, n:] == 0)
+        np.testing.assert_allclose(rel[r, :n], ex.relevance[0], rtol=0, atol=1e-4 * np.abs(ex.relevance).max())
+        np.testing.assert_allclose(maps[r][:, :n, :n], raw, rtol=0, atol=1e-4 * np.abs(raw).max())
