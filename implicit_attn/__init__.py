@@ -10,13 +10,13 @@
 Layers, each importing only those before it: ``ops`` (pure math) <- ``operator`` (operator
 types, cores, dispatch) <- ``kernels``, ``nn`` (shared model parts) <- ``families``, ``models``
 (our own models, not in the registry: ``models.las``) <- ``registry`` <- ``io``, ``explain``, ``demo``,
-``cli``.
+``analyze`` (batch analysis into a Zarr store; ``implicit_attn.analyze`` is its function), ``cli``.
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from .version import __version__
 from . import kernels  # registers the Pallas and CPU kernels with operator.dispatch
+from .analyze import analyze
 from .io import family_of, hub_cache_dir, load, load_tokenizer, resolve, save, tokenize
 from .nn import AttentionEdit
 from .nn.checkpoint import CheckpointError
@@ -27,4 +27,4 @@ from .registry import FAMILIES, family, model_types
 __all__ = ["AttentionEdit", "load", "save", "family_of", "load_tokenizer", "tokenize", "resolve", "hub_cache_dir", "family",
            "model_types", "FAMILIES", "CheckpointError",
            "ImplicitOperator", "Mamba2Operator", "AttentionOperator", "OperatorCore", "ScalarDecayCore",
-           "StateDecayCore", "kernels", "__version__"]
+           "StateDecayCore", "kernels", "analyze", "__version__"]

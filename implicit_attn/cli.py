@@ -1,4 +1,4 @@
-"""The ``implicit-attn`` command: ``info``, ``operator``, ``demo``, ``convert`` (and ``explain``)."""
+"""The ``implicit-attn`` command: ``info``, ``operator``, ``demo``, ``convert`` (and ``explain``, ``analyze``)."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .analyze import cli as analyze_cli
 from .compile_cache import enable_compile_cache
 from .convert import FAMILY_CHOICES, convert_checkpoint
 from .demo import induction
@@ -197,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_convert)
 
     explain_cli.add_parser(sub)
+    analyze_cli.add_parser(sub)
     return p
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import warnings
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -141,7 +142,7 @@ def _check_safetensors(path: Path, name) -> None:
                           f"or use a revision of the repository that has safetensors){how}")
 
 
-def load(path_or_repo_id, dtype=None, revision: str | None = None):
+def load(path_or_repo_id, dtype=None, revision: str | None = None, sharding_of=None):
     """Load a Hugging Face checkpoint (local directory or cached repository id) as a JAX model.
 
     Args:
@@ -151,6 +152,10 @@ def load(path_or_repo_id, dtype=None, revision: str | None = None):
         ``resolve``; nothing is downloaded). ``model_type`` in the config picks the family.
       dtype: optional floating dtype to cast parameters to (default: keep the checkpoint's).
       revision: branch, tag or commit of a cached repository (default ``"main"``).
+      sharding_of: optional ``(tensor name, shape) -> jax.sharding.Sharding``: each tensor is
+        then built with ``jax.make_array_from_callback``, every device reading only its own
+        slice from the memory-mapped file (no device ever holds a whole sharded tensor; see
+        ``analyze.model_sharding`` for a rule over a mesh's model axis).
     Returns:
       The family's ``LM`` (an NNX module): ``model(ids)`` with ids ``(B, L)`` gives logits
       ``(B, L, vocab)``; ``model.operators(ids)``, ``model.layers[i]``. ``model.source`` is the
@@ -176,13 +181,26 @@ def load(path_or_repo_id, dtype=None, revision: str | None = None):
     arrays = {}
     for name in sorted(tensors):  # one tensor at a time: its pages are dropped once copied
         view = tensors.pop(name)
-        arrays[name] = jnp.asarray(view if dt is None else view.astype(dt)).block_until_ready()  # copied...
+        if sharding_of is None:
+            arrays[name] = jnp.asarray(view if dt is None else view.astype(dt)).block_until_ready()  # copied...
+        else:
+            arrays[name] = sharded_array(view, sharding_of(name, view.shape), dt)
         release(view)  # ...before the pages go
         del view
     cfg, params = spec.to_params(config, arrays)
     model = spec.lm(cfg, params)
     model.source = str(path)
     return model
+
+
+def sharded_array(view, sharding, dtype=None):
+    """A ``jax.Array`` with ``sharding`` whose device slices are read from ``view`` (a
+    memory-mapped tensor) one slice at a time, cast to ``dtype`` (None: kept)."""
+    def read(index):
+        part = np.asarray(view[index])
+        return part if dtype is None else part.astype(dtype)
+
+    return jax.make_array_from_callback(view.shape, sharding, read).block_until_ready()
 
 
 def _head_names(spec, config: dict) -> tuple[set, set] | None:
@@ -280,5 +298,5 @@ def family_of(path_or_repo_id, revision: str | None = None) -> str:
     return read_config(resolve(path_or_repo_id, revision)).get("model_type")
 
 
-__all__ = ["load", "save", "family_of", "resolve", "load_tokenizer", "tokenize", "hub_cache_dir", "is_repo_id",
+__all__ = ["load", "sharded_array", "save", "family_of", "resolve", "load_tokenizer", "tokenize", "hub_cache_dir", "is_repo_id",
            "CheckpointError", "TOKENIZER"]

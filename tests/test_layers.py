@@ -13,8 +13,8 @@ PACKAGES = ("implicit_attn", "weights_convert")
 # Layer of each top-level part of implicit_attn: a module may import only its own layer
 # or lower ones (the root __init__ re-exports everything and sits above all). ``testing``
 # (property-test helpers, needs the test extras) is the top: nothing else may import it.
-LAYERS = {"ops": 0, "operator": 1, "kernels": 2, "nn": 2, "families": 3, "models": 3, "registry": 4, "io": 5, "convert": 5,
-          "explain": 6, "demo": 7, "cli": 8, "testing": 9}
+LAYERS = {"version": 0, "ops": 0, "operator": 1, "kernels": 2, "nn": 2, "families": 3, "models": 3, "registry": 4, "io": 5,
+          "convert": 5, "explain": 6, "demo": 7, "analyze": 7, "cli": 8, "testing": 9}
 
 
 def module_name(path: Path) -> str:

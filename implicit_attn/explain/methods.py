@@ -211,18 +211,65 @@ def output_gradients(model, ids, layers=None, query: int = -1, target=None, segm
     ids = as_ids(ids)
     B, L = ids.shape
     q = check_query(query, L)
-    sel = check_layers(layers, len(model.layers))
     kw = model_kwargs(model, ids, segment_pos)
     t = resolve_target(model, ids, q, target, **kw)
+    return query_gradients(model, ids, np.full(B, q), t, layers, segment_pos), q, t
+
+
+def query_gradients(model, ids, queries, targets, layers=None, segment_pos=None) -> dict:
+    """Gradients of ``sum_b logits[b, queries[b], targets[b]]`` w.r.t. each selected layer's
+    operator output: one query position and target per example (right-padded batches of
+    different lengths use ``queries = lengths - 1``). Examples do not interact, so row ``b``
+    of each gradient is that of example ``b`` alone.
+
+    Args:
+      ids: ``(B, L)`` token ids; queries, targets: ``(B,)`` ints (no range checks: traced
+        under ``jax.jit``; ``output_gradients`` checks its own).
+    Returns:
+      ``{layer: array shaped like op.output}``.
+    """
+    ids = as_ids(ids)
+    B = ids.shape[0]
+    sel = check_layers(layers, len(model.layers))
+    kw = model_kwargs(model, ids, segment_pos)
     uniq = sorted(set(sel))
     shapes = jax.eval_shape(lambda: [op.output for _, op in iter_operators(model, ids, uniq, **kw)])
     taps = {l: jnp.zeros(s.shape, jnp.float32) for l, s in zip(uniq, shapes)}
-    rows, tj = jnp.arange(B), jnp.asarray(t)
+    rows, qj, tj = jnp.arange(B), jnp.asarray(queries), jnp.asarray(targets)
 
     def f(taps):
-        return jnp.sum(model.tapped_logits(ids, taps, **kw)[rows, q, tj])
+        return jnp.sum(model.tapped_logits(ids, taps, **kw)[rows, qj, tj])
 
-    return jax.grad(f)(taps), q, t
+    return jax.grad(f)(taps)
+
+
+def combine(method: str, maps, queries, grad_means=None, start_layer: int = 0, normalize_rows: bool = False,
+            exclude: Sequence[int] = ()):
+    """Relevance from per-layer matrices, one query position per example (the combination
+    step of ``explain``; see module doc).
+
+    Args:
+      method: one of ``METHODS``.
+      maps: ``(N, B, L, L)``: the maps ``A_l`` (``"contributions"``: the ``R_l``).
+      queries: ``(B,)`` query positions (``>= 0``).
+      grad_means: ``(N, B, L)`` ``gbar_l`` (``"attribution"`` only).
+    Returns:
+      ``(relevance (B, L), layer_maps (N, B, L, L), layer_relevance (N, B, L), matrix (B, L, L)
+      or None)``; ``relevance`` is not yet multiplied by the ``exclude`` mask.
+    """
+    maps = _check_maps(maps)
+    keep = _keep_mask(maps.shape[-1], exclude)
+    rows, qj = jnp.arange(maps.shape[1]), jnp.asarray(queries)
+    if method == "contributions":
+        lrel = jnp.sum(maps, axis=2) * keep
+        return jnp.mean(lrel[start_layer:], axis=0), maps, lrel, None
+    if method == "attribution":
+        maps = attribution_maps(maps, grad_means)
+    if method == "raw":
+        matrix = raw_attention(maps, start_layer, exclude)
+    else:
+        matrix = rollout(maps, start_layer, True, normalize_rows, exclude)
+    return matrix[rows, qj], maps, (maps * keep)[:, rows, qj], matrix
 
 
 @dataclasses.dataclass
@@ -302,25 +349,9 @@ def explain(model, ids, method: str = "rollout", variant: str = "full", layers=N
             per_layer.append(contribution_map(op, grads[l], channels, heads=heads))
         else:
             per_layer.append(operator_map(op, how, channels, normalize, heads=heads))
-    maps = jnp.stack(per_layer)
-    matrix = None
-    if method == "raw":
-        matrix = raw_attention(maps, start_layer, exclude)
-        rel = matrix[:, q]
-        lrel = (maps * keep)[:, :, q]
-    elif method == "rollout":
-        matrix = rollout(maps, start_layer, True, normalize_rows, exclude)
-        rel = matrix[:, q]
-        lrel = (maps * keep)[:, :, q]
-    elif method == "attribution":
-        gm = jnp.stack([position_mean(grads[l]) for l in sel])
-        maps = attribution_maps(maps, gm)
-        matrix = rollout(maps, start_layer, True, normalize_rows, exclude)
-        rel = matrix[:, q]
-        lrel = (maps * keep)[:, :, q]
-    else:
-        lrel = jnp.sum(maps, axis=2) * keep
-        rel = jnp.mean(lrel[start_layer:], axis=0)
+    gm = jnp.stack([position_mean(grads[l]) for l in sel]) if method == "attribution" else None
+    rel, maps, lrel, matrix = combine(method, jnp.stack(per_layer), np.full(B, q), gm, start_layer,
+                                      normalize_rows, exclude)
     rel = np.asarray(rel) * keep
     return Explanation(method=method, variant=variant, layers=sel, query=q, target=np.asarray(t),
                        relevance=rel, layer_maps=np.asarray(maps), layer_relevance=np.asarray(lrel),
@@ -328,4 +359,4 @@ def explain(model, ids, method: str = "rollout", variant: str = "full", layers=N
 
 
 __all__ = ["METHODS", "Explanation", "explain", "raw_attention", "rollout", "attribution_maps",
-           "contribution_map", "output_gradients", "resolve_target", "check_query", "as_ids"]
+           "contribution_map", "output_gradients", "query_gradients", "combine", "resolve_target", "check_query", "as_ids"]
