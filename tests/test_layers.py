@@ -14,7 +14,7 @@ PACKAGES = ("implicit_attn", "weights_convert")
 # or lower ones (the root __init__ re-exports everything and sits above all). ``testing``
 # (property-test helpers, needs the test extras) is the top: nothing else may import it.
 LAYERS = {"version": 0, "ops": 0, "operator": 1, "kernels": 2, "nn": 2, "families": 3, "models": 3, "registry": 4, "io": 5,
-          "convert": 5, "explain": 6, "demo": 7, "analyze": 7, "cli": 8, "testing": 9}
+          "convert": 5, "compile_cache": 5, "explain": 6, "demo": 7, "analyze": 7, "cli": 8, "testing": 9}
 
 
 def module_name(path: Path) -> str:
