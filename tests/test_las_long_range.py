@@ -85,3 +85,29 @@ def test_three_epochs_lower_the_loss_and_accuracy_counts_argmax_hits():
     assert R.accuracy(run, res["params"], split.test_ids, split.test_y, chunk=6) == want
     with pytest.raises(ValueError, match="n_train"):
         R.train(dataclasses.replace(run, n_train=18), split)
+
+
+def test_merge_combines_per_seed_results_and_refuses_duplicates(tmp_path, monkeypatch):
+    import json
+
+    from benchmarks import common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    settings = {"epochs": 20, "B": 0.016}
+    for seed, accs in ((0, (0.5, 0.6)), (1, (0.7, 0.9))):
+        runs = [{"model": m, "seed": seed, "test_acc": a, "train_acc": 1.0} for m, a in zip(("vanilla", "las"), accs)]
+        (tmp_path / f"s{seed}.json").write_text(json.dumps({"meta": {"settings": {**settings, "seeds": 1},
+                                                                     "complete": True, "runs": runs, "paper": "x"}}))
+    R.merge(["s1", "s0"], "both", ("vanilla", "las"), results=tmp_path)
+    doc = json.loads((tmp_path / "both.json").read_text())
+    assert [(r["seed"], r["model"]) for r in doc["meta"]["runs"]] == [(0, "vanilla"), (0, "las"), (1, "vanilla"),
+                                                                       (1, "las")]
+    assert doc["meta"]["complete"] and doc["meta"]["settings"]["seeds"] == 2
+    rows = {r["model"]: r for r in doc["rows"]}
+    assert rows["las"]["test_acc_mean"] == pytest.approx(75.0) and rows["vanilla"]["test_acc_mean"] == pytest.approx(60.0)
+    with pytest.raises(ValueError, match="twice"):
+        R.merge(["s0", "s0"], "dup", ("vanilla", "las"), results=tmp_path)
+    (tmp_path / "s2.json").write_text(json.dumps({"meta": {"settings": {**settings, "B": 1e-3, "seeds": 1},
+                                                           "complete": True, "runs": [], "paper": "x"}}))
+    with pytest.raises(ValueError, match="different settings"):
+        R.merge(["s0", "s2"], "bad", results=tmp_path)

@@ -40,6 +40,7 @@ import functools
 import json
 import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -208,6 +209,9 @@ def accuracy(run: Run, params, ids, y, chunk: int = 250) -> float:
 
 # ----------------------------------------------------------------------------- report
 
+COLUMNS = ["model", "seeds", "test_acc_mean", "test_acc_std", "train_acc_mean", "paper_image", "paper_avg",
+           "paper_row", "test_acc_per_seed"]
+
 def summarize(runs: list[dict], models) -> list[dict]:
     """One row per model: test accuracy (%) mean ± std (population std over the seeds run),
     with the paper's Image and four-task average numbers beside it."""
@@ -222,6 +226,26 @@ def summarize(runs: list[dict], models) -> list[dict]:
                      "paper_image": PAPER[model]["image"], "paper_avg": PAPER[model]["avg"],
                      "paper_row": PAPER[model]["row"], "test_acc_per_seed": " ".join(f"{v:.1f}" for v in acc)})
     return rows
+
+
+def merge(names, name: str, models=MODELS, results=None) -> Path:
+    """Combine the runs of the results ``names`` (written with the same settings but the seed
+    count, e.g. one seed per process) into ``results/<name>.{json,md}``."""
+    results = RESULTS if results is None else Path(results)
+    metas = [json.loads((results / f"{n}.json").read_text())["meta"] for n in names]
+    strip = lambda st: {k: v for k, v in st.items() if k != "seeds"}
+    if any(strip(m["settings"]) != strip(metas[0]["settings"]) for m in metas):
+        raise ValueError(f"the results {names} were written with different settings")
+    runs = sorted((r for m in metas for r in m["runs"] if r["model"] in models),
+                  key=lambda r: (r["seed"], MODELS.index(r["model"])))
+    pairs = [(r["model"], r["seed"]) for r in runs]
+    if len(set(pairs)) != len(pairs):
+        raise ValueError(f"the results {names} hold a (model, seed) run twice")
+    n_seeds = len({r["seed"] for r in runs})
+    settings = {**metas[0]["settings"], "seeds": n_seeds, "merged_from": list(names)}
+    meta = {"settings": settings, "complete": len(runs) == len(models) * n_seeds, "runs": runs,
+            "paper": metas[0]["paper"]}
+    return write_results(name, summarize(runs, models), meta, columns=COLUMNS)
 
 
 def main(argv=None) -> int:
@@ -243,24 +267,15 @@ def main(argv=None) -> int:
     seeds = a.seeds or (2 if a.quick else 3)
     epochs = a.epochs or (5 if a.quick else 20)
     name = a.name or ("las_long_range_quick" if a.quick else "las_long_range")
+    if a.merge:
+        merge(a.merge, name, a.models)
+        return 0
     split = load_split()
     base = Run(model=a.models[0], epochs=epochs, B=a.B, P=a.P, hidden=a.hidden, layers=a.layers,
                n_train=len(split.train_y))
     settings = {k: v for k, v in dataclasses.asdict(base).items() if k not in ("model", "seed")}
     settings.update(steps=base.steps, test_images=len(split.test_y), length=int(split.train_ids.shape[1]),
                     seeds=seeds, split_seed=SPLIT_SEED, tokens="17 intensity levels 0..16, one token each")
-    columns = ["model", "seeds", "test_acc_mean", "test_acc_std", "train_acc_mean", "paper_image", "paper_avg",
-               "paper_row", "test_acc_per_seed"]
-    if a.merge:
-        metas = [json.loads((RESULTS / f"{n}.json").read_text())["meta"] for n in a.merge]
-        strip = lambda st: {k: v for k, v in st.items() if k != "seeds"}
-        if any(strip(m["settings"]) != strip(metas[0]["settings"]) for m in metas):
-            raise ValueError(f"the results {a.merge} were written with different settings")
-        runs = sorted((r for m in metas for r in m["runs"]), key=lambda r: (r["seed"], MODELS.index(r["model"])))
-        settings = {**metas[0]["settings"], "seeds": len({r["seed"] for r in runs}), "merged_from": a.merge}
-        write_results(name, summarize(runs, MODELS), {"settings": settings, "complete": all(m["complete"] for m in metas),
-                                                       "runs": runs, "paper": metas[0]["paper"]}, columns=columns)
-        return 0
     seed_list = a.seed_list if a.seed_list is not None else list(range(seeds))
     settings["seeds"] = len(seed_list)
     runs, total = [], len(a.models) * len(seed_list)
@@ -276,7 +291,7 @@ def main(argv=None) -> int:
                   f"loss {res['losses'][-1][1]:.3g}, {res['seconds']:.0f} s", file=sys.stderr, flush=True)
             meta = {"settings": settings, "complete": len(runs) == total, "runs": runs,
                     "paper": "Zimerman & Wolf, Table 4 (LRA, LaS-chunk baseline) and Table 2 (Transformer)"}
-            write_results(name, summarize(runs, a.models), meta, columns=columns)
+            write_results(name, summarize(runs, a.models), meta, columns=COLUMNS)
     return 0
 
 
