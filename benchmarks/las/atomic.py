@@ -268,6 +268,8 @@ def main(argv=None) -> int:
     ap.add_argument("--B", type=float, default=1e-3, help="LaS's B (the ELD rates; Tab. 9: 1e-3, 1e-4)")
     ap.add_argument("--P", type=int, default=3, help="LaS's pooling window (Tab. 9: 3, 5)")
     ap.add_argument("--name", default=None, help="results name (default las_atomic[_quick])")
+    ap.add_argument("--seed-list", type=int, nargs="+", default=None,
+                    help="run these seeds only (e.g. one seed per process)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the runs already in results/NAME.json (same settings but the seed count)")
     a = ap.parse_args(argv)
@@ -279,9 +281,10 @@ def main(argv=None) -> int:
     settings.update(eval_sequences=a.eval, seeds=seeds)
     done = previous_runs(RESULTS / f"{name}.json", settings) if a.resume else {}
     runs = []
-    total = len(a.tasks) * len(a.models) * seeds
+    total = len(a.tasks) * len(a.models) * (len(a.seed_list) if a.seed_list is not None else seeds)
+    seed_list = a.seed_list if a.seed_list is not None else list(range(seeds))
     for task in a.tasks:
-        for seed in range(seeds):
+        for seed in seed_list:
             for model in a.models:
                 if (task, model, seed) in done:
                     runs.append(done[task, model, seed])
