@@ -2,6 +2,8 @@
 task that runs on our CPUs: pixel-sequence digits (scikit-learn's 8x8 digits read row by row).
 
     python -m benchmarks.las.long_range [--quick] [--seeds N] [--models vanilla l_attention ...]
+    python -m benchmarks.las.long_range --seed-list 1 --name las_long_range_s1   # one seed per process
+    python -m benchmarks.las.long_range --merge las_long_range_s0 las_long_range_s1 las_long_range_s2
 
 **Task.** ``sklearn.datasets.load_digits``: 1,797 grey images of 8x8 pixels, intensities the
 integers 0..16, ten classes. Each image is a sequence of its 64 pixels in row-major order (as
@@ -16,9 +18,10 @@ causal LaS transformer of ``implicit_attn.models.las`` as a classifier (``num_la
 all 64 positions, ``LaSLM.classify``); no positional embeddings (the causal mask, and ELD or
 ALiBi where the variant has them, carry position). 2 layers, width 64, 8 heads (the paper's
 head count, Appendix A), ``P = 3`` (Table 9's Image row). ``B``: Table 9's Image row has
-``B = 1e-3`` at length 1,024, where the slowest head decays to ``exp(-B * 1023) = 0.36`` at the
-far end; at length 64 the same ``B`` would leave every head within 6% of vanilla, so the
-default scales it to the length, ``B = 1e-3 * 1024 / 64 = 0.016`` (same far-end decay).
+``B = 1e-3`` at length 1,024, where the most local head (``alpha = B``) decays to
+``exp(-B * 1023) = 0.36`` at the far end; at length 64 the same ``B`` would leave every head's
+factor above 0.94, so the default scales it to the length, ``B = 1e-3 * 1024 / 64 = 0.016``
+(about the same far-end decay).
 ``--B 1e-3`` gives the unscaled value.
 
 **Training.** AdamW with the induction benchmark's ``optimizer`` (linear warm-up over 5% of the
