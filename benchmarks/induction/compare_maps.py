@@ -1,10 +1,11 @@
-"""Per-layer attention maps and over-smoothing of two models on the same task, side by side.
+"""Per-layer attention maps and over-smoothing of models trained on the same task, side by side.
 
-    # a transformer trained on the shipped Mamba's task (same trainer, schedule and data stream)
+    # a transformer trained on the shipped Mamba's task (same trainer and data stream; ~20 min here)
     python -m benchmarks.induction.train --model transformer_alibi --key --steps 1000 --batch-size 32 \
         --lr 3e-3 --warm-length 64 --warm-steps 500 --out runs/induction/transformer_alibi_key
-    python -m benchmarks.induction.compare_maps --b runs/induction/transformer_alibi_key --tag _trained
-    python -m benchmarks.induction.compare_maps --b random-las     # vs an untrained transformer
+    # the shipped Mamba vs that transformer and an untrained one (the shipped figure; ~3 min)
+    python -m benchmarks.induction.compare_maps --b runs/induction/transformer_alibi_key random-las
+    python -m benchmarks.induction.compare_maps --a CKPT_A --b CKPT_B --tag _mine   # any two
 
 ``CKPT_A`` / ``CKPT_B`` (``--a`` / ``--b``): checkpoint directories (``config.json`` +
 ``model.safetensors``) of models with the same vocabulary: any registered family (``ia.load``)
@@ -26,7 +27,7 @@ The inputs are fresh sequences of the induction task (``demo.induction.eval_set`
 no key and length from ``A``'s ``induction.json`` when there is one). Outputs, in
 ``--out`` (default ``benchmarks/results``), named ``induction_compare{--tag}``:
 
-* ``.png``: every layer's map of both models on the first sequence, one panel per layer
+* ``.png``: every layer's map of every model on the first sequence, one panel per layer
   (``explain.model_maps``, ``how="abs_mean"``: the mean of ``|H|`` over channels; for
   attention layers, over heads), drawn by ``explain.heatmap_grid`` (log colour scale);
 * ``_smoothing.png``: each model's over-smoothing curve, Eq. 24 of the hidden-attention
@@ -35,14 +36,14 @@ no key and length from ``A``'s ``induction.json`` when there is one). Outputs, i
   sequences) against the normalised layer index, drawn by ``explain.smoothing_plot``;
 * ``_maps.npz``: every layer's map of each model on the first sequence, ``{name}``:
   ``(layers, L, L)`` float32 (the panels of the figure), and the ids;
-* ``.json``: both models' paths, families, widths, accuracy on the ``--n`` sequences, the
+* ``.json``: the models' paths, families, widths, accuracy on the ``--n`` sequences, the
   per-layer summaries (``explain.smoothing_summary``), the per-layer induction numbers
   (``induction_masses``: where the last query and every query put their map mass) and the
   settings.
 
 This is a study script rather than library code: what it adds to ``implicit_attn.explain``
 (the maps, the measure and the figures, all there) is only the choice of task data, the
-loading of two checkpoints of possibly different kinds and the file names.
+loading of checkpoints of different kinds, the induction numbers and the file names.
 """
 from __future__ import annotations
 
