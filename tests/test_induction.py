@@ -189,3 +189,20 @@ def test_shipped_checkpoint_loads_and_reaches_its_reported_accuracy():
                       "induction_table2.json").read_text())
     row = [r for r in res["rows"] if r["run"] == meta["run"]]
     assert row and abs(row[0]["accuracy_%"] / 100 - p) <= 4 * math.sqrt(max(p * (1 - p), 1e-3) / 1000) + 1e-3
+
+
+def test_transformer_spec_is_the_las_model():
+    from benchmarks.induction import models
+    from implicit_attn.models import las
+
+    spec = models.get_spec("transformer_alibi")
+    cfg = spec.las_config()
+    assert cfg.kind == "alibi" and cfg.vocab_size == I.VOCAB_SIZE and cfg.num_hidden_layers == 2
+    assert models.get_spec("transformer_vanilla").las_config().kind == "vanilla"
+    p = models.init(spec, jax.random.PRNGKey(0))
+    ids = I.batch_at(0, 0, 2, 10, key=True).ids
+    lm = models.to_lm(p, spec)
+    assert isinstance(lm, las.LaSLM)
+    np.testing.assert_allclose(np.asarray(models.forward(p, ids, spec)), np.asarray(lm(ids)), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="not a transformer"):
+        models.get_spec("mamba1").las_config()

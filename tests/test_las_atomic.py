@@ -86,7 +86,9 @@ def test_bad_names():
         A.Run(task="cumsum", model="mamba")
 
 
-@pytest.mark.parametrize("model", A.MODELS)
+# the ablations run the same training code with other flags: a repeat, in the deep tier
+@pytest.mark.parametrize("model", [pytest.param(m, marks=[pytest.mark.deep] if m not in A.DEFAULT_MODELS else [])
+                                   for m in A.MODELS])
 def test_two_steps_decrease_the_loss(model):
     run = A.Run(task="cummax", model=model, steps=2, batch_size=8, length=8, hidden=16, layers=1, heads=2,
                 lr=1e-2, warmup=1)

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from implicit_attn.explain import feature_smoothing, oversmoothing, smoothing_plot, smoothing_summary
+from implicit_attn.explain import feature_smoothing, model_maps, oversmoothing, smoothing_plot, smoothing_summary
 from implicit_attn.models import las
 from implicit_attn.registry import FAMILIES
 
@@ -169,15 +169,81 @@ def test_compare_maps_script_on_tiny_models(tmp_path):
     b = compare_maps.load_checkpoint(tmp_path / "b")
     assert isinstance(b, las.LaSLM)
     ids = np.random.default_rng(3).integers(0, a.config.vocab_size, (3, 7))
-    res = compare_maps.compare({"a": a, "b": b}, ids, tmp_path / "out", tag="_t")
-    for f in ("induction_compare_t.png", "induction_compare_t_smoothing.png", "induction_compare_t.json"):
+    target, answer = np.array([2, 6, 4]), ids[np.arange(3), [2, 6, 4]]
+    res = compare_maps.compare({"a": a, "b": b}, ids, tmp_path / "out", tag="_t", target_pos=target, answer=answer,
+                               chunk=1)   # one row at a time: the shapes the panel already compiled
+    for f in ("induction_compare_t.png", "induction_compare_t_smoothing.png", "induction_compare_t.json",
+              "induction_compare_t_maps.npz"):
         assert (tmp_path / "out" / f).stat().st_size > 0, f
     assert json.loads((tmp_path / "out" / "induction_compare_t.json").read_text()) == res
+    saved = np.load(tmp_path / "out" / "induction_compare_t_maps.npz")
     for name, m in (("a", a), ("b", b)):
         s = res["models"][name]["smoothing"]
         assert s["num_layers"] == len(m.layers) == len(s["mean"]) and s["n"] == 3
         np.testing.assert_allclose(s["mean"], oversmoothing(m, ids).mean(axis=0), atol=1e-6)
+        maps = np.concatenate([model_maps(m, ids[k:k + 1], how="abs_mean") for k in range(3)], 1)  # (layers, 3, 7, 7)
+        np.testing.assert_allclose(saved[name], maps[:, 0], rtol=1e-6, atol=1e-7)
+        ind = res["models"][name]["induction"]
+        for k, v in compare_maps.induction_masses(maps, target).items():
+            np.testing.assert_allclose(ind[k], v, rtol=1e-5, atol=1e-7)
+        want = np.mean([np.asarray(m(ids[k:k + 1]))[0, -1].argmax() == answer[k] for k in range(3)])
+        assert res["models"][name]["accuracy"] == want
     with pytest.raises(ValueError, match="share a vocabulary"):
         compare_maps.compare({"a": a, "c": las_model()}, ids, tmp_path / "out")
     c = compare_maps.random_transformer(a, tmp_path / "c", layers=1, heads=2)
     assert c.config.hidden_size == a.config.hidden_size and not c.config.eld and c.config.pool == 1
+
+
+def test_induction_masses_against_loops():
+    from benchmarks.induction import compare_maps
+
+    g = np.random.default_rng(5)
+    maps = np.tril(g.random((2, 3, 6, 6)))          # (layers, B, L, L)
+    maps[1, 2, 5] = 0.0
+    maps[1, 2, 5, 3] = 2.0                          # layer 1, sequence 2: the last query reads position 3
+    target = np.array([1, 5, 3])                    # sequence 1's target is the last position: not counted
+    got = compare_maps.induction_masses(maps, target)
+    for l in range(2):
+        share = lambda b, i, j: maps[l, b, i, j] / maps[l, b, i].sum()
+        assert got["answer_mass"][l] == pytest.approx(np.mean([share(b, 5, target[b]) for b in range(3)]))
+        hits = [int(np.argmax(maps[l, b, 5, :5]) == target[b]) for b in (0, 2)]
+        assert got["answer_top"][l] == pytest.approx(np.mean(hits))
+        prev = [share(b, i, i - 1) for b in range(3) for i in range(1, 6)]
+        assert got["prev_token_mass"][l] == pytest.approx(np.mean(prev))
+    assert got["answer_top"][1] >= 0.5 and got["answer_mass"][1] > 1 / 3
+    with pytest.raises(ValueError, match="non-negative"):
+        compare_maps.induction_masses(-maps, target)
+    with pytest.raises(ValueError, match="target_pos must lie"):
+        compare_maps.induction_masses(maps, target + 3)
+    with pytest.raises(ValueError, match="expected maps"):
+        compare_maps.induction_masses(maps[0], target)
+
+
+@pytest.mark.deep   # ~20 s (orbax, the shipped Mamba's operators, three models' figures)
+def test_compare_maps_trained_run_vs_untrained_writes_per_layer_maps(tmp_path):
+    """The script's whole path: the shipped Mamba, a transformer trained (2 steps) by the
+    induction trainer and loaded from its run directory, and an untrained one."""
+    from benchmarks.induction import compare_maps, models, train
+    from implicit_attn.demo import induction
+
+    rc = train.RunConfig(model="transformer_alibi", key=True, steps=2, batch_size=2, length=8)
+    train.train(rc, tmp_path / "run", ckpt_every=2, progress=False)
+    trained = compare_maps.load_checkpoint(tmp_path / "run")
+    assert isinstance(trained, las.LaSLM) and trained.config.alibi and trained.config.kind == "alibi"
+    ids = induction.batch_at(0, 3, 2, 8, key=True).ids
+    spec = models.get_spec("transformer_alibi")
+    np.testing.assert_allclose(np.asarray(trained(ids)), np.asarray(models.forward(trained.params(), ids, spec)),
+                               rtol=1e-5, atol=1e-5)
+    assert compare_maps.main(["--b", str(tmp_path / "run"), "random-las", "--random-dir", str(tmp_path / "rand"),
+                              "--n", "3", "--length", "8", "--out", str(tmp_path / "out"), "--tag", "_t"]) == 0
+    doc = json.loads((tmp_path / "out" / "induction_compare_t.json").read_text())
+    maps = np.load(tmp_path / "out" / "induction_compare_t_maps.npz")
+    want = {"shipped induction model": 1, "run": 2, "random vanilla transformer": 2}
+    assert set(doc["models"]) == set(want) and set(maps.files) == set(want) | {"ids"}
+    for name, layers in want.items():
+        assert maps[name].shape == (layers, 8, 8) and (maps[name] >= 0).all()
+        assert not np.triu(maps[name], 1).any()          # causal
+        d = doc["models"][name]
+        assert all(len(d["induction"][k]) == layers for k in ("answer_mass", "answer_top", "prev_token_mass"))
+        assert 0.0 <= d["accuracy"] <= 1.0
+    np.testing.assert_array_equal(maps["ids"], induction.eval_set(3, compare_maps.SEED, 8, True).ids[0])

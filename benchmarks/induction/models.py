@@ -16,6 +16,14 @@ block and are not HF-loadable (no in_proj, gate, out_proj, residual). For ids ``
 per channel (Mamba's low-rank dt_proj) where the paper writes a scalar dt (its footnote 1
 notes the vector form). The math reuses ``causal_conv``, ``selective_scan`` and
 ``rms_norm`` and the initialisation of ``mamba.init_params``, so the HF path is unchanged.
+
+``transformer_*`` (not in Table 2): the causal softmax transformer of ``models.las`` as a
+language model (2 layers, width D, 4 heads, pre-norm, tied head, no positional embeddings),
+with the attention flags of ``las.VARIANTS[attention]``: ``transformer_alibi`` (ALiBi's
+distance bias gives it the relative positions a previous-token head needs) and
+``transformer_vanilla`` (position from the causal mask alone). Trained by the same
+``train.py`` on the same task, it is the transformer of the Mamba-vs-transformer maps
+(``compare_maps.py``).
 """
 from __future__ import annotations
 
@@ -26,13 +34,16 @@ import jax.numpy as jnp
 
 from implicit_attn.demo.induction import VOCAB_SIZE
 from implicit_attn.families import mamba
+from implicit_attn.models import las
 from implicit_attn.ops import causal_conv
 
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
     """One Table-2 row: ``kind`` "mamba" (HF Mamba with ``layers`` blocks) or "simple"
-    with ``parts`` among ("conv", "ssm"); ``d`` = D, ``n`` = N, ``w`` = conv width."""
+    with ``parts`` among ("conv", "ssm"); ``d`` = D, ``n`` = N, ``w`` = conv width. Or a
+    ``kind`` "transformer": the LaS transformer with ``layers``, ``heads`` and the flags of
+    ``las.VARIANTS[attention]``."""
 
     name: str
     kind: str
@@ -43,6 +54,15 @@ class Spec:
     w: int = 4
     paper_key: float | None = None      # Table 2 accuracy with the key token (%)
     paper_nokey: float | None = None    # ... without it (%)
+    heads: int = 4                      # transformer only
+    attention: str = ""                 # transformer only: a las.VARIANTS name
+
+    def las_config(self) -> las.Config:
+        """The LaS transformer config of a "transformer" spec."""
+        if self.kind != "transformer":
+            raise ValueError(f"{self.name} is not a transformer")
+        return las.Config.variant(self.attention, vocab_size=VOCAB_SIZE, hidden_size=self.d,
+                                  num_hidden_layers=self.layers, num_attention_heads=self.heads)
 
     def mamba_config(self) -> mamba.Config:
         """The HF Mamba config (for "simple": the config whose mixer parameters are reused,
@@ -61,6 +81,8 @@ SPECS = {
     "conv_ssm": Spec("Conv+SSM", "simple", parts=("conv", "ssm"), w=2, paper_key=100.0, paper_nokey=90.3),
     "conv": Spec("Conv only", "simple", parts=("conv",), w=2, paper_key=12.7, paper_nokey=21.8),
     "ssm": Spec("SSM only", "simple", parts=("ssm",), w=2, paper_key=8.50, paper_nokey=20.8),
+    "transformer_alibi": Spec("Transformer x2 (ALiBi)", "transformer", layers=2, attention="alibi"),
+    "transformer_vanilla": Spec("Transformer x2 (no positions)", "transformer", layers=2, attention="vanilla"),
 }
 
 
@@ -72,6 +94,8 @@ def get_spec(name: str) -> Spec:
 
 def init(spec: Spec, key) -> dict:
     """Trainable parameters (no ``None`` leaves) for ``spec``."""
+    if spec.kind == "transformer":
+        return las.init_params(spec.las_config(), key)
     cfg = spec.mamba_config()
     p = mamba.init_params(cfg, key)
     if spec.kind == "mamba":
@@ -107,11 +131,17 @@ def forward(p: dict, ids, spec: Spec):
     """Logits ``(B, L, V)`` float32 of any Table-2 model."""
     if spec.kind == "mamba":
         return mamba.lm_forward(p, ids, spec.mamba_config())[0]
+    if spec.kind == "transformer":
+        return las.lm_forward(p, ids, spec.las_config())[0]
     return simple_forward(p, ids, spec)
 
 
-def to_lm(p: dict, spec: Spec) -> mamba.LM:
-    """The HF-layout ``mamba.LM`` of a trained "mamba" model (for ``ia.save``)."""
+def to_lm(p: dict, spec: Spec):
+    """The HF-layout ``mamba.LM`` of a trained "mamba" model (for ``ia.save``), or the
+    ``las.LaSLM`` of a "transformer" (for ``las.save``)."""
+    if spec.kind == "transformer":
+        return las.LaSLM(spec.las_config(), p)
     if spec.kind != "mamba":
-        raise ValueError(f"{spec.name} is not a Hugging Face Mamba; only mamba1/mamba2 can be saved")
+        raise ValueError(f"{spec.name} is not a Hugging Face Mamba or a transformer; only mamba1/mamba2 and "
+                         f"transformer_* can be saved")
     return mamba.LM(spec.mamba_config(), {**p, "lm_head": None})

@@ -2,6 +2,7 @@
 on three atomic tasks of Gupta et al. 2022b (Select, CumSum, CumMax), R^2 over seeds.
 
     python -m benchmarks.las.atomic [--quick] [--seeds N] [--tasks select cumsum cummax]
+    python -m benchmarks.las.atomic --models l_attention s_attention --name las_atomic_ablations
 
 **Inputs.** Real-valued sequences, not tokens: per position ``i`` three features
 ``(x_i, marker_i, start_i)`` with ``x_i ~ N(0, 1)`` i.i.d., ``marker_i`` the Select marker (0 in
@@ -22,7 +23,7 @@ linear read-out at every position) gives one real prediction per position.
   marked position, a non-local, non-smooth selection. (Gupta et al.'s Select outputs the
   marked elements; this is its one-element, per-position form.)
 
-**Training** (both models identical but for the attention flags): AdamW with the induction
+**Training** (every model identical but for the attention flags): AdamW with the induction
 benchmark's ``optimizer`` (linear warm-up over 5% of the steps, cosine decay to 1/100,
 clipping at 1, weight decay on matrices), masked MSE, batch ``t`` a pure function of
 ``(seed, task, t)``, parameters from ``seed``; R^2 on a held-out set from a separate stream.
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import sys
 import time
 
@@ -46,13 +48,14 @@ from implicit_attn.models import las
 from implicit_attn.nn import fan_in_normal
 from implicit_attn.ops import linear
 
-from ..common import write_results
+from ..common import RESULTS, write_results
 from ..induction.train import optimizer
 
 TASKS = ("select", "cumsum", "cummax")
-MODELS = ("vanilla", "las")
+MODELS = ("vanilla", "las", "l_attention", "s_attention")   # las.VARIANTS: the paper's model and its ablations
+DEFAULT_MODELS = ("vanilla", "las")                          # Table 7's pair
 FEATURES = 3                      # x, marker, start flag
-# Table 7 of the paper: R^2 averaged over 5 seeds.
+# Table 7 of the paper: R^2 averaged over 5 seeds (vanilla and LaS only; the ablations have none).
 PAPER = {("select", "vanilla"): 0.971, ("cummax", "vanilla"): 1.0, ("cumsum", "vanilla"): 1.0,
          ("select", "las"): 0.783, ("cummax", "las"): 0.995, ("cumsum", "las"): 0.997}
 TRAIN_STREAM, EVAL_STREAM = 0, 1
@@ -235,9 +238,21 @@ def summarize(runs: list[dict], tasks, models) -> list[dict]:
             if not r:
                 continue
             rows.append({"task": task, "model": model, "seeds": len(r), "r2_mean": float(np.mean(r)),
-                         "r2_std": float(np.std(r)), "r2_min": float(np.min(r)), "paper": PAPER[(task, model)],
+                         "r2_std": float(np.std(r)), "r2_min": float(np.min(r)), "paper": PAPER.get((task, model)),
                          "r2_per_seed": " ".join(f"{v:.3f}" for v in r)})
     return rows
+
+
+def previous_runs(path, settings: dict) -> dict:
+    """``{(task, model, seed): run}`` of an earlier results file written with the same
+    ``settings`` (the seed count aside); ``ValueError`` if they differ. None there: ``{}``."""
+    if not path.is_file():
+        return {}
+    meta = json.loads(path.read_text())["meta"]
+    old, new = ({k: v for k, v in d.items() if k != "seeds"} for d in (meta["settings"], settings))
+    if old != new:
+        raise ValueError(f"{path} was written with other settings: {old} (now {new})")
+    return {(r["task"], r["model"], r["seed"]): r for r in meta["runs"]}
 
 
 def main(argv=None) -> int:
@@ -245,13 +260,18 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer steps (200) and 3 seeds unless given")
     ap.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 5, --quick 3)")
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
-    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    ap.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), choices=MODELS,
+                    help="vanilla, las and the ablations l_attention (ELD only), s_attention (AP only)")
     ap.add_argument("--steps", type=int, default=None, help="training steps (default 500, --quick 200)")
     ap.add_argument("--length", type=int, default=64)
     ap.add_argument("--eval", type=int, default=500, help="held-out sequences per run")
     ap.add_argument("--B", type=float, default=1e-3, help="LaS's B (the ELD rates; Tab. 9: 1e-3, 1e-4)")
     ap.add_argument("--P", type=int, default=3, help="LaS's pooling window (Tab. 9: 3, 5)")
     ap.add_argument("--name", default=None, help="results name (default las_atomic[_quick])")
+    ap.add_argument("--seed-list", type=int, nargs="+", default=None,
+                    help="run these seeds only (e.g. one seed per process)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the runs already in results/NAME.json (same settings but the seed count)")
     a = ap.parse_args(argv)
     seeds = a.seeds or (3 if a.quick else 5)
     steps = a.steps or (200 if a.quick else 500)
@@ -259,11 +279,16 @@ def main(argv=None) -> int:
     base = Run(task=a.tasks[0], model=a.models[0], steps=steps, length=a.length, B=a.B, P=a.P)
     settings = {k: v for k, v in dataclasses.asdict(base).items() if k not in ("task", "model", "seed")}
     settings.update(eval_sequences=a.eval, seeds=seeds)
+    done = previous_runs(RESULTS / f"{name}.json", settings) if a.resume else {}
     runs = []
-    total = len(a.tasks) * len(a.models) * seeds
+    total = len(a.tasks) * len(a.models) * (len(a.seed_list) if a.seed_list is not None else seeds)
+    seed_list = a.seed_list if a.seed_list is not None else list(range(seeds))
     for task in a.tasks:
-        for seed in range(seeds):
+        for seed in seed_list:
             for model in a.models:
+                if (task, model, seed) in done:
+                    runs.append(done[task, model, seed])
+                    continue
                 run = dataclasses.replace(base, task=task, model=model, seed=seed)
                 res = train(run)
                 r2 = evaluate(run, res["params"], a.eval)
