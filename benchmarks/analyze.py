@@ -50,7 +50,8 @@ def make_corpus(path: Path, n: int, vocab: int, lengths: tuple[int, int], seed: 
 
 
 def launch(ckpt, data, out, extra=(), env_extra=None) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), **(env_extra or {}))
+    # every run compiles (the command line's compilation cache would make later runs cheaper)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "IMPLICIT_ATTN_COMPILE_CACHE": "0", **(env_extra or {})}
     return subprocess.Popen([sys.executable, "-m", "implicit_attn.cli", "analyze", str(ckpt), "--data", str(data),
                              "--out", str(out), "--no-progress", *map(str, extra)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
