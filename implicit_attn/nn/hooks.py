@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-import jax
 import jax.numpy as jnp
 
 RESIDUAL_POINTS = ("hook_resid_pre", "mixer.hook_in", "mixer.hook_out", "hook_resid_post")
@@ -86,86 +85,24 @@ class ForwardHooks:
         """The hook of layer ``i``: ``(point, x) -> x``."""
         return lambda point, x: self(block_name(i, point), x)
 
-    def scan_inputs(self, n: int, points) -> dict:
-        """Per-layer edits stacked for layers run under ``lax.scan``:
-        ``{point: (add (n, ...) or None, value (n, ...) or None, on (n,) bool or None)}``
-        for the points some layer edits (zeros / False for the others)."""
-        out = {}
-        for point in points:
-            names = [block_name(i, point) for i in range(n)]
+    def run_layers(self, layer_fn: Callable, carry, layers: list, keys: tuple):
+        """Run ``layer_fn(carry, i, layer params, hook) -> carry`` over ``layers`` in order, with
+        layer ``i``'s hook (``layer(i)``) and only the entries ``keys`` of its params.
 
-            def stack(table):
-                given = [table.get(nm) for nm in names]
-                ref = next((g for g in given if g is not None), None)
-                if ref is None:
-                    return None, None
-                ref = jnp.asarray(ref)
-                vals = jnp.stack([ref * 0 if g is None else jnp.asarray(g).astype(ref.dtype) for g in given])
-                return vals, jnp.asarray([g is not None for g in given])
-
-            add, _ = stack(self.adds)
-            value, on = stack(self.sets)
-            if add is not None or value is not None:
-                out[point] = (add, value, on)
-        return out
-
-    def scan_captures(self, n: int, points) -> tuple:
-        """Points some layer captures (the scan body returns these per layer)."""
-        return tuple(p for p in points if any(block_name(i, p) in self.capture for i in range(n)))
-
-    def scan_layers(self, layer_fn: Callable, carry, layers: list, keys: tuple, points):
-        """Run ``layer_fn(carry, i, layer params, hook) -> carry`` over ``layers`` under one
-        ``lax.scan`` (compile time independent of depth), with each layer's hook at ``points``
-        (its edits sliced from ``adds`` / ``sets``, its captures stored under the layer's names).
+        A loop unrolled under ``jit``, not a ``lax.scan``: a scan needs the layers' weights
+        stacked, a copy of every weight on each call (on CPU a third of RWKV-4's forward), and
+        slices them again inside its body; the price is a compile time that grows with depth.
 
         Args:
-          layer_fn: one layer; ``i`` is its index (traced), ``hook`` a ``ScannedLayerHook``.
+          layer_fn: one layer; ``i`` is its index (a Python int), ``hook`` ``(point, x) -> x``.
           carry: what flows from layer to layer (the residual stream, or a tuple of arrays).
-          layers: per-layer parameter dicts; keys: the entries of each that are stacked
-            (all layers must have them with equal shapes).
-          points: the per-layer hook points (``RESIDUAL_POINTS`` / ``MID_POINTS``).
+          layers: per-layer parameter dicts; keys: the entries of each the layer reads.
         Returns:
           the carry after the last layer.
         """
-        n = len(layers)
-        stacked = jax.tree.map(lambda *a: jnp.stack(a), *[{k: l[k] for k in keys} for l in layers])
-        edits, keep = self.scan_inputs(n, points), self.scan_captures(n, points)
-
-        def body(c, xs):
-            i, lp, e = xs
-            hook = ScannedLayerHook(e, keep)
-            return layer_fn(c, i, lp, hook), hook.captured
-
-        carry, ys = jax.lax.scan(body, carry, (jnp.arange(n), stacked, edits))
-        self.store_scanned(n, ys)
+        for i, lp in enumerate(layers):
+            carry = layer_fn(carry, i, {k: lp[k] for k in keys}, self.layer(i))
         return carry
-
-    def store_scanned(self, n: int, stacked: dict):
-        """Record ``{point: (n, ...)}`` returned by a scan over layers under the captured names."""
-        for point, ys in stacked.items():
-            for i in range(n):
-                if block_name(i, point) in self.capture:
-                    self.captured[block_name(i, point)] = ys[i]
-
-
-class ScannedLayerHook:
-    """The hook of one layer inside a ``lax.scan`` over layers: the layer's slices of
-    ``ForwardHooks.scan_inputs`` and the points to capture (returned by the body)."""
-
-    def __init__(self, edits: dict, capture: tuple):
-        self.edits = edits
-        self.capture = capture
-        self.captured: dict = {}
-
-    def __call__(self, point: str, x):
-        add, value, on = self.edits.get(point, (None, None, None))
-        if value is not None:
-            x = jnp.where(on, value.astype(x.dtype), x)
-        if add is not None:
-            x = x + add.astype(x.dtype)
-        if point in self.capture:
-            self.captured[point] = x
-        return x
 
 
 def hook_names(num_layers: int, points) -> list[str]:
@@ -183,4 +120,4 @@ def parse_name(name: str) -> tuple[int | None, str]:
 
 
 __all__ = ["RESIDUAL_POINTS", "MID_POINTS", "OPERATOR_POINTS", "no_hook", "out_hook", "layer_tap", "apply_out_hook",
-           "block_name", "ForwardHooks", "ScannedLayerHook", "hook_names", "parse_name"]
+           "block_name", "ForwardHooks", "hook_names", "parse_name"]

@@ -9,6 +9,7 @@ carried state onwards, plus the positions whose own read-out input is NaN.
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 
@@ -21,7 +22,12 @@ def zero_nan(x):
 def from_first(bad, axis: int = 1):
     """Boolean: True at and after the first True along ``axis`` (a state that took in a NaN
     stays NaN)."""
-    return jnp.cumsum(bad.astype(jnp.int32), axis=axis) > 0
+    # The first True's index, not a cumsum: XLA's CPU cumsum costs O(length) per element.
+    n = bad.shape[axis]
+    if n == 0:
+        return bad.astype(bool)
+    first = jnp.where(jnp.any(bad, axis=axis, keepdims=True), jnp.argmax(bad, axis=axis, keepdims=True), n)
+    return jax.lax.broadcasted_iota(first.dtype, bad.shape, axis % bad.ndim) >= first
 
 
 def mark_nan(y, bad):

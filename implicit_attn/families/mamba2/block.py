@@ -29,6 +29,10 @@ from .config import Config
 
 VARIANTS = ("full", "s6_only", "no_conv", "no_gate", "no_act", "no_norm")
 f32 = jnp.float32
+# SSD chunk length: the config's, at most CHUNK (a performance knob: HF's chunk_size does not change the
+# numbers, and past 64 the in-chunk decay matrices cost more than the chunk states they save)
+CHUNK = 64
+SEGSUM_CHUNK = 16  # the split of the in-chunk segment sums (a performance knob)
 
 
 def split_heads(x, n: int):
@@ -98,25 +102,25 @@ def ssd(x, dt, A, Bm, Cm, chunk: int, D=None):
     pad = nc * Q - L
     padt = lambda a: jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2))
     xf = x.astype(f32)
-    xs = padt(xf * dt[..., None]).reshape(Bn, nc, Q, G, hg, P)
-    Bc = padt(Bm).reshape(Bn, nc, Q, G, N)
-    Cc = padt(Cm).reshape(Bn, nc, Q, G, N)
-    la = padt(dt * A).reshape(Bn, nc, Q, G, hg)
-    la = jnp.moveaxis(la, 2, -1)  # (B, nc, G, hg, Q)
+    # Heads leading, then positions: every product below is a plain batched matmul over (b, c, g[, h]).
+    xs = padt(xf * dt[..., None]).reshape(Bn, nc, Q, G, hg, P).transpose(0, 1, 3, 4, 2, 5)  # (b, c, g, h, j, p)
+    Bc = padt(Bm).reshape(Bn, nc, Q, G, N).transpose(0, 1, 3, 2, 4)  # (b, c, g, j, n)
+    Cc = padt(Cm).reshape(Bn, nc, Q, G, N).transpose(0, 1, 3, 2, 4)
+    la = padt(dt * A).reshape(Bn, nc, Q, G, hg).transpose(0, 1, 3, 4, 2)  # (b, c, g, h, j)
 
     # Diagonal blocks: (C_i . B_j) exp(segment sum) masked.
-    dec = jnp.exp(segment_sum(la))  # (B, nc, G, hg, Q, Q)
-    cb = jnp.einsum("bcign,bcjgn->bcgij", Cc, Bc)
-    y = jnp.einsum("bcgij,bcghij,bcjghp->bcighp", cb, dec, xs)
+    dec = jnp.exp(segment_sum(la, SEGSUM_CHUNK))  # (b, c, g, h, i, j)
+    y = ((Cc @ jnp.swapaxes(Bc, -1, -2))[:, :, :, None] * dec) @ xs  # (b, c, g, h, i, p)
 
     # State at the end of each chunk, then passed from chunk to chunk.
     cs = jnp.cumsum(la, axis=-1)
-    tot = cs[..., -1]  # (B, nc, G, hg)
-    states = jnp.einsum("bcjgn,bcghj,bcjghp->bcghpn", Bc, jnp.exp(tot[..., None] - cs), xs)
+    tot = cs[..., -1]  # (b, c, g, h)
+    states = jnp.einsum("bcghjp,bcgjn->bcghpn", xs * jnp.exp(tot[..., None] - cs)[..., None], Bc)
     h = linear_scan(jnp.exp(tot)[..., None, None], states, axis=1)
     prev = jnp.pad(h, ((0, 0), (1, 0)) + ((0, 0),) * 4)[:, :nc]  # state entering each chunk
-    y = y + jnp.einsum("bcign,bcghpn,bcghi->bcighp", Cc, prev, jnp.exp(cs))
+    y = y + jnp.einsum("bcgin,bcghpn->bcghip", Cc, prev) * jnp.exp(cs)[..., None]
 
+    y = y.transpose(0, 1, 4, 2, 3, 5)
     y = y.reshape(Bn, nc * Q, H, P)[:, :L]
     if D is not None:
         y = y + xf * D.astype(f32)[:, None]
@@ -160,7 +164,7 @@ def output_norm(y, z, w, cfg: Config):
 def ssm_apply(q: dict, cfg: Config, v, D=None):
     """``alpha_h v_h`` for ``v (B, L, C)``: ``(B, L, C)`` float32."""
     H = cfg.num_heads
-    y = ssd(split_heads(v, H), q["dt"], q["A"], q["Bm"], q["Cm"], cfg.chunk_size, D)
+    y = ssd(split_heads(v, H), q["dt"], q["A"], q["Bm"], q["Cm"], min(cfg.chunk_size, CHUNK), D)
     return y.reshape(v.shape)
 
 

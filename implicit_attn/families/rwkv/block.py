@@ -20,7 +20,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ...nn.hooks import MID_POINTS, ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
+from ...nn.hooks import ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
 from ...ops import embed, from_first, full_precision, mark_nan, zero_nan
 from ...operator import ImplicitOperator, RwkvCore
 from .config import Config
@@ -173,7 +173,7 @@ def time_mix_operator(p: dict, h, cfg: Config, variant: str = "full") -> Implici
     return ImplicitOperator(values=values, offset=jnp.zeros_like(values), output=T(output), core=core)
 
 
-# the per-layer parameters stacked for the scan over layers (``pre_ln`` is applied before it)
+# the per-layer parameters the blocks read (``pre_ln`` is applied before the first block)
 LAYER_KEYS = ("ln1", "ln2", "attention", "feed_forward")
 
 
@@ -183,7 +183,7 @@ def rwkv_block(lp: dict, h, cfg: Config, layer=0, hook=None, time_mix=None):
 
     Args:
       lp: ``{"ln1", "ln2", "attention", "feed_forward"}`` and optionally ``"pre_ln"``
-        (block 0 only; ``lm_forward`` applies it before its scan over blocks);
+        (block 0 only; ``lm_forward`` applies it before the blocks);
       h: ``(B, L, D)`` residual stream; layer: block index (may be traced: it only picks
         the rescaling divisor); hook: optional ``(point, x) -> x`` called at the block's
         hook points (``nn.hooks``; ``mixer.hook_out`` is ``(B, A, L)``);
@@ -221,7 +221,7 @@ def lm_forward(params: dict, ids, cfg: Config, capture: tuple[str, ...] = (), ad
     ``{name: activation}`` of the hook names in ``capture``. ``adds`` / ``sets``:
     ``{name: array}`` added to / replacing activations (``nn.hooks.ForwardHooks``;
     ``hook_embed`` is the embedding before block 0's ``pre_ln``, ``blocks.0.hook_resid_pre``
-    after it). The blocks run under one ``lax.scan`` (compile time independent of depth).
+    after it). The blocks run one after another (``ForwardHooks.run_layers``).
     ``time_mix``: as in ``rwkv_block`` (default RWKV-4's).
     """
     eps = cfg.layer_norm_epsilon
@@ -230,8 +230,8 @@ def lm_forward(params: dict, ids, cfg: Config, capture: tuple[str, ...] = (), ad
     h = hooks("hook_embed", embed(params["embeddings"], ids))
     pre = layers[0]["pre_ln"]
     h = layer_norm(h, pre["weight"], pre["bias"], eps)
-    h = hooks.scan_layers(lambda h, i, lp, hook: rwkv_block(lp, h, cfg, i, hook, time_mix)[0], h, layers,
-                          LAYER_KEYS, MID_POINTS)
+    h = hooks.run_layers(lambda h, i, lp, hook: rwkv_block(lp, h, cfg, i, hook, time_mix)[0], h, layers,
+                         LAYER_KEYS)
     h = layer_norm(h, params["ln_out"]["weight"], params["ln_out"]["bias"], FINAL_LN_EPS)
     head = params["embeddings"] if params.get("head") is None else params["head"]
     logits = (h.astype(head.dtype) @ head.T).astype(f32)

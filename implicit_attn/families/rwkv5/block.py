@@ -102,7 +102,7 @@ def block_forward(lp: dict, h, cfg: Config, layer=0, tap=None):
 def lm_forward(params: dict, ids, cfg: Config, capture: tuple[str, ...] = (), adds=None, sets=None):
     """HF ``Rwkv5ForCausalLM`` forward in eval mode: ``ids (B, L) -> logits (B, L, vocab)``
     float32, and the captured activations (``nn.hooks``); RWKV-4's ``rwkv.block.lm_forward``
-    with this time mix (the blocks under one ``lax.scan``)."""
+    with this time mix (the blocks one after another)."""
     return rwkv_lm_forward(params, ids, cfg, capture, adds, sets, time_mix=time_mix_forward)
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ...nn.hooks import MID_POINTS, ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
+from ...nn.hooks import ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
 from ...operator import DplrCore, Mamba2Operator
 from ...ops import dplr_rule, embed, from_first, full_precision, linear, mark_nan, zero_nan
 from ..rwkv.block import layer_norm, token_shift
@@ -199,7 +199,7 @@ def time_mix_operator(p: dict, x, cfg: Config, variant: str = "full") -> Mamba2O
 
 # ----------------------------------------------------------------------------- the LM
 
-# the per-layer parameters stacked for the scan over layers (``pre_norm`` is applied before it)
+# the per-layer parameters the blocks read (``pre_norm`` is applied before the first block)
 LAYER_KEYS = ("attn_norm", "ffn_norm", "attn", "ffn")
 
 
@@ -239,11 +239,11 @@ def block_forward(lp: dict, h, cfg: Config, tap=None):
 def lm_forward(params: dict, ids, cfg: Config, capture: tuple[str, ...] = (), adds=None, sets=None):
     """fla ``RWKV6ForCausalLM`` forward: ``ids (B, L) -> logits (B, L, vocab)`` float32, and the
     captured activations (``nn.hooks``; ``hook_embed`` is before layer 0's ``pre_norm``). The layers
-    run under one ``lax.scan``."""
+    run one after another (``ForwardHooks.run_layers``)."""
     layers = params["layers"]
     hooks = ForwardHooks(capture, adds, sets)
     h = first_norm(params, hooks("hook_embed", embed(params["embeddings"], ids)), cfg)
-    h = hooks.scan_layers(lambda h, i, lp, hook: rwkv6_block(lp, h, cfg, hook)[0], h, layers, LAYER_KEYS, MID_POINTS)
+    h = hooks.run_layers(lambda h, i, lp, hook: rwkv6_block(lp, h, cfg, hook)[0], h, layers, LAYER_KEYS)
     return head_logits(params, h, cfg), hooks.captured
 
 

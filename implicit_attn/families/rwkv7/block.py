@@ -24,7 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ...nn.hooks import MID_POINTS, ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
+from ...nn.hooks import ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
 from ...operator import Mamba2Operator
 from ...ops import dplr_rule, embed, from_first, full_precision, linear, mark_nan, zero_nan
 from ..rwkv6.block import (LAYER_KEYS, first_norm, head_logits, head_operator, heads, lora, norm, normed,
@@ -60,8 +60,8 @@ def time_mix_parts(p: dict, x_ext, cfg: Config, first=None) -> dict:
     the residual: ``v_first`` when this is layer 0), ``bad (B, H, L)``; float32, NaN set to 0 except
     in ``bad``.
 
-    ``first``: whether this is layer 0 (its values are its own; a traced bool inside the scan over
-    layers, where layer 0 carries zero ``v_lora`` weights); None: layer 0 iff ``p`` has no
+    ``first``: whether this is layer 0 (its values are its own; a bool, or a traced one, where
+    layer 0 carries zero ``v_lora`` weights); None: layer 0 iff ``p`` has no
     ``v_lora``.
     """
     x, v_first = split_input(x_ext, cfg)
@@ -191,7 +191,7 @@ def block_forward(lp: dict, h, cfg: Config, v_first=None, tap=None, first=None):
 def lm_forward(params: dict, ids, cfg: Config, capture: tuple[str, ...] = (), adds=None, sets=None):
     """fla ``RWKV7ForCausalLM`` forward: ``ids (B, L) -> logits (B, L, vocab)`` float32, and the
     captured activations (``nn.hooks``; ``hook_embed`` is before layer 0's ``pre_norm``). The layers
-    run under one ``lax.scan`` carrying the residual stream and the value residual."""
+    run one after another (``ForwardHooks.run_layers``) carrying the residual stream and the value residual."""
     layers = with_value_lora(params["layers"], cfg)
     hooks = ForwardHooks(capture, adds, sets)
     h = first_norm(params, hooks("hook_embed", embed(params["embeddings"], ids)), cfg)
@@ -200,7 +200,7 @@ def lm_forward(params: dict, ids, cfg: Config, capture: tuple[str, ...] = (), ad
         return h, v_first
 
     v0 = jnp.zeros(h.shape[:2] + (cfg.value_width,), h.dtype)
-    h, _ = hooks.scan_layers(layer, (h, v0), layers, LAYER_KEYS, MID_POINTS)
+    h, _ = hooks.run_layers(layer, (h, v0), layers, LAYER_KEYS)
     return head_logits(params, h, cfg), hooks.captured
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ...nn.hooks import MID_POINTS, ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
+from ...nn.hooks import ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
 from ...operator import MlstmCore, Mamba2Operator
 from ...ops import embed, from_first, full_precision, linear, mark_nan, mlstm_rule, mlstm_stabiliser, zero_nan
 from ..rwkv6.block import head_operator, heads, normed
@@ -184,11 +184,11 @@ def block_forward(lp: dict, h, cfg: Config, tap=None):
 
 def lm_forward(params: dict, ids, cfg: Config, capture: tuple[str, ...] = (), adds=None, sets=None):
     """transformers ``xLSTMForCausalLM`` forward: ``ids (B, L) -> logits (B, L, vocab)`` float32, and
-    the captured activations (``nn.hooks``). The layers run under one ``lax.scan``."""
+    the captured activations (``nn.hooks``). The layers run one after another (``ForwardHooks.run_layers``)."""
     layers = params["layers"]
     hooks = ForwardHooks(capture, adds, sets)
     h = hooks("hook_embed", embed(params["embeddings"], ids))
-    h = hooks.scan_layers(lambda h, i, lp, hook: xlstm_block(lp, h, cfg, hook)[0], h, layers, LAYER_KEYS, MID_POINTS)
+    h = hooks.run_layers(lambda h, i, lp, hook: xlstm_block(lp, h, cfg, hook)[0], h, layers, LAYER_KEYS)
     return head_logits(params, h, cfg), hooks.captured
 
 
