@@ -133,12 +133,14 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 64):
         xp = jnp.where((at < sizes[owner])[:, None], x[src], 0).reshape(rows // block, block, -1)
         owner = owner[::block]
 
-        def one(i, out):
-            y = act(xp[i] @ w_in[owner[i]].T) @ w_out[owner[i]].T
-            return jax.lax.dynamic_update_index_in_dim(out, y.astype(out.dtype), i, 0)
+        dtype = jnp.result_type(x, w_in, w_out)
 
-        shape = (rows // block, block, w_out.shape[1])
-        out = jax.lax.fori_loop(0, end[-1] // block, one, jnp.zeros(shape, jnp.result_type(x, w_in, w_out)))
+        def one(a):  # lax.cond, not a loop of dynamic length: reverse-mode differentiable
+            xb, e, filled = a
+            return jax.lax.cond(filled, lambda: (act(xb @ w_in[e].T) @ w_out[e].T).astype(dtype),
+                                lambda: jnp.zeros((block, w_out.shape[1]), dtype))
+
+        out = jax.lax.map(one, (xp, owner, jnp.arange(rows // block) < end[-1] // block))
         return out.reshape(rows, -1)[(end - padded)[flat] + rank - starts[flat]]
 
     o = jax.lax.platform_dependent(x, cpu=blocked, default=grouped).reshape(T, k, -1)
