@@ -122,3 +122,27 @@ def test_grouped_experts_match_a_dense_float64_sum():
                                      gated_act(jax.nn.silu)))
     bad = np.isnan(out).any(-1)
     assert bad[4] and not bad[np.arange(T) != 4].any()
+
+
+@pytest.mark.parametrize("route", ["skewed", "one_expert", "uniform"])
+def test_experts_any_routing_and_block_size(route):
+    """``nn.moe.experts_forward`` on CPU pads each expert's group to whole blocks and loops only
+    over the filled ones: equal to a float64 loop over the chosen experts for routings that
+    leave experts empty, send every copy to one expert (groups many blocks long) or spread
+    them, with blocks shorter and longer than the groups."""
+    g = np.random.default_rng(1)
+    T, D, F, E, k = 11, 5, 3, 4, 2
+    x = g.standard_normal((T, D)).astype(np.float32)
+    w_in, w_out = g.standard_normal((E, 2 * F, D)), g.standard_normal((E, D, F))
+    experts = {"skewed": np.stack([np.zeros(T, int), g.integers(1, 3, T)], 1),
+               "one_expert": np.full((T, k), 3), "uniform": g.integers(0, E, (T, k))}[route]
+    weights = g.random((T, k)).astype(np.float32)
+    want = np.zeros((T, D))
+    for t in range(T):
+        for e, w in zip(experts[t], weights[t]):
+            u = w_in[e] @ x[t]
+            want[t] += w * (w_out[e] @ (u[:F] / (1 + np.exp(-u[:F])) * u[F:]))
+    for block in (1, 3, 64):
+        got = experts_forward(x, weights, experts.astype(np.int32), w_in.astype(np.float32),
+                              w_out.astype(np.float32), gated_act(jax.nn.silu), block=block)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)

@@ -97,7 +97,9 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 64):
 
     The token copies are sorted by expert. On accelerators the experts run as one grouped
     matmul (``jax.lax.ragged_dot``); on CPU, where that lowering is slow, each expert's group
-    is padded to whole blocks of ``block`` rows and a loop runs one expert per block.
+    is padded to whole blocks of ``block`` rows and a loop runs one expert per block, only as
+    many blocks as the routing fills. Copies are moved by gathers only (XLA:CPU scatters run
+    element by element), and each token sums its ``k`` outputs itself.
 
     Args:
       x: ``(T, D)`` tokens; weights: ``(T, k)`` routing weights; experts: ``(T, k)`` int
@@ -112,27 +114,37 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 64):
     n = T * k
     flat = experts.reshape(-1)
     order = jnp.argsort(flat, stable=True)  # token copies grouped by expert
-    tok, sorted_experts = order // k, flat[order]
+    rank = jnp.argsort(order)  # copy t * k + j's place in that order
     sizes = jnp.bincount(flat, length=E)
-    xs = x[tok]
+    starts = jnp.cumsum(sizes) - sizes
 
-    def grouped(xs):
+    def grouped(x):
+        xs = x[order // k]
         u = jax.lax.ragged_dot(xs, jnp.swapaxes(w_in, 1, 2), sizes)
-        return jax.lax.ragged_dot(act(u), jnp.swapaxes(w_out, 1, 2), sizes)
+        return jax.lax.ragged_dot(act(u), jnp.swapaxes(w_out, 1, 2), sizes)[rank]
 
-    def blocked(xs):
+    def blocked(x):
         padded = (sizes + block - 1) // block * block
         end = jnp.cumsum(padded)
         rows = -(-(n + E * (block - 1)) // block) * block  # enough for any routing
-        dest = (end - padded)[sorted_experts] + jnp.arange(n) - (jnp.cumsum(sizes) - sizes)[sorted_experts]
-        xp = jnp.zeros((rows, x.shape[1]), x.dtype).at[dest].set(xs).reshape(rows // block, block, -1)
-        owner = jnp.minimum(jnp.searchsorted(end, jnp.arange(rows // block) * block, side="right"), E - 1)
-        out = jax.lax.map(lambda a: act(a[0] @ w_in[a[1]].T) @ w_out[a[1]].T, (xp, owner))
-        return out.reshape(rows, -1)[dest]
+        owner = jnp.minimum(jnp.searchsorted(end, jnp.arange(rows), side="right"), E - 1)  # each padded row's expert
+        at = jnp.arange(rows) - (end - padded)[owner]  # its place in the expert's group
+        src = order[jnp.minimum(starts[owner] + at, n - 1)] // k
+        xp = jnp.where((at < sizes[owner])[:, None], x[src], 0).reshape(rows // block, block, -1)
+        owner = owner[::block]
 
-    o = jax.lax.platform_dependent(xs, cpu=blocked, default=grouped)
-    o = o * weights.reshape(-1)[order][:, None].astype(o.dtype)
-    return jnp.zeros_like(x).at[tok].add(o.astype(x.dtype))
+        dtype = jnp.result_type(x, w_in, w_out)
+
+        def one(a):  # lax.cond, not a loop of dynamic length: reverse-mode differentiable
+            xb, e, filled = a
+            return jax.lax.cond(filled, lambda: (act(xb @ w_in[e].T) @ w_out[e].T).astype(dtype),
+                                lambda: jnp.zeros((block, w_out.shape[1]), dtype))
+
+        out = jax.lax.map(one, (xp, owner, jnp.arange(rows // block) < end[-1] // block))
+        return out.reshape(rows, -1)[(end - padded)[flat] + rank - starts[flat]]
+
+    o = jax.lax.platform_dependent(x, cpu=blocked, default=grouped).reshape(T, k, -1)
+    return jnp.einsum("tkd,tk->td", o, weights.astype(o.dtype)).astype(x.dtype)
 
 
 __all__ = ["topk_then_softmax", "softmax_then_topk", "sigmoid_group_topk", "relu2", "gated_act", "experts_forward",
