@@ -13,12 +13,19 @@ N 16), every case in a fresh process:
 * **scaling** — ``reduce("mean")`` of the layer from L = 256 upward: time, peak memory, and
   the fitted exponents.
 
-    python -m benchmarks.suite [--quick]
+``--isa avx2`` runs every case as an AVX2 CPU without AVX-512 would (Haswell to Zen 3):
+XLA's code generation capped at AVX2 (``--xla_cpu_max_isa``), the fused kernel built with
+``-march=haswell`` (``$IMPLICIT_ATTN_CPU_ARCH``), torch's kernels and MKL capped at AVX2
+(``ATEN_CPU_CAPABILITY``, ``MKL_ENABLE_INSTRUCTIONS``), oneDNN too; results go to
+``suite_avx2``. It changes the instructions, not the machine's memory or clock.
+
+    python -m benchmarks.suite [--quick] [--isa avx2]
 """
 from __future__ import annotations
 
 import argparse
 import math
+import os
 
 from benchmarks.common import isolated, peak_mb_of, timeit, write_results
 from benchmarks.mamba import SHAPE, layer_operator
@@ -117,7 +124,27 @@ def _fit(xs, ys) -> float:
     return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
 
 
-def main(quick: bool = False) -> list[dict]:
+# Environment that caps every library in a benchmark process at an instruction set.
+ISA_ENV = {"avx2": {"xla_flags": "--xla_cpu_max_isa=AVX2", "IMPLICIT_ATTN_CPU_ARCH": "haswell",
+                    "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+                    "ONEDNN_MAX_CPU_ISA": "AVX2"}}
+
+
+def cap_isa(isa: str) -> None:
+    """Set this process's environment (inherited by every ``isolated`` case) so that XLA, the
+    fused kernel, torch and MKL use at most ``isa`` (a key of ``ISA_ENV``)."""
+    if isa not in ISA_ENV:
+        raise ValueError(f"unknown --isa {isa!r}; choose from {sorted(ISA_ENV)}")
+    for k, v in ISA_ENV[isa].items():
+        if k == "xla_flags":
+            os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + v).strip()
+        else:
+            os.environ[k] = v
+
+
+def main(quick: bool = False, isa: str | None = None) -> list[dict]:
+    if isa is not None:
+        cap_isa(isa)
     rows = []
     loop_L = [32, 64] if quick else [64, 128, 256]
     for L in loop_L:
@@ -160,7 +187,12 @@ def main(quick: bool = False) -> list[dict]:
     rows.append({"case": f"reduce scaling exponents (L >= {big[0][0]})",
                  "note": f"time ~ L^{_fit([L for L, _ in big], [r['seconds'] for _, r in big]):.2f}, "
                          f"peak ~ L^{_fit([L for L, _ in big], [r['peak_mb'] for _, r in big]):.2f}"})
-    write_results("suite_quick" if quick else "suite", rows,
+    name = "suite" + (f"_{isa}" if isa else "") + ("_quick" if quick else "")
+    meta = {"isa_cap": ISA_ENV[isa]} if isa else None
+    if isa:
+        rows.append({"case": f"instruction set capped at {isa.upper()}",
+                     "note": "; ".join(f"{k}={v}" for k, v in ISA_ENV[isa].items())})
+    write_results(name, rows, meta=meta,
                   columns=["case", "impl", "ours_s", "ours_peak_mb", "baseline", "baseline_s", "speedup", "target", "note"])
     return rows
 
@@ -168,4 +200,6 @@ def main(quick: bool = False) -> list[dict]:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true")
-    main(ap.parse_args().quick)
+    ap.add_argument("--isa", choices=sorted(ISA_ENV), help="cap every library at this instruction set")
+    args = ap.parse_args()
+    main(args.quick, args.isa)

@@ -21,7 +21,6 @@ import textwrap
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -259,3 +258,41 @@ def test_a_bad_thread_count_is_named(libs, monkeypatch):
     assert ("cpu", StateDecayCore) not in failed_kernels()
     monkeypatch.setenv("IMPLICIT_ATTN_CPU_THREADS", " 3 ")
     assert cpu.num_threads(strict=True) == 3
+
+
+def test_the_target_arch_is_part_of_the_cache_key_and_checked(monkeypatch):
+    """``$IMPLICIT_ATTN_CPU_ARCH`` replaces ``-march=native`` (another build, another cache
+    entry); a value that is not a target name is refused, naming the variable."""
+    native = cpu.library_path()
+    monkeypatch.setenv("IMPLICIT_ATTN_CPU_ARCH", "haswell")
+    assert "-march=haswell" in cpu.compile_flags() and "-march=native" not in cpu.compile_flags()
+    assert cpu.library_path() != native
+    for bad in ("haswell -O0", "$(id)", "-mavx"):
+        monkeypatch.setenv("IMPLICIT_ATTN_CPU_ARCH", bad)
+        with pytest.raises(ValueError, match="IMPLICIT_ATTN_CPU_ARCH"):
+            cpu.compile_flags()
+
+
+@pytest.mark.deep
+def test_an_avx2_build_gives_the_same_numbers(tmp_path):
+    """The kernel built for an AVX2 CPU without AVX-512 (``-march=haswell``), in a fresh
+    process with its own cache: the same operator as the XLA path."""
+    code = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {str(HERE)!r})
+        from test_kernel_cache import small_op, rel
+        from implicit_attn.kernels import cpu
+        assert "-march=haswell" in cpu.compile_flags()
+        for L in (5, 37):
+            op = small_op(L)
+            err = rel(op.materialize(impl="cpu"), op.materialize(impl="xla"))
+            assert err <= 1e-5, (L, err)
+        print("ok", cpu.build())
+    """)
+    env = dict(os.environ, IMPLICIT_ATTN_CPU_ARCH="haswell", IMPLICIT_ATTN_CACHE=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+    objdump = shutil.which("objdump")
+    if objdump:  # no AVX-512 register in the machine code (the native build on this CPU has them)
+        lib = done.stdout.split()[-1]
+        asm = subprocess.run([objdump, "-d", lib], capture_output=True, text=True, check=True).stdout
+        assert "ymm" in asm and "zmm" not in asm

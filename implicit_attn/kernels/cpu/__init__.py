@@ -9,9 +9,10 @@ machine's C++ compiler against the XLA FFI headers that ship with ``jaxlib``, an
 in ``$IMPLICIT_ATTN_CACHE`` (default ``~/.cache/implicit_attn``), keyed by the source, the
 jax version, the compiler's path and version and the CPU. A cached library is loaded only
 after its size and SHA-256 match the record written when it was built, and rebuilt
-otherwise (``cache.py``). Without a compiler (or with a broken build, or a ``$CXX`` that
-does not exist) ``impl="auto"`` falls back to XLA (with one warning); ``impl="cpu"``
-raises ``CpuKernelUnavailable``.
+otherwise (``cache.py``). It is built with ``-march=native`` unless ``$IMPLICIT_ATTN_CPU_ARCH``
+names another target (``haswell``: AVX2 without AVX-512). Without a compiler (or with a
+broken build, or a ``$CXX`` that does not exist) ``impl="auto"`` falls back to XLA (with
+one warning); ``impl="cpu"`` raises ``CpuKernelUnavailable``.
 
 Supported cores: ``StateDecayCore`` (Mamba-1) and rank-one ``ScalarDecayCore`` (Griffin's
 RG-LRU), also inside Griffin's ``DocumentMaskedCore`` (packed documents). ``cpu_dense``
@@ -22,6 +23,7 @@ Gradients: a ``custom_vjp`` whose backward pass is the XLA path (``jax.vjp`` of
 from __future__ import annotations
 
 import os
+import re
 import threading
 import warnings
 from pathlib import Path
@@ -39,7 +41,17 @@ _SRC = Path(__file__).with_name("state_decay.cc")
 _TARGET = "implicit_attn_state_decay_dense"
 _REDUCE_TARGET = "implicit_attn_state_decay_reduce"
 _SYMBOLS = ("IaStateDecayDense", "IaStateDecayReduce")
-_FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread"]
+ARCH_ENV = "IMPLICIT_ATTN_CPU_ARCH"
+
+
+def compile_flags() -> list[str]:
+    """The compiler flags: ``-march=native`` unless ``$IMPLICIT_ATTN_CPU_ARCH`` names another
+    target (e.g. ``haswell``: AVX2 and FMA without AVX-512, to measure the kernel as an older
+    CPU would run it). Raises ``ValueError`` for a value that is not a plain target name."""
+    arch = os.environ.get(ARCH_ENV, "").strip() or "native"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*", arch):
+        raise ValueError(f"${ARCH_ENV}={arch!r} is not a -march target name (e.g. native, haswell, skylake-avx512)")
+    return ["-O3", f"-march={arch}", "-std=c++17", "-shared", "-fPIC", "-pthread"]
 _lock = threading.Lock()
 _state: dict = {}
 
@@ -48,11 +60,11 @@ def library_path() -> Path:
     """Where the kernel library for this source, jax version, compiler (``$CXX`` or the
     first of ``c++``/``g++``/``clang++``) and CPU is cached; it need not be built yet.
     Raises ``CpuKernelUnavailable`` if there is no usable compiler."""
-    return cache.library_path(_SRC, _FLAGS, cache.find_compiler(), (jax.__version__,))
+    return cache.library_path(_SRC, compile_flags(), cache.find_compiler(), (jax.__version__,))
 
 
 def _build(force: bool = False) -> tuple[Path, bytes, bool]:
-    return cache.build_library(_SRC, _FLAGS, [jax.ffi.include_dir()], (jax.__version__,), force=force)
+    return cache.build_library(_SRC, compile_flags(), [jax.ffi.include_dir()], (jax.__version__,), force=force)
 
 
 def build() -> Path:
@@ -300,5 +312,5 @@ for _type in (StateDecayCore, ScalarDecayCore, DocumentMaskedCore):
     register_core("cpu", _type, _problem)
 
 
-__all__ = ["cpu_dense", "cpu_reduce", "available", "has_kernel", "check_core", "load", "build",
+__all__ = ["cpu_dense", "cpu_reduce", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
            "library_path", "cache_dir", "num_threads", "CpuKernelUnavailable"]
