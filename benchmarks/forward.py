@@ -47,6 +47,7 @@ import argparse
 import datetime
 import importlib.util
 import json
+import math
 import re
 import tempfile
 import time
@@ -138,8 +139,6 @@ def grouped_mm_flop(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
     ``(T, K)`` token block against per-group ``(G, K, N)`` weights, each row multiplied by
     its own group's matrix, is ``2 T K N``; 2-D by 2-D with the groups splitting the
     contraction is ``2 M N K`` for the whole ``K``; batched 3-D operands ``2 G M N K``."""
-    import math
-
     if len(a_shape) == 2 and len(b_shape) == 2:
         return 2 * out_shape[-2] * out_shape[-1] * a_shape[1]
     return 2 * math.prod(out_shape) * a_shape[-1]
@@ -182,7 +181,7 @@ def hf_flops(model, ids) -> dict:
     return {"flops": int(counter.get_total_flops()), "flops_by_op": by_op, "uncounted_ops": uncounted}
 
 
-def case_torch(family: str, ckpt: str, L: int, out: str, count_flops: bool = True) -> dict:
+def case_torch(family: str, ckpt: str, L: int, out: str) -> dict:
     import numpy as np
     import torch
 
@@ -206,10 +205,8 @@ def case_torch(family: str, ckpt: str, L: int, out: str, count_flops: bool = Tru
         logits = run()
         ts.append(time.perf_counter() - t)
     np.save(out, logits[0, -8:].float().numpy())
-    res = {"seconds": min(ts), "first_s": first, "threads": torch.get_num_threads()}
-    if count_flops:  # after the timings: the counter's dispatch hooks slow the forward down
-        res.update(hf_flops(model, ids))
-    return res
+    # counted after the timings: the counter's dispatch hooks slow the forward down
+    return {"seconds": min(ts), "first_s": first, "threads": torch.get_num_threads(), **hf_flops(model, ids)}
 
 
 def case_matmul_rate(shapes=MATMUL_SHAPES, repeat: int = 5) -> dict:
