@@ -1,0 +1,90 @@
+"""Wall time of the command line from a fresh process: ``implicit-attn explain`` on the
+shipped model (``implicit_attn/demo/assets/induction``) with every cache empty, again
+with the caches the first run filled (issue 23: "first explain on the shipped model under
+5 s", "a second run of any CLI command compiles nothing"), and with JAX's compilation
+cache off; plus ``import implicit_attn`` alone, the floor under any command.
+
+Each run is ``python -m implicit_attn.cli ...`` in a subprocess whose ``$IMPLICIT_ATTN_CACHE``
+is a fresh temporary directory (so the CPU-kernel library and the JAX cache start empty
+and nothing of the user's cache is read); ``JAX_COMPILATION_CACHE_DIR`` is removed from its
+environment. ``new_cache_files`` counts the files a run added to the JAX cache directory
+(0 on the second run: it compiled nothing new), ``new_kernel_files`` those it added beside
+it (the CPU-kernel library, built on first use).
+
+    python -m benchmarks.cli_startup
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import write_results
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = ROOT / "implicit_attn" / "demo" / "assets" / "induction"
+EXPLAIN = ["explain", str(MODEL), "--text", "s3 s7 s1 s9 [key] s3", "--method", "attribution"]
+
+
+def cache_files(d: Path) -> int:
+    """How many files are under ``d`` (0 if it does not exist)."""
+    return sum(1 for p in d.rglob("*") if p.is_file()) if d.exists() else 0
+
+
+def timed_run(argv: list[str], cache: Path, compile_cache: str | None = None) -> dict:
+    """Run ``python <argv>`` in a fresh process with ``$IMPLICIT_ATTN_CACHE=cache`` (and
+    ``$IMPLICIT_ATTN_COMPILE_CACHE=compile_cache`` if given); wall seconds and the files it
+    added to ``cache/jax`` and to the rest of ``cache``. ``RuntimeError`` with its stderr if
+    it fails."""
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", "IMPLICIT_ATTN_COMPILE_CACHE")}
+    env.update(IMPLICIT_ATTN_CACHE=str(cache), PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
+    if compile_cache is not None:
+        env["IMPLICIT_ATTN_COMPILE_CACHE"] = compile_cache
+    jax_before, all_before = cache_files(cache / "jax"), cache_files(cache)
+    with tempfile.TemporaryDirectory() as work:
+        t = time.perf_counter()
+        p = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, cwd=work,
+                           timeout=600)
+        seconds = time.perf_counter() - t
+    if p.returncode != 0:
+        raise RuntimeError(f"{argv} exited {p.returncode}:\n{p.stderr[-3000:]}")
+    new_jax = cache_files(cache / "jax") - jax_before
+    return {"seconds": seconds, "new_cache_files": new_jax, "new_kernel_files": cache_files(cache) - all_before - new_jax}
+
+
+def main() -> list[dict]:
+    cli = ["-m", "implicit_attn.cli"]
+    explain = [*cli, *EXPLAIN, "--out", "out"]
+    shown = "implicit-attn " + " ".join(a if " " not in a else repr(a) for a in EXPLAIN).replace(str(ROOT) + "/", "")
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        cache = Path(d) / "cache"
+        imp = timed_run(["-c", "import implicit_attn"], cache)
+        rows.append({"case": "python -c 'import implicit_attn'", "seconds": imp["seconds"],
+                     "note": "the floor under every command"})
+        cold = timed_run(explain, cache)
+        rows.append({"case": f"{shown}: first run, empty caches", "seconds": cold["seconds"],
+                     "new_cache_files": cold["new_cache_files"], "new_kernel_files": cold["new_kernel_files"],
+                     "target": "< 5 s", "note": "every XLA program compiled, the CPU-kernel library built if used"})
+        warm = timed_run(explain, cache)
+        rows.append({"case": "the same: second run, caches from the first", "seconds": warm["seconds"],
+                     "new_cache_files": warm["new_cache_files"], "new_kernel_files": warm["new_kernel_files"],
+                     "target": "0 new cache files",
+                     "note": f"{cold['seconds'] / warm['seconds']:.1f}x faster than the first run"})
+        off = timed_run(explain, cache, compile_cache="0")
+        rows.append({"case": "the same: IMPLICIT_ATTN_COMPILE_CACHE=0 (kernel library cached)",
+                     "seconds": off["seconds"], "new_cache_files": off["new_cache_files"],
+                     "new_kernel_files": off["new_kernel_files"],
+                     "note": "every XLA program compiled again"})
+    write_results("cli_startup", rows, columns=["case", "seconds", "new_cache_files", "new_kernel_files", "target",
+                                               "note"])
+    return rows
+
+
+if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    main()

@@ -1,0 +1,68 @@
+"""The forward benchmark's measuring parts: the matmul-floor FLOP count (against counts
+written out by hand) and the mamba2-jax peer's weight mapping (against HF's torch model)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import torch_or_skip
+from hf_build import mamba2_hf
+
+
+def test_hf_flops_counts_products_grouped_mm_and_cpu_attention():
+    torch, _ = torch_or_skip()
+    from benchmarks.forward import hf_flops
+
+    T, K, N, G, H, D = 12, 32, 16, 3, 2, 8
+    offs = torch.tensor([3, 7, T], dtype=torch.int32)  # the rows each group (expert) takes
+
+    class Probe(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(K, N, bias=False)
+            self.experts = torch.nn.Parameter(torch.randn(G, K, N))
+
+        def forward(self, x):
+            y = self.lin(x)                                               # 2 T K N
+            g = torch._grouped_mm(x, self.experts, offs=offs)             # 2 T K N (routed rows)
+            q = y.reshape(1, T, H, D).transpose(1, 2)
+            a = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)  # 4 H T T D
+            v = torch.mv(x, torch.ones(K))                                # no formula: reported
+            return y + g + a.transpose(1, 2).reshape(T, N) + v[:, None]
+
+    r = hf_flops(Probe().eval(), torch.randn(T, K))
+    want = {"mm": 2 * T * K * N, "_grouped_mm": 2 * T * K * N,
+            "_scaled_dot_product_flash_attention_for_cpu": 4 * H * T * T * D}
+    assert r["flops_by_op"] == want
+    assert r["flops"] == sum(want.values())
+    assert r["uncounted_ops"] == ["mv"]
+
+
+def test_mamba2_peer_logits_match_hf(tmp_path):
+    torch, _ = torch_or_skip()
+    pytest.importorskip("mamba2_jax")
+    from benchmarks.mamba2_peer import peer_model
+
+    # L = 20 over chunks of 8: the peer's multi-chunk path, with a padded last chunk
+    tm = mamba2_hf(tmp_path, seed=1)
+    ids = np.random.default_rng(0).integers(0, 64, (2, 20))
+    with torch.no_grad():
+        want = tm(torch.tensor(ids)).logits.numpy()
+    got = np.asarray(peer_model(str(tmp_path))(ids)["logits"])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_mamba2_peer_refuses_what_it_cannot_express(tmp_path):
+    torch_or_skip()
+    pytest.importorskip("mamba2_jax")
+    from benchmarks.mamba2_peer import peer_config
+
+    mamba2_hf(tmp_path, n_groups=2)
+    with pytest.raises(ValueError, match="n_groups=1 only"):
+        peer_config(str(tmp_path))
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(dict(cfg, n_groups=1, num_heads=3)))
+    with pytest.raises(ValueError, match="num_heads \\* head_dim"):
+        peer_config(str(tmp_path))
