@@ -56,7 +56,7 @@ def timed_run(argv: list[str], cache: Path, compile_cache: str | None = None) ->
     return {"seconds": seconds, "new_cache_files": new_jax, "new_kernel_files": cache_files(cache) - all_before - new_jax}
 
 
-def main() -> list[dict]:
+def main(quick: bool = False) -> list[dict]:
     cli = ["-m", "implicit_attn.cli"]
     explain = [*cli, *EXPLAIN, "--out", "out"]
     shown = "implicit-attn " + " ".join(a if " " not in a else repr(a) for a in EXPLAIN).replace(str(ROOT) + "/", "")

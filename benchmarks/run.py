@@ -16,7 +16,7 @@ import time
 
 from benchmarks.common import RESULTS, machine
 
-SUITES = ["forward", "suite", "mamba", "mamba2", "griffin", "rwkv", "delta_rule", "rwkv_official"]
+SUITES = ["forward", "cli_startup", "suite", "mamba", "mamba2", "griffin", "rwkv", "delta_rule", "rwkv_official"]
 
 
 def main(argv=None) -> int:
