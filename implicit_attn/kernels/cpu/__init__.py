@@ -30,15 +30,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ...operator import (MODES, DocumentMaskedCore, KernelBackend, ScalarDecayCore, StateDecayCore,
-                         register_backend, register_core, with_xla_backward)
+from ...operator import (BLOCK_BUDGET, MODES, DeltaRuleCore, DocumentMaskedCore, DplrCore, HeadMatrixCore,
+                         KernelBackend, Mamba2Core, MlstmCore, ScalarDecayCore, StateDecayCore, register_backend,
+                         register_core, with_xla_backward)
 from . import cache
 from .cache import CpuKernelUnavailable, cache_dir
 
 _SRC = Path(__file__).with_name("state_decay.cc")
 _TARGET = "implicit_attn_state_decay_dense"
 _REDUCE_TARGET = "implicit_attn_state_decay_reduce"
-_SYMBOLS = ("IaStateDecayDense", "IaStateDecayReduce")
+_HEAD_TARGET = "implicit_attn_head_matrix_dense"
+_HEAD_REDUCE_TARGET = "implicit_attn_head_matrix_reduce"
+_SYMBOLS = ("IaStateDecayDense", "IaStateDecayReduce", "IaHeadMatrixDense", "IaHeadMatrixReduce")
 _FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread"]
 _lock = threading.Lock()
 _state: dict = {}
@@ -100,6 +103,10 @@ def load():
                                             platform="cpu")
                 jax.ffi.register_ffi_target(_REDUCE_TARGET, jax.ffi.pycapsule(lib.IaStateDecayReduce),
                                             platform="cpu")
+                jax.ffi.register_ffi_target(_HEAD_TARGET, jax.ffi.pycapsule(lib.IaHeadMatrixDense),
+                                            platform="cpu")
+                jax.ffi.register_ffi_target(_HEAD_REDUCE_TARGET, jax.ffi.pycapsule(lib.IaHeadMatrixReduce),
+                                            platform="cpu")
             except CpuKernelUnavailable as e:
                 _state["error"] = e
                 raise
@@ -130,10 +137,15 @@ def _parts(core):
     return core, None
 
 
+HEAD_CORES = (Mamba2Core, DeltaRuleCore, DplrCore, MlstmCore)
+
+
 def _problem(core) -> str | None:
     """Why ``impl="cpu"`` cannot take ``core`` (None if it can)."""
     inner, _ = _parts(core)
-    if type(inner) is StateDecayCore:
+    if type(inner) in HEAD_CORES:
+        pass  # any head matrix: XLA forms it once per head, the kernel each channel
+    elif type(inner) is StateDecayCore:
         N = inner.q.shape[-1]
         if N > MAX_STATE:
             return f"state size {N} > {MAX_STATE}"
@@ -141,8 +153,9 @@ def _problem(core) -> str | None:
         if inner.q is not None or inner.k is not None:
             return "a ScalarDecayCore with low-rank q, k has no CPU kernel (rank one only)"
     else:
-        return (f"no kernel for {type(inner).__name__}; it covers StateDecayCore (Mamba-1) and "
-                "rank-one ScalarDecayCore (Griffin's RG-LRU, packed documents included)")
+        return (f"no kernel for {type(inner).__name__}; it covers StateDecayCore (Mamba-1), "
+                "rank-one ScalarDecayCore (Griffin's RG-LRU, packed documents included) and the cores "
+                "whose channels share a head matrix (Mamba2Core, DeltaRuleCore, DplrCore, MlstmCore)")
     K = 1 if inner.conv_w is None else inner.conv_w.shape[-1]
     if K > MAX_CONV:
         return f"conv width {K} > {MAX_CONV}"
@@ -253,6 +266,75 @@ def _reduce_call(core, idx, mode, qw, kw):
 _dense, _reduce = with_xla_backward(_kernel_call, _reduce_call)
 
 
+def _head_factors(core, idx):
+    """The per-channel operands of the head-matrix kernels for channels ``idx``: (left, right,
+    diag, w, attrs), absent factors as dummies."""
+    load()
+    n = idx.shape[0]
+    left, hl = _rows_or_dummy(core.left, idx)
+    right, hr = _rows_or_dummy(core.right, idx)
+    diag, hd = _rows_or_dummy(core.diagonal() if isinstance(core, HeadMatrixCore) else None, idx)
+    w = (jnp.ones((n, 1), jnp.float32) if core.conv_w is None
+         else jnp.take(core.conv_w, idx, axis=0).astype(jnp.float32))
+    attrs = dict(has_left=np.int64(hl), has_right=np.int64(hr), has_diag=np.int64(hd),
+                 threads=np.int64(num_threads()))
+    return left, right, diag, w, attrs
+
+
+def _head_call(core, idx):
+    """``(B, n, L, L)`` of a head-matrix core's channels ``idx``: each distinct head's matrix
+    once (``core.alpha``, XLA; all heads if ``idx`` is traced), then the kernel sandwiches and
+    convolves every channel, writing each element once."""
+    heads = jnp.take(core.head, idx)
+    if isinstance(heads, jax.core.Tracer):
+        M, hmap = core.alpha(jnp.arange(core.num_heads)), heads
+    else:
+        uniq, inv = np.unique(np.asarray(heads), return_inverse=True)
+        M, hmap = core.alpha(jnp.asarray(uniq)), jnp.asarray(inv.reshape(-1))
+    left, right, diag, w, attrs = _head_factors(core, idx)
+    B, _, L, _ = M.shape
+    call = jax.ffi.ffi_call(_HEAD_TARGET, jax.ShapeDtypeStruct((B, idx.shape[0], L, L), jnp.float32),
+                            vmap_method="sequential")
+    return call(M.astype(jnp.float32), hmap.astype(jnp.int32), left, right, diag, w, **attrs,
+                huge_pages=np.int64(huge_pages()))
+
+
+def _head_blocks(core, heads, B: int, L: int):
+    """The heads to form, ``(steps, per step)``: the distinct ``heads`` (all heads if traced),
+    as many per step as fit ``BLOCK_BUDGET`` (padded by repeating the last)."""
+    uniq = (jnp.arange(core.num_heads) if isinstance(heads, jax.core.Tracer)
+            else jnp.asarray(np.unique(np.asarray(heads))))
+    U = uniq.shape[0]
+    per = max(1, min(U, BLOCK_BUDGET // (B * L * L * 4)))
+    steps = -(-U // per)
+    return jnp.pad(uniq, (0, steps * per - U), mode="edge").reshape(steps, per)
+
+
+def _head_reduce_call(core, idx, mode, qw, kw):
+    """``(B, L, L)``: a scan over blocks of heads, each block's matrices formed once (XLA),
+    the kernel adding its channels' weighted terms into the running sum (in place)."""
+    heads = jnp.take(core.head, idx)
+    left, right, diag, w, attrs = _head_factors(core, idx)
+    B, _, L = qw.shape
+    call = jax.ffi.ffi_call(_HEAD_REDUCE_TARGET, jax.ShapeDtypeStruct((B, L, L), jnp.float32),
+                            vmap_method="sequential", input_output_aliases={8: 0})
+    qw, kw = qw.astype(jnp.float32), kw.astype(jnp.float32)
+
+    def step(acc, block):
+        eq = heads[:, None] == block[None, :]  # a padded repeat matches only its first copy
+        hmap = jnp.where(eq.any(1), jnp.argmax(eq, 1), -1).astype(jnp.int32)
+        M = core.alpha(block).astype(jnp.float32)
+        ops = (M, hmap, left, right, diag, w, qw, kw, acc)
+        branches = [lambda o, m=m: call(*o, **attrs, mode=np.int64(m)) for m in sorted(set(MODES.values()))]
+        return jax.lax.switch(mode, branches, ops), None
+
+    out, _ = jax.lax.scan(step, jnp.zeros((B, L, L), jnp.float32), _head_blocks(core, heads, B, L))
+    return out
+
+
+_head_dense, _head_reduce = with_xla_backward(_head_call, _head_reduce_call)
+
+
 def cpu_dense(core, idx):
     """``core.dense(idx)`` by the fused CPU kernel.
 
@@ -262,7 +344,8 @@ def cpu_dense(core, idx):
       ``(B, n, L, L)`` float32, equal to ``core.dense(idx)`` to float32 rounding.
     """
     check_core(core)
-    return _dense(core, jnp.asarray(idx, jnp.int32))
+    dense = _head_dense if type(core) in HEAD_CORES else _dense
+    return dense(core, jnp.asarray(idx, jnp.int32))
 
 
 def cpu_reduce(core, idx, how: str, qw, kw):
@@ -281,8 +364,9 @@ def cpu_reduce(core, idx, how: str, qw, kw):
     check_core(core)
     if how not in MODES:
         raise ValueError(f"how must be one of {tuple(MODES)}, got {how!r}")
-    return _reduce(core, jnp.asarray(idx, jnp.int32), jnp.asarray(MODES[how], jnp.int32),
-                   jnp.asarray(qw, jnp.float32), jnp.asarray(kw, jnp.float32))
+    reduce = _head_reduce if type(core) in HEAD_CORES else _reduce
+    return reduce(core, jnp.asarray(idx, jnp.int32), jnp.asarray(MODES[how], jnp.int32),
+                  jnp.asarray(qw, jnp.float32), jnp.asarray(kw, jnp.float32))
 
 
 def _require():
@@ -296,7 +380,7 @@ def _require():
 BACKEND = register_backend(KernelBackend(
     name="cpu", dense=cpu_dense, reduce=cpu_reduce, auto=lambda: jax.default_backend() == "cpu",
     require=_require, ready=available))
-for _type in (StateDecayCore, ScalarDecayCore, DocumentMaskedCore):
+for _type in (StateDecayCore, ScalarDecayCore, DocumentMaskedCore) + HEAD_CORES:
     register_core("cpu", _type, _problem)
 
 

@@ -364,6 +364,214 @@ ffi::Error StateDecayReduceImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k
   return ffi::Error::Success();
 }
 
+// ---------------------------------------------------------------------------------------
+// Channels that share one matrix per head (Mamba-2's alpha_h, the gated delta rule's, DPLR's
+// and mLSTM's M_h), the head matrices given (XLA computes them, once per head):
+//   H_c = (diag(l_c) M_{head[c]} diag(r_c) + diag(d_c)) Conv_c,
+// entries of M above the diagonal ignored. A row of H_c is formed in scratch from its head's
+// row (which stays in cache for all the head's channels), then convolved.
+
+struct HeadDims {
+  int64_t B, H, n, L, K;  // batch, head matrices, channels, length, conv taps
+};
+
+struct HeadFactors {
+  const float *M, *left, *right, *diag, *w;
+  const int32_t* head;  // channel -> head matrix, or -1: the channel is skipped
+  bool has_left, has_right, has_diag;
+};
+
+// Columns [j0, j1 + kQ) of row i of channel c's H_c before the conv into t (j0 a multiple of
+// kQ): 0 past i. m is head row i of batch b.
+inline void head_row(const HeadFactors& f, const HeadDims& d, int64_t b, int64_t c, int64_t i,
+                     const float* m, int64_t j0, int64_t j1, float* t) {
+  const size_t cl = (static_cast<size_t>(b) * d.n + c) * d.L;
+  const float li = f.has_left ? f.left[cl + i] : 1.0f;
+  const float* r = f.has_right ? f.right + cl : nullptr;
+  const int64_t end = std::min(j1 + kQ, i + 1);
+  const v16 lv = splat(li);
+  int64_t j = j0;
+  for (; j + kQ <= end; j += kQ) {
+    v16 v = lv * load(m + j);
+    if (r) v *= load(r + j);
+    store(t + (j - j0), v);
+  }
+  for (; j < end; ++j) t[j - j0] = li * m[j] * (r ? r[j] : 1.0f);
+  for (j = std::max(j, j0); j < j1 + kQ; ++j) t[j - j0] = 0.0f;
+  if (f.has_diag && i >= j0 && i < j1 + kQ) t[i - j0] += f.diag[cl + i];
+}
+
+// The conv of t (from head_row) over columns [j0, j1): y[j - j0] = sum_s t[j + s] w[K-1-s].
+inline void head_conv(const float* w, int64_t K, const float* t, int64_t j0, int64_t j1,
+                      float* y) {
+  for (int64_t J = 0; J < j1 - j0; J += kQ) {
+    v16 v = splat(0.0f);
+    for (int64_t s = 0; s < K; ++s) v += splat(w[K - 1 - s]) * load(t + J + s);
+    store(y + J, v);
+  }
+}
+
+// Channels grouped by head: (order of channels, start of each head's run in it).
+void group_by_head(const HeadFactors& f, const HeadDims& d, std::vector<int64_t>& order,
+                   std::vector<int64_t>& start) {
+  order.clear();
+  start.assign(d.H + 1, 0);
+  for (int64_t c = 0; c < d.n; ++c)
+    if (f.head[c] >= 0) ++start[f.head[c] + 1];
+  for (int64_t h = 0; h < d.H; ++h) start[h + 1] += start[h];
+  order.resize(start[d.H]);
+  std::vector<int64_t> fill(start.begin(), start.end() - 1);
+  for (int64_t c = 0; c < d.n; ++c)
+    if (f.head[c] >= 0) order[fill[f.head[c]]++] = c;
+}
+
+std::string read_head_dims(ffi::Buffer<ffi::F32>& M, ffi::Buffer<ffi::S32>& head,
+                           ffi::Buffer<ffi::F32>& w, HeadDims& d) {
+  auto md = M.dimensions(), hd = head.dimensions(), wd = w.dimensions();
+  if (md.size() != 4 || hd.size() != 1 || wd.size() != 2 || md[2] != md[3])
+    return "expected head matrices (B,H,L,L), head map (n,), w (n,K)";
+  d = HeadDims{md[0], md[1], hd[0], md[2], wd[1]};
+  if (wd[0] != d.n) return "inconsistent shapes";
+  if (d.K > kQ) return "needs conv width <= 16";
+  for (int64_t c = 0; c < d.n; ++c)
+    if (head.typed_data()[c] < -1 || head.typed_data()[c] >= d.H) return "head index out of range";
+  return "";
+}
+
+std::string check_rows(ffi::Buffer<ffi::F32>& x, int64_t present, const HeadDims& d) {
+  if (!present) return "";
+  auto xd = x.dimensions();
+  if (xd.size() != 3 || xd[0] != d.B || xd[1] != d.n || xd[2] != d.L)
+    return "left, right, diag must be (B, n, L)";
+  return "";
+}
+
+ffi::Error HeadMatrixDenseImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> head,
+                               ffi::Buffer<ffi::F32> left, ffi::Buffer<ffi::F32> right,
+                               ffi::Buffer<ffi::F32> diag, ffi::Buffer<ffi::F32> w,
+                               ffi::ResultBuffer<ffi::F32> out, int64_t has_left,
+                               int64_t has_right, int64_t has_diag, int64_t threads,
+                               int64_t huge_pages) {
+  HeadDims d;
+  std::string err = read_head_dims(M, head, w, d);
+  for (auto* x : {&left, &right, &diag}) {
+    if (!err.empty()) break;
+    err = check_rows(*x, x == &left ? has_left : x == &right ? has_right : has_diag, d);
+  }
+  if (!err.empty()) return ffi::Error::InvalidArgument("head_matrix_dense: " + err);
+  if (d.L == 0 || d.n == 0 || d.B == 0) return ffi::Error::Success();
+  HeadFactors f{M.typed_data(), left.typed_data(), right.typed_data(), diag.typed_data(),
+                w.typed_data(), head.typed_data(), has_left != 0, has_right != 0, has_diag != 0};
+  for (int64_t c = 0; c < d.n; ++c)
+    if (f.head[c] < 0) return ffi::Error::InvalidArgument("head_matrix_dense: a channel without a head");
+  float* o = out->typed_data();
+  const size_t LL = static_cast<size_t>(d.L) * d.L;
+  if (huge_pages) advise_huge(o, LL * d.B * d.n * sizeof(float));
+  std::vector<int64_t> order, start;
+  group_by_head(f, d, order, start);
+  // Work items: (batch, head, row); a head's row is read once for all its channels.
+  const int64_t items = d.B * d.H * d.L;
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  const int64_t Lp = (d.L + kQ - 1) / kQ * kQ;
+  run_threads(nt, [&](int64_t t0) {
+    std::vector<float> t(Lp + 2 * kQ), y(Lp + kQ);
+    for (int64_t p = t0; p < items; p += nt) {
+      const int64_t i = p % d.L, h = (p / d.L) % d.H, b = p / (d.L * d.H);
+      if (start[h] == start[h + 1]) continue;
+      const float* m = f.M + ((static_cast<size_t>(b) * d.H + h) * d.L + i) * d.L;
+      const int64_t wp = (i / kQ + 1) * kQ, width = std::min(d.L, wp);
+      for (int64_t k = start[h]; k < start[h + 1]; ++k) {
+        const int64_t c = order[k];
+        head_row(f, d, b, c, i, m, 0, wp, t.data());
+        head_conv(f.w + c * d.K, d.K, t.data(), 0, wp, y.data());
+        float* orow = o + (static_cast<size_t>(b) * d.n + c) * LL + static_cast<size_t>(i) * d.L;
+        std::memcpy(orow, y.data(), sizeof(float) * width);
+        if (width < d.L) std::memset(orow + width, 0, sizeof(float) * (d.L - width));
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
+// acc + sum_c qw[b,c,i] f(H_c[i,j]) kw[b,c,j] over the channels with a head (head[c] >= 0), f
+// as in the state-decay reduce, into out (B, L, L) (aliased to acc by the caller). Tiled:
+// blocks of kQ rows by kTile columns, so a block's head rows, a channel's weights over the
+// tile and the block's sums stay in L1 while every channel of every head passes over them.
+constexpr int64_t kTile = 256;
+
+ffi::Error HeadMatrixReduceImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> head,
+                                ffi::Buffer<ffi::F32> left, ffi::Buffer<ffi::F32> right,
+                                ffi::Buffer<ffi::F32> diag, ffi::Buffer<ffi::F32> w,
+                                ffi::Buffer<ffi::F32> qw, ffi::Buffer<ffi::F32> kw,
+                                ffi::Buffer<ffi::F32> acc, ffi::ResultBuffer<ffi::F32> out,
+                                int64_t has_left, int64_t has_right, int64_t has_diag,
+                                int64_t threads, int64_t mode) {
+  HeadDims d;
+  std::string err = read_head_dims(M, head, w, d);
+  for (auto* x : {&left, &right, &diag, &qw, &kw}) {
+    if (!err.empty()) break;
+    const int64_t present = x == &left ? has_left : x == &right ? has_right : x == &diag ? has_diag : 1;
+    err = check_rows(*x, present, d);
+  }
+  auto ad = acc.dimensions();
+  if (err.empty() && (ad.size() != 3 || ad[0] != d.B || ad[1] != d.L || ad[2] != d.L))
+    err = "the accumulator must be (B, L, L)";
+  if (err.empty() && (mode < 0 || mode > 2)) err = "bad mode";
+  if (!err.empty()) return ffi::Error::InvalidArgument("head_matrix_reduce: " + err);
+  if (d.L == 0 || d.B == 0) return ffi::Error::Success();
+  HeadFactors f{M.typed_data(), left.typed_data(), right.typed_data(), diag.typed_data(),
+                w.typed_data(), head.typed_data(), has_left != 0, has_right != 0, has_diag != 0};
+  float* o = out->typed_data();
+  const float* a = acc.typed_data();
+  const int64_t L = d.L, nc = (L + kQ - 1) / kQ;
+  std::vector<int64_t> order, start;
+  group_by_head(f, d, order, start);
+  const int64_t items = d.B * nc;
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  run_threads(nt, [&](int64_t t0) {
+    std::vector<float> t(kTile + 2 * kQ), y(kTile + kQ), sum(kQ * kTile), kwt(kTile);
+    for (int64_t p = t0; p < items; p += nt) {
+      const int64_t I = p % nc, b = p / nc, I0 = I * kQ, rows = std::min(kQ, L - I0);
+      float* ob = o + static_cast<size_t>(b) * L * L;
+      if (o != a)
+        std::memcpy(ob + I0 * L, a + static_cast<size_t>(b) * L * L + I0 * L,
+                    sizeof(float) * L * rows);
+      for (int64_t j0 = 0; j0 < I0 + rows; j0 += kTile) {
+        const int64_t j1 = std::min(j0 + kTile, (I + 1) * kQ), cols = std::min(j1, L) - j0;
+        std::fill(sum.begin(), sum.end(), 0.0f);
+        for (int64_t k = 0; k < start[d.H]; ++k) {
+          const int64_t c = order[k], h = f.head[c];
+          const size_t cl = (static_cast<size_t>(b) * d.n + c) * L;
+          std::fill(kwt.begin(), kwt.end(), 0.0f);
+          std::copy(kw.typed_data() + cl + j0, kw.typed_data() + cl + j0 + cols, kwt.begin());
+          for (int64_t ii = 0; ii < rows; ++ii) {
+            const int64_t i = I0 + ii;
+            if (i < j0) continue;
+            const float* m = f.M + ((static_cast<size_t>(b) * d.H + h) * L + i) * L;
+            const int64_t end = std::min(j1, (i / kQ + 1) * kQ);  // columns past i are 0
+            head_row(f, d, b, c, i, m, j0, end, t.data());
+            head_conv(f.w + c * d.K, d.K, t.data(), j0, end, y.data());
+            const v16 q = splat(qw.typed_data()[cl + i]);
+            float* s = sum.data() + ii * kTile;
+            for (int64_t J = 0; J < end - j0; J += kQ) {
+              v16 v = load(y.data() + J);
+              if (mode == 1) v = v < 0.0f ? -v : v;
+              if (mode == 2) v = v < 0.0f ? splat(0.0f) : v;
+              store(s + J, load(s + J) + q * v * load(kwt.data() + J));
+            }
+          }
+        }
+        for (int64_t ii = 0; ii < rows; ++ii) {
+          float* orow = ob + (I0 + ii) * L + j0;
+          const float* s = sum.data() + ii * kTile;
+          for (int64_t j = 0; j < cols; ++j) orow[j] += s[j];
+        }
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
 // The operands both handlers share, in order: the factors of H.
 template <typename Binding>
 auto bind_factors(Binding b) {
@@ -401,4 +609,39 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
                    .Arg<ffi::Buffer<ffi::F32>>()    // query weights (B, C, L)
                    .Arg<ffi::Buffer<ffi::F32>>()    // key weights (B, C, L)
                    .Ret<ffi::Buffer<ffi::F32>>())   // out (B, L, L)
+        .Attr<int64_t>("mode"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaHeadMatrixDense, HeadMatrixDenseImpl,
+    ffi::Ffi::Bind()
+        .Arg<ffi::Buffer<ffi::F32>>()   // head matrices (B, H, L, L)
+        .Arg<ffi::Buffer<ffi::S32>>()   // channel -> head matrix (n,)
+        .Arg<ffi::Buffer<ffi::F32>>()   // left (B, n, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // right (B, n, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // diag (B, n, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // conv w (n, K)
+        .Ret<ffi::Buffer<ffi::F32>>()   // out (B, n, L, L)
+        .Attr<int64_t>("has_left")
+        .Attr<int64_t>("has_right")
+        .Attr<int64_t>("has_diag")
+        .Attr<int64_t>("threads")
+        .Attr<int64_t>("huge_pages"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaHeadMatrixReduce, HeadMatrixReduceImpl,
+    ffi::Ffi::Bind()
+        .Arg<ffi::Buffer<ffi::F32>>()   // head matrices (B, H, L, L)
+        .Arg<ffi::Buffer<ffi::S32>>()   // channel -> head matrix (n,), -1: left out
+        .Arg<ffi::Buffer<ffi::F32>>()   // left (B, n, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // right (B, n, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // diag (B, n, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // conv w (n, K)
+        .Arg<ffi::Buffer<ffi::F32>>()   // query weights (B, n, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // key weights (B, n, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // accumulator (B, L, L)
+        .Ret<ffi::Buffer<ffi::F32>>()   // out (B, L, L): accumulator + the sum
+        .Attr<int64_t>("has_left")
+        .Attr<int64_t>("has_right")
+        .Attr<int64_t>("has_diag")
+        .Attr<int64_t>("threads")
         .Attr<int64_t>("mode"));
