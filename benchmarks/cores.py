@@ -9,7 +9,7 @@
   of the output's size, ``rate`` the measured float32 matmul FLOP/s, ``flops`` the core's
   necessary work (``necessary_flops``: the contractions every causal entry needs; a head's
   matrix is counted once for its channels, pure gathers and softmaxes count 0, so the bound is
-  the fill there);
+  the fill there; ``reduce`` adds each channel's conv taps and weighting, ``reduce_flops``);
 * **fraction** ``bound / time`` and its ratio to the Mamba-1 kernel's fraction in the same run
   (target: ratio >= 0.5, within 2x of Mamba-1);
 * **scaling**: ``reduce("mean")`` of Mamba-1 and Mamba-2 up to L = 8192 (time, peak memory,
@@ -104,6 +104,14 @@ def necessary_flops(core, L: int) -> float:
     return 0.0  # RwkvCore, ShortConvCore: no contraction
 
 
+def reduce_flops(core, L: int) -> float:
+    """What ``reduce`` adds to ``necessary_flops``: every channel's causal entries combined over
+    its conv taps and weighted into the sum, ``(2 K + 2) C L (L + 1) / 2`` (``K`` 1 without a conv)."""
+    w = getattr(core, "conv_w", None)
+    K = 1 if w is None else w.shape[-1]
+    return (2 * K + 2) * core.num_channels * L * (L + 1) / 2
+
+
 def _fill_seconds(shape) -> float:
     import jax
     import jax.numpy as jnp
@@ -135,7 +143,7 @@ def case(model_type: str, layer: int, L: int, what: str, quick: bool = False, im
     fn = (lambda: op.materialize(impl=impl)) if what == "materialize" else (lambda: op.reduce("mean", impl=impl))
     peak = peak_mb_of(fn)
     sec = timeit(fn, repeat=3 if L <= 1024 else 1, warmup=0)
-    flops = necessary_flops(op.core, L) + (2 * C * L * (L + 1) / 2 if what == "reduce" else 0.0)
+    flops = necessary_flops(op.core, L) + (reduce_flops(op.core, L) if what == "reduce" else 0.0)
     return {"seconds": sec, "peak_mb": peak, "fill_s": fill, "flops": flops, "channels": C,
             "core": type(op.core).__name__, "impl": resolve_impl(impl, op.core)}
 

@@ -31,8 +31,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...operator import (BLOCK_BUDGET, MODES, DeltaRuleCore, DocumentMaskedCore, DplrCore, HeadMatrixCore,
-                         KernelBackend, Mamba2Core, MlstmCore, ScalarDecayCore, StateDecayCore, register_backend,
-                         register_core, with_xla_backward)
+                         KernelBackend, Mamba2Core, MlstmCore, RwkvCore, ScalarDecayCore, ShortConvCore, StateDecayCore,
+                         apply_mode, register_backend, register_core, with_xla_backward)
+from ...ops import full_precision
 from . import cache
 from .cache import CpuKernelUnavailable, cache_dir
 
@@ -41,7 +42,13 @@ _TARGET = "implicit_attn_state_decay_dense"
 _REDUCE_TARGET = "implicit_attn_state_decay_reduce"
 _HEAD_TARGET = "implicit_attn_head_matrix_dense"
 _HEAD_REDUCE_TARGET = "implicit_attn_head_matrix_reduce"
-_SYMBOLS = ("IaStateDecayDense", "IaStateDecayReduce", "IaHeadMatrixDense", "IaHeadMatrixReduce")
+_RWKV_TARGET = "implicit_attn_rwkv_dense"
+_RWKV_REDUCE_TARGET = "implicit_attn_rwkv_reduce"
+_CONV_TARGET = "implicit_attn_short_conv_dense"
+_TARGETS = {"IaStateDecayDense": _TARGET, "IaStateDecayReduce": _REDUCE_TARGET, "IaHeadMatrixDense": _HEAD_TARGET,
+            "IaHeadMatrixReduce": _HEAD_REDUCE_TARGET, "IaRwkvDense": _RWKV_TARGET,
+            "IaRwkvReduce": _RWKV_REDUCE_TARGET, "IaShortConvDense": _CONV_TARGET}
+_SYMBOLS = tuple(_TARGETS)
 _FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread"]
 _lock = threading.Lock()
 _state: dict = {}
@@ -99,14 +106,8 @@ def load():
                     lib = _load_checked()
                 except OSError as e:  # no writable cache, a compiler that cannot start, a bad .so
                     raise CpuKernelUnavailable(f"building or loading the kernel failed: {e}") from e
-                jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.IaStateDecayDense),
-                                            platform="cpu")
-                jax.ffi.register_ffi_target(_REDUCE_TARGET, jax.ffi.pycapsule(lib.IaStateDecayReduce),
-                                            platform="cpu")
-                jax.ffi.register_ffi_target(_HEAD_TARGET, jax.ffi.pycapsule(lib.IaHeadMatrixDense),
-                                            platform="cpu")
-                jax.ffi.register_ffi_target(_HEAD_REDUCE_TARGET, jax.ffi.pycapsule(lib.IaHeadMatrixReduce),
-                                            platform="cpu")
+                for symbol, target in _TARGETS.items():
+                    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
             except CpuKernelUnavailable as e:
                 _state["error"] = e
                 raise
@@ -143,6 +144,8 @@ HEAD_CORES = (Mamba2Core, DeltaRuleCore, DplrCore, MlstmCore)
 def _problem(core) -> str | None:
     """Why ``impl="cpu"`` cannot take ``core`` (None if it can)."""
     inner, _ = _parts(core)
+    if type(inner) in (RwkvCore, ShortConvCore):
+        return None
     if type(inner) in HEAD_CORES:
         pass  # any head matrix: XLA forms it once per head, the kernel each channel
     elif type(inner) is StateDecayCore:
@@ -154,8 +157,9 @@ def _problem(core) -> str | None:
             return "a ScalarDecayCore with low-rank q, k has no CPU kernel (rank one only)"
     else:
         return (f"no kernel for {type(inner).__name__}; it covers StateDecayCore (Mamba-1), "
-                "rank-one ScalarDecayCore (Griffin's RG-LRU, packed documents included) and the cores "
-                "whose channels share a head matrix (Mamba2Core, DeltaRuleCore, DplrCore, MlstmCore)")
+                "rank-one ScalarDecayCore (Griffin's RG-LRU, packed documents included), the cores "
+                "whose channels share a head matrix (Mamba2Core, DeltaRuleCore, DplrCore, MlstmCore), "
+                "RwkvCore (RWKV-4) and ShortConvCore (LFM2)")
     K = 1 if inner.conv_w is None else inner.conv_w.shape[-1]
     if K > MAX_CONV:
         return f"conv width {K} > {MAX_CONV}"
@@ -258,7 +262,12 @@ def _reduce_call(core, idx, mode, qw, kw):
     args, attrs, (B, L) = _kernel_args(core, idx)
     call = jax.ffi.ffi_call(_REDUCE_TARGET, jax.ShapeDtypeStruct((B, L, L), jnp.float32),
                             vmap_method="sequential")
-    operands = (*args, qw.astype(jnp.float32), kw.astype(jnp.float32))
+    return _by_mode(call, mode, (*args, qw.astype(jnp.float32), kw.astype(jnp.float32)), attrs)
+
+
+def _by_mode(call, mode, operands, attrs):
+    """``call(*operands, **attrs, mode=m)`` for the traced int32 ``mode``: the kernels take it as
+    a static attribute, so each value is a branch."""
     branches = [lambda ops, m=m: call(*ops, **attrs, mode=np.int64(m)) for m in sorted(set(MODES.values()))]
     return jax.lax.switch(mode, branches, operands)
 
@@ -324,15 +333,83 @@ def _head_reduce_call(core, idx, mode, qw, kw):
         eq = heads[:, None] == block[None, :]  # a padded repeat matches only its first copy
         hmap = jnp.where(eq.any(1), jnp.argmax(eq, 1), -1).astype(jnp.int32)
         M = core.alpha(block).astype(jnp.float32)
-        ops = (M, hmap, left, right, diag, w, qw, kw, acc)
-        branches = [lambda o, m=m: call(*o, **attrs, mode=np.int64(m)) for m in sorted(set(MODES.values()))]
-        return jax.lax.switch(mode, branches, ops), None
+        return _by_mode(call, mode, (M, hmap, left, right, diag, w, qw, kw, acc), attrs), None
 
     out, _ = jax.lax.scan(step, jnp.zeros((B, L, L), jnp.float32), _head_blocks(core, heads, B, L))
     return out
 
 
 _head_dense, _head_reduce = with_xla_backward(_head_call, _head_reduce_call)
+
+
+def _rwkv_args(core, idx):
+    load()
+    gate, hg = _rows_or_dummy(core.gate, idx)
+    args = (jnp.take(core.k, idx, axis=1).astype(jnp.float32), jnp.take(core.w, idx).astype(jnp.float32),
+            jnp.take(core.u, idx).astype(jnp.float32), gate)
+    return args, dict(has_gate=np.int64(hg), threads=np.int64(num_threads()))
+
+
+def _rwkv_call(core, idx):
+    """``(B, n, L, L)`` of an ``RwkvCore``'s channels ``idx``, one exponential per element."""
+    args, attrs = _rwkv_args(core, idx)
+    B, _, L = core.k.shape
+    call = jax.ffi.ffi_call(_RWKV_TARGET, jax.ShapeDtypeStruct((B, idx.shape[0], L, L), jnp.float32),
+                            vmap_method="sequential")
+    return call(*args, **attrs, huge_pages=np.int64(huge_pages()))
+
+
+def _rwkv_reduce_call(core, idx, mode, qw, kw):
+    args, attrs = _rwkv_args(core, idx)
+    B, _, L = core.k.shape
+    call = jax.ffi.ffi_call(_RWKV_REDUCE_TARGET, jax.ShapeDtypeStruct((B, L, L), jnp.float32),
+                            vmap_method="sequential")
+    return _by_mode(call, mode, (*args, qw.astype(jnp.float32), kw.astype(jnp.float32)), attrs)
+
+
+_rwkv_dense, _rwkv_reduce = with_xla_backward(_rwkv_call, _rwkv_reduce_call)
+
+
+def _conv_call(core, idx):
+    """``(B, n, L, L)`` of a ``ShortConvCore``'s channels ``idx``: each row written once."""
+    load()
+    right, hr = _rows_or_dummy(core.right, idx)
+    left = jnp.take(core.left, idx, axis=1).astype(jnp.float32)
+    B, _, L = left.shape
+    call = jax.ffi.ffi_call(_CONV_TARGET, jax.ShapeDtypeStruct((B, idx.shape[0], L, L), jnp.float32),
+                            vmap_method="sequential")
+    return call(jnp.take(core.conv_w, idx, axis=0).astype(jnp.float32), left, right, has_right=np.int64(hr),
+                threads=np.int64(num_threads()), huge_pages=np.int64(huge_pages()))
+
+
+def _conv_reduce_call(core, idx, mode, qw, kw):
+    """A ``ShortConvCore``'s reduce in XLA, band by band: ``H_c`` is nonzero only on ``K``
+    diagonals, so ``out[i, i-s] = sum_c qw_c[i] f(l_c[i] w_c[K-1-s] r_c[i-s]) kw_c[i-s]``: ``O(C L K)``
+    work, then the ``K`` diagonals placed into ``(B, L, L)``."""
+    left = jnp.take(core.left, idx, axis=1).astype(jnp.float32)
+    B, n, L = left.shape
+    w = jnp.take(core.conv_w, idx, axis=0).astype(jnp.float32)
+    right = jnp.ones_like(left) if core.right is None else jnp.take(core.right, idx, axis=1).astype(jnp.float32)
+    shift = lambda x, s: jnp.pad(x, ((0, 0), (0, 0), (s, 0)))[..., :L]  # x[..., i - s], 0 for i < s
+    out = jnp.zeros((B, L, L), jnp.float32)
+    i = jnp.arange(L)
+    for s in range(min(w.shape[1], L)):
+        h = left * w[None, :, w.shape[1] - 1 - s, None] * shift(right, s)  # H_c[i, i - s]
+        band = jnp.sum(qw * apply_mode(h, mode) * shift(kw, s), axis=1)
+        out = out.at[:, i[s:], i[s:] - s].set(band[:, s:])
+    return out
+
+
+# The conv's dense is the kernel, its reduce plain XLA (differentiable as it is).
+_conv_dense, _ = with_xla_backward(_conv_call, _conv_reduce_call)
+
+# core type -> (dense, reduce). ``reduce`` calls the kernels eagerly: jitted, one compilation per
+# shape serves every call (eager, the scans and mode switches around them compile on each call).
+_state_decay = (_dense, jax.jit(full_precision(_reduce)))
+_head = (_head_dense, jax.jit(full_precision(_head_reduce)))
+_KERNELS = {StateDecayCore: _state_decay, ScalarDecayCore: _state_decay, DocumentMaskedCore: _state_decay,
+            **{t: _head for t in HEAD_CORES}, RwkvCore: (_rwkv_dense, jax.jit(_rwkv_reduce)),
+            ShortConvCore: (_conv_dense, jax.jit(_conv_reduce_call))}
 
 
 def cpu_dense(core, idx):
@@ -344,8 +421,7 @@ def cpu_dense(core, idx):
       ``(B, n, L, L)`` float32, equal to ``core.dense(idx)`` to float32 rounding.
     """
     check_core(core)
-    dense = _head_dense if type(core) in HEAD_CORES else _dense
-    return dense(core, jnp.asarray(idx, jnp.int32))
+    return _KERNELS[type(core)][0](core, jnp.asarray(idx, jnp.int32))
 
 
 def cpu_reduce(core, idx, how: str, qw, kw):
@@ -364,7 +440,7 @@ def cpu_reduce(core, idx, how: str, qw, kw):
     check_core(core)
     if how not in MODES:
         raise ValueError(f"how must be one of {tuple(MODES)}, got {how!r}")
-    reduce = _head_reduce if type(core) in HEAD_CORES else _reduce
+    reduce = _KERNELS[type(core)][1]
     return reduce(core, jnp.asarray(idx, jnp.int32), jnp.asarray(MODES[how], jnp.int32),
                   jnp.asarray(qw, jnp.float32), jnp.asarray(kw, jnp.float32))
 
@@ -380,7 +456,7 @@ def _require():
 BACKEND = register_backend(KernelBackend(
     name="cpu", dense=cpu_dense, reduce=cpu_reduce, auto=lambda: jax.default_backend() == "cpu",
     require=_require, ready=available))
-for _type in (StateDecayCore, ScalarDecayCore, DocumentMaskedCore) + HEAD_CORES:
+for _type in _KERNELS:
     register_core("cpu", _type, _problem)
 
 

@@ -396,8 +396,19 @@ inline void head_row(const HeadFactors& f, const HeadDims& d, int64_t b, int64_t
     if (r) v *= load(r + j);
     store(t + (j - j0), v);
   }
-  for (; j < end; ++j) t[j - j0] = li * m[j] * (r ? r[j] : 1.0f);
-  for (j = std::max(j, j0); j < j1 + kQ; ++j) t[j - j0] = 0.0f;
+  if (j < end) {  // the chunk holding the diagonal: lanes past i are 0
+    if (j + kQ <= d.L) {  // a whole vector is in bounds: load it and mask
+      const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+      v16 v = lv * load(m + j);
+      if (r) v *= load(r + j);
+      store(t + (j - j0), lane < splat(static_cast<float>(end - j)) ? v : splat(0.0f));
+    } else {
+      for (int64_t jj = 0; jj < kQ; ++jj)
+        t[j - j0 + jj] = j + jj < end ? li * m[j + jj] * (r ? r[j + jj] : 1.0f) : 0.0f;
+    }
+    j += kQ;
+  }
+  for (; j < j1 + kQ; j += kQ) store(t + (j - j0), splat(0.0f));
   if (f.has_diag && i >= j0 && i < j1 + kQ) t[i - j0] += f.diag[cl + i];
 }
 
@@ -469,24 +480,33 @@ ffi::Error HeadMatrixDenseImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> he
   if (huge_pages) advise_huge(o, LL * d.B * d.n * sizeof(float));
   std::vector<int64_t> order, start;
   group_by_head(f, d, order, start);
-  // Work items: (batch, head, row); a head's row is read once for all its channels.
-  const int64_t items = d.B * d.H * d.L;
+  // Work items: (batch, head, chunk of kQ rows); the chunk's head rows stay in cache while
+  // each of the head's channels writes its kQ rows (contiguous in its output).
+  const int64_t nc = (d.L + kQ - 1) / kQ, items = d.B * d.H * nc;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
-  const int64_t Lp = (d.L + kQ - 1) / kQ * kQ;
+  const int64_t Lp = nc * kQ;
   run_threads(nt, [&](int64_t t0) {
     std::vector<float> t(Lp + 2 * kQ), y(Lp + kQ);
     for (int64_t p = t0; p < items; p += nt) {
-      const int64_t i = p % d.L, h = (p / d.L) % d.H, b = p / (d.L * d.H);
+      const int64_t I = p % nc, h = (p / nc) % d.H, b = p / (nc * d.H);
       if (start[h] == start[h + 1]) continue;
-      const float* m = f.M + ((static_cast<size_t>(b) * d.H + h) * d.L + i) * d.L;
-      const int64_t wp = (i / kQ + 1) * kQ, width = std::min(d.L, wp);
+      const int64_t I0 = I * kQ, rows = std::min(kQ, d.L - I0);
+      const int64_t wp = (I + 1) * kQ, width = std::min(d.L, wp);  // columns past the chunk are 0
       for (int64_t k = start[h]; k < start[h + 1]; ++k) {
         const int64_t c = order[k];
-        head_row(f, d, b, c, i, m, 0, wp, t.data());
-        head_conv(f.w + c * d.K, d.K, t.data(), 0, wp, y.data());
-        float* orow = o + (static_cast<size_t>(b) * d.n + c) * LL + static_cast<size_t>(i) * d.L;
-        std::memcpy(orow, y.data(), sizeof(float) * width);
-        if (width < d.L) std::memset(orow + width, 0, sizeof(float) * (d.L - width));
+        for (int64_t ii = 0; ii < rows; ++ii) {
+          const int64_t i = I0 + ii;
+          const float* m = f.M + ((static_cast<size_t>(b) * d.H + h) * d.L + i) * d.L;
+          head_row(f, d, b, c, i, m, 0, wp, t.data());
+          float* orow = o + (static_cast<size_t>(b) * d.n + c) * LL + static_cast<size_t>(i) * d.L;
+          if (width == wp) {
+            head_conv(f.w + c * d.K, d.K, t.data(), 0, wp, orow);
+          } else {
+            head_conv(f.w + c * d.K, d.K, t.data(), 0, wp, y.data());
+            std::memcpy(orow, y.data(), sizeof(float) * width);
+          }
+          if (width < d.L) std::memset(orow + width, 0, sizeof(float) * (d.L - width));
+        }
       }
     }
   });
@@ -572,6 +592,210 @@ ffi::Error HeadMatrixReduceImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> h
   return ffi::Error::Success();
 }
 
+// ---------------------------------------------------------------------------------------
+// RWKV-4 (RwkvCore): H_c[i, j] = gate_c[i] softmax_j(l)[i, j] with l[i, j] = k[j] + (i-1-j) w
+// (j < i), u + k[i] (j = i). The row's log normaliser comes from an O(L) recurrence (in
+// double), lse[i] = logaddexp(P[i], u + k[i]) with P[i+1] = logaddexp(P[i] + w, k[i]), so each
+// element is one exponential, written once.
+
+struct RwkvDims {
+  int64_t B, C, L;
+};
+
+inline double logaddexp(double a, double b) {
+  if (a == -INFINITY) return b;
+  if (b == -INFINITY) return a;
+  return a > b ? a + std::log1p(std::exp(b - a)) : b + std::log1p(std::exp(a - b));
+}
+
+// Row log normalisers of channel (b, c) into lse (L).
+void rwkv_lse(const float* k, float w, float u, int64_t L, float* lse) {
+  double P = -INFINITY;
+  for (int64_t i = 0; i < L; ++i) {
+    lse[i] = static_cast<float>(logaddexp(P, static_cast<double>(u) + k[i]));
+    P = logaddexp(P + w, k[i]);
+  }
+}
+
+// Columns [j0, j0 + n) (n a multiple of kQ, j0 too) of row i of H_c before the gate into y:
+// exp(l[i, j] - lse[i]), 0 past i. k must be readable up to j0 + n (padded).
+inline void rwkv_row(const float* k, float w, float u, float lse, int64_t i, int64_t j0, int64_t n,
+                     float* y) {
+  const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const v16 wv = splat(w), lv = splat(lse), zero = splat(0.0f);
+  for (int64_t J = 0; J < n; J += kQ) {
+    const int64_t j = j0 + J;
+    const v16 dist = splat(static_cast<float>(i - 1 - j)) - lane;  // i-1-j per lane
+    // dist 0 (j = i-1) decays nothing, also for w = -inf.
+    v16 l = load(k + j) + (dist == zero ? zero : dist * wv);
+    v16 e = vexp(l - lv);
+    if (j + kQ > i) {  // the diagonal chunk: u + k[i] at j = i, 0 past it
+      const v16 col = splat(static_cast<float>(j)) + lane;
+      const v16 ed = vexp(splat(u + k[i]) - lv);
+      e = col < splat(static_cast<float>(i)) ? e : (col == splat(static_cast<float>(i)) ? ed : zero);
+    }
+    store(y + J, e);
+  }
+}
+
+std::string read_rwkv_dims(ffi::Buffer<ffi::F32>& k, ffi::Buffer<ffi::F32>& w,
+                           ffi::Buffer<ffi::F32>& u, ffi::Buffer<ffi::F32>& gate, int64_t has_gate,
+                           RwkvDims& d) {
+  auto kd = k.dimensions(), wd = w.dimensions(), ud = u.dimensions(), gd = gate.dimensions();
+  if (kd.size() != 3 || wd.size() != 1 || ud.size() != 1) return "expected k (B,C,L), w, u (C,)";
+  d = RwkvDims{kd[0], kd[1], kd[2]};
+  if (wd[0] != d.C || ud[0] != d.C) return "inconsistent shapes";
+  if (has_gate && (gd.size() != 3 || gd[0] != d.B || gd[1] != d.C || gd[2] != d.L))
+    return "gate must be (B, C, L)";
+  return "";
+}
+
+ffi::Error RwkvDenseImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> u,
+                         ffi::Buffer<ffi::F32> gate, ffi::ResultBuffer<ffi::F32> out,
+                         int64_t has_gate, int64_t threads, int64_t huge_pages) {
+  RwkvDims d;
+  std::string err = read_rwkv_dims(k, w, u, gate, has_gate, d);
+  if (!err.empty()) return ffi::Error::InvalidArgument("rwkv_dense: " + err);
+  if (d.L == 0 || d.C == 0 || d.B == 0) return ffi::Error::Success();
+  float* o = out->typed_data();
+  const size_t LL = static_cast<size_t>(d.L) * d.L;
+  if (huge_pages) advise_huge(o, LL * d.B * d.C * sizeof(float));
+  const int64_t pairs = d.B * d.C, Lp = (d.L + kQ - 1) / kQ * kQ;
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, pairs));
+  run_threads(nt, [&](int64_t t0) {
+    std::vector<float> kp(Lp, 0.0f), lse(d.L), y(Lp);
+    for (int64_t p = t0; p < pairs; p += nt) {
+      const int64_t c = p % d.C;
+      const float* kc = k.typed_data() + static_cast<size_t>(p) * d.L;
+      std::copy(kc, kc + d.L, kp.begin());
+      const float wc = w.typed_data()[c], uc = u.typed_data()[c];
+      rwkv_lse(kc, wc, uc, d.L, lse.data());
+      float* oc = o + static_cast<size_t>(p) * LL;
+      for (int64_t i = 0; i < d.L; ++i) {
+        const int64_t wp = (i / kQ + 1) * kQ, width = std::min(d.L, wp);
+        float* orow = oc + static_cast<size_t>(i) * d.L;
+        float* dst = width == wp ? orow : y.data();
+        rwkv_row(kp.data(), wc, uc, lse[i], i, 0, wp, dst);
+        if (has_gate) {
+          const v16 g = splat(gate.typed_data()[static_cast<size_t>(p) * d.L + i]);
+          for (int64_t J = 0; J < wp; J += kQ) store(dst + J, g * load(dst + J));
+        }
+        if (dst != orow) std::memcpy(orow, dst, sizeof(float) * width);
+        if (width < d.L) std::memset(orow + width, 0, sizeof(float) * (d.L - width));
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
+// sum_c qw[b,c,i] f(H_c[i,j]) kw[b,c,j] into out (B, L, L), f as in the other reduces. Tiled
+// like the head-matrix reduce: kQ rows by kTile columns, every channel passing over the tile.
+ffi::Error RwkvReduceImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> u,
+                          ffi::Buffer<ffi::F32> gate, ffi::Buffer<ffi::F32> qw,
+                          ffi::Buffer<ffi::F32> kw, ffi::ResultBuffer<ffi::F32> out,
+                          int64_t has_gate, int64_t threads, int64_t mode) {
+  RwkvDims d;
+  std::string err = read_rwkv_dims(k, w, u, gate, has_gate, d);
+  auto qd = qw.dimensions(), vd = kw.dimensions();
+  if (err.empty() && (qd.size() != 3 || vd.size() != 3 || qd[0] != d.B || qd[1] != d.C ||
+                      qd[2] != d.L || vd[0] != d.B || vd[1] != d.C || vd[2] != d.L))
+    err = "weights must be (B, C, L)";
+  if (err.empty() && (mode < 0 || mode > 2)) err = "bad mode";
+  if (!err.empty()) return ffi::Error::InvalidArgument("rwkv_reduce: " + err);
+  const int64_t L = d.L, nc = (L + kQ - 1) / kQ, Lp = nc * kQ;
+  if (L == 0 || d.B == 0) return ffi::Error::Success();
+  float* o = out->typed_data();
+  // Padded keys and the row normalisers of every channel, once (O(B C L)).
+  std::vector<float> kp(static_cast<size_t>(d.B) * d.C * (Lp + kTile), 0.0f),
+      lse(static_cast<size_t>(d.B) * d.C * L);
+  const int64_t pairs = d.B * d.C;
+  run_threads(std::max<int64_t>(1, std::min<int64_t>(threads, pairs)), [&](int64_t t0) {
+    const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, pairs));
+    for (int64_t p = t0; p < pairs; p += nt) {
+      const float* kc = k.typed_data() + static_cast<size_t>(p) * L;
+      std::copy(kc, kc + L, kp.begin() + static_cast<size_t>(p) * (Lp + kTile));
+      rwkv_lse(kc, w.typed_data()[p % d.C], u.typed_data()[p % d.C], L,
+               lse.data() + static_cast<size_t>(p) * L);
+    }
+  });
+  const int64_t items = d.B * nc;
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  run_threads(nt, [&](int64_t t0) {
+    std::vector<float> y(kTile), sum(kQ * kTile), kwt(kTile);
+    for (int64_t p = t0; p < items; p += nt) {
+      const int64_t I = p % nc, b = p / nc, I0 = I * kQ, rows = std::min(kQ, L - I0);
+      float* ob = o + static_cast<size_t>(b) * L * L;
+      for (int64_t ii = 0; ii < rows; ++ii) std::memset(ob + (I0 + ii) * L, 0, sizeof(float) * L);
+      for (int64_t j0 = 0; j0 < I0 + rows; j0 += kTile) {
+        const int64_t j1 = std::min(j0 + kTile, (I + 1) * kQ), cols = std::min(j1, L) - j0;
+        std::fill(sum.begin(), sum.end(), 0.0f);
+        for (int64_t c = 0; c < d.C; ++c) {
+          const size_t cl = (static_cast<size_t>(b) * d.C + c) * L;
+          const float* kc = kp.data() + (static_cast<size_t>(b) * d.C + c) * (Lp + kTile);
+          const float wc = w.typed_data()[c], uc = u.typed_data()[c];
+          std::fill(kwt.begin(), kwt.end(), 0.0f);
+          std::copy(kw.typed_data() + cl + j0, kw.typed_data() + cl + j0 + cols, kwt.begin());
+          for (int64_t ii = 0; ii < rows; ++ii) {
+            const int64_t i = I0 + ii;
+            if (i < j0) continue;
+            const int64_t end = std::min(j1, (i / kQ + 1) * kQ);
+            rwkv_row(kc, wc, uc, lse[cl + i], i, j0, end - j0, y.data());
+            const float g = has_gate ? gate.typed_data()[cl + i] : 1.0f;
+            const v16 gv = splat(g), q = splat(qw.typed_data()[cl + i]);
+            float* s = sum.data() + ii * kTile;
+            for (int64_t J = 0; J < end - j0; J += kQ) {
+              v16 v = gv * load(y.data() + J);
+              if (mode == 1) v = v < 0.0f ? -v : v;
+              if (mode == 2) v = v < 0.0f ? splat(0.0f) : v;
+              store(s + J, load(s + J) + q * v * load(kwt.data() + J));
+            }
+          }
+        }
+        for (int64_t ii = 0; ii < rows; ++ii) {
+          float* orow = ob + (I0 + ii) * L + j0;
+          const float* s = sum.data() + ii * kTile;
+          for (int64_t j = 0; j < cols; ++j) orow[j] += s[j];
+        }
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
+// LFM2's gated short conv (ShortConvCore): H_c[i, j] = left[i] w[K-1-(i-j)] right[j] on the band
+// 0 <= i-j < K, exact zeros elsewhere; each row written once.
+ffi::Error ShortConvDenseImpl(ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> left,
+                              ffi::Buffer<ffi::F32> right, ffi::ResultBuffer<ffi::F32> out,
+                              int64_t has_right, int64_t threads, int64_t huge_pages) {
+  auto wd = w.dimensions(), ld = left.dimensions(), rd = right.dimensions();
+  if (wd.size() != 2 || ld.size() != 3 || ld[1] != wd[0] ||
+      (has_right && (rd.size() != 3 || rd[0] != ld[0] || rd[1] != ld[1] || rd[2] != ld[2])))
+    return ffi::Error::InvalidArgument("short_conv_dense: expected w (C,K), left, right (B,C,L)");
+  const int64_t B = ld[0], C = ld[1], L = ld[2], K = wd[1];
+  if (L == 0 || C == 0 || B == 0) return ffi::Error::Success();
+  float* o = out->typed_data();
+  const size_t LL = static_cast<size_t>(L) * L;
+  if (huge_pages) advise_huge(o, LL * B * C * sizeof(float));
+  const int64_t pairs = B * C;
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, pairs));
+  run_threads(nt, [&](int64_t t0) {
+    for (int64_t p = t0; p < pairs; p += nt) {
+      const int64_t c = p % C;
+      const float* l = left.typed_data() + static_cast<size_t>(p) * L;
+      const float* r = has_right ? right.typed_data() + static_cast<size_t>(p) * L : nullptr;
+      const float* wc = w.typed_data() + c * K;
+      float* oc = o + static_cast<size_t>(p) * LL;
+      for (int64_t i = 0; i < L; ++i) {
+        float* orow = oc + static_cast<size_t>(i) * L;
+        std::memset(orow, 0, sizeof(float) * L);
+        for (int64_t s = 0; s < K && s <= i; ++s)
+          orow[i - s] = l[i] * wc[K - 1 - s] * (r ? r[i - s] : 1.0f);
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
 // The operands both handlers share, in order: the factors of H.
 template <typename Binding>
 auto bind_factors(Binding b) {
@@ -645,3 +869,40 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int64_t>("has_diag")
         .Attr<int64_t>("threads")
         .Attr<int64_t>("mode"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaRwkvDense, RwkvDenseImpl,
+    ffi::Ffi::Bind()
+        .Arg<ffi::Buffer<ffi::F32>>()   // k (B, C, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // w (C,)
+        .Arg<ffi::Buffer<ffi::F32>>()   // u (C,)
+        .Arg<ffi::Buffer<ffi::F32>>()   // gate (B, C, L)
+        .Ret<ffi::Buffer<ffi::F32>>()   // out (B, C, L, L)
+        .Attr<int64_t>("has_gate")
+        .Attr<int64_t>("threads")
+        .Attr<int64_t>("huge_pages"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaRwkvReduce, RwkvReduceImpl,
+    ffi::Ffi::Bind()
+        .Arg<ffi::Buffer<ffi::F32>>()   // k (B, C, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // w (C,)
+        .Arg<ffi::Buffer<ffi::F32>>()   // u (C,)
+        .Arg<ffi::Buffer<ffi::F32>>()   // gate (B, C, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // query weights (B, C, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // key weights (B, C, L)
+        .Ret<ffi::Buffer<ffi::F32>>()   // out (B, L, L)
+        .Attr<int64_t>("has_gate")
+        .Attr<int64_t>("threads")
+        .Attr<int64_t>("mode"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaShortConvDense, ShortConvDenseImpl,
+    ffi::Ffi::Bind()
+        .Arg<ffi::Buffer<ffi::F32>>()   // w (C, K)
+        .Arg<ffi::Buffer<ffi::F32>>()   // left (B, C, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // right (B, C, L)
+        .Ret<ffi::Buffer<ffi::F32>>()   // out (B, C, L, L)
+        .Attr<int64_t>("has_right")
+        .Attr<int64_t>("threads")
+        .Attr<int64_t>("huge_pages"));
