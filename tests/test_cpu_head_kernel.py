@@ -4,6 +4,7 @@ against the family's float64 reference, the XLA path and the block's own scan. O
 from each family's layer on random weights and a random input (tiny configs: several heads,
 grouped B/C or key heads, a conv, a gate, RWKV-7's diagonal). Lengths: 1, 16 (one chunk), 37
 (ragged) and 300 (the fused reduces' column tiles are 256 wide: two tiles, a ragged one).
+Falcon-H1's ``ParallelCore`` (Mamba-2 beside attention) runs its parts' kernels.
 The default tier checks Mamba-2, RWKV-7, RWKV-4 and LFM2; the other families' float64 checks
 repeat the conformance suite's (which runs ``materialize``'s default, these kernels) and are deep.
 """
@@ -20,7 +21,7 @@ B = 2
 deep = pytest.mark.deep
 FAMILIES_WITH_KERNELS = ["mamba2", "rwkv7", "rwkv", "lfm2", pytest.param("qwen3_next", marks=deep),
                          pytest.param("kimi_linear", marks=deep), pytest.param("rwkv6", marks=deep),
-                         pytest.param("xlstm", marks=deep)]
+                         pytest.param("xlstm", marks=deep), pytest.param("falcon_h1", marks=deep)]
 
 
 def rel(a, b):
@@ -66,20 +67,23 @@ def test_materialize_matches_xla_at_edge_lengths(L):
     assert rel(op.materialize(impl="cpu"), op.materialize(impl="xla")) <= 1e-5
 
 
-def test_channel_subsets_out_of_order_with_repeats():
-    op = op_of("mamba2", 37)
-    chans = [9, 0, 31, 3, 3]
+@pytest.mark.parametrize("family", ["mamba2", "falcon_h1"])
+def test_channel_subsets_out_of_order_with_repeats(family):
+    """(Falcon-H1: a ParallelCore, Mamba-2 heads then attention heads repeated per value feature.)"""
+    op = op_of(family, 37)
+    chans = [9, 0, op.shape[1] - 1, 3, 3]
     assert rel(op.materialize(chans, impl="cpu"), op.materialize(chans, impl="xla")) <= 1e-5
     assert rel(op.reduce("abs_mean", channels=chans, impl="cpu"),
                op.reduce("abs_mean", channels=chans, impl="xla")) <= 1e-5
 
 
-DEFAULT_REDUCES = {("mamba2", "abs_mean"), ("mamba2", "weighted"), ("rwkv", "pos_mean"), ("lfm2", "weighted")}
+DEFAULT_REDUCES = {("mamba2", "abs_mean"), ("mamba2", "weighted"), ("rwkv", "pos_mean"), ("lfm2", "weighted"),
+                   ("falcon_h1", "abs_mean")}
 
 
 @pytest.mark.parametrize("family, how", [
     pytest.param(f, h, marks=() if (f, h) in DEFAULT_REDUCES else deep)
-    for f in ("mamba2", "rwkv", "lfm2", "rwkv7") for h in ("mean", "abs_mean", "pos_mean", "weighted")])
+    for f in ("mamba2", "rwkv", "lfm2", "rwkv7", "falcon_h1") for h in ("mean", "abs_mean", "pos_mean", "weighted")])
 def test_fused_reduce_matches_materialize(family, how):
     """The reduce against the float64 sum of the materialized channels, at L = 300 (two column tiles)."""
     op = op_of(family, 300)

@@ -31,8 +31,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...operator import (BLOCK_BUDGET, MODES, DeltaRuleCore, DocumentMaskedCore, DplrCore, HeadMatrixCore,
-                         KernelBackend, Mamba2Core, MlstmCore, RwkvCore, ScalarDecayCore, ShortConvCore, StateDecayCore,
-                         apply_mode, register_backend, register_core, with_xla_backward)
+                         KernelBackend, Mamba2Core, MlstmCore, ParallelCore, RwkvCore, ScalarDecayCore, ShortConvCore,
+                         StateDecayCore,
+                         apply_mode, block_size, register_backend, register_core, with_xla_backward)
+from ...operator.dispatch import blocked_reduce_jit
 from ...ops import full_precision
 from . import cache
 from .cache import CpuKernelUnavailable, cache_dir
@@ -45,9 +47,11 @@ _HEAD_REDUCE_TARGET = "implicit_attn_head_matrix_reduce"
 _RWKV_TARGET = "implicit_attn_rwkv_dense"
 _RWKV_REDUCE_TARGET = "implicit_attn_rwkv_reduce"
 _CONV_TARGET = "implicit_attn_short_conv_dense"
+_PLACE_TARGET = "implicit_attn_place_channels"
 _TARGETS = {"IaStateDecayDense": _TARGET, "IaStateDecayReduce": _REDUCE_TARGET, "IaHeadMatrixDense": _HEAD_TARGET,
             "IaHeadMatrixReduce": _HEAD_REDUCE_TARGET, "IaRwkvDense": _RWKV_TARGET,
-            "IaRwkvReduce": _RWKV_REDUCE_TARGET, "IaShortConvDense": _CONV_TARGET}
+            "IaRwkvReduce": _RWKV_REDUCE_TARGET, "IaShortConvDense": _CONV_TARGET,
+            "IaPlaceChannels": _PLACE_TARGET}
 _SYMBOLS = tuple(_TARGETS)
 _FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread"]
 _lock = threading.Lock()
@@ -144,8 +148,8 @@ HEAD_CORES = (Mamba2Core, DeltaRuleCore, DplrCore, MlstmCore)
 def _problem(core) -> str | None:
     """Why ``impl="cpu"`` cannot take ``core`` (None if it can)."""
     inner, _ = _parts(core)
-    if type(inner) in (RwkvCore, ShortConvCore):
-        return None
+    if type(inner) in (RwkvCore, ShortConvCore, ParallelCore):
+        return None  # (a ParallelCore: its parts with kernels use them, the others XLA)
     if type(inner) in HEAD_CORES:
         pass  # any head matrix: XLA forms it once per head, the kernel each channel
     elif type(inner) is StateDecayCore:
@@ -290,10 +294,11 @@ def _head_factors(core, idx):
     return left, right, diag, w, attrs
 
 
-def _head_call(core, idx):
+def _head_call(core, idx, total=None):
     """``(B, n, L, L)`` of a head-matrix core's channels ``idx``: each distinct head's matrix
     once (``core.alpha``, XLA; all heads if ``idx`` is traced), then the kernel sandwiches and
-    convolves every channel, writing each element once."""
+    convolves every channel, writing each element once. ``total``: an output of ``total >= n``
+    channels, the first ``n`` written (a ``ParallelCore``'s other parts go after them)."""
     heads = jnp.take(core.head, idx)
     if isinstance(heads, jax.core.Tracer):
         M, hmap = core.alpha(jnp.arange(core.num_heads)), heads
@@ -302,10 +307,10 @@ def _head_call(core, idx):
         M, hmap = core.alpha(jnp.asarray(uniq)), jnp.asarray(inv.reshape(-1))
     left, right, diag, w, attrs = _head_factors(core, idx)
     B, _, L, _ = M.shape
-    call = jax.ffi.ffi_call(_HEAD_TARGET, jax.ShapeDtypeStruct((B, idx.shape[0], L, L), jnp.float32),
+    call = jax.ffi.ffi_call(_HEAD_TARGET, jax.ShapeDtypeStruct((B, total or idx.shape[0], L, L), jnp.float32),
                             vmap_method="sequential")
     return call(M.astype(jnp.float32), hmap.astype(jnp.int32), left, right, diag, w, **attrs,
-                huge_pages=np.int64(huge_pages()))
+                huge_pages=np.int64(huge_pages()), offset=np.int64(0))
 
 
 def _head_blocks(core, heads, B: int, L: int):
@@ -400,6 +405,52 @@ def _conv_reduce_call(core, idx, mode, qw, kw):
     return out
 
 
+def _parallel_call(core, idx):
+    """Every channel of a ``ParallelCore`` whose first part is a head-matrix core, in order: that
+    part's kernel allocates the whole output and writes its channels, then each other part's
+    channels are formed once (its kernel, or XLA) and copied into their slots (repeated ones
+    too), in place. ``idx`` is ``arange(C)`` (``cpu_dense`` checks)."""
+    first = core.parts[0]
+    out = _head_call(first, jnp.arange(first.num_channels), total=core.num_channels)
+    for part, r, start in zip(core.parts[1:], core.repeats[1:], core.starts[1:]):
+        m = jnp.arange(part.num_channels)
+        src = cpu_dense(part, m) if has_kernel(part) else part.dense(m)
+        call = jax.ffi.ffi_call(_PLACE_TARGET, jax.ShapeDtypeStruct(out.shape, jnp.float32),
+                                vmap_method="sequential", input_output_aliases={2: 0})
+        out = call(src.astype(jnp.float32), jnp.repeat(m, r).astype(jnp.int32), out, offset=np.int64(start),
+                   threads=np.int64(num_threads()))
+    return out
+
+
+def _parallel_fast(core, idx) -> bool:
+    """Whether ``_parallel_call`` takes channels ``idx`` of ``core``: all of them, in order, concrete,
+    the first part a head-matrix core read once per channel."""
+    return (not isinstance(idx, jax.core.Tracer) and type(core.parts[0]) in HEAD_CORES and core.repeats[0] == 1
+            and np.array_equal(np.asarray(idx), np.arange(core.num_channels)))
+
+
+def _parallel_reduce(core, idx, how, qw, kw):
+    """A ``ParallelCore``'s reduce as the sum of its parts' (their kernels, or the XLA blocks), each
+    part's channels with their own weights (a repeated channel once per slot). ``idx`` concrete."""
+    idx = np.asarray(idx)
+    part_of = np.searchsorted(core.starts, idx, side="right") - 1
+    B, _, L = qw.shape
+    out = jnp.zeros((B, L, L), jnp.float32)
+    for k, (part, r) in enumerate(zip(core.parts, core.repeats)):
+        sel = np.flatnonzero(part_of == k)
+        if not sel.size:
+            continue
+        local = (idx[sel] - core.starts[k]) // r
+        q, w = jnp.take(qw, jnp.asarray(sel), axis=1), jnp.take(kw, jnp.asarray(sel), axis=1)
+        if has_kernel(part):
+            out = out + cpu_reduce(part, local, how, q, w)
+        else:
+            out = out + blocked_reduce_jit(part, jnp.asarray(local), q, w, how, block_size(sel.size, B, L, None))
+    return out
+
+
+_parallel_dense, _ = with_xla_backward(_parallel_call, None)
+
 # The conv's dense is the kernel, its reduce plain XLA (differentiable as it is).
 _conv_dense, _ = with_xla_backward(_conv_call, _conv_reduce_call)
 
@@ -421,6 +472,8 @@ def cpu_dense(core, idx):
       ``(B, n, L, L)`` float32, equal to ``core.dense(idx)`` to float32 rounding.
     """
     check_core(core)
+    if type(core) is ParallelCore:
+        return _parallel_dense(core, jnp.asarray(idx, jnp.int32)) if _parallel_fast(core, idx) else core.dense(idx)
     return _KERNELS[type(core)][0](core, jnp.asarray(idx, jnp.int32))
 
 
@@ -440,6 +493,10 @@ def cpu_reduce(core, idx, how: str, qw, kw):
     check_core(core)
     if how not in MODES:
         raise ValueError(f"how must be one of {tuple(MODES)}, got {how!r}")
+    if type(core) is ParallelCore:
+        if isinstance(idx, jax.core.Tracer):
+            return blocked_reduce_jit(core, idx, qw, kw, how, block_size(qw.shape[1], qw.shape[0], qw.shape[2], None))
+        return _parallel_reduce(core, idx, how, qw, kw)
     reduce = _KERNELS[type(core)][1]
     return reduce(core, jnp.asarray(idx, jnp.int32), jnp.asarray(MODES[how], jnp.int32),
                   jnp.asarray(qw, jnp.float32), jnp.asarray(kw, jnp.float32))
@@ -456,7 +513,7 @@ def _require():
 BACKEND = register_backend(KernelBackend(
     name="cpu", dense=cpu_dense, reduce=cpu_reduce, auto=lambda: jax.default_backend() == "cpu",
     require=_require, ready=available))
-for _type in _KERNELS:
+for _type in (*_KERNELS, ParallelCore):
     register_core("cpu", _type, _problem)
 
 

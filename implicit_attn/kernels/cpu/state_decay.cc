@@ -462,7 +462,7 @@ ffi::Error HeadMatrixDenseImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> he
                                ffi::Buffer<ffi::F32> diag, ffi::Buffer<ffi::F32> w,
                                ffi::ResultBuffer<ffi::F32> out, int64_t has_left,
                                int64_t has_right, int64_t has_diag, int64_t threads,
-                               int64_t huge_pages) {
+                               int64_t huge_pages, int64_t offset) {
   HeadDims d;
   std::string err = read_head_dims(M, head, w, d);
   for (auto* x : {&left, &right, &diag}) {
@@ -475,9 +475,15 @@ ffi::Error HeadMatrixDenseImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> he
                 w.typed_data(), head.typed_data(), has_left != 0, has_right != 0, has_diag != 0};
   for (int64_t c = 0; c < d.n; ++c)
     if (f.head[c] < 0) return ffi::Error::InvalidArgument("head_matrix_dense: a channel without a head");
+  // The output may hold more channels (a ParallelCore's): ours are [offset, offset + n).
+  const auto od = out->dimensions();
+  if (od.size() != 4 || od[0] != d.B || od[2] != d.L || od[3] != d.L || offset < 0 ||
+      offset + d.n > od[1])
+    return ffi::Error::InvalidArgument("head_matrix_dense: output too small for the offset");
+  const int64_t total = od[1];
   float* o = out->typed_data();
   const size_t LL = static_cast<size_t>(d.L) * d.L;
-  if (huge_pages) advise_huge(o, LL * d.B * d.n * sizeof(float));
+  if (huge_pages) advise_huge(o, LL * d.B * total * sizeof(float));
   std::vector<int64_t> order, start;
   group_by_head(f, d, order, start);
   // Work items: (batch, head, chunk of kQ rows); the chunk's head rows stay in cache while
@@ -498,7 +504,8 @@ ffi::Error HeadMatrixDenseImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> he
           const int64_t i = I0 + ii;
           const float* m = f.M + ((static_cast<size_t>(b) * d.H + h) * d.L + i) * d.L;
           head_row(f, d, b, c, i, m, 0, wp, t.data());
-          float* orow = o + (static_cast<size_t>(b) * d.n + c) * LL + static_cast<size_t>(i) * d.L;
+          float* orow =
+              o + (static_cast<size_t>(b) * total + offset + c) * LL + static_cast<size_t>(i) * d.L;
           if (width == wp) {
             head_conv(f.w + c * d.K, d.K, t.data(), 0, wp, orow);
           } else {
@@ -796,6 +803,36 @@ ffi::Error ShortConvDenseImpl(ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> lef
   return ffi::Error::Success();
 }
 
+// Copies channels into a larger output in place (a ParallelCore's other parts, a channel
+// repeated for each of its slots): out[b, offset + t] = src[b, map[t]].
+ffi::Error PlaceChannelsImpl(ffi::Buffer<ffi::F32> src, ffi::Buffer<ffi::S32> map,
+                             ffi::Buffer<ffi::F32> into, ffi::ResultBuffer<ffi::F32> out,
+                             int64_t offset, int64_t threads) {
+  auto sd = src.dimensions(), md = map.dimensions(), od = out->dimensions();
+  if (sd.size() != 4 || md.size() != 1 || od.size() != 4 || sd[0] != od[0] || sd[2] != od[2] ||
+      sd[3] != od[3] || offset < 0 || offset + md[0] > od[1])
+    return ffi::Error::InvalidArgument("place_channels: inconsistent shapes");
+  const int64_t B = od[0], total = od[1], m = sd[1], k = md[0];
+  const size_t LL = static_cast<size_t>(od[2]) * od[3];
+  for (int64_t t = 0; t < k; ++t)
+    if (map.typed_data()[t] < 0 || map.typed_data()[t] >= m)
+      return ffi::Error::InvalidArgument("place_channels: source channel out of range");
+  float* o = out->typed_data();
+  if (o != into.typed_data())  // not aliased after all: start from the input
+    std::memcpy(o, into.typed_data(), sizeof(float) * LL * B * total);
+  const int64_t items = B * k;
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  run_threads(nt, [&](int64_t t0) {
+    for (int64_t p = t0; p < items; p += nt) {
+      const int64_t b = p / k, t = p % k;
+      std::memcpy(o + (static_cast<size_t>(b) * total + offset + t) * LL,
+                  src.typed_data() + (static_cast<size_t>(b) * m + map.typed_data()[t]) * LL,
+                  sizeof(float) * LL);
+    }
+  });
+  return ffi::Error::Success();
+}
+
 // The operands both handlers share, in order: the factors of H.
 template <typename Binding>
 auto bind_factors(Binding b) {
@@ -844,12 +881,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::Buffer<ffi::F32>>()   // right (B, n, L)
         .Arg<ffi::Buffer<ffi::F32>>()   // diag (B, n, L)
         .Arg<ffi::Buffer<ffi::F32>>()   // conv w (n, K)
-        .Ret<ffi::Buffer<ffi::F32>>()   // out (B, n, L, L)
+        .Ret<ffi::Buffer<ffi::F32>>()   // out (B, >= offset + n, L, L)
         .Attr<int64_t>("has_left")
         .Attr<int64_t>("has_right")
         .Attr<int64_t>("has_diag")
         .Attr<int64_t>("threads")
-        .Attr<int64_t>("huge_pages"));
+        .Attr<int64_t>("huge_pages")
+        .Attr<int64_t>("offset"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaHeadMatrixReduce, HeadMatrixReduceImpl,
@@ -906,3 +944,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int64_t>("has_right")
         .Attr<int64_t>("threads")
         .Attr<int64_t>("huge_pages"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaPlaceChannels, PlaceChannelsImpl,
+    ffi::Ffi::Bind()
+        .Arg<ffi::Buffer<ffi::F32>>()   // src (B, m, L, L)
+        .Arg<ffi::Buffer<ffi::S32>>()   // source channel of each slot (k,)
+        .Arg<ffi::Buffer<ffi::F32>>()   // into (B, total, L, L), aliased to out
+        .Ret<ffi::Buffer<ffi::F32>>()   // out
+        .Attr<int64_t>("offset")
+        .Attr<int64_t>("threads"));
