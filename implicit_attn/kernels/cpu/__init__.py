@@ -444,9 +444,33 @@ def _parallel_reduce(core, idx, how, qw, kw):
         q, w = jnp.take(qw, jnp.asarray(sel), axis=1), jnp.take(kw, jnp.asarray(sel), axis=1)
         if has_kernel(part):
             out = out + cpu_reduce(part, local, how, q, w)
+        elif r > 1 and np.array_equal(local, np.repeat(np.arange(part.num_channels), r)):
+            out = out + _repeated_reduce_jit(part, q, w, jnp.asarray(MODES[how], jnp.int32), r)
         else:
             out = out + blocked_reduce_jit(part, jnp.asarray(local), q, w, how, block_size(sel.size, B, L, None))
     return out
+
+
+def _repeated_reduce(part, qw, kw, mode, r: int):
+    """``sum_c qw_c f(H_c) kw_c`` over every channel of ``part``, each repeated ``r`` times in a row
+    (an attention head read by each of its value features): the repeats share ``H_m``, so their
+    weights sum first, ``f(H_m) * (Q_m^T K_m)`` with ``Q_m, K_m (r, L)`` the slots' weights: each
+    ``H_m`` formed once, one rank-``r`` product per channel. ``qw, kw (B, m r, L)``."""
+    B, _, L = qw.shape
+    m = part.num_channels
+    q = jnp.moveaxis(qw.reshape(B, m, r, L), 1, 0)
+    k = jnp.moveaxis(kw.reshape(B, m, r, L), 1, 0)
+
+    def one(acc, xs):
+        c, qc, kc = xs
+        H = apply_mode(part.dense(c[None])[:, 0], mode)
+        return acc + H * jnp.einsum("bri,brj->bij", qc, kc), None
+
+    out, _ = jax.lax.scan(one, jnp.zeros((B, L, L), jnp.float32), (jnp.arange(m), q, k))
+    return out
+
+
+_repeated_reduce_jit = jax.jit(full_precision(_repeated_reduce), static_argnums=4)
 
 
 _parallel_dense, _ = with_xla_backward(_parallel_call, None)
