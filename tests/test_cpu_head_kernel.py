@@ -105,7 +105,7 @@ def test_fused_reduce_matches_materialize(family, how):
 def test_reduce_in_head_blocks(monkeypatch):
     """Heads formed one per step (a small memory budget; a length no other test compiles)."""
     op = op_of("qwen3_next", 23)
-    monkeypatch.setattr(cpu, "BLOCK_BUDGET", 4 * B * 23 * 23)
+    monkeypatch.setattr(cpu, "HEAD_BLOCK_BYTES", 4 * B * 23 * 23)
     assert rel(op.reduce("pos_mean", impl="cpu"), op.reduce("pos_mean", impl="xla")) <= 1e-5
 
 

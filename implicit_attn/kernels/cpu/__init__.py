@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ...operator import (BLOCK_BUDGET, MODES, DeltaRuleCore, DocumentMaskedCore, DplrCore, HeadMatrixCore,
+from ...operator import (MODES, DeltaRuleCore, DocumentMaskedCore, DplrCore, HeadMatrixCore,
                          KernelBackend, Mamba2Core, MlstmCore, ParallelCore, RwkvCore, ScalarDecayCore, ShortConvCore,
                          StateDecayCore,
                          apply_mode, block_size, register_backend, register_core, with_xla_backward)
@@ -313,13 +313,18 @@ def _head_call(core, idx, total=None):
                 huge_pages=np.int64(huge_pages()), offset=np.int64(0))
 
 
+# Bytes of head matrices the fused reduce forms per step: a few heads at a time stay in cache
+# (all of a layer's heads at once ran 1.2-1.5x slower at L = 512) and bound memory at long L.
+HEAD_BLOCK_BYTES = 4 << 20
+
+
 def _head_blocks(core, heads, B: int, L: int):
     """The heads to form, ``(steps, per step)``: the distinct ``heads`` (all heads if traced),
-    as many per step as fit ``BLOCK_BUDGET`` (padded by repeating the last)."""
+    as many per step as fit ``HEAD_BLOCK_BYTES`` (padded by repeating the last)."""
     uniq = (jnp.arange(core.num_heads) if isinstance(heads, jax.core.Tracer)
             else jnp.asarray(np.unique(np.asarray(heads))))
     U = uniq.shape[0]
-    per = max(1, min(U, BLOCK_BUDGET // (B * L * L * 4)))
+    per = max(1, min(U, HEAD_BLOCK_BYTES // (B * L * L * 4)))
     steps = -(-U // per)
     return jnp.pad(uniq, (0, steps * per - U), mode="edge").reshape(steps, per)
 
