@@ -76,15 +76,19 @@ def machine() -> dict:
     """What the numbers were measured on."""
     import jax
 
-    cpu = ""
+    cpu, flags = "", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith("model name") and not cpu:
                 cpu = line.split(":", 1)[1].strip()
-                break
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return {"platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count(),
+    # The vector extensions the kernels (built with -march=native) and XLA can use.
+    vector = [name for flag, name in (("avx2", "AVX2"), ("fma", "FMA"), ("avx512f", "AVX-512"))
+              if flag in flags] or ["none of AVX2 / FMA / AVX-512"]
+    return {"platform": platform.platform(), "cpu": cpu, "vector": " ".join(vector), "cores": os.cpu_count(),
             "jax": jax.__version__, "backend": jax.default_backend(),
             "devices": [str(d) for d in jax.devices()],
             "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
@@ -111,7 +115,8 @@ def write_results(name: str, rows: list[dict], meta: dict | None = None, columns
     RESULTS.mkdir(parents=True, exist_ok=True)
     info = {"machine": machine(), **(meta or {})}
     (RESULTS / f"{name}.json").write_text(json.dumps({"meta": info, "rows": rows}, indent=2))
-    md = f"# {name}\n\nMachine: {info['machine']['cpu']} ({info['machine']['cores']} cores), " \
+    md = f"# {name}\n\nMachine: {info['machine']['cpu']} ({info['machine']['vector']}, " \
+         f"{info['machine']['cores']} cores), " \
          f"jax {info['machine']['jax']} on {info['machine']['backend']}, {info['machine']['date']} UTC\n\n"
     md += markdown_table(rows, columns)
     (RESULTS / f"{name}.md").write_text(md)

@@ -16,7 +16,7 @@ import time
 
 from benchmarks.common import RESULTS, machine
 
-SUITES = ["forward", "cli_startup", "suite", "mamba", "mamba2", "griffin", "rwkv", "delta_rule", "rwkv_official"]
+SUITES = ["forward", "cli_startup", "suite", "cores", "mamba", "mamba2", "griffin", "rwkv", "delta_rule", "rwkv_official"]
 
 
 def main(argv=None) -> int:
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
         mds = [RESULTS / f"{stem}.md"] if (RESULTS / f"{stem}.md").exists() else sorted(RESULTS.glob(f"{stem}_*.md"))
         parts += [md.read_text() for md in mds]
     m = machine()
-    head = f"# Benchmark summary\n\n{m['cpu']} ({m['cores']} cores), jax {m['jax']} on {m['backend']}, {m['date']} UTC\n\n"
+    head = f"# Benchmark summary\n\n{m['cpu']} ({m['vector']}, {m['cores']} cores), jax {m['jax']} on {m['backend']}, {m['date']} UTC\n\n"
     out = RESULTS / ("SUMMARY" + ("_gpu" if args.device == "gpu" else "") + ("_quick" if args.quick else "") + ".md")
     out.write_text(head + "\n".join(parts))
     print(f"wrote {out}")

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import pytest
 
 from implicit_attn.kernels import cpu
-from implicit_attn.families import griffin, mamba, rwkv
+from implicit_attn.families import griffin, mamba
 from implicit_attn.operator import ImplicitOperator, StateDecayCore, resolve_impl
 
 B = 2
@@ -43,13 +43,6 @@ def _bare_core(L, N=20, C=3, left=True, right=True, diag=True, conv=True, seed=0
         q=f(B, L, N), k=f(B, L, N), A=-jnp.exp(f(C, N)), dt=jnp.abs(f(B, C, L)) * 0.3,
         left=f(B, C, L) if left else None, right=f(B, C, L) if right else None,
         diag=f(B, C, L) if diag else None, conv_w=f(C, 4) if conv else None)
-
-
-def rwkv_op():
-    cfg = rwkv.Config(vocab_size=8, hidden_size=4, attention_hidden_size=4, intermediate_size=4,
-                      num_hidden_layers=1)
-    att = rwkv.init_params(cfg, jax.random.PRNGKey(1))["layers"][0]["attention"]
-    return rwkv.block.time_mix_operator_jit(att, jax.random.normal(jax.random.PRNGKey(2), (1, 6, 4)), cfg=cfg)
 
 
 def griffin_op(L, variant="full", restart=True):
@@ -209,9 +202,12 @@ def test_unsupported_cores_and_limits_fail_loudly():
         ImplicitOperator(jnp.ones((1, 2, 5)), jnp.zeros((1, 2, 5)), jnp.ones((1, 2, 5)),
                          lowrank).materialize(impl="cpu")
     assert resolve_impl("auto", lowrank) == "xla"
-    rw = rwkv_op()
-    with pytest.raises(TypeError, match="no kernel for RwkvCore"):
-        rw.materialize(impl="cpu")
+    from implicit_attn.operator import AttentionCore
+
+    att = AttentionCore(q=jnp.ones((1, 2, 5, 3)), k=jnp.ones((1, 1, 5, 3)), seg=jnp.zeros((1, 5), jnp.int32), window=4)
+    with pytest.raises(TypeError, match="no kernel for AttentionCore"):
+        ImplicitOperator(jnp.ones((1, 2, 5)), jnp.zeros((1, 2, 5)), jnp.ones((1, 2, 5)), att).materialize(impl="cpu")
+    assert resolve_impl("auto", att) == "xla"
     with pytest.raises(TypeError, match="state size 80 > 64"):
         cpu.cpu_dense(_bare_core(5, N=80), [0])
     with pytest.raises(ValueError, match="how must be one of"):

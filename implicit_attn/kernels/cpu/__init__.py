@@ -32,15 +32,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ...operator import (MODES, DocumentMaskedCore, KernelBackend, ScalarDecayCore, StateDecayCore,
-                         register_backend, register_core, with_xla_backward)
+from ...operator import (MODES, DeltaRuleCore, DocumentMaskedCore, DplrCore, HeadMatrixCore,
+                         KernelBackend, Mamba2Core, MlstmCore, ParallelCore, RwkvCore, ScalarDecayCore, ShortConvCore,
+                         StateDecayCore,
+                         apply_mode, block_size, register_backend, register_core, with_xla_backward)
+from ...operator.dispatch import blocked_reduce_jit
+from ...ops import full_precision
 from . import cache
 from .cache import CpuKernelUnavailable, cache_dir
 
 _SRC = Path(__file__).with_name("state_decay.cc")
 _TARGET = "implicit_attn_state_decay_dense"
 _REDUCE_TARGET = "implicit_attn_state_decay_reduce"
-_SYMBOLS = ("IaStateDecayDense", "IaStateDecayReduce")
+_HEAD_TARGET = "implicit_attn_head_matrix_dense"
+_HEAD_REDUCE_TARGET = "implicit_attn_head_matrix_reduce"
+_RWKV_TARGET = "implicit_attn_rwkv_dense"
+_RWKV_REDUCE_TARGET = "implicit_attn_rwkv_reduce"
+_CONV_TARGET = "implicit_attn_short_conv_dense"
+_PLACE_TARGET = "implicit_attn_place_channels"
+_TARGETS = {"IaStateDecayDense": _TARGET, "IaStateDecayReduce": _REDUCE_TARGET, "IaHeadMatrixDense": _HEAD_TARGET,
+            "IaHeadMatrixReduce": _HEAD_REDUCE_TARGET, "IaRwkvDense": _RWKV_TARGET,
+            "IaRwkvReduce": _RWKV_REDUCE_TARGET, "IaShortConvDense": _CONV_TARGET,
+            "IaPlaceChannels": _PLACE_TARGET}
+_SYMBOLS = tuple(_TARGETS)
 ARCH_ENV = "IMPLICIT_ATTN_CPU_ARCH"
 
 
@@ -108,10 +122,8 @@ def load():
                     lib = _load_checked()
                 except OSError as e:  # no writable cache, a compiler that cannot start, a bad .so
                     raise CpuKernelUnavailable(f"building or loading the kernel failed: {e}") from e
-                jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.IaStateDecayDense),
-                                            platform="cpu")
-                jax.ffi.register_ffi_target(_REDUCE_TARGET, jax.ffi.pycapsule(lib.IaStateDecayReduce),
-                                            platform="cpu")
+                for symbol, target in _TARGETS.items():
+                    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
             except CpuKernelUnavailable as e:
                 _state["error"] = e
                 raise
@@ -142,10 +154,17 @@ def _parts(core):
     return core, None
 
 
+HEAD_CORES = (Mamba2Core, DeltaRuleCore, DplrCore, MlstmCore)
+
+
 def _problem(core) -> str | None:
     """Why ``impl="cpu"`` cannot take ``core`` (None if it can)."""
     inner, _ = _parts(core)
-    if type(inner) is StateDecayCore:
+    if type(inner) in (RwkvCore, ShortConvCore, ParallelCore):
+        return None  # (a ParallelCore: its parts with kernels use them, the others XLA)
+    if type(inner) in HEAD_CORES:
+        pass  # any head matrix: XLA forms it once per head, the kernel each channel
+    elif type(inner) is StateDecayCore:
         N = inner.q.shape[-1]
         if N > MAX_STATE:
             return f"state size {N} > {MAX_STATE}"
@@ -153,8 +172,10 @@ def _problem(core) -> str | None:
         if inner.q is not None or inner.k is not None:
             return "a ScalarDecayCore with low-rank q, k has no CPU kernel (rank one only)"
     else:
-        return (f"no kernel for {type(inner).__name__}; it covers StateDecayCore (Mamba-1) and "
-                "rank-one ScalarDecayCore (Griffin's RG-LRU, packed documents included)")
+        return (f"no kernel for {type(inner).__name__}; it covers StateDecayCore (Mamba-1), "
+                "rank-one ScalarDecayCore (Griffin's RG-LRU, packed documents included), the cores "
+                "whose channels share a head matrix (Mamba2Core, DeltaRuleCore, DplrCore, MlstmCore), "
+                "RwkvCore (RWKV-4) and ShortConvCore (LFM2)")
     K = 1 if inner.conv_w is None else inner.conv_w.shape[-1]
     if K > MAX_CONV:
         return f"conv width {K} > {MAX_CONV}"
@@ -257,12 +278,230 @@ def _reduce_call(core, idx, mode, qw, kw):
     args, attrs, (B, L) = _kernel_args(core, idx)
     call = jax.ffi.ffi_call(_REDUCE_TARGET, jax.ShapeDtypeStruct((B, L, L), jnp.float32),
                             vmap_method="sequential")
-    operands = (*args, qw.astype(jnp.float32), kw.astype(jnp.float32))
+    return _by_mode(call, mode, (*args, qw.astype(jnp.float32), kw.astype(jnp.float32)), attrs)
+
+
+def _by_mode(call, mode, operands, attrs):
+    """``call(*operands, **attrs, mode=m)`` for the traced int32 ``mode``: the kernels take it as
+    a static attribute, so each value is a branch."""
     branches = [lambda ops, m=m: call(*ops, **attrs, mode=np.int64(m)) for m in sorted(set(MODES.values()))]
     return jax.lax.switch(mode, branches, operands)
 
 
 _dense, _reduce = with_xla_backward(_kernel_call, _reduce_call)
+
+
+def _head_factors(core, idx):
+    """The per-channel operands of the head-matrix kernels for channels ``idx``: (left, right,
+    diag, w, attrs), absent factors as dummies."""
+    load()
+    n = idx.shape[0]
+    left, hl = _rows_or_dummy(core.left, idx)
+    right, hr = _rows_or_dummy(core.right, idx)
+    diag, hd = _rows_or_dummy(core.diagonal() if isinstance(core, HeadMatrixCore) else None, idx)
+    w = (jnp.ones((n, 1), jnp.float32) if core.conv_w is None
+         else jnp.take(core.conv_w, idx, axis=0).astype(jnp.float32))
+    attrs = dict(has_left=np.int64(hl), has_right=np.int64(hr), has_diag=np.int64(hd),
+                 threads=np.int64(num_threads()))
+    return left, right, diag, w, attrs
+
+
+def _head_call(core, idx, total=None):
+    """``(B, n, L, L)`` of a head-matrix core's channels ``idx``: each distinct head's matrix
+    once (``core.alpha``, XLA; all heads if ``idx`` is traced), then the kernel sandwiches and
+    convolves every channel, writing each element once. ``total``: an output of ``total >= n``
+    channels, the first ``n`` written (a ``ParallelCore``'s other parts go after them)."""
+    heads = jnp.take(core.head, idx)
+    if isinstance(heads, jax.core.Tracer):
+        M, hmap = core.alpha(jnp.arange(core.num_heads)), heads
+    else:
+        uniq, inv = np.unique(np.asarray(heads), return_inverse=True)
+        M, hmap = core.alpha(jnp.asarray(uniq)), jnp.asarray(inv.reshape(-1))
+    left, right, diag, w, attrs = _head_factors(core, idx)
+    B, _, L, _ = M.shape
+    call = jax.ffi.ffi_call(_HEAD_TARGET, jax.ShapeDtypeStruct((B, total or idx.shape[0], L, L), jnp.float32),
+                            vmap_method="sequential")
+    return call(M.astype(jnp.float32), hmap.astype(jnp.int32), left, right, diag, w, **attrs,
+                huge_pages=np.int64(huge_pages()), offset=np.int64(0))
+
+
+# Bytes of head matrices the fused reduce forms per step: a few heads at a time stay in cache
+# (all of a layer's heads at once ran 1.2-1.5x slower at L = 512) and bound memory at long L.
+HEAD_BLOCK_BYTES = 4 << 20
+
+
+def _head_blocks(core, heads, B: int, L: int):
+    """The heads to form, ``(steps, per step)``: the distinct ``heads`` (all heads if traced),
+    as many per step as fit ``HEAD_BLOCK_BYTES`` (padded by repeating the last)."""
+    uniq = (jnp.arange(core.num_heads) if isinstance(heads, jax.core.Tracer)
+            else jnp.asarray(np.unique(np.asarray(heads))))
+    U = uniq.shape[0]
+    per = max(1, min(U, HEAD_BLOCK_BYTES // (B * L * L * 4)))
+    steps = -(-U // per)
+    return jnp.pad(uniq, (0, steps * per - U), mode="edge").reshape(steps, per)
+
+
+def _head_reduce_call(core, idx, mode, qw, kw):
+    """``(B, L, L)``: a scan over blocks of heads, each block's matrices formed once (XLA),
+    the kernel adding its channels' weighted terms into the running sum (in place)."""
+    heads = jnp.take(core.head, idx)
+    left, right, diag, w, attrs = _head_factors(core, idx)
+    B, _, L = qw.shape
+    call = jax.ffi.ffi_call(_HEAD_REDUCE_TARGET, jax.ShapeDtypeStruct((B, L, L), jnp.float32),
+                            vmap_method="sequential", input_output_aliases={8: 0})
+    qw, kw = qw.astype(jnp.float32), kw.astype(jnp.float32)
+
+    def step(acc, block):
+        eq = heads[:, None] == block[None, :]  # a padded repeat matches only its first copy
+        hmap = jnp.where(eq.any(1), jnp.argmax(eq, 1), -1).astype(jnp.int32)
+        M = core.alpha(block).astype(jnp.float32)
+        return _by_mode(call, mode, (M, hmap, left, right, diag, w, qw, kw, acc), attrs), None
+
+    out, _ = jax.lax.scan(step, jnp.zeros((B, L, L), jnp.float32), _head_blocks(core, heads, B, L))
+    return out
+
+
+_head_dense, _head_reduce = with_xla_backward(_head_call, _head_reduce_call)
+
+
+def _rwkv_args(core, idx):
+    load()
+    gate, hg = _rows_or_dummy(core.gate, idx)
+    args = (jnp.take(core.k, idx, axis=1).astype(jnp.float32), jnp.take(core.w, idx).astype(jnp.float32),
+            jnp.take(core.u, idx).astype(jnp.float32), gate)
+    return args, dict(has_gate=np.int64(hg), threads=np.int64(num_threads()))
+
+
+def _rwkv_call(core, idx):
+    """``(B, n, L, L)`` of an ``RwkvCore``'s channels ``idx``, one exponential per element."""
+    args, attrs = _rwkv_args(core, idx)
+    B, _, L = core.k.shape
+    call = jax.ffi.ffi_call(_RWKV_TARGET, jax.ShapeDtypeStruct((B, idx.shape[0], L, L), jnp.float32),
+                            vmap_method="sequential")
+    return call(*args, **attrs, huge_pages=np.int64(huge_pages()))
+
+
+def _rwkv_reduce_call(core, idx, mode, qw, kw):
+    args, attrs = _rwkv_args(core, idx)
+    B, _, L = core.k.shape
+    call = jax.ffi.ffi_call(_RWKV_REDUCE_TARGET, jax.ShapeDtypeStruct((B, L, L), jnp.float32),
+                            vmap_method="sequential")
+    return _by_mode(call, mode, (*args, qw.astype(jnp.float32), kw.astype(jnp.float32)), attrs)
+
+
+_rwkv_dense, _rwkv_reduce = with_xla_backward(_rwkv_call, _rwkv_reduce_call)
+
+
+def _conv_call(core, idx):
+    """``(B, n, L, L)`` of a ``ShortConvCore``'s channels ``idx``: each row written once."""
+    load()
+    right, hr = _rows_or_dummy(core.right, idx)
+    left = jnp.take(core.left, idx, axis=1).astype(jnp.float32)
+    B, _, L = left.shape
+    call = jax.ffi.ffi_call(_CONV_TARGET, jax.ShapeDtypeStruct((B, idx.shape[0], L, L), jnp.float32),
+                            vmap_method="sequential")
+    return call(jnp.take(core.conv_w, idx, axis=0).astype(jnp.float32), left, right, has_right=np.int64(hr),
+                threads=np.int64(num_threads()), huge_pages=np.int64(huge_pages()))
+
+
+def _conv_reduce_call(core, idx, mode, qw, kw):
+    """A ``ShortConvCore``'s reduce in XLA, band by band: ``H_c`` is nonzero only on ``K``
+    diagonals, so ``out[i, i-s] = sum_c qw_c[i] f(l_c[i] w_c[K-1-s] r_c[i-s]) kw_c[i-s]``: ``O(C L K)``
+    work, then the ``K`` diagonals placed into ``(B, L, L)``."""
+    left = jnp.take(core.left, idx, axis=1).astype(jnp.float32)
+    B, n, L = left.shape
+    w = jnp.take(core.conv_w, idx, axis=0).astype(jnp.float32)
+    right = jnp.ones_like(left) if core.right is None else jnp.take(core.right, idx, axis=1).astype(jnp.float32)
+    shift = lambda x, s: jnp.pad(x, ((0, 0), (0, 0), (s, 0)))[..., :L]  # x[..., i - s], 0 for i < s
+    out = jnp.zeros((B, L, L), jnp.float32)
+    i = jnp.arange(L)
+    for s in range(min(w.shape[1], L)):
+        h = left * w[None, :, w.shape[1] - 1 - s, None] * shift(right, s)  # H_c[i, i - s]
+        band = jnp.sum(qw * apply_mode(h, mode) * shift(kw, s), axis=1)
+        out = out.at[:, i[s:], i[s:] - s].set(band[:, s:])
+    return out
+
+
+def _parallel_call(core, idx):
+    """Every channel of a ``ParallelCore`` whose first part is a head-matrix core, in order: that
+    part's kernel allocates the whole output and writes its channels, then each other part's
+    channels are formed once (its kernel, or XLA) and copied into their slots (repeated ones
+    too), in place. ``idx`` is ``arange(C)`` (``cpu_dense`` checks)."""
+    first = core.parts[0]
+    out = _head_call(first, jnp.arange(first.num_channels), total=core.num_channels)
+    for part, r, start in zip(core.parts[1:], core.repeats[1:], core.starts[1:]):
+        m = jnp.arange(part.num_channels)
+        src = cpu_dense(part, m) if has_kernel(part) else part.dense(m)
+        call = jax.ffi.ffi_call(_PLACE_TARGET, jax.ShapeDtypeStruct(out.shape, jnp.float32),
+                                vmap_method="sequential", input_output_aliases={2: 0})
+        out = call(src.astype(jnp.float32), jnp.repeat(m, r).astype(jnp.int32), out, offset=np.int64(start),
+                   threads=np.int64(num_threads()))
+    return out
+
+
+def _parallel_fast(core, idx) -> bool:
+    """Whether ``_parallel_call`` takes channels ``idx`` of ``core``: all of them, in order, concrete,
+    the first part a head-matrix core read once per channel."""
+    return (not isinstance(idx, jax.core.Tracer) and type(core.parts[0]) in HEAD_CORES and core.repeats[0] == 1
+            and np.array_equal(np.asarray(idx), np.arange(core.num_channels)))
+
+
+def _parallel_reduce(core, idx, how, qw, kw):
+    """A ``ParallelCore``'s reduce as the sum of its parts' (their kernels, or the XLA blocks), each
+    part's channels with their own weights (a repeated channel once per slot). ``idx`` concrete."""
+    idx = np.asarray(idx)
+    part_of = np.searchsorted(core.starts, idx, side="right") - 1
+    B, _, L = qw.shape
+    out = jnp.zeros((B, L, L), jnp.float32)
+    for k, (part, r) in enumerate(zip(core.parts, core.repeats)):
+        sel = np.flatnonzero(part_of == k)
+        if not sel.size:
+            continue
+        local = (idx[sel] - core.starts[k]) // r
+        q, w = jnp.take(qw, jnp.asarray(sel), axis=1), jnp.take(kw, jnp.asarray(sel), axis=1)
+        if has_kernel(part):
+            out = out + cpu_reduce(part, local, how, q, w)
+        elif r > 1 and np.array_equal(local, np.repeat(np.arange(part.num_channels), r)):
+            out = out + _repeated_reduce_jit(part, q, w, jnp.asarray(MODES[how], jnp.int32), r)
+        else:
+            out = out + blocked_reduce_jit(part, jnp.asarray(local), q, w, how, block_size(sel.size, B, L, None))
+    return out
+
+
+def _repeated_reduce(part, qw, kw, mode, r: int):
+    """``sum_c qw_c f(H_c) kw_c`` over every channel of ``part``, each repeated ``r`` times in a row
+    (an attention head read by each of its value features): the repeats share ``H_m``, so their
+    weights sum first, ``f(H_m) * (Q_m^T K_m)`` with ``Q_m, K_m (r, L)`` the slots' weights: each
+    ``H_m`` formed once, one rank-``r`` product per channel. ``qw, kw (B, m r, L)``."""
+    B, _, L = qw.shape
+    m = part.num_channels
+    q = jnp.moveaxis(qw.reshape(B, m, r, L), 1, 0)
+    k = jnp.moveaxis(kw.reshape(B, m, r, L), 1, 0)
+
+    def one(acc, xs):
+        c, qc, kc = xs
+        H = apply_mode(part.dense(c[None])[:, 0], mode)
+        return acc + H * jnp.einsum("bri,brj->bij", qc, kc), None
+
+    out, _ = jax.lax.scan(one, jnp.zeros((B, L, L), jnp.float32), (jnp.arange(m), q, k))
+    return out
+
+
+_repeated_reduce_jit = jax.jit(full_precision(_repeated_reduce), static_argnums=4)
+
+
+_parallel_dense, _ = with_xla_backward(_parallel_call, None)
+
+# The conv's dense is the kernel, its reduce plain XLA (differentiable as it is).
+_conv_dense, _ = with_xla_backward(_conv_call, _conv_reduce_call)
+
+# core type -> (dense, reduce). ``reduce`` calls the kernels eagerly: jitted, one compilation per
+# shape serves every call (eager, the scans and mode switches around them compile on each call).
+_state_decay = (_dense, jax.jit(full_precision(_reduce)))
+_head = (_head_dense, jax.jit(full_precision(_head_reduce)))
+_KERNELS = {StateDecayCore: _state_decay, ScalarDecayCore: _state_decay, DocumentMaskedCore: _state_decay,
+            **{t: _head for t in HEAD_CORES}, RwkvCore: (_rwkv_dense, jax.jit(_rwkv_reduce)),
+            ShortConvCore: (_conv_dense, jax.jit(_conv_reduce_call))}
 
 
 def cpu_dense(core, idx):
@@ -274,7 +513,9 @@ def cpu_dense(core, idx):
       ``(B, n, L, L)`` float32, equal to ``core.dense(idx)`` to float32 rounding.
     """
     check_core(core)
-    return _dense(core, jnp.asarray(idx, jnp.int32))
+    if type(core) is ParallelCore:
+        return _parallel_dense(core, jnp.asarray(idx, jnp.int32)) if _parallel_fast(core, idx) else core.dense(idx)
+    return _KERNELS[type(core)][0](core, jnp.asarray(idx, jnp.int32))
 
 
 def cpu_reduce(core, idx, how: str, qw, kw):
@@ -293,8 +534,13 @@ def cpu_reduce(core, idx, how: str, qw, kw):
     check_core(core)
     if how not in MODES:
         raise ValueError(f"how must be one of {tuple(MODES)}, got {how!r}")
-    return _reduce(core, jnp.asarray(idx, jnp.int32), jnp.asarray(MODES[how], jnp.int32),
-                   jnp.asarray(qw, jnp.float32), jnp.asarray(kw, jnp.float32))
+    if type(core) is ParallelCore:
+        if isinstance(idx, jax.core.Tracer):
+            return blocked_reduce_jit(core, idx, qw, kw, how, block_size(qw.shape[1], qw.shape[0], qw.shape[2], None))
+        return _parallel_reduce(core, idx, how, qw, kw)
+    reduce = _KERNELS[type(core)][1]
+    return reduce(core, jnp.asarray(idx, jnp.int32), jnp.asarray(MODES[how], jnp.int32),
+                  jnp.asarray(qw, jnp.float32), jnp.asarray(kw, jnp.float32))
 
 
 def _require():
@@ -308,7 +554,7 @@ def _require():
 BACKEND = register_backend(KernelBackend(
     name="cpu", dense=cpu_dense, reduce=cpu_reduce, auto=lambda: jax.default_backend() == "cpu",
     require=_require, ready=available))
-for _type in (StateDecayCore, ScalarDecayCore, DocumentMaskedCore):
+for _type in (*_KERNELS, ParallelCore):
     register_core("cpu", _type, _problem)
 
 

@@ -364,6 +364,475 @@ ffi::Error StateDecayReduceImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k
   return ffi::Error::Success();
 }
 
+// ---------------------------------------------------------------------------------------
+// Channels that share one matrix per head (Mamba-2's alpha_h, the gated delta rule's, DPLR's
+// and mLSTM's M_h), the head matrices given (XLA computes them, once per head):
+//   H_c = (diag(l_c) M_{head[c]} diag(r_c) + diag(d_c)) Conv_c,
+// entries of M above the diagonal ignored. A row of H_c is formed in scratch from its head's
+// row (which stays in cache for all the head's channels), then convolved.
+
+struct HeadDims {
+  int64_t B, H, n, L, K;  // batch, head matrices, channels, length, conv taps
+};
+
+struct HeadFactors {
+  const float *M, *left, *right, *diag, *w;
+  const int32_t* head;  // channel -> head matrix, or -1: the channel is skipped
+  bool has_left, has_right, has_diag;
+};
+
+// Columns [j0, j1 + kQ) of row i of channel c's H_c before the conv into t (j0 a multiple of
+// kQ): 0 past i. m is head row i of batch b.
+inline void head_row(const HeadFactors& f, const HeadDims& d, int64_t b, int64_t c, int64_t i,
+                     const float* m, int64_t j0, int64_t j1, float* t) {
+  const size_t cl = (static_cast<size_t>(b) * d.n + c) * d.L;
+  const float li = f.has_left ? f.left[cl + i] : 1.0f;
+  const float* r = f.has_right ? f.right + cl : nullptr;
+  const int64_t end = std::min(j1 + kQ, i + 1);
+  const v16 lv = splat(li);
+  int64_t j = j0;
+  for (; j + kQ <= end; j += kQ) {
+    v16 v = lv * load(m + j);
+    if (r) v *= load(r + j);
+    store(t + (j - j0), v);
+  }
+  if (j < end) {  // the chunk holding the diagonal: lanes past i are 0
+    if (j + kQ <= d.L) {  // a whole vector is in bounds: load it and mask
+      const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+      v16 v = lv * load(m + j);
+      if (r) v *= load(r + j);
+      store(t + (j - j0), lane < splat(static_cast<float>(end - j)) ? v : splat(0.0f));
+    } else {
+      for (int64_t jj = 0; jj < kQ; ++jj)
+        t[j - j0 + jj] = j + jj < end ? li * m[j + jj] * (r ? r[j + jj] : 1.0f) : 0.0f;
+    }
+    j += kQ;
+  }
+  for (; j < j1 + kQ; j += kQ) store(t + (j - j0), splat(0.0f));
+  if (f.has_diag && i >= j0 && i < j1 + kQ) t[i - j0] += f.diag[cl + i];
+}
+
+// The conv of t (from head_row) over columns [j0, j1): y[j - j0] = sum_s t[j + s] w[K-1-s].
+inline void head_conv(const float* w, int64_t K, const float* t, int64_t j0, int64_t j1,
+                      float* y) {
+  for (int64_t J = 0; J < j1 - j0; J += kQ) {
+    v16 v = splat(0.0f);
+    for (int64_t s = 0; s < K; ++s) v += splat(w[K - 1 - s]) * load(t + J + s);
+    store(y + J, v);
+  }
+}
+
+// Channels grouped by head: (order of channels, start of each head's run in it).
+void group_by_head(const HeadFactors& f, const HeadDims& d, std::vector<int64_t>& order,
+                   std::vector<int64_t>& start) {
+  order.clear();
+  start.assign(d.H + 1, 0);
+  for (int64_t c = 0; c < d.n; ++c)
+    if (f.head[c] >= 0) ++start[f.head[c] + 1];
+  for (int64_t h = 0; h < d.H; ++h) start[h + 1] += start[h];
+  order.resize(start[d.H]);
+  std::vector<int64_t> fill(start.begin(), start.end() - 1);
+  for (int64_t c = 0; c < d.n; ++c)
+    if (f.head[c] >= 0) order[fill[f.head[c]]++] = c;
+}
+
+std::string read_head_dims(ffi::Buffer<ffi::F32>& M, ffi::Buffer<ffi::S32>& head,
+                           ffi::Buffer<ffi::F32>& w, HeadDims& d) {
+  auto md = M.dimensions(), hd = head.dimensions(), wd = w.dimensions();
+  if (md.size() != 4 || hd.size() != 1 || wd.size() != 2 || md[2] != md[3])
+    return "expected head matrices (B,H,L,L), head map (n,), w (n,K)";
+  d = HeadDims{md[0], md[1], hd[0], md[2], wd[1]};
+  if (wd[0] != d.n) return "inconsistent shapes";
+  if (d.K > kQ) return "needs conv width <= 16";
+  for (int64_t c = 0; c < d.n; ++c)
+    if (head.typed_data()[c] < -1 || head.typed_data()[c] >= d.H) return "head index out of range";
+  return "";
+}
+
+std::string check_rows(ffi::Buffer<ffi::F32>& x, int64_t present, const HeadDims& d) {
+  if (!present) return "";
+  auto xd = x.dimensions();
+  if (xd.size() != 3 || xd[0] != d.B || xd[1] != d.n || xd[2] != d.L)
+    return "left, right, diag must be (B, n, L)";
+  return "";
+}
+
+ffi::Error HeadMatrixDenseImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> head,
+                               ffi::Buffer<ffi::F32> left, ffi::Buffer<ffi::F32> right,
+                               ffi::Buffer<ffi::F32> diag, ffi::Buffer<ffi::F32> w,
+                               ffi::ResultBuffer<ffi::F32> out, int64_t has_left,
+                               int64_t has_right, int64_t has_diag, int64_t threads,
+                               int64_t huge_pages, int64_t offset) {
+  HeadDims d;
+  std::string err = read_head_dims(M, head, w, d);
+  for (auto* x : {&left, &right, &diag}) {
+    if (!err.empty()) break;
+    err = check_rows(*x, x == &left ? has_left : x == &right ? has_right : has_diag, d);
+  }
+  if (!err.empty()) return ffi::Error::InvalidArgument("head_matrix_dense: " + err);
+  if (d.L == 0 || d.n == 0 || d.B == 0) return ffi::Error::Success();
+  HeadFactors f{M.typed_data(), left.typed_data(), right.typed_data(), diag.typed_data(),
+                w.typed_data(), head.typed_data(), has_left != 0, has_right != 0, has_diag != 0};
+  for (int64_t c = 0; c < d.n; ++c)
+    if (f.head[c] < 0) return ffi::Error::InvalidArgument("head_matrix_dense: a channel without a head");
+  // The output may hold more channels (a ParallelCore's): ours are [offset, offset + n).
+  const auto od = out->dimensions();
+  if (od.size() != 4 || od[0] != d.B || od[2] != d.L || od[3] != d.L || offset < 0 ||
+      offset + d.n > od[1])
+    return ffi::Error::InvalidArgument("head_matrix_dense: output too small for the offset");
+  const int64_t total = od[1];
+  float* o = out->typed_data();
+  const size_t LL = static_cast<size_t>(d.L) * d.L;
+  if (huge_pages) advise_huge(o, LL * d.B * total * sizeof(float));
+  std::vector<int64_t> order, start;
+  group_by_head(f, d, order, start);
+  // Work items: (batch, head, chunk of kQ rows); the chunk's head rows stay in cache while
+  // each of the head's channels writes its kQ rows (contiguous in its output).
+  const int64_t nc = (d.L + kQ - 1) / kQ, items = d.B * d.H * nc;
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  const int64_t Lp = nc * kQ;
+  run_threads(nt, [&](int64_t t0) {
+    std::vector<float> t(Lp + 2 * kQ), y(Lp + kQ);
+    for (int64_t p = t0; p < items; p += nt) {
+      const int64_t I = p % nc, h = (p / nc) % d.H, b = p / (nc * d.H);
+      if (start[h] == start[h + 1]) continue;
+      const int64_t I0 = I * kQ, rows = std::min(kQ, d.L - I0);
+      const int64_t wp = (I + 1) * kQ, width = std::min(d.L, wp);  // columns past the chunk are 0
+      for (int64_t k = start[h]; k < start[h + 1]; ++k) {
+        const int64_t c = order[k];
+        for (int64_t ii = 0; ii < rows; ++ii) {
+          const int64_t i = I0 + ii;
+          const float* m = f.M + ((static_cast<size_t>(b) * d.H + h) * d.L + i) * d.L;
+          head_row(f, d, b, c, i, m, 0, wp, t.data());
+          float* orow =
+              o + (static_cast<size_t>(b) * total + offset + c) * LL + static_cast<size_t>(i) * d.L;
+          if (width == wp) {
+            head_conv(f.w + c * d.K, d.K, t.data(), 0, wp, orow);
+          } else {
+            head_conv(f.w + c * d.K, d.K, t.data(), 0, wp, y.data());
+            std::memcpy(orow, y.data(), sizeof(float) * width);
+          }
+          if (width < d.L) std::memset(orow + width, 0, sizeof(float) * (d.L - width));
+        }
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
+// acc + sum_c qw[b,c,i] f(H_c[i,j]) kw[b,c,j] over the channels with a head (head[c] >= 0), f
+// as in the state-decay reduce, into out (B, L, L) (aliased to acc by the caller). Tiled:
+// blocks of kQ rows by kTile columns, so a block's head rows, a channel's weights over the
+// tile and the block's sums stay in L1 while every channel of every head passes over them.
+constexpr int64_t kTile = 256;
+
+ffi::Error HeadMatrixReduceImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> head,
+                                ffi::Buffer<ffi::F32> left, ffi::Buffer<ffi::F32> right,
+                                ffi::Buffer<ffi::F32> diag, ffi::Buffer<ffi::F32> w,
+                                ffi::Buffer<ffi::F32> qw, ffi::Buffer<ffi::F32> kw,
+                                ffi::Buffer<ffi::F32> acc, ffi::ResultBuffer<ffi::F32> out,
+                                int64_t has_left, int64_t has_right, int64_t has_diag,
+                                int64_t threads, int64_t mode) {
+  HeadDims d;
+  std::string err = read_head_dims(M, head, w, d);
+  for (auto* x : {&left, &right, &diag, &qw, &kw}) {
+    if (!err.empty()) break;
+    const int64_t present = x == &left ? has_left : x == &right ? has_right : x == &diag ? has_diag : 1;
+    err = check_rows(*x, present, d);
+  }
+  auto ad = acc.dimensions();
+  if (err.empty() && (ad.size() != 3 || ad[0] != d.B || ad[1] != d.L || ad[2] != d.L))
+    err = "the accumulator must be (B, L, L)";
+  if (err.empty() && (mode < 0 || mode > 2)) err = "bad mode";
+  if (!err.empty()) return ffi::Error::InvalidArgument("head_matrix_reduce: " + err);
+  if (d.L == 0 || d.B == 0) return ffi::Error::Success();
+  HeadFactors f{M.typed_data(), left.typed_data(), right.typed_data(), diag.typed_data(),
+                w.typed_data(), head.typed_data(), has_left != 0, has_right != 0, has_diag != 0};
+  float* o = out->typed_data();
+  const float* a = acc.typed_data();
+  const int64_t L = d.L, nc = (L + kQ - 1) / kQ;
+  std::vector<int64_t> order, start;
+  group_by_head(f, d, order, start);
+  const int64_t items = d.B * nc;
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  run_threads(nt, [&](int64_t t0) {
+    std::vector<float> t(kTile + 2 * kQ), y(kTile + kQ), sum(kQ * kTile), kwt(kTile);
+    for (int64_t p = t0; p < items; p += nt) {
+      const int64_t I = p % nc, b = p / nc, I0 = I * kQ, rows = std::min(kQ, L - I0);
+      float* ob = o + static_cast<size_t>(b) * L * L;
+      if (o != a)
+        std::memcpy(ob + I0 * L, a + static_cast<size_t>(b) * L * L + I0 * L,
+                    sizeof(float) * L * rows);
+      for (int64_t j0 = 0; j0 < I0 + rows; j0 += kTile) {
+        const int64_t j1 = std::min(j0 + kTile, (I + 1) * kQ), cols = std::min(j1, L) - j0;
+        std::fill(sum.begin(), sum.end(), 0.0f);
+        for (int64_t k = 0; k < start[d.H]; ++k) {
+          const int64_t c = order[k], h = f.head[c];
+          const size_t cl = (static_cast<size_t>(b) * d.n + c) * L;
+          std::fill(kwt.begin(), kwt.end(), 0.0f);
+          std::copy(kw.typed_data() + cl + j0, kw.typed_data() + cl + j0 + cols, kwt.begin());
+          for (int64_t ii = 0; ii < rows; ++ii) {
+            const int64_t i = I0 + ii;
+            if (i < j0) continue;
+            const float* m = f.M + ((static_cast<size_t>(b) * d.H + h) * L + i) * L;
+            const int64_t end = std::min(j1, (i / kQ + 1) * kQ);  // columns past i are 0
+            head_row(f, d, b, c, i, m, j0, end, t.data());
+            head_conv(f.w + c * d.K, d.K, t.data(), j0, end, y.data());
+            const v16 q = splat(qw.typed_data()[cl + i]);
+            float* s = sum.data() + ii * kTile;
+            for (int64_t J = 0; J < end - j0; J += kQ) {
+              v16 v = load(y.data() + J);
+              if (mode == 1) v = v < 0.0f ? -v : v;
+              if (mode == 2) v = v < 0.0f ? splat(0.0f) : v;
+              store(s + J, load(s + J) + q * v * load(kwt.data() + J));
+            }
+          }
+        }
+        for (int64_t ii = 0; ii < rows; ++ii) {
+          float* orow = ob + (I0 + ii) * L + j0;
+          const float* s = sum.data() + ii * kTile;
+          for (int64_t j = 0; j < cols; ++j) orow[j] += s[j];
+        }
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
+// ---------------------------------------------------------------------------------------
+// RWKV-4 (RwkvCore): H_c[i, j] = gate_c[i] softmax_j(l)[i, j] with l[i, j] = k[j] + (i-1-j) w
+// (j < i), u + k[i] (j = i). The row's log normaliser comes from an O(L) recurrence (in
+// double), lse[i] = logaddexp(P[i], u + k[i]) with P[i+1] = logaddexp(P[i] + w, k[i]), so each
+// element is one exponential, written once.
+
+struct RwkvDims {
+  int64_t B, C, L;
+};
+
+inline double logaddexp(double a, double b) {
+  if (a == -INFINITY) return b;
+  if (b == -INFINITY) return a;
+  return a > b ? a + std::log1p(std::exp(b - a)) : b + std::log1p(std::exp(a - b));
+}
+
+// Row log normalisers of channel (b, c) into lse (L).
+void rwkv_lse(const float* k, float w, float u, int64_t L, float* lse) {
+  double P = -INFINITY;
+  for (int64_t i = 0; i < L; ++i) {
+    lse[i] = static_cast<float>(logaddexp(P, static_cast<double>(u) + k[i]));
+    P = logaddexp(P + w, k[i]);
+  }
+}
+
+// Columns [j0, j0 + n) (n a multiple of kQ, j0 too) of row i of H_c before the gate into y:
+// exp(l[i, j] - lse[i]), 0 past i. k must be readable up to j0 + n (padded).
+inline void rwkv_row(const float* k, float w, float u, float lse, int64_t i, int64_t j0, int64_t n,
+                     float* y) {
+  const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const v16 wv = splat(w), lv = splat(lse), zero = splat(0.0f);
+  for (int64_t J = 0; J < n; J += kQ) {
+    const int64_t j = j0 + J;
+    const v16 dist = splat(static_cast<float>(i - 1 - j)) - lane;  // i-1-j per lane
+    // dist 0 (j = i-1) decays nothing, also for w = -inf.
+    v16 l = load(k + j) + (dist == zero ? zero : dist * wv);
+    v16 e = vexp(l - lv);
+    if (j + kQ > i) {  // the diagonal chunk: u + k[i] at j = i, 0 past it
+      const v16 col = splat(static_cast<float>(j)) + lane;
+      const v16 ed = vexp(splat(u + k[i]) - lv);
+      e = col < splat(static_cast<float>(i)) ? e : (col == splat(static_cast<float>(i)) ? ed : zero);
+    }
+    store(y + J, e);
+  }
+}
+
+std::string read_rwkv_dims(ffi::Buffer<ffi::F32>& k, ffi::Buffer<ffi::F32>& w,
+                           ffi::Buffer<ffi::F32>& u, ffi::Buffer<ffi::F32>& gate, int64_t has_gate,
+                           RwkvDims& d) {
+  auto kd = k.dimensions(), wd = w.dimensions(), ud = u.dimensions(), gd = gate.dimensions();
+  if (kd.size() != 3 || wd.size() != 1 || ud.size() != 1) return "expected k (B,C,L), w, u (C,)";
+  d = RwkvDims{kd[0], kd[1], kd[2]};
+  if (wd[0] != d.C || ud[0] != d.C) return "inconsistent shapes";
+  if (has_gate && (gd.size() != 3 || gd[0] != d.B || gd[1] != d.C || gd[2] != d.L))
+    return "gate must be (B, C, L)";
+  return "";
+}
+
+ffi::Error RwkvDenseImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> u,
+                         ffi::Buffer<ffi::F32> gate, ffi::ResultBuffer<ffi::F32> out,
+                         int64_t has_gate, int64_t threads, int64_t huge_pages) {
+  RwkvDims d;
+  std::string err = read_rwkv_dims(k, w, u, gate, has_gate, d);
+  if (!err.empty()) return ffi::Error::InvalidArgument("rwkv_dense: " + err);
+  if (d.L == 0 || d.C == 0 || d.B == 0) return ffi::Error::Success();
+  float* o = out->typed_data();
+  const size_t LL = static_cast<size_t>(d.L) * d.L;
+  if (huge_pages) advise_huge(o, LL * d.B * d.C * sizeof(float));
+  const int64_t pairs = d.B * d.C, Lp = (d.L + kQ - 1) / kQ * kQ;
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, pairs));
+  run_threads(nt, [&](int64_t t0) {
+    std::vector<float> kp(Lp, 0.0f), lse(d.L), y(Lp);
+    for (int64_t p = t0; p < pairs; p += nt) {
+      const int64_t c = p % d.C;
+      const float* kc = k.typed_data() + static_cast<size_t>(p) * d.L;
+      std::copy(kc, kc + d.L, kp.begin());
+      const float wc = w.typed_data()[c], uc = u.typed_data()[c];
+      rwkv_lse(kc, wc, uc, d.L, lse.data());
+      float* oc = o + static_cast<size_t>(p) * LL;
+      for (int64_t i = 0; i < d.L; ++i) {
+        const int64_t wp = (i / kQ + 1) * kQ, width = std::min(d.L, wp);
+        float* orow = oc + static_cast<size_t>(i) * d.L;
+        float* dst = width == wp ? orow : y.data();
+        rwkv_row(kp.data(), wc, uc, lse[i], i, 0, wp, dst);
+        if (has_gate) {
+          const v16 g = splat(gate.typed_data()[static_cast<size_t>(p) * d.L + i]);
+          for (int64_t J = 0; J < wp; J += kQ) store(dst + J, g * load(dst + J));
+        }
+        if (dst != orow) std::memcpy(orow, dst, sizeof(float) * width);
+        if (width < d.L) std::memset(orow + width, 0, sizeof(float) * (d.L - width));
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
+// sum_c qw[b,c,i] f(H_c[i,j]) kw[b,c,j] into out (B, L, L), f as in the other reduces. Tiled
+// like the head-matrix reduce: kQ rows by kTile columns, every channel passing over the tile.
+ffi::Error RwkvReduceImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> u,
+                          ffi::Buffer<ffi::F32> gate, ffi::Buffer<ffi::F32> qw,
+                          ffi::Buffer<ffi::F32> kw, ffi::ResultBuffer<ffi::F32> out,
+                          int64_t has_gate, int64_t threads, int64_t mode) {
+  RwkvDims d;
+  std::string err = read_rwkv_dims(k, w, u, gate, has_gate, d);
+  auto qd = qw.dimensions(), vd = kw.dimensions();
+  if (err.empty() && (qd.size() != 3 || vd.size() != 3 || qd[0] != d.B || qd[1] != d.C ||
+                      qd[2] != d.L || vd[0] != d.B || vd[1] != d.C || vd[2] != d.L))
+    err = "weights must be (B, C, L)";
+  if (err.empty() && (mode < 0 || mode > 2)) err = "bad mode";
+  if (!err.empty()) return ffi::Error::InvalidArgument("rwkv_reduce: " + err);
+  const int64_t L = d.L, nc = (L + kQ - 1) / kQ, Lp = nc * kQ;
+  if (L == 0 || d.B == 0) return ffi::Error::Success();
+  float* o = out->typed_data();
+  // Padded keys and the row normalisers of every channel, once (O(B C L)).
+  std::vector<float> kp(static_cast<size_t>(d.B) * d.C * (Lp + kTile), 0.0f),
+      lse(static_cast<size_t>(d.B) * d.C * L);
+  const int64_t pairs = d.B * d.C;
+  run_threads(std::max<int64_t>(1, std::min<int64_t>(threads, pairs)), [&](int64_t t0) {
+    const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, pairs));
+    for (int64_t p = t0; p < pairs; p += nt) {
+      const float* kc = k.typed_data() + static_cast<size_t>(p) * L;
+      std::copy(kc, kc + L, kp.begin() + static_cast<size_t>(p) * (Lp + kTile));
+      rwkv_lse(kc, w.typed_data()[p % d.C], u.typed_data()[p % d.C], L,
+               lse.data() + static_cast<size_t>(p) * L);
+    }
+  });
+  const int64_t items = d.B * nc;
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  run_threads(nt, [&](int64_t t0) {
+    std::vector<float> y(kTile), sum(kQ * kTile), kwt(kTile);
+    for (int64_t p = t0; p < items; p += nt) {
+      const int64_t I = p % nc, b = p / nc, I0 = I * kQ, rows = std::min(kQ, L - I0);
+      float* ob = o + static_cast<size_t>(b) * L * L;
+      for (int64_t ii = 0; ii < rows; ++ii) std::memset(ob + (I0 + ii) * L, 0, sizeof(float) * L);
+      for (int64_t j0 = 0; j0 < I0 + rows; j0 += kTile) {
+        const int64_t j1 = std::min(j0 + kTile, (I + 1) * kQ), cols = std::min(j1, L) - j0;
+        std::fill(sum.begin(), sum.end(), 0.0f);
+        for (int64_t c = 0; c < d.C; ++c) {
+          const size_t cl = (static_cast<size_t>(b) * d.C + c) * L;
+          const float* kc = kp.data() + (static_cast<size_t>(b) * d.C + c) * (Lp + kTile);
+          const float wc = w.typed_data()[c], uc = u.typed_data()[c];
+          std::fill(kwt.begin(), kwt.end(), 0.0f);
+          std::copy(kw.typed_data() + cl + j0, kw.typed_data() + cl + j0 + cols, kwt.begin());
+          for (int64_t ii = 0; ii < rows; ++ii) {
+            const int64_t i = I0 + ii;
+            if (i < j0) continue;
+            const int64_t end = std::min(j1, (i / kQ + 1) * kQ);
+            rwkv_row(kc, wc, uc, lse[cl + i], i, j0, end - j0, y.data());
+            const float g = has_gate ? gate.typed_data()[cl + i] : 1.0f;
+            const v16 gv = splat(g), q = splat(qw.typed_data()[cl + i]);
+            float* s = sum.data() + ii * kTile;
+            for (int64_t J = 0; J < end - j0; J += kQ) {
+              v16 v = gv * load(y.data() + J);
+              if (mode == 1) v = v < 0.0f ? -v : v;
+              if (mode == 2) v = v < 0.0f ? splat(0.0f) : v;
+              store(s + J, load(s + J) + q * v * load(kwt.data() + J));
+            }
+          }
+        }
+        for (int64_t ii = 0; ii < rows; ++ii) {
+          float* orow = ob + (I0 + ii) * L + j0;
+          const float* s = sum.data() + ii * kTile;
+          for (int64_t j = 0; j < cols; ++j) orow[j] += s[j];
+        }
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
+// LFM2's gated short conv (ShortConvCore): H_c[i, j] = left[i] w[K-1-(i-j)] right[j] on the band
+// 0 <= i-j < K, exact zeros elsewhere; each row written once.
+ffi::Error ShortConvDenseImpl(ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> left,
+                              ffi::Buffer<ffi::F32> right, ffi::ResultBuffer<ffi::F32> out,
+                              int64_t has_right, int64_t threads, int64_t huge_pages) {
+  auto wd = w.dimensions(), ld = left.dimensions(), rd = right.dimensions();
+  if (wd.size() != 2 || ld.size() != 3 || ld[1] != wd[0] ||
+      (has_right && (rd.size() != 3 || rd[0] != ld[0] || rd[1] != ld[1] || rd[2] != ld[2])))
+    return ffi::Error::InvalidArgument("short_conv_dense: expected w (C,K), left, right (B,C,L)");
+  const int64_t B = ld[0], C = ld[1], L = ld[2], K = wd[1];
+  if (L == 0 || C == 0 || B == 0) return ffi::Error::Success();
+  float* o = out->typed_data();
+  const size_t LL = static_cast<size_t>(L) * L;
+  if (huge_pages) advise_huge(o, LL * B * C * sizeof(float));
+  const int64_t pairs = B * C;
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, pairs));
+  run_threads(nt, [&](int64_t t0) {
+    for (int64_t p = t0; p < pairs; p += nt) {
+      const int64_t c = p % C;
+      const float* l = left.typed_data() + static_cast<size_t>(p) * L;
+      const float* r = has_right ? right.typed_data() + static_cast<size_t>(p) * L : nullptr;
+      const float* wc = w.typed_data() + c * K;
+      float* oc = o + static_cast<size_t>(p) * LL;
+      for (int64_t i = 0; i < L; ++i) {
+        float* orow = oc + static_cast<size_t>(i) * L;
+        std::memset(orow, 0, sizeof(float) * L);
+        for (int64_t s = 0; s < K && s <= i; ++s)
+          orow[i - s] = l[i] * wc[K - 1 - s] * (r ? r[i - s] : 1.0f);
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
+// Copies channels into a larger output in place (a ParallelCore's other parts, a channel
+// repeated for each of its slots): out[b, offset + t] = src[b, map[t]].
+ffi::Error PlaceChannelsImpl(ffi::Buffer<ffi::F32> src, ffi::Buffer<ffi::S32> map,
+                             ffi::Buffer<ffi::F32> into, ffi::ResultBuffer<ffi::F32> out,
+                             int64_t offset, int64_t threads) {
+  auto sd = src.dimensions(), md = map.dimensions(), od = out->dimensions();
+  if (sd.size() != 4 || md.size() != 1 || od.size() != 4 || sd[0] != od[0] || sd[2] != od[2] ||
+      sd[3] != od[3] || offset < 0 || offset + md[0] > od[1])
+    return ffi::Error::InvalidArgument("place_channels: inconsistent shapes");
+  const int64_t B = od[0], total = od[1], m = sd[1], k = md[0];
+  const size_t LL = static_cast<size_t>(od[2]) * od[3];
+  for (int64_t t = 0; t < k; ++t)
+    if (map.typed_data()[t] < 0 || map.typed_data()[t] >= m)
+      return ffi::Error::InvalidArgument("place_channels: source channel out of range");
+  float* o = out->typed_data();
+  if (o != into.typed_data())  // not aliased after all: start from the input
+    std::memcpy(o, into.typed_data(), sizeof(float) * LL * B * total);
+  const int64_t items = B * k;
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  run_threads(nt, [&](int64_t t0) {
+    for (int64_t p = t0; p < items; p += nt) {
+      const int64_t b = p / k, t = p % k;
+      std::memcpy(o + (static_cast<size_t>(b) * total + offset + t) * LL,
+                  src.typed_data() + (static_cast<size_t>(b) * m + map.typed_data()[t]) * LL,
+                  sizeof(float) * LL);
+    }
+  });
+  return ffi::Error::Success();
+}
+
 // The operands both handlers share, in order: the factors of H.
 template <typename Binding>
 auto bind_factors(Binding b) {
@@ -402,3 +871,86 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
                    .Arg<ffi::Buffer<ffi::F32>>()    // key weights (B, C, L)
                    .Ret<ffi::Buffer<ffi::F32>>())   // out (B, L, L)
         .Attr<int64_t>("mode"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaHeadMatrixDense, HeadMatrixDenseImpl,
+    ffi::Ffi::Bind()
+        .Arg<ffi::Buffer<ffi::F32>>()   // head matrices (B, H, L, L)
+        .Arg<ffi::Buffer<ffi::S32>>()   // channel -> head matrix (n,)
+        .Arg<ffi::Buffer<ffi::F32>>()   // left (B, n, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // right (B, n, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // diag (B, n, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // conv w (n, K)
+        .Ret<ffi::Buffer<ffi::F32>>()   // out (B, >= offset + n, L, L)
+        .Attr<int64_t>("has_left")
+        .Attr<int64_t>("has_right")
+        .Attr<int64_t>("has_diag")
+        .Attr<int64_t>("threads")
+        .Attr<int64_t>("huge_pages")
+        .Attr<int64_t>("offset"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaHeadMatrixReduce, HeadMatrixReduceImpl,
+    ffi::Ffi::Bind()
+        .Arg<ffi::Buffer<ffi::F32>>()   // head matrices (B, H, L, L)
+        .Arg<ffi::Buffer<ffi::S32>>()   // channel -> head matrix (n,), -1: left out
+        .Arg<ffi::Buffer<ffi::F32>>()   // left (B, n, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // right (B, n, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // diag (B, n, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // conv w (n, K)
+        .Arg<ffi::Buffer<ffi::F32>>()   // query weights (B, n, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // key weights (B, n, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // accumulator (B, L, L)
+        .Ret<ffi::Buffer<ffi::F32>>()   // out (B, L, L): accumulator + the sum
+        .Attr<int64_t>("has_left")
+        .Attr<int64_t>("has_right")
+        .Attr<int64_t>("has_diag")
+        .Attr<int64_t>("threads")
+        .Attr<int64_t>("mode"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaRwkvDense, RwkvDenseImpl,
+    ffi::Ffi::Bind()
+        .Arg<ffi::Buffer<ffi::F32>>()   // k (B, C, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // w (C,)
+        .Arg<ffi::Buffer<ffi::F32>>()   // u (C,)
+        .Arg<ffi::Buffer<ffi::F32>>()   // gate (B, C, L)
+        .Ret<ffi::Buffer<ffi::F32>>()   // out (B, C, L, L)
+        .Attr<int64_t>("has_gate")
+        .Attr<int64_t>("threads")
+        .Attr<int64_t>("huge_pages"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaRwkvReduce, RwkvReduceImpl,
+    ffi::Ffi::Bind()
+        .Arg<ffi::Buffer<ffi::F32>>()   // k (B, C, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // w (C,)
+        .Arg<ffi::Buffer<ffi::F32>>()   // u (C,)
+        .Arg<ffi::Buffer<ffi::F32>>()   // gate (B, C, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // query weights (B, C, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // key weights (B, C, L)
+        .Ret<ffi::Buffer<ffi::F32>>()   // out (B, L, L)
+        .Attr<int64_t>("has_gate")
+        .Attr<int64_t>("threads")
+        .Attr<int64_t>("mode"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaShortConvDense, ShortConvDenseImpl,
+    ffi::Ffi::Bind()
+        .Arg<ffi::Buffer<ffi::F32>>()   // w (C, K)
+        .Arg<ffi::Buffer<ffi::F32>>()   // left (B, C, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // right (B, C, L)
+        .Ret<ffi::Buffer<ffi::F32>>()   // out (B, C, L, L)
+        .Attr<int64_t>("has_right")
+        .Attr<int64_t>("threads")
+        .Attr<int64_t>("huge_pages"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaPlaceChannels, PlaceChannelsImpl,
+    ffi::Ffi::Bind()
+        .Arg<ffi::Buffer<ffi::F32>>()   // src (B, m, L, L)
+        .Arg<ffi::Buffer<ffi::S32>>()   // source channel of each slot (k,)
+        .Arg<ffi::Buffer<ffi::F32>>()   // into (B, total, L, L), aliased to out
+        .Ret<ffi::Buffer<ffi::F32>>()   // out
+        .Attr<int64_t>("offset")
+        .Attr<int64_t>("threads"));

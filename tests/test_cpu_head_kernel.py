@@ -1,0 +1,140 @@
+"""The fused CPU kernels for the cores whose channels share a head matrix (Mamba-2, the gated
+delta rule, DPLR: RWKV-6/7, mLSTM: xLSTM), RWKV-4's ``RwkvCore`` and LFM2's ``ShortConvCore``
+against the family's float64 reference, the XLA path and the block's own scan. Operators come
+from each family's layer on random weights and a random input (tiny configs: several heads,
+grouped B/C or key heads, a conv, a gate, RWKV-7's diagonal). Lengths: 1, 16 (one chunk), 37
+(ragged) and 300 (the fused reduces' column tiles are 256 wide: two tiles, a ragged one).
+Falcon-H1's ``ParallelCore`` (Mamba-2 beside attention) runs its parts' kernels.
+The default tier checks Mamba-2, RWKV-7, RWKV-4 and LFM2; the other families' float64 checks
+repeat the conformance suite's (which runs ``materialize``'s default, these kernels) and are deep.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from implicit_attn.kernels import cpu
+from implicit_attn.operator import ImplicitOperator, resolve_impl
+from implicit_attn.registry import FAMILIES
+
+B = 2
+deep = pytest.mark.deep
+FAMILIES_WITH_KERNELS = ["mamba2", "rwkv7", "rwkv", "lfm2", pytest.param("qwen3_next", marks=deep),
+                         pytest.param("kimi_linear", marks=deep), pytest.param("rwkv6", marks=deep),
+                         pytest.param("xlstm", marks=deep), pytest.param("falcon_h1", marks=deep)]
+
+
+def rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+_MODELS = {}
+
+
+def layer_and_input(family, L, layer=0):
+    """``(model, layer's mixer, a random input (B, L, d))`` of a tiny random model (cached)."""
+    if family not in _MODELS:
+        spec = FAMILIES[family]
+        cfg = spec.config.from_hf(dict(spec.tiny))
+        _MODELS[family] = spec.lm(cfg, spec.init_params(cfg, jax.random.PRNGKey(1)))
+    model = _MODELS[family]
+    width = model.config.hidden_size + (model.config.value_width if family == "rwkv7" else 0)  # [x, v_first]
+    x = jax.random.normal(jax.random.PRNGKey(L), (B, L, width))
+    return model, model.layers[layer].mixer, x
+
+
+def op_of(family, L):
+    _, mixer, x = layer_and_input(family, L)
+    return mixer.as_operator(x)
+
+
+@pytest.mark.parametrize("family", FAMILIES_WITH_KERNELS)
+def test_materialize_equals_the_float64_reference_and_the_scan(family):
+    model, mixer, x = layer_and_input(family, 37)
+    op = mixer.as_operator(x)
+    assert cpu.has_kernel(op.core) and resolve_impl("auto", op.core) == "cpu"
+    H = op.materialize(impl="cpu")
+    ref = FAMILIES[family].naive_operator(mixer.arrays(), np.asarray(x), model.config, 0)
+    assert rel(H, ref) <= 1e-5
+    assert not np.triu(np.asarray(H), 1).any()  # exact zeros above the diagonal
+    assert rel(jnp.einsum("bcij,bcj->bci", H, op.values) + op.offset, op.output) <= 1e-5
+
+
+@pytest.mark.parametrize("L", [pytest.param(1, marks=deep), pytest.param(16, marks=deep), 300])
+def test_materialize_matches_xla_at_edge_lengths(L):
+    op = op_of("rwkv7", L)  # a diagonal term and a gate
+    assert rel(op.materialize(impl="cpu"), op.materialize(impl="xla")) <= 1e-5
+
+
+@pytest.mark.parametrize("family", ["mamba2", "falcon_h1"])
+def test_channel_subsets_out_of_order_with_repeats(family):
+    """(Falcon-H1: a ParallelCore, Mamba-2 heads then attention heads repeated per value feature.)"""
+    op = op_of(family, 37)
+    chans = [9, 0, op.shape[1] - 1, 3, 3]
+    assert rel(op.materialize(chans, impl="cpu"), op.materialize(chans, impl="xla")) <= 1e-5
+    assert rel(op.reduce("abs_mean", channels=chans, impl="cpu"),
+               op.reduce("abs_mean", channels=chans, impl="xla")) <= 1e-5
+
+
+DEFAULT_REDUCES = {("mamba2", "abs_mean"), ("mamba2", "weighted"), ("rwkv", "pos_mean"), ("lfm2", "weighted"),
+                   ("falcon_h1", "abs_mean")}
+
+
+@pytest.mark.parametrize("family, how", [
+    pytest.param(f, h, marks=() if (f, h) in DEFAULT_REDUCES else deep)
+    for f in ("mamba2", "rwkv", "lfm2", "rwkv7", "falcon_h1") for h in ("mean", "abs_mean", "pos_mean", "weighted")])
+def test_fused_reduce_matches_materialize(family, how):
+    """The reduce against the float64 sum of the materialized channels, at L = 300 (two column tiles)."""
+    op = op_of(family, 300)
+    g = np.random.default_rng(3)
+    qw = g.standard_normal(op.values.shape).astype(np.float32) if how == "weighted" else None
+    kw = g.standard_normal(op.values.shape).astype(np.float32) if how == "weighted" else None
+    got = op.reduce(how, weights=qw, key_weights=kw, impl="cpu")
+    H = np.asarray(op.materialize(impl="xla"), np.float64)
+    f = {"mean": lambda h: h, "weighted": lambda h: h, "abs_mean": np.abs, "pos_mean": lambda h: np.maximum(h, 0)}[how]
+    C = H.shape[1]
+    qw = np.full(op.values.shape, 1 / C) if qw is None else qw
+    kw = np.ones(op.values.shape) if kw is None else kw
+    want = np.einsum("bci,bcij,bcj->bij", qw, f(H), kw)
+    assert got.shape == (B, 300, 300)
+    assert rel(got, want) <= 1e-5
+
+
+@deep
+def test_reduce_in_head_blocks(monkeypatch):
+    """Heads formed one per step (a small memory budget; a length no other test compiles)."""
+    op = op_of("qwen3_next", 23)
+    monkeypatch.setattr(cpu, "HEAD_BLOCK_BYTES", 4 * B * 23 * 23)
+    assert rel(op.reduce("pos_mean", impl="cpu"), op.reduce("pos_mean", impl="xla")) <= 1e-5
+
+
+def test_gradients_match_xla():
+    op = op_of("mamba2", 17)
+    R = jax.random.normal(jax.random.PRNGKey(5), op.shape)
+    Rr = jax.random.normal(jax.random.PRNGKey(6), (B, 17, 17))
+    w = jax.random.normal(jax.random.PRNGKey(3), op.values.shape)
+
+    def loss(core, w, impl):
+        o = ImplicitOperator(op.values, op.offset, op.output, core)
+        return jnp.sum(o.materialize(impl=impl) * R) + jnp.sum(o.reduce("weighted", weights=w, impl=impl) * Rr)
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1), allow_int=True), static_argnums=2)
+    floats = lambda g: [x for x in jax.tree_util.tree_leaves(g) if x.dtype != jax.dtypes.float0]
+    got, want = floats(grad(op.core, w, "cpu")), floats(grad(op.core, w, "xla"))
+    assert len(got) == len(want) >= 6
+    for a, b in zip(got, want):
+        assert rel(a, b) <= 1e-5
+
+
+def test_traced_channels_and_threads(monkeypatch):
+    """Channels traced under jit (every head formed), and 1 or 3 threads: the same numbers."""
+    op = op_of("mamba2", 37)
+    want = np.asarray(op.materialize(impl="xla"))
+    C = op.shape[1]
+    traced = jax.jit(lambda c, i: cpu.cpu_dense(c, i))(op.core, jnp.arange(C))
+    assert rel(traced, want) <= 1e-5
+    monkeypatch.setattr(cpu, "num_threads", lambda: 1)
+    one = np.asarray(cpu.cpu_dense(op.core, np.arange(C)))
+    monkeypatch.setattr(cpu, "num_threads", lambda: 3)
+    np.testing.assert_array_equal(one, np.asarray(cpu.cpu_dense(op.core, np.arange(C))))
