@@ -51,6 +51,16 @@ def bounded_memory_mappings():
         gc.collect()
 
 
+@pytest.fixture(autouse=True)
+def kernels_at_every_size(monkeypatch):
+    """``impl="auto"`` picks the fused CPU kernels at any size in tests (the library skips
+    them below ``AUTO_MIN_FACTOR_ELEMENTS``; tests use tiny operators on purpose).
+    ``tests/test_dispatch.py`` checks the threshold itself."""
+    from implicit_attn.kernels import cpu
+
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 0)
+
+
 def torch_or_skip():
     """torch and transformers are test-time references (the ``test`` extra)."""
     torch = pytest.importorskip("torch")

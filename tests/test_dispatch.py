@@ -3,6 +3,7 @@ kernel only where one is verified for the platform, and a kernel that fails unde
 warns once and falls back to XLA. Simulated on CPU by switching the Pallas backend on."""
 import warnings
 
+import jax
 import numpy as np
 import pytest
 
@@ -109,3 +110,23 @@ def test_entry_points_trace_full_float32_products(op):
         assert precisions, "no product traced"
         highest = jax.lax.Precision.HIGHEST
         assert all(pr is not None and all(x == highest for x in pr) for pr in precisions), precisions
+
+
+def test_auto_skips_the_cpu_kernels_below_their_size_and_never_builds_for_a_small_operator(op, monkeypatch):
+    """On CPU, ``impl="auto"`` takes the fused kernels only from ``AUTO_MIN_FACTOR_ELEMENTS``
+    factor elements up: a small operator resolves to XLA without asking whether the library
+    is built (``ready`` would compile it, seconds on a first run); at the threshold the
+    kernel is picked again, and an explicit ``impl="cpu"`` ignores the size."""
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 1 << 16)
+    asked = []
+    monkeypatch.setattr(cpu.BACKEND, "ready", lambda: asked.append(1) or True)
+    size = sum(int(x.size) for x in jax.tree.leaves(op.core))
+    assert 0 < size < 1 << 16 and not cpu.pays_off(op.core)
+    assert resolve_impl("auto", op.core) == "xla" and not asked
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", size)
+    assert cpu.pays_off(op.core)
+    assert resolve_impl("auto", op.core) == "cpu" and asked
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", size + 1)
+    assert resolve_impl("cpu", op.core) == "cpu"
+    np.testing.assert_allclose(np.asarray(op.materialize(impl="auto")), np.asarray(op.materialize(impl="cpu")),
+                               rtol=1e-5, atol=1e-6)

@@ -39,6 +39,10 @@ class KernelBackend:
       trusted: ``core -> bool``: whether ``impl="auto"`` may pick this backend for ``core`` on
         the current platform (a kernel known to compile and run there). Explicit
         ``impl=name`` does not ask.
+      pays_off: ``core -> bool``: whether ``core`` is big enough for this backend to be worth
+        its start-up cost (a library to compile on first use) under ``impl="auto"``; asked
+        before ``ready``, so a small operator never triggers the build. Explicit
+        ``impl=name`` does not ask.
     """
 
     name: str
@@ -49,6 +53,7 @@ class KernelBackend:
     ready: Callable[[], bool] = lambda: True
     cores: dict = dataclasses.field(default_factory=dict)
     trusted: Callable = lambda core: True
+    pays_off: Callable = lambda core: True
 
     def problem(self, core) -> str | None:
         """Why this backend cannot take ``core`` (None if it can)."""
@@ -100,8 +105,9 @@ def resolve_impl(impl: str, core=None) -> str:
     """Resolve ``impl`` for ``core``.
 
     ``"auto"``: the first registered backend that is active on this JAX backend, takes
-    ``core``, is trusted for it on this platform, has not failed for its type, and is ready
-    (a kernel that cannot be built here warns once and is skipped), else ``"xla"``. A
+    ``core``, is trusted for it on this platform, has not failed for its type, pays off at
+    ``core``'s size, and is ready (a kernel that cannot be built here warns once and is
+    skipped), else ``"xla"``. A
     backend named explicitly raises ``TypeError`` for a core it does not take and its own
     error where it cannot run here.
     """
@@ -119,7 +125,7 @@ def resolve_impl(impl: str, core=None) -> str:
         return "xla"
     for b in _BACKENDS.values():
         if (b.auto() and b.problem(core) is None and (b.name, type(core)) not in _FAILED
-                and b.trusted(core) and b.ready()):
+                and b.trusted(core) and b.pays_off(core) and b.ready()):
             return b.name
     return "xla"
 

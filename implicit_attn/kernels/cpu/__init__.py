@@ -551,12 +551,27 @@ def _require():
     load()
 
 
+# ``impl="auto"`` uses the kernels only for operators whose factors hold at least this many
+# elements: below it XLA takes well under a millisecond, and a first call would otherwise
+# wait several seconds for the library to compile (once per machine). A module attribute
+# so tests of small operators can lower it.
+AUTO_MIN_FACTOR_ELEMENTS = 1 << 16
+
+
+def pays_off(core) -> bool:
+    """Whether ``core``'s factors (every array in it, ``(B, C, L)``-sized and the like) hold
+    at least ``AUTO_MIN_FACTOR_ELEMENTS`` elements, the size from which ``impl="auto"``
+    uses the kernels."""
+    return sum(int(x.size) for x in jax.tree.leaves(core) if hasattr(x, "size")) >= AUTO_MIN_FACTOR_ELEMENTS
+
+
 BACKEND = register_backend(KernelBackend(
     name="cpu", dense=cpu_dense, reduce=cpu_reduce, auto=lambda: jax.default_backend() == "cpu",
-    require=_require, ready=available))
+    require=_require, ready=available, pays_off=lambda core: pays_off(core)))
 for _type in (*_KERNELS, ParallelCore):
     register_core("cpu", _type, _problem)
 
 
 __all__ = ["cpu_dense", "cpu_reduce", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
+           "pays_off", "AUTO_MIN_FACTOR_ELEMENTS",
            "library_path", "cache_dir", "num_threads", "CpuKernelUnavailable"]
