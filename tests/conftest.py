@@ -60,14 +60,19 @@ def bounded_memory_mappings():
 # Python's full garbage collections walk every tracked object: the libraries the tests import
 # (torch, transformers, jax) and the caches of traced and compiled programs, which live for
 # the whole run; they took about a fifth of the test time. What is alive once the tests are
-# collected is moved out of the collector's way for good (gc.freeze), and full collections
-# run a tenth as often (young garbage cycles are collected as often as before).
-gc.set_threshold(700, 10, 100)
-
-
+# collected, and after each (file, family) run of tests (once their module fixtures are torn
+# down), is moved out of the collector's way (gc.freeze) once a full collection has freed the
+# garbage among it, so later collections walk only what was made since.
 def pytest_collection_finish(session):
     gc.collect()
     gc.freeze()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    if nextitem is None or (nextitem.module, family_param(nextitem)) != (item.module, family_param(item)):
+        gc.collect()
+        gc.freeze()
 
 
 def torch_or_skip():
