@@ -173,7 +173,8 @@ def test_no_bonus_is_the_matrix_without_u():
     assert np.abs(diff[..., ~np.eye(L, dtype=bool)]).max() == 0.0 and np.abs(diff).max() > 1e-3
     assert ablated.relative_error() > 1e-3 and full.relative_error() <= 1e-5
     no_gate = mixer.as_operator(x, "no_gate")
-    np.testing.assert_array_equal(np.asarray(no_gate.output), np.asarray(full.output))
+    # each variant's operator is its own compiled program: equal up to float32 rounding
+    np.testing.assert_allclose(np.asarray(no_gate.output), np.asarray(full.output), atol=1e-6, rtol=1e-6)
     assert no_gate.relative_error() > 1e-3
     with pytest.raises(ValueError, match="variant"):
         mixer.as_operator(x, "no_low_rank")
