@@ -22,6 +22,10 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1 --x
 # The command line caches compiled programs on disk by default; tests that call it in-process
 # must not write to the user's cache (tests/test_cli.py checks the cache in subprocesses).
 os.environ.setdefault("IMPLICIT_ATTN_COMPILE_CACHE", "0")
+# impl="auto" skips the fused CPU kernels for small operators; the tests' operators are tiny
+# on purpose, so they take the kernels at every size (in subprocesses too).
+# tests/test_dispatch.py checks the threshold itself.
+os.environ.setdefault("IMPLICIT_ATTN_CPU_AUTO_MIN", "0")
 
 import numpy as np
 import pytest
@@ -73,16 +77,6 @@ def pytest_runtest_teardown(item, nextitem):
     if nextitem is None or (nextitem.module, family_param(nextitem)) != (item.module, family_param(item)):
         gc.collect()
         gc.freeze()
-
-
-@pytest.fixture(autouse=True)
-def kernels_at_every_size(monkeypatch):
-    """``impl="auto"`` picks the fused CPU kernels at any size in tests (the library skips
-    them below ``AUTO_MIN_FACTOR_ELEMENTS``; tests use tiny operators on purpose).
-    ``tests/test_dispatch.py`` checks the threshold itself."""
-    from implicit_attn.kernels import cpu
-
-    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 0)
 
 
 def torch_or_skip():

@@ -231,7 +231,6 @@ def _in_fresh_process(tmp_path, body, env):
         from implicit_attn.kernels import cpu
         from implicit_attn.operator import resolve_impl
         from test_cpu_kernel import _op
-        cpu.AUTO_MIN_FACTOR_ELEMENTS = 0  # auto considers the kernel for these tiny operators
     """).format(tests=str(Path(__file__).parent), root=str(Path(__file__).parent.parent)) + textwrap.dedent(body) + "\nprint('CHILD OK')\n")
     p = subprocess.run([sys.executable, str(script)], env=full, capture_output=True, text=True,
                        cwd=str(tmp_path))

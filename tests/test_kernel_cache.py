@@ -106,7 +106,6 @@ def run_child(tmp_path, body, env):
         from implicit_attn.kernels import cpu
         from implicit_attn.operator import resolve_impl
         from test_kernel_cache import rel, small_op
-        cpu.AUTO_MIN_FACTOR_ELEMENTS = 0  # auto considers the kernel for these tiny operators
     """) + textwrap.dedent(body) + "\nprint('CHILD OK')\n")
     p = subprocess.run([sys.executable, str(script)], env=full, capture_output=True, text=True,
                        cwd=str(tmp_path), timeout=300)

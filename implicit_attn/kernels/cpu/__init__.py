@@ -551,11 +551,23 @@ def _require():
     load()
 
 
+AUTO_MIN_ENV = "IMPLICIT_ATTN_CPU_AUTO_MIN"
+
+
+def _auto_min() -> int:
+    raw = os.environ.get(AUTO_MIN_ENV, "").strip()
+    if not raw:
+        return 1 << 16
+    if not raw.isdigit():
+        raise ValueError(f"${AUTO_MIN_ENV}={raw!r} is not a non-negative integer (factor elements)")
+    return int(raw)
+
+
 # ``impl="auto"`` uses the kernels only for operators whose factors hold at least this many
 # elements: below it XLA takes well under a millisecond, and a first call would otherwise
-# wait several seconds for the library to compile (once per machine). A module attribute
-# so tests of small operators can lower it.
-AUTO_MIN_FACTOR_ELEMENTS = 1 << 16
+# wait several seconds for the library to compile (once per machine). Set from
+# ``$IMPLICIT_ATTN_CPU_AUTO_MIN`` at import (the test suite sets 0: kernels at every size).
+AUTO_MIN_FACTOR_ELEMENTS = _auto_min()
 
 
 def pays_off(core) -> bool:
@@ -573,5 +585,5 @@ for _type in (*_KERNELS, ParallelCore):
 
 
 __all__ = ["cpu_dense", "cpu_reduce", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
-           "pays_off", "AUTO_MIN_FACTOR_ELEMENTS",
+           "pays_off", "AUTO_MIN_FACTOR_ELEMENTS", "AUTO_MIN_ENV",
            "library_path", "cache_dir", "num_threads", "CpuKernelUnavailable"]
