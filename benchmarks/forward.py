@@ -227,13 +227,7 @@ def case_matmul_rate(shapes=MATMUL_SHAPES, repeat: int = 5) -> dict:
         b = np.random.default_rng(1).standard_normal((k, n)).astype(np.float32)
         ja, jb, ta, tb = jnp.asarray(a), jnp.asarray(b), torch.from_numpy(a), torch.from_numpy(b)
         for lib, fn in (("jax", lambda: dot(ja, jb)), ("torch", lambda: torch.mm(ta, tb))):
-            block(fn())
-            ts = []
-            for _ in range(repeat):
-                t = time.perf_counter()
-                block(fn())
-                ts.append(time.perf_counter() - t)
-            rates[f"{lib} {m}x{k}x{n}"] = 2 * m * k * n / min(ts) / 1e9
+            rates[f"{lib} {m}x{k}x{n}"] = 2 * m * k * n / timeit(fn, repeat=repeat, best=True) / 1e9
     best = max(rates, key=rates.get)
     return {"gflops": rates[best], "best": best, "rates": rates, "torch_threads": torch.get_num_threads()}
 
