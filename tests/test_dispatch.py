@@ -1,6 +1,9 @@
 """impl="auto" never crashes because of a kernel: on an accelerator it picks a compiled
 kernel only where one is verified for the platform, and a kernel that fails under auto
 warns once and falls back to XLA. Simulated on CPU by switching the Pallas backend on."""
+import os
+import subprocess
+import sys
 import warnings
 
 import jax
@@ -130,3 +133,16 @@ def test_auto_skips_the_cpu_kernels_below_their_size_and_never_builds_for_a_smal
     assert resolve_impl("cpu", op.core) == "cpu"
     np.testing.assert_allclose(np.asarray(op.materialize(impl="auto")), np.asarray(op.materialize(impl="cpu")),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_a_bad_auto_threshold_is_named():
+    """``$IMPLICIT_ATTN_CPU_AUTO_MIN`` that is not a non-negative integer stops the import with
+    an error naming the variable (never silently replaced by the default)."""
+    import os
+    import subprocess
+    import sys
+
+    for bad in ("abc", "-1", "1e5"):
+        env = dict(os.environ, IMPLICIT_ATTN_CPU_AUTO_MIN=bad)
+        p = subprocess.run([sys.executable, "-c", "import implicit_attn"], env=env, capture_output=True, text=True)
+        assert p.returncode != 0 and f"IMPLICIT_ATTN_CPU_AUTO_MIN='{bad}' is not a non-negative integer" in p.stderr
