@@ -138,10 +138,6 @@ def test_auto_skips_the_cpu_kernels_below_their_size_and_never_builds_for_a_smal
 def test_a_bad_auto_threshold_is_named():
     """``$IMPLICIT_ATTN_CPU_AUTO_MIN`` that is not a non-negative integer stops the import with
     an error naming the variable (never silently replaced by the default)."""
-    import os
-    import subprocess
-    import sys
-
     for bad in ("abc", "-1", "1e5"):
         env = dict(os.environ, IMPLICIT_ATTN_CPU_AUTO_MIN=bad)
         p = subprocess.run([sys.executable, "-c", "import implicit_attn"], env=env, capture_output=True, text=True)
