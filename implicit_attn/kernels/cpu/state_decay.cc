@@ -526,6 +526,35 @@ ffi::Error HeadMatrixDenseImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> he
 // tile and the block's sums stay in L1 while every channel of every head passes over them.
 constexpr int64_t kTile = 256;
 
+// Shared by the tiled reduces (head matrices, RWKV-4): one row tile of one channel,
+// s[j] += q * mode(gain * y[j]) * kw[j] for j < n (n a multiple of kQ); mode 0 as is, 1 abs,
+// 2 relu.
+inline void accumulate_row(float* s, const float* y, float gain, float qv, const float* kwt, int64_t n,
+                           int64_t mode) {
+  const v16 gv = splat(gain), q = splat(qv);
+  for (int64_t J = 0; J < n; J += kQ) {
+    v16 v = gv * load(y + J);
+    if (mode == 1) v = v < 0.0f ? -v : v;
+    if (mode == 2) v = v < 0.0f ? splat(0.0f) : v;
+    store(s + J, load(s + J) + q * v * load(kwt + J));
+  }
+}
+
+// The first cols entries of src into tile, the rest of it zeroed.
+inline void load_tile(const float* src, int64_t cols, std::vector<float>& tile) {
+  std::fill(tile.begin(), tile.end(), 0.0f);
+  std::copy(src, src + cols, tile.begin());
+}
+
+// Adds rows x cols of the row-tiled sums (row stride kTile) into out (row stride L).
+inline void add_tile(const float* sum, int64_t rows, int64_t cols, float* out, int64_t L) {
+  for (int64_t ii = 0; ii < rows; ++ii) {
+    float* orow = out + ii * L;
+    const float* s = sum + ii * kTile;
+    for (int64_t j = 0; j < cols; ++j) orow[j] += s[j];
+  }
+}
+
 ffi::Error HeadMatrixReduceImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> head,
                                 ffi::Buffer<ffi::F32> left, ffi::Buffer<ffi::F32> right,
                                 ffi::Buffer<ffi::F32> diag, ffi::Buffer<ffi::F32> w,
@@ -569,8 +598,7 @@ ffi::Error HeadMatrixReduceImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> h
         for (int64_t k = 0; k < start[d.H]; ++k) {
           const int64_t c = order[k], h = f.head[c];
           const size_t cl = (static_cast<size_t>(b) * d.n + c) * L;
-          std::fill(kwt.begin(), kwt.end(), 0.0f);
-          std::copy(kw.typed_data() + cl + j0, kw.typed_data() + cl + j0 + cols, kwt.begin());
+          load_tile(kw.typed_data() + cl + j0, cols, kwt);
           for (int64_t ii = 0; ii < rows; ++ii) {
             const int64_t i = I0 + ii;
             if (i < j0) continue;
@@ -578,21 +606,11 @@ ffi::Error HeadMatrixReduceImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> h
             const int64_t end = std::min(j1, (i / kQ + 1) * kQ);  // columns past i are 0
             head_row(f, d, b, c, i, m, j0, end, t.data());
             head_conv(f.w + c * d.K, d.K, t.data(), j0, end, y.data());
-            const v16 q = splat(qw.typed_data()[cl + i]);
-            float* s = sum.data() + ii * kTile;
-            for (int64_t J = 0; J < end - j0; J += kQ) {
-              v16 v = load(y.data() + J);
-              if (mode == 1) v = v < 0.0f ? -v : v;
-              if (mode == 2) v = v < 0.0f ? splat(0.0f) : v;
-              store(s + J, load(s + J) + q * v * load(kwt.data() + J));
-            }
+            accumulate_row(sum.data() + ii * kTile, y.data(), 1.0f, qw.typed_data()[cl + i],
+                           kwt.data(), end - j0, mode);
           }
         }
-        for (int64_t ii = 0; ii < rows; ++ii) {
-          float* orow = ob + (I0 + ii) * L + j0;
-          const float* s = sum.data() + ii * kTile;
-          for (int64_t j = 0; j < cols; ++j) orow[j] += s[j];
-        }
+        add_tile(sum.data(), rows, cols, ob + I0 * L + j0, L);
       }
     }
   });
@@ -740,29 +758,18 @@ ffi::Error RwkvReduceImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi:
           const size_t cl = (static_cast<size_t>(b) * d.C + c) * L;
           const float* kc = kp.data() + (static_cast<size_t>(b) * d.C + c) * (Lp + kTile);
           const float wc = w.typed_data()[c], uc = u.typed_data()[c];
-          std::fill(kwt.begin(), kwt.end(), 0.0f);
-          std::copy(kw.typed_data() + cl + j0, kw.typed_data() + cl + j0 + cols, kwt.begin());
+          load_tile(kw.typed_data() + cl + j0, cols, kwt);
           for (int64_t ii = 0; ii < rows; ++ii) {
             const int64_t i = I0 + ii;
             if (i < j0) continue;
             const int64_t end = std::min(j1, (i / kQ + 1) * kQ);
             rwkv_row(kc, wc, uc, lse[cl + i], i, j0, end - j0, y.data());
             const float g = has_gate ? gate.typed_data()[cl + i] : 1.0f;
-            const v16 gv = splat(g), q = splat(qw.typed_data()[cl + i]);
-            float* s = sum.data() + ii * kTile;
-            for (int64_t J = 0; J < end - j0; J += kQ) {
-              v16 v = gv * load(y.data() + J);
-              if (mode == 1) v = v < 0.0f ? -v : v;
-              if (mode == 2) v = v < 0.0f ? splat(0.0f) : v;
-              store(s + J, load(s + J) + q * v * load(kwt.data() + J));
-            }
+            accumulate_row(sum.data() + ii * kTile, y.data(), g, qw.typed_data()[cl + i], kwt.data(),
+                           end - j0, mode);
           }
         }
-        for (int64_t ii = 0; ii < rows; ++ii) {
-          float* orow = ob + (I0 + ii) * L + j0;
-          const float* s = sum.data() + ii * kTile;
-          for (int64_t j = 0; j < cols; ++j) orow[j] += s[j];
-        }
+        add_tile(sum.data(), rows, cols, ob + I0 * L + j0, L);
       }
     }
   });
