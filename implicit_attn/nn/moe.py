@@ -91,23 +91,32 @@ def gated_act(act):
     return f
 
 
-def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 64):
+def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, granule: int = 32):
     """Weighted sum of the chosen experts' MLPs, ``sum_j weights[t, j] * E_{experts[t, j]}(x[t])``
     with ``E_e(x) = w_out[e] @ act(w_in[e] @ x)``; only the chosen experts run.
 
     The token copies are sorted by expert. On accelerators the experts run as one grouped
-    matmul (``jax.lax.ragged_dot``); on CPU, where that lowering is slow, each expert's group
-    is padded to whole blocks of ``block`` rows and a loop runs one expert per block, only as
-    many blocks as the routing fills. Copies are moved by gathers only (XLA:CPU scatters run
-    element by element), and each token sums its ``k`` outputs itself.
+    matmul (``jax.lax.ragged_dot``); on CPU, where that lowering is slow, a loop runs each
+    expert's group in chunks of at most ``block`` rows, each chunk's row count rounded up to
+    a multiple of ``granule`` (one static matmul shape per multiple, picked by
+    ``lax.switch``), so an expert's weights are read about once per ``block`` of its tokens
+    and at most ``granule - 1`` rows per chunk are wasted. The loop only covers as many
+    chunks as the routing fills. Rows a chunk computes past its expert's group belong to
+    later chunks, which run after it and overwrite them (every row depends on its own token
+    only). Copies are moved by gathers (XLA:CPU scatters run element by element), and each
+    token sums its ``k`` outputs itself.
 
     Args:
       x: ``(T, D)`` tokens; weights: ``(T, k)`` routing weights; experts: ``(T, k)`` int
         expert indices in ``[0, E)``;
-      w_in: ``(E, F_in, D)``; w_out: ``(E, D, F)``; act: ``(..., F_in) -> (..., F)``.
+      w_in: ``(E, F_in, D)``; w_out: ``(E, D, F)``; act: ``(..., F_in) -> (..., F)``;
+      block: the most rows one CPU matmul takes; granule: the step of its row counts
+        (``min(granule, block)`` is used).
     Returns:
       ``(T, D)`` in ``x``'s dtype.
     """
+    if block < 1 or granule < 1:
+        raise ValueError(f"experts_forward: block and granule must be >= 1, got {block} and {granule}")
     w_in, w_out = jnp.asarray(w_in), jnp.asarray(w_out)
     T, k = experts.shape
     E = w_in.shape[0]
@@ -123,27 +132,37 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 64):
         u = jax.lax.ragged_dot(xs, jnp.swapaxes(w_in, 1, 2), sizes)
         return jax.lax.ragged_dot(act(u), jnp.swapaxes(w_out, 1, 2), sizes)[rank]
 
-    def blocked(x):
-        padded = (sizes + block - 1) // block * block
-        end = jnp.cumsum(padded)
-        rows = -(-(n + E * (block - 1)) // block) * block  # enough for any routing
-        owner = jnp.minimum(jnp.searchsorted(end, jnp.arange(rows), side="right"), E - 1)  # each padded row's expert
-        at = jnp.arange(rows) - (end - padded)[owner]  # its place in the expert's group
-        src = order[jnp.minimum(starts[owner] + at, n - 1)] // k
-        xp = jnp.where((at < sizes[owner])[:, None], x[src], 0).reshape(rows // block, block, -1)
-        owner = owner[::block]
-
+    def chunked(x):
+        D = w_out.shape[1]
         dtype = jnp.result_type(x, w_in, w_out)
+        padded = (sizes + block - 1) // block * block  # each group as whole chunks
+        end = jnp.cumsum(padded)
+        first = jnp.arange(-(-(n + E * (block - 1)) // block)) * block  # enough chunks for any routing
+        owner = jnp.minimum(jnp.searchsorted(end, first, side="right"), E - 1)
+        within = first - (end - padded)[owner]  # the chunk's first row within its group
+        filled = jnp.clip(sizes[owner] - within, 0, block)
+        at = jnp.where(filled > 0, starts[owner] + within, n)  # unused chunks write past the copies
+        xs = jnp.concatenate([x[order // k], jnp.zeros((block, x.shape[1]), x.dtype)])
+        g = min(granule, block)
+        counts = [*range(g, block, g), block]  # the row counts a chunk can run with
 
-        def one(a):  # lax.cond, not a loop of dynamic length: reverse-mode differentiable
-            xb, e, filled = a
-            return jax.lax.cond(filled, lambda: (act(xb @ w_in[e].T) @ w_out[e].T).astype(dtype),
-                                lambda: jnp.zeros((block, w_out.shape[1]), dtype))
+        def rows(m):
+            def f(e, a):
+                y = (act(jax.lax.dynamic_slice_in_dim(xs, a, m) @ w_in[e].T) @ w_out[e].T).astype(dtype)
+                return jnp.pad(y, ((0, block - m), (0, 0)))
+            return f
 
-        out = jax.lax.map(one, (xp, owner, jnp.arange(rows // block) < end[-1] // block))
-        return out.reshape(rows, -1)[(end - padded)[flat] + rank - starts[flat]]
+        branches = [lambda e, a: jnp.zeros((block, D), dtype)] + [rows(m) for m in counts]
 
-    o = jax.lax.platform_dependent(x, cpu=blocked, default=grouped).reshape(T, k, -1)
+        def one(out, c):  # lax.switch, not a loop of dynamic length: reverse-mode differentiable
+            e, a, f = c
+            y = jax.lax.switch(jnp.minimum((f + g - 1) // g, len(counts)), branches, e, a)
+            return jax.lax.dynamic_update_slice_in_dim(out, y, a, 0), None
+
+        out, _ = jax.lax.scan(one, jnp.zeros((n + block, D), dtype), (owner, at, filled))
+        return out[rank]
+
+    o = jax.lax.platform_dependent(x, cpu=chunked, default=grouped).reshape(T, k, -1)
     return jnp.einsum("tkd,tk->td", o, weights.astype(o.dtype)).astype(x.dtype)
 
 
