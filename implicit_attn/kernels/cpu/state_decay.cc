@@ -42,6 +42,25 @@ inline v16 load(const float* p) {
 inline void store(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
 inline v16 splat(float x) { return v16{} + x; }
 
+// The machine's own vector: 16 floats with AVX-512, 8 with AVX2. A value carried around a
+// loop (an accumulator) must be one: without AVX-512 no register holds a v16, and GCC keeps
+// such a v16 on the stack, moving it through general registers on every pass. Loops over a
+// v16's lanes in kW-wide parts do the same arithmetic per lane.
+#ifdef __AVX512F__
+constexpr int64_t kW = 16;
+#else
+constexpr int64_t kW = 8;
+#endif
+typedef float vw __attribute__((vector_size(kW * 4)));
+
+inline vw loadw(const float* p) {
+  vw v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void storew(float* p, vw v) { std::memcpy(p, &v, sizeof(v)); }
+inline vw splatw(float x) { return vw{} + x; }
+
 // exp of 16 floats: Cody-Waite reduction x = k ln2 + r, |r| <= ln2/2, and a degree-6
 // polynomial for exp(r) (the Cephes expf coefficients): about 1 ulp. Results below
 // FLT_MIN are flushed to 0, as XLA's CPU backend does.
@@ -107,10 +126,10 @@ inline void add_tile(const float* sum, int64_t rows, int64_t cols, float* out, i
 // y[j - j0] = sum_s t[j + s] w[K-1-s].
 inline void head_conv(const float* w, int64_t K, const float* t, int64_t j0, int64_t j1,
                       float* y) {
-  for (int64_t J = 0; J < j1 - j0; J += kQ) {
-    v16 v = splat(0.0f);
-    for (int64_t s = 0; s < K; ++s) v += splat(w[K - 1 - s]) * load(t + J + s);
-    store(y + J, v);
+  for (int64_t J = 0; J < j1 - j0; J += kW) {
+    vw v = splatw(0.0f);
+    for (int64_t s = 0; s < K; ++s) v += splatw(w[K - 1 - s]) * loadw(t + J + s);
+    storew(y + J, v);
   }
 }
 
@@ -227,42 +246,39 @@ void chunk_decays(int64_t I, int64_t J0, int64_t J1, const Dims& d, const Scratc
 void diagonal_block(const Channel& ch, int64_t I, const Dims& d, const Scratch& s,
                     ChunkState& c) {
   const int64_t N = d.N, I0 = I * kQ;
-  v16 G[64];  // N <= 64, checked by the handlers
-  for (int64_t n = 0; n < N; ++n) G[n] = splat(0.0f);
-  for (int64_t ii = 0; ii < kQ; ++ii) {  // rows past L have q = k = 0
-    const int64_t i = I0 + ii;
-    v16 acc = splat(0.0f);
-    for (int64_t n = 0; n < N; ++n) {
-      G[n] *= splat(s.dAT[(I * N + n) * kQ + ii]);
-      G[n][ii] = s.kp[i * N + n];
-      acc += splat(s.qp[i * N + n]) * G[n];
+  for (int64_t h = 0; h < kQ; h += kW) {  // columns I0 + h .. I0 + h + kW - 1
+    vw G[64];  // N <= 64, checked by the handlers
+    for (int64_t n = 0; n < N; ++n) G[n] = splatw(0.0f);
+    for (int64_t ii = 0; ii < kQ; ++ii) {  // rows past L have q = k = 0
+      const int64_t i = I0 + ii;
+      vw acc = splatw(0.0f);
+      for (int64_t n = 0; n < N; ++n) {
+        G[n] *= splatw(s.dAT[(I * N + n) * kQ + ii]);
+        if (ii >= h && ii < h + kW) G[n][ii - h] = s.kp[i * N + n];
+        acc += splatw(s.qp[i * N + n]) * G[n];
+      }
+      if (ch.diag && i < d.L && ii >= h && ii < h + kW) acc[ii - h] += ch.diag[i];
+      storew(c.D.data() + ii * kQ + h, acc);
     }
-    if (ch.diag && i < d.L) acc[ii] += ch.diag[i];
-    store(c.D.data() + ii * kQ, acc);
   }
 }
 
-// Rows whose accumulators stay in registers: 16 ymm (AVX2) hold 4 rows of 16 floats and
-// their operands, 32 zmm hold 8.
-#ifdef __AVX512F__
-constexpr int64_t kRows = 8;
-#else
-constexpr int64_t kRows = 4;
-#endif
-
 // t[ii * ts + jj] = sum_n q[ii * N + n] km[n * kQ + jj] for the kQ rows of a chunk: the
-// decay of one off-diagonal block, kRows rows at a time so each km vector is loaded once per
-// kRows rows.
+// decay of one off-diagonal block, kRows rows at a time (their accumulators in registers) so
+// each km vector is loaded once per kRows rows.
+constexpr int64_t kRows = 8;
+
 inline void block_rows(const float* q, int64_t N, const float* km, float* t, int64_t ts) {
-  for (int64_t r0 = 0; r0 < kQ; r0 += kRows) {
-    v16 acc[kRows];
-    for (int64_t r = 0; r < kRows; ++r) acc[r] = splat(0.0f);
-    for (int64_t n = 0; n < N; ++n) {
-      const v16 v = load(km + n * kQ);
-      for (int64_t r = 0; r < kRows; ++r) acc[r] += splat(q[(r0 + r) * N + n]) * v;
+  for (int64_t h = 0; h < kQ; h += kW)
+    for (int64_t r0 = 0; r0 < kQ; r0 += kRows) {
+      vw acc[kRows];
+      for (int64_t r = 0; r < kRows; ++r) acc[r] = splatw(0.0f);
+      for (int64_t n = 0; n < N; ++n) {
+        const vw v = loadw(km + n * kQ + h);
+        for (int64_t r = 0; r < kRows; ++r) acc[r] += splatw(q[(r0 + r) * N + n]) * v;
+      }
+      for (int64_t r = 0; r < kRows; ++r) storew(t + (r0 + r) * ts + h, acc[r]);
     }
-    for (int64_t r = 0; r < kRows; ++r) store(t + (r0 + r) * ts, acc[r]);
-  }
 }
 
 // The kQ rows of chunk I of H before the conv, column chunks [J0, J1), into t (row stride
