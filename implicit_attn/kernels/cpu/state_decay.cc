@@ -40,7 +40,8 @@ inline v16 load(const float* p) {
   return v;
 }
 inline void store(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
-inline v16 splat(float x) { return v16{} + x; }
+// x - 0 is x for every x (x + 0 is not, for x = -0), so this is a bare broadcast.
+inline v16 splat(float x) { return x - v16{}; }
 
 // The machine's own vector: 16 floats with AVX-512, 8 with AVX2. A value carried around a
 // loop (an accumulator) must be one: without AVX-512 no register holds a v16, and GCC keeps
@@ -59,7 +60,7 @@ inline vw loadw(const float* p) {
   return v;
 }
 inline void storew(float* p, vw v) { std::memcpy(p, &v, sizeof(v)); }
-inline vw splatw(float x) { return vw{} + x; }
+inline vw splatw(float x) { return x - vw{}; }
 
 // exp of 16 floats: Cody-Waite reduction x = k ln2 + r, |r| <= ln2/2, and a degree-6
 // polynomial for exp(r) (the Cephes expf coefficients): about 1 ulp. Results below
