@@ -34,15 +34,6 @@ constexpr int64_t kQ = 16;  // chunk length = one vector of 16 floats
 typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
 
-inline v16 load(const float* p) {
-  v16 v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-inline void store(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
-// x - 0 is x for every x (x + 0 is not, for x = -0), so this is a bare broadcast.
-inline v16 splat(float x) { return x - v16{}; }
-
 // The machine's own vector: 16 floats with AVX-512, 8 with AVX2. A value carried around a
 // loop (an accumulator) must be one: without AVX-512 no register holds a v16, and GCC keeps
 // such a v16 on the stack, moving it through general registers on every pass. Loops over a
@@ -54,13 +45,22 @@ constexpr int64_t kW = 8;
 #endif
 typedef float vw __attribute__((vector_size(kW * 4)));
 
-inline vw loadw(const float* p) {
-  vw v;
+// Unaligned load, store and broadcast of a v16 (or of a vw: load<vw>, splat<vw>).
+template <typename V = v16>
+inline V load(const float* p) {
+  V v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
-inline void storew(float* p, vw v) { std::memcpy(p, &v, sizeof(v)); }
-inline vw splatw(float x) { return x - vw{}; }
+template <typename V>
+inline void store(float* p, V v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+// x - 0 is x for every x (x + 0 is not, for x = -0), so this is a bare broadcast.
+template <typename V = v16>
+inline V splat(float x) {
+  return x - V{};
+}
 
 // exp of 16 floats: Cody-Waite reduction x = k ln2 + r, |r| <= ln2/2, and a degree-6
 // polynomial for exp(r) (the Cephes expf coefficients): about 1 ulp. Results below
@@ -128,9 +128,9 @@ inline void add_tile(const float* sum, int64_t rows, int64_t cols, float* out, i
 inline void head_conv(const float* w, int64_t K, const float* t, int64_t j0, int64_t j1,
                       float* y) {
   for (int64_t J = 0; J < j1 - j0; J += kW) {
-    vw v = splatw(0.0f);
-    for (int64_t s = 0; s < K; ++s) v += splatw(w[K - 1 - s]) * loadw(t + J + s);
-    storew(y + J, v);
+    vw v = splat<vw>(0.0f);
+    for (int64_t s = 0; s < K; ++s) v += splat<vw>(w[K - 1 - s]) * load<vw>(t + J + s);
+    store(y + J, v);
   }
 }
 
@@ -249,17 +249,17 @@ void diagonal_block(const Channel& ch, int64_t I, const Dims& d, const Scratch& 
   const int64_t N = d.N, I0 = I * kQ;
   for (int64_t h = 0; h < kQ; h += kW) {  // columns I0 + h .. I0 + h + kW - 1
     vw G[64];  // N <= 64, checked by the handlers
-    for (int64_t n = 0; n < N; ++n) G[n] = splatw(0.0f);
+    for (int64_t n = 0; n < N; ++n) G[n] = splat<vw>(0.0f);
     for (int64_t ii = 0; ii < kQ; ++ii) {  // rows past L have q = k = 0
       const int64_t i = I0 + ii;
-      vw acc = splatw(0.0f);
+      vw acc = splat<vw>(0.0f);
       for (int64_t n = 0; n < N; ++n) {
-        G[n] *= splatw(s.dAT[(I * N + n) * kQ + ii]);
+        G[n] *= splat<vw>(s.dAT[(I * N + n) * kQ + ii]);
         if (ii >= h && ii < h + kW) G[n][ii - h] = s.kp[i * N + n];
-        acc += splatw(s.qp[i * N + n]) * G[n];
+        acc += splat<vw>(s.qp[i * N + n]) * G[n];
       }
       if (ch.diag && i < d.L && ii >= h && ii < h + kW) acc[ii - h] += ch.diag[i];
-      storew(c.D.data() + ii * kQ + h, acc);
+      store(c.D.data() + ii * kQ + h, acc);
     }
   }
 }
@@ -273,12 +273,12 @@ inline void block_rows(const float* q, int64_t N, const float* km, float* t, int
   for (int64_t h = 0; h < kQ; h += kW)
     for (int64_t r0 = 0; r0 < kQ; r0 += kRows) {
       vw acc[kRows];
-      for (int64_t r = 0; r < kRows; ++r) acc[r] = splatw(0.0f);
+      for (int64_t r = 0; r < kRows; ++r) acc[r] = splat<vw>(0.0f);
       for (int64_t n = 0; n < N; ++n) {
-        const vw v = loadw(km + n * kQ + h);
-        for (int64_t r = 0; r < kRows; ++r) acc[r] += splatw(q[(r0 + r) * N + n]) * v;
+        const vw v = load<vw>(km + n * kQ + h);
+        for (int64_t r = 0; r < kRows; ++r) acc[r] += splat<vw>(q[(r0 + r) * N + n]) * v;
       }
-      for (int64_t r = 0; r < kRows; ++r) storew(t + (r0 + r) * ts + h, acc[r]);
+      for (int64_t r = 0; r < kRows; ++r) store(t + (r0 + r) * ts + h, acc[r]);
     }
 }
 
