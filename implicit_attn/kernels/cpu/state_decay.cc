@@ -247,15 +247,19 @@ void chunk_decays(int64_t I, int64_t J0, int64_t J1, const Dims& d, const Scratc
 void diagonal_block(const Channel& ch, int64_t I, const Dims& d, const Scratch& s,
                     ChunkState& c) {
   const int64_t N = d.N, I0 = I * kQ;
+  vw lane;
+  for (int64_t l = 0; l < kW; ++l) lane[l] = static_cast<float>(l);
   for (int64_t h = 0; h < kQ; h += kW) {  // columns I0 + h .. I0 + h + kW - 1
     vw G[64];  // N <= 64, checked by the handlers
     for (int64_t n = 0; n < N; ++n) G[n] = splat<vw>(0.0f);
     for (int64_t ii = 0; ii < kQ; ++ii) {  // rows past L have q = k = 0
       const int64_t i = I0 + ii;
+      // Column j = i starts its product (a select: a store into one lane of G[n] in memory
+      // stalls the vector load that follows).
+      const auto start = lane == splat<vw>(static_cast<float>(ii - h));
       vw acc = splat<vw>(0.0f);
       for (int64_t n = 0; n < N; ++n) {
-        G[n] *= splat<vw>(s.dAT[(I * N + n) * kQ + ii]);
-        if (ii >= h && ii < h + kW) G[n][ii - h] = s.kp[i * N + n];
+        G[n] = start ? splat<vw>(s.kp[i * N + n]) : G[n] * splat<vw>(s.dAT[(I * N + n) * kQ + ii]);
         acc += splat<vw>(s.qp[i * N + n]) * G[n];
       }
       if (ch.diag && i < d.L && ii >= h && ii < h + kW) acc[ii - h] += ch.diag[i];
