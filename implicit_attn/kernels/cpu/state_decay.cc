@@ -168,12 +168,11 @@ struct Scratch {
 
 // The state of one row chunk I over a range of column chunks [J0, ...).
 struct ChunkState {
-  std::vector<float> mid, D, km;
+  std::vector<float> mid, D;
   ChunkState(const Dims& d, int64_t chunks) {
     const int64_t Np = (d.N + kQ - 1) / kQ * kQ;
     mid.resize(chunks * Np);  // [J - J0][n]: decay over the chunks strictly between J and I
     D.resize(kQ * kQ);        // [ii][jj]: the diagonal block of row chunk I
-    km.resize(Np * kQ);       // [n][jj]: kdT of one chunk J times mid[J]
   }
 };
 
@@ -268,18 +267,19 @@ void diagonal_block(const Channel& ch, int64_t I, const Dims& d, const Scratch& 
   }
 }
 
-// t[ii * ts + jj] = sum_n q[ii * N + n] km[n * kQ + jj] for the kQ rows of a chunk: the
-// decay of one off-diagonal block, kRows rows at a time (their accumulators in registers) so
-// each km vector is loaded once per kRows rows.
+// t[ii * ts + jj] = sum_n q[ii * N + n] (kt[n * kQ + jj] m[n]) for the kQ rows of a chunk:
+// one off-diagonal block, kRows rows at a time (their accumulators in registers) so each kt
+// vector is loaded once per kRows rows.
 constexpr int64_t kRows = 8;
 
-inline void block_rows(const float* q, int64_t N, const float* km, float* t, int64_t ts) {
+inline void block_rows(const float* q, int64_t N, const float* kt, const float* m, float* t,
+                       int64_t ts) {
   for (int64_t h = 0; h < kQ; h += kW)
     for (int64_t r0 = 0; r0 < kQ; r0 += kRows) {
       vw acc[kRows];
       for (int64_t r = 0; r < kRows; ++r) acc[r] = splat<vw>(0.0f);
       for (int64_t n = 0; n < N; ++n) {
-        const vw v = load<vw>(km + n * kQ + h);
+        const vw v = load<vw>(kt + n * kQ + h) * splat<vw>(m[n]);
         for (int64_t r = 0; r < kRows; ++r) acc[r] += splat<vw>(q[(r0 + r) * N + n]) * v;
       }
       for (int64_t r = 0; r < kRows; ++r) store(t + (r0 + r) * ts + h, acc[r]);
@@ -300,9 +300,7 @@ void chunk_rows(int64_t I, int64_t J0, int64_t J1, const Dims& d, const Scratch&
       continue;
     }
     const float* kt = s.kdT.data() + J * N * kQ;
-    const float* m = c.mid.data() + (J - J0) * Np;
-    for (int64_t n = 0; n < N; ++n) store(c.km.data() + n * kQ, load(kt + n * kQ) * splat(m[n]));
-    block_rows(s.qd.data() + I * kQ * N, N, c.km.data(), tj, ts);
+    block_rows(s.qd.data() + I * kQ * N, N, kt, c.mid.data() + (J - J0) * Np, tj, ts);
   }
 }
 
