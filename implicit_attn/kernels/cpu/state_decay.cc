@@ -6,8 +6,9 @@
 // zeroed between different documents (seg). A rank-one scalar decay (Griffin's RG-LRU)
 // is the case N = 1, q = k = 1, A = -1, dt = -log a.
 //
-// Every output element is written exactly once, row by row; a row is first formed in a
-// small scratch buffer (L1-resident), then convolved into the output. The decay uses
+// Every output element is written exactly once; the 16 rows of a row chunk are first formed
+// in a scratch buffer (the off-diagonal blocks by a register-blocked product), then each row
+// is convolved into the output. The decay uses
 // the chunked factorisation of the XLA path: for i in chunk I and j in an earlier
 // chunk J, prod_{t=j+1..i} = [prefix of I up to i] * [chunks strictly between] *
 // [suffix of J after j], each a product of factors <= 1 (no growth, no overflow).
