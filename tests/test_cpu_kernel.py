@@ -267,3 +267,32 @@ def test_unwritable_cache_or_bad_library_is_reported(tmp_path):
         with pytest.warns(UserWarning, match="fused CPU kernel unavailable"):
             assert not cpu.available()
     """, env=dict(PATH=str(bin_), CXX=None))
+
+
+# 530 = two whole tiles of 256 columns and a ragged third: rows that span several column
+# tiles, a conv reaching across a tile edge, a document restart (Griffin, batch row 1).
+@pytest.mark.parametrize("family", ["mamba", "griffin"])
+def test_fused_reduce_across_column_tiles(family, monkeypatch):
+    L = 530
+    op = _op(L) if family == "mamba" else griffin_op(L)
+    w = jax.random.normal(jax.random.PRNGKey(3), op.values.shape)
+    kw = jax.random.normal(jax.random.PRNGKey(4), op.values.shape)
+    got = {}
+    for how in ("weighted", "abs_mean"):
+        args = dict(weights=w, key_weights=kw) if how == "weighted" else {}
+        got[how] = op.reduce(how, **args, impl="cpu")
+        assert rel(got[how], op.reduce(how, **args, impl="xla", block_channels=4)) <= 1e-5, how
+    idx = jnp.arange(op.values.shape[1])
+    monkeypatch.setattr(cpu, "num_threads", lambda: 1)
+    one = np.asarray(cpu.cpu_reduce(op.core, idx, "weighted", w, kw))
+    monkeypatch.setattr(cpu, "num_threads", lambda: 3)
+    three = np.asarray(cpu.cpu_reduce(op.core, idx, "weighted", w, kw))
+    np.testing.assert_array_equal(one, three)
+    assert rel(one, got["weighted"]) <= 1e-5
+
+
+def test_fused_reduce_several_channel_blocks():
+    # The reduce prepares at most 64 channels at a time: 67 channels are two blocks.
+    core = _bare_core(40, C=67)
+    op = ImplicitOperator(jnp.ones((B, 67, 40)), jnp.zeros((B, 67, 40)), jnp.zeros((B, 67, 40)), core)
+    assert rel(op.reduce("pos_mean", impl="cpu"), op.reduce("pos_mean", impl="xla", block_channels=16)) <= 1e-5

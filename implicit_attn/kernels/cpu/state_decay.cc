@@ -6,8 +6,9 @@
 // zeroed between different documents (seg). A rank-one scalar decay (Griffin's RG-LRU)
 // is the case N = 1, q = k = 1, A = -1, dt = -log a.
 //
-// Every output element is written exactly once, row by row; a row is first formed in a
-// small scratch buffer (L1-resident), then convolved into the output. The decay uses
+// Every output element is written exactly once; the 16 rows of a row chunk are first formed
+// in a scratch buffer (the off-diagonal blocks by a register-blocked product), then each row
+// is convolved into the output. The decay uses
 // the chunked factorisation of the XLA path: for i in chunk I and j in an earlier
 // chunk J, prod_{t=j+1..i} = [prefix of I up to i] * [chunks strictly between] *
 // [suffix of J after j], each a product of factors <= 1 (no growth, no overflow).
@@ -34,13 +35,33 @@ constexpr int64_t kQ = 16;  // chunk length = one vector of 16 floats
 typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
 
-inline v16 load(const float* p) {
-  v16 v;
+// The machine's own vector: 16 floats with AVX-512, 8 with AVX2. A value carried around a
+// loop (an accumulator) must be one: without AVX-512 no register holds a v16, and GCC keeps
+// such a v16 on the stack, moving it through general registers on every pass. Loops over a
+// v16's lanes in kW-wide parts do the same arithmetic per lane.
+#ifdef __AVX512F__
+constexpr int64_t kW = 16;
+#else
+constexpr int64_t kW = 8;
+#endif
+typedef float vw __attribute__((vector_size(kW * 4)));
+
+// Unaligned load, store and broadcast of a v16 (or of a vw: load<vw>, splat<vw>).
+template <typename V = v16>
+inline V load(const float* p) {
+  V v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
-inline void store(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
-inline v16 splat(float x) { return v16{} + x; }
+template <typename V>
+inline void store(float* p, V v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+// x - 0 is x for every x (x + 0 is not, for x = -0), so this is a bare broadcast.
+template <typename V = v16>
+inline V splat(float x) {
+  return x - V{};
+}
 
 // exp of 16 floats: Cody-Waite reduction x = k ln2 + r, |r| <= ln2/2, and a degree-6
 // polynomial for exp(r) (the Cephes expf coefficients): about 1 ulp. Results below
@@ -70,6 +91,50 @@ inline v16 vexp(v16 x) {
 // an empty segment decays nothing, and -inf * 0 would be NaN.
 inline v16 vexp_rt(v16 rate, v16 t) { return t == splat(0.0f) ? splat(1.0f) : vexp(rate * t); }
 
+// The reduces are tiled: blocks of kQ rows by kTile columns, whose sums, weights and
+// factors stay in L1 while every channel passes over them.
+constexpr int64_t kTile = 256;
+
+// Shared by the tiled reduces (head matrices, RWKV-4, Mamba-1): one row tile of one channel,
+// s[j] += q * mode(gain * y[j]) * kw[j] for j < n (n a multiple of kQ); mode 0 as is, 1 abs,
+// 2 relu.
+inline void accumulate_row(float* s, const float* y, float gain, float qv, const float* kwt, int64_t n,
+                           int64_t mode) {
+  const v16 gv = splat(gain), q = splat(qv);
+  for (int64_t J = 0; J < n; J += kQ) {
+    v16 v = gv * load(y + J);
+    if (mode == 1) v = v < 0.0f ? -v : v;
+    if (mode == 2) v = v < 0.0f ? splat(0.0f) : v;
+    store(s + J, load(s + J) + q * v * load(kwt + J));
+  }
+}
+
+// The first cols entries of src into tile, the rest of it zeroed.
+inline void load_tile(const float* src, int64_t cols, std::vector<float>& tile) {
+  std::fill(tile.begin(), tile.end(), 0.0f);
+  std::copy(src, src + cols, tile.begin());
+}
+
+// Adds rows x cols of the row-tiled sums (row stride kTile) into out (row stride L).
+inline void add_tile(const float* sum, int64_t rows, int64_t cols, float* out, int64_t L) {
+  for (int64_t ii = 0; ii < rows; ++ii) {
+    float* orow = out + ii * L;
+    const float* s = sum + ii * kTile;
+    for (int64_t j = 0; j < cols; ++j) orow[j] += s[j];
+  }
+}
+
+// The conv of a row t of H (t[0] is column j0) over columns [j0, j1):
+// y[j - j0] = sum_s t[j + s] w[K-1-s].
+inline void head_conv(const float* w, int64_t K, const float* t, int64_t j0, int64_t j1,
+                      float* y) {
+  for (int64_t J = 0; J < j1 - j0; J += kW) {
+    vw v = splat<vw>(0.0f);
+    for (int64_t s = 0; s < K; ++s) v += splat<vw>(w[K - 1 - s]) * load<vw>(t + J + s);
+    store(y + J, v);
+  }
+}
+
 struct Dims {
   int64_t B, C, L, N, K;
 };
@@ -80,11 +145,12 @@ struct Channel {
   const int32_t* seg;
 };
 
-// Per-channel factors and row state (thread-local, reused across channels).
+// Per-channel factors (reused across channels).
 struct Scratch {
-  std::vector<float> Ap, dAT, qd, qp, kp, kdT, tot, mid, row;
+  std::vector<float> Ap, dAT, qd, qp, kp, kdT;
+  std::vector<double> cum;
+  std::vector<int64_t> inf, bad;
   std::vector<int32_t> seg;
-  v16 G[64];  // diagonal-block state per state n (N <= 64, checked by the handlers)
   explicit Scratch(const Dims& d) {
     const int64_t nc = (d.L + kQ - 1) / kQ, Lp = nc * kQ, Np = (d.N + kQ - 1) / kQ * kQ;
     Ap.resize(Np);
@@ -93,10 +159,21 @@ struct Scratch {
     qp.resize(Lp * d.N);   // [i][n]: q l
     kp.resize(Lp * d.N);   // [j][n]: k r
     kdT.resize(Lp * d.N);  // [J][n][jj]: k r times the decay after j to the chunk end
-    tot.resize(nc);        // dt summed over each chunk
-    mid.resize(nc * Np);   // [J][n]: decay over the chunks strictly between J and I
-    row.resize(Lp + 2 * kQ + d.K);
+    cum.resize(nc + 1);    // finite dt summed over the chunks before J (double: differences
+                           // of it give the decay between two chunks far along a sequence)
+    inf.resize(nc + 1);    // chunks before J whose dt sum is +inf (a decay to 0: a restart)
+    bad.resize(nc + 1);    // ... whose dt sum is NaN or -inf
     seg.resize(Lp);        // document ids, padded (-1) to whole chunks
+  }
+};
+
+// The state of one row chunk I over a range of column chunks [J0, ...).
+struct ChunkState {
+  std::vector<float> mid, D;
+  ChunkState(const Dims& d, int64_t chunks) {
+    const int64_t Np = (d.N + kQ - 1) / kQ * kQ;
+    mid.resize(chunks * Np);  // [J - J0][n]: decay over the chunks strictly between J and I
+    D.resize(kQ * kQ);        // [ii][jj]: the diagonal block of row chunk I
   }
 };
 
@@ -109,6 +186,8 @@ void prepare(const Channel& ch, const Dims& d, Scratch& s) {
   for (int64_t n = 0; n < Np; ++n) s.Ap[n] = n < N ? ch.A[n] : 0.0f;
   if (ch.seg)
     for (int64_t t = 0; t < nc * kQ; ++t) s.seg[t] = t < L ? ch.seg[t] : -1;
+  s.cum[0] = 0.0;
+  s.inf[0] = s.bad[0] = 0;
   for (int64_t J = 0; J < nc; ++J) {
     const int64_t J0 = J * kQ;
     float dtv[kQ];
@@ -117,7 +196,10 @@ void prepare(const Channel& ch, const Dims& d, Scratch& s) {
       dtv[jj] = J0 + jj < L ? ch.dt[J0 + jj] : 0.0f;
       acc += dtv[jj];
     }
-    s.tot[J] = acc;
+    const bool finite = std::isfinite(acc);
+    s.cum[J + 1] = s.cum[J] + (finite ? acc : 0.0f);
+    s.inf[J + 1] = s.inf[J] + (acc == INFINITY);
+    s.bad[J + 1] = s.bad[J] + (!finite && acc != INFINITY);
     const v16 dtj = load(dtv);
     for (int64_t n = 0; n < N; ++n) store(dAT + (J * N + n) * kQ, vexp_rt(splat(ch.A[n]), dtj));
     for (int64_t t = J0; t < J0 + kQ; ++t) {
@@ -145,68 +227,111 @@ void prepare(const Channel& ch, const Dims& d, Scratch& s) {
   }
 }
 
-// Start row chunk I: the between-chunk decays and a fresh diagonal-block state.
-void begin_chunk(int64_t I, const Dims& d, Scratch& s) {
+// The decays between chunk J and row chunk I (J < I) for J in [J0, J1) into c.mid.
+void chunk_decays(int64_t I, int64_t J0, int64_t J1, const Dims& d, const Scratch& s,
+                  ChunkState& c) {
   const int64_t Np = (d.N + kQ - 1) / kQ * kQ;
-  float between = 0.0f;
-  for (int64_t J = I - 1; J >= 0; --J) {
+  for (int64_t J = J0; J < std::min(J1, I); ++J) {
+    const float b = s.bad[I] > s.bad[J + 1]   ? NAN
+                    : s.inf[I] > s.inf[J + 1] ? INFINITY
+                                              : static_cast<float>(s.cum[I] - s.cum[J + 1]);
+    const v16 between = splat(b);
     for (int64_t n = 0; n < Np; n += kQ)
-      store(s.mid.data() + J * Np + n, vexp_rt(load(s.Ap.data() + n), splat(between)));
-    between += s.tot[J];
+      store(c.mid.data() + (J - J0) * Np + n, vexp_rt(load(s.Ap.data() + n), between));
   }
-  for (int64_t n = 0; n < d.N; ++n) s.G[n] = splat(0.0f);
 }
 
-// Row i = I*Q + ii of (H M), masked to i's document: (I + 1) vectors of 16 columns into y
-// (columns past i are 0). Rows of a chunk must come in order (the diagonal state).
-void conv_row(const Channel& ch, int64_t I, int64_t ii, const Dims& d, Scratch& s, float* y) {
-  const int64_t N = d.N, K = d.K, Np = (N + kQ - 1) / kQ * kQ;
-  const int64_t I0 = I * kQ, i = I0 + ii;
-  float* row = s.row.data();
-  const float* qi = s.qd.data() + i * N;
-  // Blocks left of the diagonal: row i of qd diag(mid_J) kd_J^T.
-  for (int64_t J = 0; J < I; ++J) {
-    v16 acc = splat(0.0f);
-    const float* kt = s.kdT.data() + J * N * kQ;
-    const float* m = s.mid.data() + J * Np;
-    for (int64_t n = 0; n < N; ++n) acc += splat(qi[n] * m[n]) * load(kt + n * kQ);
-    store(row + J * kQ, acc);
-  }
-  // The diagonal block: G_n[jj] = k r[j, n] prod_{t=j+1..i} dA[t, n], for jj <= ii.
-  v16 acc = splat(0.0f);
-  for (int64_t n = 0; n < N; ++n) {
-    s.G[n] *= splat(s.dAT[(I * N + n) * kQ + ii]);
-    s.G[n][ii] = s.kp[i * N + n];
-    acc += splat(s.qp[i * N + n]) * s.G[n];
-  }
-  if (ch.diag) acc[ii] += ch.diag[i];
-  store(row + I0, acc);
-  store(row + I0 + kQ, splat(0.0f));  // H is 0 right of i (the conv reads K-1 past)
-  // (H M)[i, j] = sum_s H[i, j + s] w[K-1-s], a vector of 16 columns at a time.
-  for (int64_t J = 0; J <= I; ++J) {
-    v16 v = splat(0.0f);
-    for (int64_t t = 0; t < K; ++t) v += splat(ch.w[K - 1 - t]) * load(row + J * kQ + t);
-    if (ch.seg) {  // packed documents: the conv must not reach across a document start
-      v16i sj;
-      std::memcpy(&sj, s.seg.data() + J * kQ, sizeof(sj));
-      v = sj == s.seg[i] ? v : splat(0.0f);
+// The diagonal block of row chunk I into c.D (row ii: columns I0..I0+15 of row I0 + ii of H
+// before the conv, 0 right of the diagonal, diag added), whose decay is a running product
+// down each column: G_n[jj] = k r[j, n] prod_{t=j+1..i} dA[t, n].
+void diagonal_block(const Channel& ch, int64_t I, const Dims& d, const Scratch& s,
+                    ChunkState& c) {
+  const int64_t N = d.N, I0 = I * kQ;
+  vw lane;
+  for (int64_t l = 0; l < kW; ++l) lane[l] = static_cast<float>(l);
+  for (int64_t h = 0; h < kQ; h += kW) {  // columns I0 + h .. I0 + h + kW - 1
+    vw G[64];  // N <= 64, checked by the handlers
+    for (int64_t n = 0; n < N; ++n) G[n] = splat<vw>(0.0f);
+    for (int64_t ii = 0; ii < kQ; ++ii) {  // rows past L have q = k = 0
+      const int64_t i = I0 + ii;
+      // Column j = i starts its product (a select: a store into one lane of G[n] in memory
+      // stalls the vector load that follows).
+      const auto start = lane == splat<vw>(static_cast<float>(ii - h));
+      vw acc = splat<vw>(0.0f);
+      for (int64_t n = 0; n < N; ++n) {
+        G[n] = start ? splat<vw>(s.kp[i * N + n]) : G[n] * splat<vw>(s.dAT[(I * N + n) * kQ + ii]);
+        acc += splat<vw>(s.qp[i * N + n]) * G[n];
+      }
+      if (ch.diag && i < d.L && ii >= h && ii < h + kW) acc[ii - h] += ch.diag[i];
+      store(c.D.data() + ii * kQ + h, acc);
     }
-    store(y + J * kQ, v);
   }
 }
 
-// One (batch, channel) operator into out (L x L, row-major), each element written once.
+// t[ii * ts + jj] = sum_n q[ii * N + n] (kt[n * kQ + jj] m[n]) for the kQ rows of a chunk:
+// one off-diagonal block, kRows rows at a time (their accumulators in registers) so each kt
+// vector is loaded once per kRows rows.
+constexpr int64_t kRows = 8;
+
+inline void block_rows(const float* q, int64_t N, const float* kt, const float* m, float* t,
+                       int64_t ts) {
+  for (int64_t h = 0; h < kQ; h += kW)
+    for (int64_t r0 = 0; r0 < kQ; r0 += kRows) {
+      vw acc[kRows];
+      for (int64_t r = 0; r < kRows; ++r) acc[r] = splat<vw>(0.0f);
+      for (int64_t n = 0; n < N; ++n) {
+        const vw v = load<vw>(kt + n * kQ + h) * splat<vw>(m[n]);
+        for (int64_t r = 0; r < kRows; ++r) acc[r] += splat<vw>(q[(r0 + r) * N + n]) * v;
+      }
+      for (int64_t r = 0; r < kRows; ++r) store(t + (r0 + r) * ts + h, acc[r]);
+    }
+}
+
+// The kQ rows of chunk I of H before the conv, column chunks [J0, J1), into t (row stride
+// ts, t[0] is column J0 * kQ): left of the diagonal block qd diag(mid_J) kd_J^T, then D, then
+// 0. Needs chunk_decays(I, J0, J1) and, if J1 > I, diagonal_block(I).
+void chunk_rows(int64_t I, int64_t J0, int64_t J1, const Dims& d, const Scratch& s,
+                ChunkState& c, float* t, int64_t ts) {
+  const int64_t N = d.N, Np = (N + kQ - 1) / kQ * kQ;
+  for (int64_t J = J0; J < J1; ++J) {
+    float* tj = t + (J - J0) * kQ;
+    if (J >= I) {
+      for (int64_t ii = 0; ii < kQ; ++ii)
+        store(tj + ii * ts, J == I ? load(c.D.data() + ii * kQ) : splat(0.0f));
+      continue;
+    }
+    const float* kt = s.kdT.data() + J * N * kQ;
+    block_rows(s.qd.data() + I * kQ * N, N, kt, c.mid.data() + (J - J0) * Np, tj, ts);
+  }
+}
+
+// Packed documents: zero columns [j0, j0 + n) of row i's y outside its document (the conv
+// must not reach across a document start).
+inline void mask_document(const Scratch& s, int64_t i, int64_t j0, int64_t n, float* y) {
+  for (int64_t J = 0; J < n; J += kQ) {
+    v16i sj;
+    std::memcpy(&sj, s.seg.data() + j0 + J, sizeof(sj));
+    store(y + J, sj == s.seg[i] ? load(y + J) : splat(0.0f));
+  }
+}
+
+// One (batch, channel) operator into out (L x L, row-major), each element written once. t
+// holds kQ rows of Lp + kQ floats, y Lp floats.
 void materialize_channel(const Channel& ch, const Dims& d, float* out, Scratch& s,
-                         float* y) {
-  const int64_t L = d.L, nc = (L + kQ - 1) / kQ;
+                         ChunkState& c, float* t, float* y) {
+  const int64_t L = d.L, nc = (L + kQ - 1) / kQ, ts = nc * kQ + kQ;
   prepare(ch, d, s);
   for (int64_t I = 0; I < nc; ++I) {
-    begin_chunk(I, d, s);
-    const int64_t I0 = I * kQ, rows = std::min(kQ, L - I0), width = std::min(L, I0 + kQ);
+    chunk_decays(I, 0, I, d, s, c);
+    diagonal_block(ch, I, d, s, c);
+    chunk_rows(I, 0, I + 2, d, s, c, t, ts);  // a chunk past the diagonal: the conv reads it
+    const int64_t I0 = I * kQ, rows = std::min(kQ, L - I0), wp = I0 + kQ, width = std::min(L, wp);
     for (int64_t ii = 0; ii < rows; ++ii) {
-      conv_row(ch, I, ii, d, s, y);
       float* o = out + (I0 + ii) * L;
-      std::memcpy(o, y, sizeof(float) * width);
+      float* dst = width == wp ? o : y;
+      head_conv(ch.w, d.K, t + ii * ts, 0, wp, dst);
+      if (ch.seg) mask_document(s, I0 + ii, 0, wp, dst);
+      if (dst != o) std::memcpy(o, dst, sizeof(float) * width);
       if (width < L) std::memset(o + width, 0, sizeof(float) * (L - width));
     }
   }
@@ -279,18 +404,22 @@ ffi::Error StateDecayDenseImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, pairs));
   run_threads(nt, [&](int64_t t0) {
     Scratch s(d);
-    std::vector<float> y(d.L + kQ);
+    const int64_t nc = (d.L + kQ - 1) / kQ, Lp = nc * kQ;
+    ChunkState c(d, nc);
+    std::vector<float> t(kQ * (Lp + kQ)), y(Lp);
     for (int64_t p = t0; p < pairs; p += nt)
-      materialize_channel(f.at(d, p / d.C, p % d.C), d, o + static_cast<size_t>(p) * LL, s,
-                          y.data());
+      materialize_channel(f.at(d, p / d.C, p % d.C), d, o + static_cast<size_t>(p) * LL, s, c,
+                          t.data(), y.data());
   });
   return ffi::Error::Success();
 }
 
 // sum_c qw[b,c,i] f(H_c[i,j]) kw[b,c,j] with f = identity (mode 0), |.| (1) or max(., 0) (2),
-// into out (B, L, L): only the output is written. Threads own interleaved row chunks; each
-// prepares the factors of a block of channels, then for each of its chunks runs the block's
-// channels over that chunk's rows, so the chunk's output rows stay in cache.
+// into out (B, L, L): only the output is written. The factors of a block of channels are
+// prepared once (threads split the channels); then for each tile of kTile columns, threads own
+// interleaved row chunks, and each (chunk, tile) runs the block's channels over the tile: its
+// sums and a channel's weights stay in L1, the block's factors over the tile's columns in L2
+// for all the row chunks, and the output is read and written once per block.
 ffi::Error StateDecayReduceImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                                 ffi::Buffer<ffi::F32> A, ffi::Buffer<ffi::F32> dt,
                                 ffi::Buffer<ffi::F32> left, ffi::Buffer<ffi::F32> right,
@@ -311,56 +440,53 @@ ffi::Error StateDecayReduceImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k
   const int64_t L = d.L, nc = (L + kQ - 1) / kQ, Lp = nc * kQ;
   if (L == 0 || d.B == 0) return ffi::Error::Success();
   Factors f{q, k, A, dt, left, right, diag, w, seg, has_left, has_right, has_diag, has_seg};
-  // Channels per block: their factors (about 5 L N floats each) within ~2 MiB.
+  // Channels per block: their factors (about 5 L N floats each) within ~128 MiB, so that the
+  // output's traffic per block is small next to the block's arithmetic.
   const int64_t per = 5 * Lp * std::max<int64_t>(d.N, 1) * 4;
-  const int64_t cb = std::max<int64_t>(1, std::min<int64_t>({64, d.C, (2 << 20) / per}));
+  const int64_t cb = std::max<int64_t>(1, std::min<int64_t>({64, d.C, (128 << 20) / per}));
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, nc));
-  run_threads(nt, [&](int64_t t0) {
-    std::vector<Scratch> s;
-    for (int64_t c = 0; c < cb; ++c) s.emplace_back(d);
-    std::vector<float> y(Lp + kQ), kwp(cb * (Lp + kQ), 0.0f);
-    for (int64_t b = 0; b < d.B; ++b) {
-      float* ob = o + static_cast<size_t>(b) * L * L;
-      for (int64_t I = t0; I < nc; I += nt)
-        std::memset(ob + I * kQ * L, 0, sizeof(float) * L * std::min(kQ, L - I * kQ));
-      if (d.C == 0) continue;
-      for (int64_t c0 = 0; c0 < d.C; c0 += cb) {
-        const int64_t nb = std::min(cb, d.C - c0);
-        for (int64_t c = 0; c < nb; ++c) {
-          prepare(f.at(d, b, c0 + c), d, s[c]);
-          const float* kwc = kw.typed_data() + (static_cast<size_t>(b) * d.C + c0 + c) * L;
-          std::copy(kwc, kwc + L, kwp.begin() + c * (Lp + kQ));
-        }
-        for (int64_t I = t0; I < nc; I += nt) {
-          const int64_t I0 = I * kQ, rows = std::min(kQ, L - I0), width = std::min(L, I0 + kQ);
-          const int64_t full = width / kQ;  // whole vectors of columns
-          for (int64_t c = 0; c < nb; ++c) {
-            const Channel ch = f.at(d, b, c0 + c);
-            const float* qwc = qw.typed_data() + (static_cast<size_t>(b) * d.C + c0 + c) * L;
-            const float* kwc = kwp.data() + c * (Lp + kQ);
-            begin_chunk(I, d, s[c]);
-            for (int64_t ii = 0; ii < rows; ++ii) {
-              conv_row(ch, I, ii, d, s[c], y.data());
-              const v16 a = splat(qwc[I0 + ii]);
-              float* orow = ob + (I0 + ii) * L;
-              for (int64_t J = 0; J < full; ++J) {
-                v16 v = load(y.data() + J * kQ);
-                if (mode == 1) v = v < 0.0f ? -v : v;
-                if (mode == 2) v = v < 0.0f ? splat(0.0f) : v;
-                store(orow + J * kQ, load(orow + J * kQ) + a * v * load(kwc + J * kQ));
-              }
-              for (int64_t j = full * kQ; j < width; ++j) {
-                float v = y[j];
-                if (mode == 1) v = std::fabs(v);
-                if (mode == 2) v = std::max(v, 0.0f);
-                orow[j] += qwc[I0 + ii] * v * kwc[j];
+  constexpr int64_t ts = kTile + kQ;  // a tile's rows of H, and the chunk the conv reads past it
+  std::vector<Scratch> s;
+  for (int64_t c = 0; c < std::min(cb, d.C); ++c) s.emplace_back(d);
+  for (int64_t b = 0; b < d.B; ++b) {
+    float* ob = o + static_cast<size_t>(b) * L * L;
+    std::memset(ob, 0, sizeof(float) * L * L);
+    for (int64_t c0 = 0; c0 < d.C; c0 += cb) {
+      const int64_t nb = std::min(cb, d.C - c0);
+      run_threads(std::min(nt, nb), [&](int64_t t0) {
+        for (int64_t c = t0; c < nb; c += std::min(nt, nb)) prepare(f.at(d, b, c0 + c), d, s[c]);
+      });
+      run_threads(nt, [&](int64_t t0) {
+        ChunkState cs(d, kTile / kQ + 1);
+        std::vector<float> t(kQ * ts), y(kTile), sum(kQ * kTile), kwt(kTile);
+        for (int64_t j0 = 0; j0 < L; j0 += kTile) {
+          const int64_t J0 = j0 / kQ;
+          // Row chunk I belongs to thread I % nt, in every tile.
+          for (int64_t I = J0 + (t0 - J0 % nt + nt) % nt; I < nc; I += nt) {
+            const int64_t I0 = I * kQ, rows = std::min(kQ, L - I0);
+            const int64_t j1 = std::min(j0 + kTile, I0 + kQ), cols = std::min(j1, L) - j0;
+            const int64_t J1 = j1 / kQ + 1;  // one chunk past the tile: the conv reads it
+            std::fill(sum.begin(), sum.end(), 0.0f);
+            for (int64_t c = 0; c < nb; ++c) {
+              const Channel ch = f.at(d, b, c0 + c);
+              const size_t cl = (static_cast<size_t>(b) * d.C + c0 + c) * L;
+              load_tile(kw.typed_data() + cl + j0, cols, kwt);
+              chunk_decays(I, J0, J1, d, s[c], cs);
+              if (J1 > I) diagonal_block(ch, I, d, s[c], cs);
+              chunk_rows(I, J0, J1, d, s[c], cs, t.data(), ts);
+              for (int64_t ii = 0; ii < rows; ++ii) {
+                head_conv(ch.w, d.K, t.data() + ii * ts, j0, j1, y.data());
+                if (ch.seg) mask_document(s[c], I0 + ii, j0, j1 - j0, y.data());
+                accumulate_row(sum.data() + ii * kTile, y.data(), 1.0f,
+                               qw.typed_data()[cl + I0 + ii], kwt.data(), j1 - j0, mode);
               }
             }
+            add_tile(sum.data(), rows, cols, ob + I0 * L + j0, L);
           }
         }
-      }
+      });
     }
-  });
+  }
   return ffi::Error::Success();
 }
 
@@ -410,16 +536,6 @@ inline void head_row(const HeadFactors& f, const HeadDims& d, int64_t b, int64_t
   }
   for (; j < j1 + kQ; j += kQ) store(t + (j - j0), splat(0.0f));
   if (f.has_diag && i >= j0 && i < j1 + kQ) t[i - j0] += f.diag[cl + i];
-}
-
-// The conv of t (from head_row) over columns [j0, j1): y[j - j0] = sum_s t[j + s] w[K-1-s].
-inline void head_conv(const float* w, int64_t K, const float* t, int64_t j0, int64_t j1,
-                      float* y) {
-  for (int64_t J = 0; J < j1 - j0; J += kQ) {
-    v16 v = splat(0.0f);
-    for (int64_t s = 0; s < K; ++s) v += splat(w[K - 1 - s]) * load(t + J + s);
-    store(y + J, v);
-  }
 }
 
 // Channels grouped by head: (order of channels, start of each head's run in it).
@@ -524,37 +640,6 @@ ffi::Error HeadMatrixDenseImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> he
 // as in the state-decay reduce, into out (B, L, L) (aliased to acc by the caller). Tiled:
 // blocks of kQ rows by kTile columns, so a block's head rows, a channel's weights over the
 // tile and the block's sums stay in L1 while every channel of every head passes over them.
-constexpr int64_t kTile = 256;
-
-// Shared by the tiled reduces (head matrices, RWKV-4): one row tile of one channel,
-// s[j] += q * mode(gain * y[j]) * kw[j] for j < n (n a multiple of kQ); mode 0 as is, 1 abs,
-// 2 relu.
-inline void accumulate_row(float* s, const float* y, float gain, float qv, const float* kwt, int64_t n,
-                           int64_t mode) {
-  const v16 gv = splat(gain), q = splat(qv);
-  for (int64_t J = 0; J < n; J += kQ) {
-    v16 v = gv * load(y + J);
-    if (mode == 1) v = v < 0.0f ? -v : v;
-    if (mode == 2) v = v < 0.0f ? splat(0.0f) : v;
-    store(s + J, load(s + J) + q * v * load(kwt + J));
-  }
-}
-
-// The first cols entries of src into tile, the rest of it zeroed.
-inline void load_tile(const float* src, int64_t cols, std::vector<float>& tile) {
-  std::fill(tile.begin(), tile.end(), 0.0f);
-  std::copy(src, src + cols, tile.begin());
-}
-
-// Adds rows x cols of the row-tiled sums (row stride kTile) into out (row stride L).
-inline void add_tile(const float* sum, int64_t rows, int64_t cols, float* out, int64_t L) {
-  for (int64_t ii = 0; ii < rows; ++ii) {
-    float* orow = out + ii * L;
-    const float* s = sum + ii * kTile;
-    for (int64_t j = 0; j < cols; ++j) orow[j] += s[j];
-  }
-}
-
 ffi::Error HeadMatrixReduceImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> head,
                                 ffi::Buffer<ffi::F32> left, ffi::Buffer<ffi::F32> right,
                                 ffi::Buffer<ffi::F32> diag, ffi::Buffer<ffi::F32> w,
