@@ -4,7 +4,9 @@ against the family's float64 reference, the XLA path and the block's own scan. O
 from each family's layer on random weights and a random input (tiny configs: several heads,
 grouped B/C or key heads, a conv, a gate, RWKV-7's diagonal). Lengths: 1, 16 (one chunk), 37
 (ragged) and 300 (the fused reduces' column tiles are 256 wide: two tiles, a ragged one).
-Falcon-H1's ``ParallelCore`` (Mamba-2 beside attention) runs its parts' kernels.
+Falcon-H1's ``ParallelCore`` (Mamba-2 beside attention) runs its parts' kernels. RecurrentGemma's
+local attention (``AttentionCore``) has a materialize kernel: against the family's float64
+reference, and on random cores (packed documents, windows, grouped keys) against float64 softmax.
 The default tier checks Mamba-2, RWKV-7, RWKV-4 and LFM2; the other families' float64 checks
 repeat the conformance suite's (which runs ``materialize``'s default, these kernels) and are deep.
 """
@@ -14,7 +16,7 @@ import numpy as np
 import pytest
 
 from implicit_attn.kernels import cpu
-from implicit_attn.operator import ImplicitOperator, resolve_impl
+from implicit_attn.operator import AttentionCore, ImplicitOperator, resolve_impl
 from implicit_attn.registry import FAMILIES
 
 B = 2
@@ -138,3 +140,68 @@ def test_traced_channels_and_threads(monkeypatch):
     one = np.asarray(cpu.cpu_dense(op.core, np.arange(C)))
     monkeypatch.setattr(cpu, "num_threads", lambda: 3)
     np.testing.assert_array_equal(one, np.asarray(cpu.cpu_dense(op.core, np.arange(C))))
+
+
+def test_attention_materialize_equals_the_float64_reference():
+    """RecurrentGemma's local attention layer (window 5, one key head for four query heads)."""
+    model, mixer, x = layer_and_input("recurrent_gemma", 37, layer=2)
+    op = mixer.as_operator(x)
+    assert type(op.core) is AttentionCore and resolve_impl("auto", op.core) == "cpu"
+    P = op.materialize(impl="cpu")
+    ref = FAMILIES["recurrent_gemma"].naive_operator(mixer.arrays(), np.asarray(x), model.config, 2)
+    assert rel(P, ref) <= 1e-5
+    np.testing.assert_array_equal(np.asarray(P) == 0, ref == 0)  # exact zeros where masked
+    assert rel(jnp.einsum("bhij,bhjd->bhid", P, op.values), op.output) <= 1e-5
+
+
+def attention_core(L, heads=4, kv=2, d=12, window=7, seed=0):
+    g = np.random.default_rng(seed)
+    q = jnp.asarray(g.standard_normal((B, heads, L, d)), jnp.float32)
+    k = jnp.asarray(g.standard_normal((B, kv, L, d)), jnp.float32)
+    seg = jnp.asarray(np.cumsum(g.random((B, L)) < 0.03, axis=1), jnp.int32)  # packed documents
+    return AttentionCore(q=q, k=k, seg=seg, window=window)
+
+
+def softmax64(core):
+    """Float64 masked softmax from the definition: key j visible to query i iff j <= i,
+    i - j < window and both in the same document."""
+    q, k, seg = (np.asarray(a, np.float64) for a in (core.q, core.k, core.seg))
+    k = np.repeat(k, q.shape[1] // k.shape[1], axis=1)
+    L = q.shape[2]
+    i, j = np.arange(L)[:, None], np.arange(L)[None, :]
+    vis = (j <= i) & (i - j < core.window) & (seg[:, None, :, None] == seg[:, None, None, :])
+    x = np.where(vis, np.einsum("bhid,bhjd->bhij", q, k), -np.inf)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("L, window", [(1, 3), (16, 16), (37, 2 ** 31 - 1), (300, 40)])
+def test_attention_kernel_on_random_cores(L, window):
+    """Packed documents, windows shorter and longer than L (one of them not a multiple of the
+    kernel's 16-key blocks), two query heads per key head, heads out of order and repeated."""
+    core = attention_core(L, window=window)
+    idx = np.array([3, 0, 0, 2])
+    got = np.asarray(cpu.cpu_dense(core, idx))
+    want = softmax64(core)[:, idx]
+    assert rel(got, want) <= 1e-5
+    np.testing.assert_array_equal(got == 0, want == 0)
+    assert rel(got, core.dense(jnp.asarray(idx))) <= 1e-5
+
+
+def test_attention_gradients_match_xla():
+    core = attention_core(21)
+    R = jax.random.normal(jax.random.PRNGKey(2), (B, 4, 21, 21))
+    loss = lambda c, impl: jnp.sum((cpu.cpu_dense(c, np.arange(4)) if impl == "cpu" else c.dense(jnp.arange(4))) * R)
+    grads = [jax.grad(loss, allow_int=True)(core, impl) for impl in ("cpu", "xla")]
+    assert rel(grads[0].q, grads[1].q) <= 1e-5 and rel(grads[0].k, grads[1].k) <= 1e-5
+
+
+def test_attention_kernel_exports_for_cpu():
+    """``jax.export`` keeps the kernel's FFI call (a target without jax's compatibility guarantee:
+    the check is waived by name), and the exported function gives its numbers."""
+    core = attention_core(37)
+    f = jax.jit(lambda c: cpu.cpu_dense(c, np.arange(4)))
+    ffi = jax.export.DisabledSafetyCheck.custom_call("implicit_attn_attention_dense")
+    exp = jax.export.export(f, platforms=["cpu"], disabled_checks=[ffi])(core)
+    assert "implicit_attn_attention_dense" in exp.mlir_module()
+    np.testing.assert_array_equal(np.asarray(exp.call(core)), np.asarray(f(core)))

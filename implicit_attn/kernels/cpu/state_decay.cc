@@ -810,6 +810,138 @@ ffi::Error ShortConvDenseImpl(ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> lef
   return ffi::Error::Success();
 }
 
+// A broadcast without splat's add of +0.0 (which the compiler must keep: -0 + 0 is +0), for the
+// inner loops of the kernels below.
+inline v16 bcast(float x) { return x - v16{}; }
+
+// 8 rows by V blocks of kQ logits, x[r][c] = sum_e q[r][e] kb[e][c] (q rows of length D; kb the keys
+// in blocks of kQ columns, [block][e][column]), into S (row stride ss): the accumulators stay in
+// registers and the blocks are read contiguously.
+template <int V>
+inline void logit_tile(const float* q, int64_t D, const float* kb, float* S, int64_t ss) {
+  v16 acc[8][V];
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) acc[r][v] = splat(0.0f);
+  for (int64_t e = 0; e < D; ++e) {
+    v16 kv[V];
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) kv[v] = load(kb + (v * D + e) * kQ);
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) {
+      const v16 qr = bcast(q[r * D + e]);
+#pragma GCC unroll 2
+      for (int v = 0; v < V; ++v) acc[r][v] += qr * kv[v];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) store(S + r * ss + v * kQ, acc[r][v]);
+}
+
+// Softmax attention probabilities (AttentionCore): P_h[i, j] = softmax_j(q_h[i] . k_g[j]) over the
+// visible keys j <= i, i - j < window, seg[j] == seg[i] (g = kv[h]), exact zeros elsewhere. Work
+// items are (batch, head, chunk of kQ rows): the chunk's logits are formed block by block (kQ rows
+// times one vector of keys, the kQ accumulators in registers; only blocks the window reaches), then
+// each row is max-shifted, exponentiated, normalised and written once.
+ffi::Error AttentionDenseImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::S32> kv,
+                              ffi::Buffer<ffi::S32> seg, ffi::ResultBuffer<ffi::F32> out, int64_t window,
+                              int64_t threads, int64_t huge_pages) {
+  auto qd = q.dimensions(), kd = k.dimensions(), md = kv.dimensions(), sd = seg.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || md.size() != 1 || sd.size() != 2 || kd[0] != qd[0] ||
+      kd[2] != qd[2] || kd[3] != qd[3] || md[0] != qd[1] || sd[0] != qd[0] || sd[1] != qd[2])
+    return ffi::Error::InvalidArgument(
+        "attention_dense: expected q (B,n,L,d), k (B,KV,L,d), kv head map (n,), seg (B,L)");
+  const int64_t B = qd[0], n = qd[1], L = qd[2], D = qd[3], KV = kd[1];
+  for (int64_t h = 0; h < n; ++h)
+    if (kv.typed_data()[h] < 0 || kv.typed_data()[h] >= KV)
+      return ffi::Error::InvalidArgument("attention_dense: key head index out of range");
+  if (window < 1) return ffi::Error::InvalidArgument("attention_dense: window must be >= 1");
+  if (L == 0 || n == 0 || B == 0) return ffi::Error::Success();
+  float* o = out->typed_data();
+  const size_t LL = static_cast<size_t>(L) * L;
+  if (huge_pages) advise_huge(o, LL * B * n * sizeof(float));
+  const int64_t nc = (L + kQ - 1) / kQ, Lp = nc * kQ;
+  // Keys once per (batch, key head) in blocks of kQ columns, [block][e][column], zero past L.
+  std::vector<float> kT(static_cast<size_t>(B) * KV * D * Lp, 0.0f);
+  for (int64_t p = 0; p < B * KV; ++p)
+    for (int64_t j = 0; j < L; ++j)
+      for (int64_t e = 0; e < D; ++e)
+        kT[(static_cast<size_t>(p) * nc + j / kQ) * D * kQ + e * kQ + j % kQ] =
+            k.typed_data()[(static_cast<size_t>(p) * L + j) * D + e];
+  const int32_t* sg = seg.typed_data();
+  const int64_t items = B * n * nc;
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  run_threads(nt, [&](int64_t t0) {
+    std::vector<float> qs(kQ * D), S(kQ * Lp);
+    const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    const v16 ninf = splat(-__builtin_inff());
+    for (int64_t p = t0; p < items; p += nt) {
+      const int64_t I = p % nc, h = (p / nc) % n, b = p / (nc * n);
+      const int64_t I0 = I * kQ, rows = std::min(kQ, L - I0);
+      std::fill(qs.begin(), qs.end(), 0.0f);
+      std::copy(q.typed_data() + ((static_cast<size_t>(b) * n + h) * L + I0) * D,
+                q.typed_data() + ((static_cast<size_t>(b) * n + h) * L + I0 + rows) * D, qs.begin());
+      const float* kt = kT.data() + (static_cast<size_t>(b) * KV + kv.typed_data()[h]) * D * Lp;
+      const int32_t* sb = sg + static_cast<size_t>(b) * L;
+      const int64_t J0 = std::max<int64_t>(0, I0 - window + 1) / kQ;  // first block the window reaches
+      for (int64_t r0 = 0; r0 < kQ; r0 += 8)
+        for (int64_t J = J0; J <= I; J += 2) {
+          if (J < I)
+            logit_tile<2>(qs.data() + r0 * D, D, kt + J * D * kQ, S.data() + r0 * Lp + J * kQ, Lp);
+          else
+            logit_tile<1>(qs.data() + r0 * D, D, kt + J * D * kQ, S.data() + r0 * Lp + J * kQ, Lp);
+        }
+      for (int64_t J = J0; J <= I; ++J) {  // the mask
+        const v16 col = splat(static_cast<float>(J * kQ)) + lane;
+        v16i sj;
+        if (J * kQ + kQ <= L) {
+          std::memcpy(&sj, sb + J * kQ, sizeof(sj));
+        } else {
+          for (int64_t jj = 0; jj < kQ; ++jj) sj[jj] = J * kQ + jj < L ? sb[J * kQ + jj] : -1;
+        }
+        for (int64_t ii = 0; ii < rows; ++ii) {
+          const int64_t i = I0 + ii;
+          const v16 fi = splat(static_cast<float>(i));
+          const auto vis = (col <= fi) & (fi - col < splat(static_cast<float>(window))) & (sj == sb[i]);
+          float* x = S.data() + ii * Lp + J * kQ;
+          store(x, vis ? load(x) : ninf);
+        }
+      }
+      for (int64_t ii = 0; ii < rows; ++ii) {
+        const int64_t i = I0 + ii;
+        float* s = S.data() + ii * Lp;
+        v16 mx = ninf;
+        for (int64_t J = J0; J <= I; ++J) {
+          const v16 x = load(s + J * kQ);
+          mx = x > mx ? x : mx;
+        }
+        float m = mx[0];
+        for (int64_t jj = 1; jj < kQ; ++jj) m = std::max(m, mx[jj]);  // finite: the diagonal is visible
+        v16 sum = splat(0.0f);
+        for (int64_t J = J0; J <= I; ++J) {
+          const v16 e = vexp(load(s + J * kQ) - splat(m));
+          store(s + J * kQ, e);
+          sum += e;
+        }
+        float tot = 0.0f;
+        for (int64_t jj = 0; jj < kQ; ++jj) tot += sum[jj];
+        float* orow = o + ((static_cast<size_t>(b) * n + h) * L + i) * L;
+        const int64_t lo = J0 * kQ, width = std::min(L, (I + 1) * kQ);
+        std::memset(orow, 0, sizeof(float) * lo);
+        const v16 tv = splat(tot);
+        int64_t j = lo;
+        for (; j + kQ <= width; j += kQ) store(orow + j, load(s + j) / tv);
+        for (; j < width; ++j) orow[j] = s[j] / tot;
+        if (width < L) std::memset(orow + width, 0, sizeof(float) * (L - width));
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
 // Copies channels into a larger output in place (a ParallelCore's other parts, a channel
 // repeated for each of its slots): out[b, offset + t] = src[b, map[t]].
 ffi::Error PlaceChannelsImpl(ffi::Buffer<ffi::F32> src, ffi::Buffer<ffi::S32> map,
@@ -949,6 +1081,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::Buffer<ffi::F32>>()   // right (B, C, L)
         .Ret<ffi::Buffer<ffi::F32>>()   // out (B, C, L, L)
         .Attr<int64_t>("has_right")
+        .Attr<int64_t>("threads")
+        .Attr<int64_t>("huge_pages"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaAttentionDense, AttentionDenseImpl,
+    ffi::Ffi::Bind()
+        .Arg<ffi::Buffer<ffi::F32>>()   // q (B, n, L, d), scaled
+        .Arg<ffi::Buffer<ffi::F32>>()   // k (B, KV, L, d)
+        .Arg<ffi::Buffer<ffi::S32>>()   // query head -> key head (n,)
+        .Arg<ffi::Buffer<ffi::S32>>()   // document ids (B, L)
+        .Ret<ffi::Buffer<ffi::F32>>()   // out (B, n, L, L)
+        .Attr<int64_t>("window")
         .Attr<int64_t>("threads")
         .Attr<int64_t>("huge_pages"));
 
