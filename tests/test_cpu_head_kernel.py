@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from implicit_attn.kernels import cpu
-from implicit_attn.operator import AttentionCore, ImplicitOperator, resolve_impl
+from implicit_attn.operator import AttentionCore, ImplicitOperator, RwkvCore, resolve_impl
 from implicit_attn.registry import FAMILIES
 
 B = 2
@@ -80,7 +80,7 @@ def test_channel_subsets_out_of_order_with_repeats(family):
 
 
 DEFAULT_REDUCES = {("mamba2", "abs_mean"), ("mamba2", "weighted"), ("rwkv", "pos_mean"), ("lfm2", "weighted"),
-                   ("falcon_h1", "abs_mean")}
+                   ("falcon_h1", "abs_mean"), ("rwkv7", "weighted")}
 
 
 @pytest.mark.parametrize("family, how", [
@@ -205,3 +205,46 @@ def test_attention_kernel_exports_for_cpu():
     exp = jax.export.export(f, platforms=["cpu"], disabled_checks=[ffi])(core)
     assert "implicit_attn_attention_dense" in exp.mlir_module()
     np.testing.assert_array_equal(np.asarray(exp.call(core)), np.asarray(f(core)))
+
+
+@pytest.mark.parametrize("how", ["mean", "abs_mean", "pos_mean"])
+def test_rwkv_reduce_at_extreme_decays_and_bonuses(how):
+    """RWKV-4's reduce factorises each entry left of its row chunk's diagonal block into a column
+    and a row factor: keys up to +-30, decays from -1e-3 to -80 and -inf, bonuses up to +60 (rows
+    whose other entries underflow), negative gates; against the float64 definition at L = 300."""
+    g = np.random.default_rng(7)
+    C, L = 6, 300
+    k = (g.standard_normal((B, C, L)) * 10).clip(-30, 30).astype(np.float32)
+    w = np.array([-1e-3, -0.5, -3.0, -80.0, -np.inf, -0.05], np.float32)
+    u = np.array([0.0, 60.0, -5.0, 2.0, 1.0, 30.0], np.float32)
+    gate = g.standard_normal((B, C, L)).astype(np.float32)
+    core = RwkvCore(k=jnp.asarray(k), w=jnp.asarray(w), u=jnp.asarray(u), gate=jnp.asarray(gate))
+    i, j = np.arange(L)[:, None], np.arange(L)[None, :]
+    w64 = w.astype(np.float64)[None, :, None, None]
+    with np.errstate(invalid="ignore"):
+        past = np.where(i - 1 - j > 0, (i - 1 - j) * w64, 0.0)
+    l = np.where(j < i, past, u.astype(np.float64)[None, :, None, None]) + k.astype(np.float64)[:, :, None, :]
+    l = np.where(j <= i, l, -np.inf)
+    e = np.exp(l - l.max(-1, keepdims=True))
+    H = gate.astype(np.float64)[..., None] * e / e.sum(-1, keepdims=True)
+    f = {"mean": lambda h: h, "abs_mean": np.abs, "pos_mean": lambda h: np.maximum(h, 0)}[how]
+    want = f(H).mean(1)
+    qw = jnp.full((B, C, L), 1.0 / C, jnp.float32)
+    got = cpu.cpu_reduce(core, np.arange(C), how, qw, jnp.ones((B, C, L), jnp.float32))
+    assert rel(got, want) <= 1e-5
+
+
+def test_linear_reduces_sum_through_the_heads():
+    """RWKV-7's linear reductions of distinct channels go through the heads (``heads_weighted_sum``),
+    repeated or traced channels through the kernel: both equal the float64 sum of materialized channels."""
+    op = op_of("rwkv7", 37)
+    H = np.asarray(op.materialize(impl="xla"), np.float64)
+    g = np.random.default_rng(4)
+    for chans in ([9, 0, 5, 15], [9, 0, 9, 15]):
+        qw = g.standard_normal((B, 4, 37)).astype(np.float32)
+        kw = g.standard_normal((B, 4, 37)).astype(np.float32)
+        assert cpu.sums_through_heads(op.core, chans) == (chans == [9, 0, 5, 15])
+        want = np.einsum("bci,bcij,bcj->bij", qw, H[:, chans], kw)
+        assert rel(cpu.cpu_reduce(op.core, np.asarray(chans), "weighted", qw, kw), want) <= 1e-5
+    traced = jax.jit(lambda c, i: cpu.cpu_reduce(c, i, "weighted", qw, kw))(op.core, jnp.asarray(chans))
+    assert rel(traced, want) <= 1e-5

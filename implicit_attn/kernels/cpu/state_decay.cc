@@ -623,6 +623,10 @@ ffi::Error HeadMatrixReduceImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> h
 // double), lse[i] = logaddexp(P[i], u + k[i]) with P[i+1] = logaddexp(P[i] + w, k[i]), so each
 // element is one exponential, written once.
 
+// A broadcast without splat's add of +0.0 (which the compiler must keep: -0 + 0 is +0), for the
+// inner loops of the kernels below.
+inline v16 bcast(float x) { return x - v16{}; }
+
 struct RwkvDims {
   int64_t B, C, L;
 };
@@ -633,10 +637,12 @@ inline double logaddexp(double a, double b) {
   return a > b ? a + std::log1p(std::exp(b - a)) : b + std::log1p(std::exp(a - b));
 }
 
-// Row log normalisers of channel (b, c) into lse (L).
-void rwkv_lse(const float* k, float w, float u, int64_t L, float* lse) {
+// Row log normalisers of channel (b, c) into lse (L); with past, also P at each chunk start,
+// past[I] = log sum_{j < I kQ} exp(k[j] + (I kQ - 1 - j) w) (the decayed keys before the chunk).
+void rwkv_lse(const float* k, float w, float u, int64_t L, float* lse, float* past = nullptr) {
   double P = -INFINITY;
   for (int64_t i = 0; i < L; ++i) {
+    if (past && i % kQ == 0) past[i / kQ] = static_cast<float>(P);
     lse[i] = static_cast<float>(logaddexp(P, static_cast<double>(u) + k[i]));
     P = logaddexp(P + w, k[i]);
   }
@@ -713,8 +719,43 @@ ffi::Error RwkvDenseImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi::
   return ffi::Error::Success();
 }
 
-// sum_c qw[b,c,i] f(H_c[i,j]) kw[b,c,j] into out (B, L, L), f as in the other reduces. Tiled
-// like the head-matrix reduce: kQ rows by kTile columns, every channel passing over the tile.
+// Left of a row chunk's diagonal block the decayed softmax factorises: for i in chunk I (start I0)
+// and j < I0, with P = past[I] (log of the decayed keys before the chunk),
+//   exp(l[i, j] - lse[i]) = exp(k[j] + (I0-1-j) w - P) * exp((i-I0) w + P - lse[i]),
+// both factors <= 1 (the first is one term of P's sum; P[i] >= P + (i-I0) w bounds the second), so
+// neither overflows, and neither underflows where the product is a normal float. As H_c >= 0 up to
+// the gate, f(gate e) = f(gate) e for the three maps, and the chunk's rows left of the diagonal are
+// a product over channels, rows (kQ x C) times columns (C x I0): kRw rows by kRv vectors at a time
+// with the sums in registers. The diagonal block is formed element by element (rwkv_row).
+constexpr int64_t kRwkvTile = 128;  // columns per step: every channel's column factors fit in L2
+
+// out[r][v] (row stride os) = sum_c a[c][r] col[c][v] for 8 rows and V vectors, over n channels
+// (a: kQ per channel, col: kRwkvTile per channel).
+template <int V>
+inline void channel_product(const float* a, const float* col, int64_t n, float* out, int64_t os) {
+  v16 acc[8][V];
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) acc[r][v] = splat(0.0f);
+  for (int64_t c = 0; c < n; ++c) {
+    v16 cv[V];
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) cv[v] = load(col + c * kRwkvTile + v * kQ);
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) {
+      const v16 ar = bcast(a[c * kQ + r]);
+#pragma GCC unroll 2
+      for (int v = 0; v < V; ++v) acc[r][v] += ar * cv[v];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) store(out + r * os + v * kQ, acc[r][v]);
+}
+
+// sum_c qw[b,c,i] f(H_c[i,j]) kw[b,c,j] into out (B, L, L), f as in the other reduces.
 ffi::Error RwkvReduceImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> u,
                           ffi::Buffer<ffi::F32> gate, ffi::Buffer<ffi::F32> qw,
                           ffi::Buffer<ffi::F32> kw, ffi::ResultBuffer<ffi::F32> out,
@@ -727,49 +768,86 @@ ffi::Error RwkvReduceImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi:
     err = "weights must be (B, C, L)";
   if (err.empty() && (mode < 0 || mode > 2)) err = "bad mode";
   if (!err.empty()) return ffi::Error::InvalidArgument("rwkv_reduce: " + err);
-  const int64_t L = d.L, nc = (L + kQ - 1) / kQ, Lp = nc * kQ;
+  const int64_t L = d.L, C = d.C, nc = (L + kQ - 1) / kQ, Lp = nc * kQ;
   if (L == 0 || d.B == 0) return ffi::Error::Success();
   float* o = out->typed_data();
-  // Padded keys and the row normalisers of every channel, once (O(B C L)).
-  std::vector<float> kp(static_cast<size_t>(d.B) * d.C * (Lp + kTile), 0.0f),
-      lse(static_cast<size_t>(d.B) * d.C * L);
-  const int64_t pairs = d.B * d.C;
+  // Padded keys, the row normalisers and the chunk-start logs of every channel, once (O(B C L)).
+  std::vector<float> kp(static_cast<size_t>(d.B) * C * (Lp + kTile), 0.0f),
+      lse(static_cast<size_t>(d.B) * C * L), past(static_cast<size_t>(d.B) * C * nc);
+  const int64_t pairs = d.B * C;
   run_threads(std::max<int64_t>(1, std::min<int64_t>(threads, pairs)), [&](int64_t t0) {
     const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, pairs));
     for (int64_t p = t0; p < pairs; p += nt) {
       const float* kc = k.typed_data() + static_cast<size_t>(p) * L;
       std::copy(kc, kc + L, kp.begin() + static_cast<size_t>(p) * (Lp + kTile));
-      rwkv_lse(kc, w.typed_data()[p % d.C], u.typed_data()[p % d.C], L,
-               lse.data() + static_cast<size_t>(p) * L);
+      rwkv_lse(kc, w.typed_data()[p % C], u.typed_data()[p % C], L, lse.data() + static_cast<size_t>(p) * L,
+               past.data() + static_cast<size_t>(p) * nc);
     }
   });
   const int64_t items = d.B * nc;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
   run_threads(nt, [&](int64_t t0) {
-    std::vector<float> y(kTile), sum(kQ * kTile), kwt(kTile);
+    std::vector<float> y(kQ), diag(kQ * kTile), kwt(kTile), rowf(C * kQ), col(C * kRwkvTile),
+        left(kQ * kRwkvTile);
+    const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     for (int64_t p = t0; p < items; p += nt) {
       const int64_t I = p % nc, b = p / nc, I0 = I * kQ, rows = std::min(kQ, L - I0);
       float* ob = o + static_cast<size_t>(b) * L * L;
-      for (int64_t ii = 0; ii < rows; ++ii) std::memset(ob + (I0 + ii) * L, 0, sizeof(float) * L);
-      for (int64_t j0 = 0; j0 < I0 + rows; j0 += kTile) {
-        const int64_t j1 = std::min(j0 + kTile, (I + 1) * kQ), cols = std::min(j1, L) - j0;
-        std::fill(sum.begin(), sum.end(), 0.0f);
-        for (int64_t c = 0; c < d.C; ++c) {
-          const size_t cl = (static_cast<size_t>(b) * d.C + c) * L;
-          const float* kc = kp.data() + (static_cast<size_t>(b) * d.C + c) * (Lp + kTile);
-          const float wc = w.typed_data()[c], uc = u.typed_data()[c];
-          load_tile(kw.typed_data() + cl + j0, cols, kwt);
-          for (int64_t ii = 0; ii < rows; ++ii) {
+      // The diagonal block element by element, and each channel's row factors
+      // qw f(gate) exp((i-I0) w + P - lse[i]) (0 on rows past L).
+      std::fill(diag.begin(), diag.end(), 0.0f);
+      for (int64_t c = 0; c < C; ++c) {
+        const size_t cl = (static_cast<size_t>(b) * C + c) * L;
+        const float* kc = kp.data() + (static_cast<size_t>(b) * C + c) * (Lp + kTile);
+        const float wc = w.typed_data()[c], uc = u.typed_data()[c];
+        const float P = past[(static_cast<size_t>(b) * C + c) * nc + I];
+        load_tile(kw.typed_data() + cl + I0, rows, kwt);
+        for (int64_t ii = 0; ii < kQ; ++ii) {
+          float a = 0.0f;
+          if (ii < rows) {
             const int64_t i = I0 + ii;
-            if (i < j0) continue;
-            const int64_t end = std::min(j1, (i / kQ + 1) * kQ);
-            rwkv_row(kc, wc, uc, lse[cl + i], i, j0, end - j0, y.data());
-            const float g = has_gate ? gate.typed_data()[cl + i] : 1.0f;
-            accumulate_row(sum.data() + ii * kTile, y.data(), g, qw.typed_data()[cl + i], kwt.data(),
-                           end - j0, mode);
+            float g = has_gate ? gate.typed_data()[cl + i] : 1.0f;
+            if (mode == 1) g = std::fabs(g);
+            if (mode == 2) g = std::max(g, 0.0f);
+            const float qg = qw.typed_data()[cl + i] * g;
+            rwkv_row(kc, wc, uc, lse[cl + i], i, I0, kQ, y.data());
+            accumulate_row(diag.data() + ii * kTile, y.data(), 1.0f, qg, kwt.data(), kQ, 0);
+            if (I0 > 0) a = qg * std::exp((ii == 0 ? 0.0f : ii * wc) + P - lse[cl + i]);
+          }
+          rowf[c * kQ + ii] = a;
+        }
+      }
+      for (int64_t ii = 0; ii < rows; ++ii) {
+        float* orow = ob + (I0 + ii) * L;
+        std::copy(diag.data() + ii * kTile, diag.data() + ii * kTile + std::min(kQ, L - I0), orow + I0);
+        if (I0 + kQ < L) std::memset(orow + I0 + kQ, 0, sizeof(float) * (L - I0 - kQ));
+      }
+      // Left of the diagonal block: kRwkvTile columns at a time, every channel's column factors
+      // exp(k[j] + (I0-1-j) w - P) kw[j], then the product over channels.
+      for (int64_t j0 = 0; j0 < I0; j0 += kRwkvTile) {
+        const int64_t cols = std::min(kRwkvTile, I0 - j0);  // a multiple of kQ
+        for (int64_t c = 0; c < C; ++c) {
+          const size_t cl = (static_cast<size_t>(b) * C + c) * L;
+          const float* kc = kp.data() + (static_cast<size_t>(b) * C + c) * (Lp + kTile);
+          const v16 wv = splat(w.typed_data()[c]);
+          const v16 P = splat(past[(static_cast<size_t>(b) * C + c) * nc + I]);
+          for (int64_t J = 0; J < cols; J += kQ) {
+            const int64_t j = j0 + J;
+            const v16 dist = splat(static_cast<float>(I0 - 1 - j)) - lane;  // 0 decays nothing
+            const v16 x = load(kc + j) + (dist == splat(0.0f) ? splat(0.0f) : dist * wv) - P;
+            store(col.data() + c * kRwkvTile + J, vexp(x) * load(kw.typed_data() + cl + j));
           }
         }
-        add_tile(sum.data(), rows, cols, ob + I0 * L + j0, L);
+        for (int64_t r0 = 0; r0 < kQ; r0 += 8)
+          for (int64_t J = 0; J < cols; J += 2 * kQ) {
+            float* dst = left.data() + r0 * kRwkvTile + J;
+            if (J + kQ < cols)
+              channel_product<2>(rowf.data() + r0, col.data() + J, C, dst, kRwkvTile);
+            else
+              channel_product<1>(rowf.data() + r0, col.data() + J, C, dst, kRwkvTile);
+          }
+        for (int64_t ii = 0; ii < rows; ++ii)
+          std::copy(left.data() + ii * kRwkvTile, left.data() + ii * kRwkvTile + cols, ob + (I0 + ii) * L + j0);
       }
     }
   });
@@ -809,10 +887,6 @@ ffi::Error ShortConvDenseImpl(ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> lef
   });
   return ffi::Error::Success();
 }
-
-// A broadcast without splat's add of +0.0 (which the compiler must keep: -0 + 0 is +0), for the
-// inner loops of the kernels below.
-inline v16 bcast(float x) { return x - v16{}; }
 
 // 8 rows by V blocks of kQ logits, x[r][c] = sum_e q[r][e] kb[e][c] (q rows of length D; kb the keys
 // in blocks of kQ columns, [block][e][column]), into S (row stride ss): the accumulators stay in
