@@ -364,6 +364,41 @@ ffi::Error StateDecayReduceImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k
   return ffi::Error::Success();
 }
 
+// A broadcast without splat's add of +0.0 (which the compiler must keep: -0 + 0 is +0), for the
+// inner loops of the kernels below.
+inline v16 bcast(float x) { return x - v16{}; }
+
+// Products over channels (the linear reduces): kProdTile columns per step, so every channel's
+// column factors fit in L2.
+constexpr int64_t kProdTile = 128;
+
+// out[r][v] (row stride os) = sum_c a[c][r] col[c][v] for 8 rows and V vectors, over n channels
+// (a: as floats per channel, col: cs floats per channel).
+template <int V>
+inline void channel_product(const float* a, int64_t as, const float* col, int64_t cs, int64_t n, float* out,
+                            int64_t os) {
+  v16 acc[8][V];
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) acc[r][v] = splat(0.0f);
+  for (int64_t c = 0; c < n; ++c) {
+    v16 cv[V];
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) cv[v] = load(col + c * cs + v * kQ);
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) {
+      const v16 ar = bcast(a[c * as + r]);
+#pragma GCC unroll 2
+      for (int v = 0; v < V; ++v) acc[r][v] += ar * cv[v];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) store(out + r * os + v * kQ, acc[r][v]);
+}
+
 // ---------------------------------------------------------------------------------------
 // Channels that share one matrix per head (Mamba-2's alpha_h, the gated delta rule's, DPLR's
 // and mLSTM's M_h), the head matrices given (XLA computes them, once per head):
@@ -555,6 +590,80 @@ inline void add_tile(const float* sum, int64_t rows, int64_t cols, float* out, i
   }
 }
 
+// The linear reduce (mode 0, no diagonal term) through the heads: for the channels c of head h,
+//   sum_c qw_c[i] H_c[i, j] kw_c[j] = sum_s M_h[i, j+s] X_s[i, j]  (j + s <= i),
+//   X_s[i, j] = sum_c (qw_c l_c)[i] (r_c[j+s] w_c[K-1-s] kw_c[j]),
+// one product over the head's channels per conv tap (channel_product, sums in registers) instead of
+// forming each channel's rows. Work items (batch, chunk of kQ rows), kProdTile columns per step.
+void head_reduce_linear(const HeadFactors& f, const HeadDims& d, const std::vector<int64_t>& order,
+                        const std::vector<int64_t>& start, const float* qw, const float* kw, const float* acc,
+                        float* o, int64_t nt) {
+  const int64_t L = d.L, K = d.K, nc = (L + kQ - 1) / kQ, Lp = nc * kQ, m = start[d.H];
+  // Every summed channel's factors once, in head order: rows qw l (rf: [b][k][Lp]) and, per tap s,
+  // columns r[j+s] w[K-1-s] kw[j] (cf: [b][k][s][Lp]), zero past L.
+  std::vector<float> rf(static_cast<size_t>(d.B) * m * Lp, 0.0f), cf(static_cast<size_t>(d.B) * m * K * Lp, 0.0f);
+  run_threads(nt, [&](int64_t t0) {
+    for (int64_t p = t0; p < d.B * m; p += nt) {
+      const int64_t b = p / m, c = order[p % m];
+      const size_t cl = (static_cast<size_t>(b) * d.n + c) * L;
+      float* r = rf.data() + static_cast<size_t>(p) * Lp;
+      for (int64_t i = 0; i < L; ++i) r[i] = qw[cl + i] * (f.has_left ? f.left[cl + i] : 1.0f);
+      for (int64_t s = 0; s < K; ++s) {
+        float* col = cf.data() + (static_cast<size_t>(p) * K + s) * Lp;
+        const float ws = f.w[c * K + K - 1 - s];
+        for (int64_t j = 0; j + s < L; ++j) col[j] = (f.has_right ? f.right[cl + j + s] : 1.0f) * ws * kw[cl + j];
+      }
+    }
+  });
+  run_threads(nt, [&](int64_t t0) {
+    std::vector<float> X(kQ * kProdTile), S(kQ * kProdTile);
+    for (int64_t p = t0; p < d.B * nc; p += nt) {
+      const int64_t I = p % nc, b = p / nc, I0 = I * kQ, rows = std::min(kQ, L - I0);
+      float* ob = o + static_cast<size_t>(b) * L * L;
+      if (o != acc)
+        std::memcpy(ob + I0 * L, acc + static_cast<size_t>(b) * L * L + I0 * L, sizeof(float) * L * rows);
+      for (int64_t j0 = 0; j0 < I0 + rows; j0 += kProdTile) {
+        const int64_t cols = std::min(kProdTile, (I + 1) * kQ - j0);  // a multiple of kQ
+        std::fill(S.begin(), S.end(), 0.0f);
+        for (int64_t h = 0; h < d.H; ++h) {
+          const int64_t P = start[h + 1] - start[h];
+          if (P == 0) continue;
+          const size_t k0 = static_cast<size_t>(b) * m + start[h];  // the head's first channel
+          const float* M = f.M + (static_cast<size_t>(b) * d.H + h) * L * L;
+          for (int64_t s = 0; s < K; ++s) {
+            for (int64_t r0 = 0; r0 < kQ; r0 += 8)
+              for (int64_t J = 0; J < cols; J += 2 * kQ) {
+                const float* a = rf.data() + k0 * Lp + I0 + r0;
+                const float* col = cf.data() + (k0 * K + s) * Lp + j0 + J;
+                float* x = X.data() + r0 * kProdTile + J;
+                if (J + kQ < cols)
+                  channel_product<2>(a, Lp, col, K * Lp, P, x, kProdTile);
+                else
+                  channel_product<1>(a, Lp, col, K * Lp, P, x, kProdTile);
+              }
+            // S += M[i, j+s] X_s[i, j] over j + s <= i (entries of M above the diagonal are ignored)
+            for (int64_t ii = 0; ii < rows; ++ii) {
+              const int64_t i = I0 + ii, n = std::min(cols, i - s - j0 + 1);  // columns j <= i - s
+              const float* mr = M + static_cast<size_t>(i) * L + j0 + s;
+              float* srow = S.data() + ii * kProdTile;
+              const float* x = X.data() + ii * kProdTile;
+              int64_t J = 0;
+              for (; J + kQ <= n; J += kQ) store(srow + J, load(srow + J) + load(mr + J) * load(x + J));
+              for (; J < n; ++J) srow[J] += mr[J] * x[J];
+            }
+          }
+        }
+        const int64_t w = std::min(cols, L - j0);
+        for (int64_t ii = 0; ii < rows; ++ii) {
+          float* orow = ob + (I0 + ii) * L + j0;
+          const float* srow = S.data() + ii * kProdTile;
+          for (int64_t jj = 0; jj < w; ++jj) orow[jj] += srow[jj];
+        }
+      }
+    }
+  });
+}
+
 ffi::Error HeadMatrixReduceImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> head,
                                 ffi::Buffer<ffi::F32> left, ffi::Buffer<ffi::F32> right,
                                 ffi::Buffer<ffi::F32> diag, ffi::Buffer<ffi::F32> w,
@@ -584,6 +693,10 @@ ffi::Error HeadMatrixReduceImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> h
   group_by_head(f, d, order, start);
   const int64_t items = d.B * nc;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  if (mode == 0 && !f.has_diag) {
+    head_reduce_linear(f, d, order, start, qw.typed_data(), kw.typed_data(), a, o, nt);
+    return ffi::Error::Success();
+  }
   run_threads(nt, [&](int64_t t0) {
     std::vector<float> t(kTile + 2 * kQ), y(kTile + kQ), sum(kQ * kTile), kwt(kTile);
     for (int64_t p = t0; p < items; p += nt) {
@@ -622,10 +735,6 @@ ffi::Error HeadMatrixReduceImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> h
 // (j < i), u + k[i] (j = i). The row's log normaliser comes from an O(L) recurrence (in
 // double), lse[i] = logaddexp(P[i], u + k[i]) with P[i+1] = logaddexp(P[i] + w, k[i]), so each
 // element is one exponential, written once.
-
-// A broadcast without splat's add of +0.0 (which the compiler must keep: -0 + 0 is +0), for the
-// inner loops of the kernels below.
-inline v16 bcast(float x) { return x - v16{}; }
 
 struct RwkvDims {
   int64_t B, C, L;
@@ -727,34 +836,6 @@ ffi::Error RwkvDenseImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi::
 // the gate, f(gate e) = f(gate) e for the three maps, and the chunk's rows left of the diagonal are
 // a product over channels, rows (kQ x C) times columns (C x I0): kRw rows by kRv vectors at a time
 // with the sums in registers. The diagonal block is formed element by element (rwkv_row).
-constexpr int64_t kRwkvTile = 128;  // columns per step: every channel's column factors fit in L2
-
-// out[r][v] (row stride os) = sum_c a[c][r] col[c][v] for 8 rows and V vectors, over n channels
-// (a: kQ per channel, col: kRwkvTile per channel).
-template <int V>
-inline void channel_product(const float* a, const float* col, int64_t n, float* out, int64_t os) {
-  v16 acc[8][V];
-#pragma GCC unroll 8
-  for (int r = 0; r < 8; ++r)
-#pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) acc[r][v] = splat(0.0f);
-  for (int64_t c = 0; c < n; ++c) {
-    v16 cv[V];
-#pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) cv[v] = load(col + c * kRwkvTile + v * kQ);
-#pragma GCC unroll 8
-    for (int r = 0; r < 8; ++r) {
-      const v16 ar = bcast(a[c * kQ + r]);
-#pragma GCC unroll 2
-      for (int v = 0; v < V; ++v) acc[r][v] += ar * cv[v];
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < 8; ++r)
-#pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) store(out + r * os + v * kQ, acc[r][v]);
-}
-
 // sum_c qw[b,c,i] f(H_c[i,j]) kw[b,c,j] into out (B, L, L), f as in the other reduces.
 ffi::Error RwkvReduceImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> u,
                           ffi::Buffer<ffi::F32> gate, ffi::Buffer<ffi::F32> qw,
@@ -787,8 +868,8 @@ ffi::Error RwkvReduceImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi:
   const int64_t items = d.B * nc;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
   run_threads(nt, [&](int64_t t0) {
-    std::vector<float> y(kQ), diag(kQ * kTile), kwt(kTile), rowf(C * kQ), col(C * kRwkvTile),
-        left(kQ * kRwkvTile);
+    std::vector<float> y(kQ), diag(kQ * kTile), kwt(kTile), rowf(C * kQ), col(C * kProdTile),
+        left(kQ * kProdTile);
     const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     for (int64_t p = t0; p < items; p += nt) {
       const int64_t I = p % nc, b = p / nc, I0 = I * kQ, rows = std::min(kQ, L - I0);
@@ -822,10 +903,10 @@ ffi::Error RwkvReduceImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi:
         std::copy(diag.data() + ii * kTile, diag.data() + ii * kTile + std::min(kQ, L - I0), orow + I0);
         if (I0 + kQ < L) std::memset(orow + I0 + kQ, 0, sizeof(float) * (L - I0 - kQ));
       }
-      // Left of the diagonal block: kRwkvTile columns at a time, every channel's column factors
+      // Left of the diagonal block: kProdTile columns at a time, every channel's column factors
       // exp(k[j] + (I0-1-j) w - P) kw[j], then the product over channels.
-      for (int64_t j0 = 0; j0 < I0; j0 += kRwkvTile) {
-        const int64_t cols = std::min(kRwkvTile, I0 - j0);  // a multiple of kQ
+      for (int64_t j0 = 0; j0 < I0; j0 += kProdTile) {
+        const int64_t cols = std::min(kProdTile, I0 - j0);  // a multiple of kQ
         for (int64_t c = 0; c < C; ++c) {
           const size_t cl = (static_cast<size_t>(b) * C + c) * L;
           const float* kc = kp.data() + (static_cast<size_t>(b) * C + c) * (Lp + kTile);
@@ -835,19 +916,19 @@ ffi::Error RwkvReduceImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi:
             const int64_t j = j0 + J;
             const v16 dist = splat(static_cast<float>(I0 - 1 - j)) - lane;  // 0 decays nothing
             const v16 x = load(kc + j) + (dist == splat(0.0f) ? splat(0.0f) : dist * wv) - P;
-            store(col.data() + c * kRwkvTile + J, vexp(x) * load(kw.typed_data() + cl + j));
+            store(col.data() + c * kProdTile + J, vexp(x) * load(kw.typed_data() + cl + j));
           }
         }
         for (int64_t r0 = 0; r0 < kQ; r0 += 8)
           for (int64_t J = 0; J < cols; J += 2 * kQ) {
-            float* dst = left.data() + r0 * kRwkvTile + J;
+            float* dst = left.data() + r0 * kProdTile + J;
             if (J + kQ < cols)
-              channel_product<2>(rowf.data() + r0, col.data() + J, C, dst, kRwkvTile);
+              channel_product<2>(rowf.data() + r0, kQ, col.data() + J, kProdTile, C, dst, kProdTile);
             else
-              channel_product<1>(rowf.data() + r0, col.data() + J, C, dst, kRwkvTile);
+              channel_product<1>(rowf.data() + r0, kQ, col.data() + J, kProdTile, C, dst, kProdTile);
           }
         for (int64_t ii = 0; ii < rows; ++ii)
-          std::copy(left.data() + ii * kRwkvTile, left.data() + ii * kRwkvTile + cols, ob + (I0 + ii) * L + j0);
+          std::copy(left.data() + ii * kProdTile, left.data() + ii * kProdTile + cols, ob + (I0 + ii) * L + j0);
       }
     }
   });
