@@ -103,12 +103,14 @@ def test_fused_reduce_matches_materialize(family, how):
     assert rel(got, want) <= 1e-5
 
 
-@deep
-def test_reduce_in_head_blocks(monkeypatch):
-    """Heads formed one per step (a small memory budget; a length no other test compiles)."""
-    op = op_of("qwen3_next", 23)
+@pytest.mark.parametrize("family, how", [pytest.param("qwen3_next", "pos_mean", marks=deep), ("mamba2", "mean")])
+def test_reduce_in_head_blocks(monkeypatch, family, how):
+    """Heads formed one per step (a small memory budget; a length no other test compiles): the
+    channels of the other heads are skipped (Mamba-2's mean: the kernel's product over each head's
+    channels)."""
+    op = op_of(family, 23)
     monkeypatch.setattr(cpu, "HEAD_BLOCK_BYTES", 4 * B * 23 * 23)
-    assert rel(op.reduce("pos_mean", impl="cpu"), op.reduce("pos_mean", impl="xla")) <= 1e-5
+    assert rel(op.reduce(how, impl="cpu"), op.reduce(how, impl="xla")) <= 1e-5
 
 
 def test_gradients_match_xla():
@@ -248,3 +250,19 @@ def test_linear_reduces_sum_through_the_heads():
         assert rel(cpu.cpu_reduce(op.core, np.asarray(chans), "weighted", qw, kw), want) <= 1e-5
     traced = jax.jit(lambda c, i: cpu.cpu_reduce(c, i, "weighted", qw, kw))(op.core, jnp.asarray(chans))
     assert rel(traced, want) <= 1e-5
+
+
+@pytest.mark.parametrize("how", ["weighted", "abs_mean"])
+def test_reduce_ignores_head_matrix_entries_above_the_diagonal(how):
+    """Given head matrices with garbage above the diagonal, the kernel's reduce reads only the causal
+    part, as ``dense`` does (repeated channels: the kernel, not the sum through the heads)."""
+    op = op_of("qwen3_next", 37)
+    M = op.core.head_matrix(jnp.arange(op.core.num_heads))
+    core = op.core.with_head_matrices(M + jnp.triu(jnp.ones_like(M), 1) * 3.0)
+    chans = np.array([0, 5, 5, op.shape[1] - 1])
+    g = np.random.default_rng(5)
+    qw, kw = (g.standard_normal((B, 4, 37)).astype(np.float32) for _ in range(2))
+    H = np.asarray(core.dense(jnp.asarray(chans)), np.float64)
+    f = np.abs if how == "abs_mean" else (lambda h: h)
+    want = np.einsum("bci,bcij,bcj->bij", qw, f(H), kw)
+    assert rel(cpu.cpu_reduce(core, chans, how, qw, kw), want) <= 1e-5
