@@ -746,14 +746,57 @@ inline double logaddexp(double a, double b) {
   return a > b ? a + std::log1p(std::exp(b - a)) : b + std::log1p(std::exp(a - b));
 }
 
-// Row log normalisers of channel (b, c) into lse (L); with past, also P at each chunk start,
-// past[I] = log sum_{j < I kQ} exp(k[j] + (I kQ - 1 - j) w) (the decayed keys before the chunk).
-void rwkv_lse(const float* k, float w, float u, int64_t L, float* lse, float* past = nullptr) {
+// Row log normalisers of channel (b, c) into lse (L).
+void rwkv_lse(const float* k, float w, float u, int64_t L, float* lse) {
   double P = -INFINITY;
   for (int64_t i = 0; i < L; ++i) {
-    if (past && i % kQ == 0) past[i / kQ] = static_cast<float>(P);
     lse[i] = static_cast<float>(logaddexp(P, static_cast<double>(u) + k[i]));
     P = logaddexp(P + w, k[i]);
+  }
+}
+
+typedef double v8d __attribute__((vector_size(64)));
+typedef int64_t v8l __attribute__((vector_size(64)));
+
+// exp of 8 doubles x <= 0 (or -inf, or NaN): Cody-Waite reduction and the degree-11 Taylor polynomial
+// of exp(r), |r| <= ln2/2 (relative error ~1e-14); 0 below -708.
+inline v8d vexp8d(v8d x) {
+  const v8d lo = v8d{} - 708.0, magic = v8d{} + 6755399441055744.0;  // 1.5 * 2^52: rounds to integers
+  const v8d xc = x < lo ? lo : x;
+  const v8d kf = (xc * 1.4426950408889634 + magic) - magic;
+  const v8d r = (xc - kf * 0.693147180369123816490) - kf * 1.90821492927058770002e-10;
+  v8d p = v8d{} + 1.0 / 39916800.0;
+  for (double c : {1.0 / 3628800, 1.0 / 362880, 1.0 / 40320, 1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6,
+                   0.5, 1.0, 1.0})
+    p = p * r + c;
+  const v8l bits = (__builtin_convertvector(kf, v8l) + 1023) << 52;
+  v8d scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return x < lo ? v8d{} : p * scale;
+}
+
+// rwkv_lse for n <= 8 channels at once (keys k + t * stride, lse + t * L, past + t * nc for lane t), and
+// past[I] = log sum_{j < I kQ} exp(k[j] + (I kQ - 1 - j) w), the decayed keys before chunk I;
+// the running sum of decayed keys kept as m + log(s) in double: one exponential per step and lane,
+// and one per row for lse = max(m, u + k) + log(...) (the log in float: its argument lies in [1, L+1]).
+void rwkv_lse8(const float* k, int64_t stride, const float* w, const float* u, int64_t n, int64_t L, float* lse,
+               float* past) {
+  const int64_t nc = (L + kQ - 1) / kQ;
+  v8d wv{}, uv{}, m = v8d{} - INFINITY, sum{};
+  for (int64_t t = 0; t < n; ++t) wv[t] = w[t], uv[t] = u[t];
+  for (int64_t i = 0; i < L; ++i) {
+    v8d kv{};
+    for (int64_t t = 0; t < n; ++t) kv[t] = k[t * stride + i];
+    if (i % kQ == 0)
+      for (int64_t t = 0; t < n; ++t) past[t * nc + i / kQ] = static_cast<float>(m[t] + std::log(sum[t]));
+    // lse = logaddexp(m + log s, u + k): one of the two exponentials is 1
+    const v8d top = uv + kv, e = vexp8d(m < top ? m - top : top - m);
+    const v8d arg = m < top ? sum * e + 1.0 : sum + e, M = m < top ? top : m;
+    for (int64_t t = 0; t < n; ++t) lse[t * L + i] = static_cast<float>(M[t]) + std::log(static_cast<float>(arg[t]));
+    // m + log s <- logaddexp(m + log s + w, k)
+    const v8d a = m + wv, d = vexp8d(a < kv ? a - kv : kv - a);
+    sum = a < kv ? sum * d + 1.0 : sum + d;
+    m = a < kv ? kv : a;
   }
 }
 
@@ -856,13 +899,16 @@ ffi::Error RwkvReduceImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi:
   std::vector<float> kp(static_cast<size_t>(d.B) * C * (Lp + kTile), 0.0f),
       lse(static_cast<size_t>(d.B) * C * L), past(static_cast<size_t>(d.B) * C * nc);
   const int64_t pairs = d.B * C;
-  run_threads(std::max<int64_t>(1, std::min<int64_t>(threads, pairs)), [&](int64_t t0) {
-    const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, pairs));
-    for (int64_t p = t0; p < pairs; p += nt) {
-      const float* kc = k.typed_data() + static_cast<size_t>(p) * L;
-      std::copy(kc, kc + L, kp.begin() + static_cast<size_t>(p) * (Lp + kTile));
-      rwkv_lse(kc, w.typed_data()[p % C], u.typed_data()[p % C], L, lse.data() + static_cast<size_t>(p) * L,
-               past.data() + static_cast<size_t>(p) * nc);
+  const int64_t groups = d.B * ((C + 7) / 8);  // 8 channels of one batch at a time
+  run_threads(std::max<int64_t>(1, std::min<int64_t>(threads, groups)), [&](int64_t t0) {
+    const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, groups));
+    for (int64_t g = t0; g < groups; g += nt) {
+      const int64_t b = g / ((C + 7) / 8), c0 = g % ((C + 7) / 8) * 8, n = std::min<int64_t>(8, C - c0);
+      const size_t p = static_cast<size_t>(b) * C + c0;
+      for (int64_t t = 0; t < n; ++t)
+        std::copy(k.typed_data() + (p + t) * L, k.typed_data() + (p + t + 1) * L, kp.begin() + (p + t) * (Lp + kTile));
+      rwkv_lse8(k.typed_data() + p * L, L, w.typed_data() + c0, u.typed_data() + c0, n, L, lse.data() + p * L,
+                past.data() + p * nc);
     }
   });
   const int64_t items = d.B * nc;
