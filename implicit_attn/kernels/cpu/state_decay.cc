@@ -372,25 +372,26 @@ inline v16 bcast(float x) { return x - v16{}; }
 // column factors fit in L2.
 constexpr int64_t kProdTile = 128;
 
-// out[r][v] (row stride os) = sum_c a[c][r] col[c][v] for 8 rows and V vectors, over n channels
-// (a: as floats per channel, col: cs floats per channel).
+// out[r][v] (row stride os) = sum_c a[c][r] col[c][v] for 8 rows and V vectors of kQ, over n terms c
+// (strides: a[c][r] at c ac + r ar, col[c][v] at c cc + v cv): the 8 V sums stay in registers. The
+// products over channels of the linear reduces, and the attention logits (c: the head dimension).
 template <int V>
-inline void channel_product(const float* a, int64_t as, const float* col, int64_t cs, int64_t n, float* out,
-                            int64_t os) {
+inline void product8(const float* a, int64_t ac, int64_t ar, const float* col, int64_t cc, int64_t cv, int64_t n,
+                     float* out, int64_t os) {
   v16 acc[8][V];
 #pragma GCC unroll 8
   for (int r = 0; r < 8; ++r)
 #pragma GCC unroll 2
     for (int v = 0; v < V; ++v) acc[r][v] = splat(0.0f);
   for (int64_t c = 0; c < n; ++c) {
-    v16 cv[V];
+    v16 cvec[V];
 #pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) cv[v] = load(col + c * cs + v * kQ);
+    for (int v = 0; v < V; ++v) cvec[v] = load(col + c * cc + v * cv);
 #pragma GCC unroll 8
     for (int r = 0; r < 8; ++r) {
-      const v16 ar = bcast(a[c * as + r]);
+      const v16 x = bcast(a[c * ac + r * ar]);
 #pragma GCC unroll 2
-      for (int v = 0; v < V; ++v) acc[r][v] += ar * cv[v];
+      for (int v = 0; v < V; ++v) acc[r][v] += x * cvec[v];
     }
   }
 #pragma GCC unroll 8
@@ -593,7 +594,7 @@ inline void add_tile(const float* sum, int64_t rows, int64_t cols, float* out, i
 // The linear reduce (mode 0, no diagonal term) through the heads: for the channels c of head h,
 //   sum_c qw_c[i] H_c[i, j] kw_c[j] = sum_s M_h[i, j+s] X_s[i, j]  (j + s <= i),
 //   X_s[i, j] = sum_c (qw_c l_c)[i] (r_c[j+s] w_c[K-1-s] kw_c[j]),
-// one product over the head's channels per conv tap (channel_product, sums in registers) instead of
+// one product over the head's channels per conv tap (product8, sums in registers) instead of
 // forming each channel's rows. Work items (batch, chunk of kQ rows), kProdTile columns per step.
 void head_reduce_linear(const HeadFactors& f, const HeadDims& d, const std::vector<int64_t>& order,
                         const std::vector<int64_t>& start, const float* qw, const float* kw, const float* acc,
@@ -637,9 +638,9 @@ void head_reduce_linear(const HeadFactors& f, const HeadDims& d, const std::vect
                 const float* col = cf.data() + (k0 * K + s) * Lp + j0 + J;
                 float* x = X.data() + r0 * kProdTile + J;
                 if (J + kQ < cols)
-                  channel_product<2>(a, Lp, col, K * Lp, P, x, kProdTile);
+                  product8<2>(a, Lp, 1, col, K * Lp, kQ, P, x, kProdTile);
                 else
-                  channel_product<1>(a, Lp, col, K * Lp, P, x, kProdTile);
+                  product8<1>(a, Lp, 1, col, K * Lp, kQ, P, x, kProdTile);
               }
             // S += M[i, j+s] X_s[i, j] over j + s <= i (entries of M above the diagonal are ignored)
             for (int64_t ii = 0; ii < rows; ++ii) {
@@ -969,9 +970,9 @@ ffi::Error RwkvReduceImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi:
           for (int64_t J = 0; J < cols; J += 2 * kQ) {
             float* dst = left.data() + r0 * kProdTile + J;
             if (J + kQ < cols)
-              channel_product<2>(rowf.data() + r0, kQ, col.data() + J, kProdTile, C, dst, kProdTile);
+              product8<2>(rowf.data() + r0, kQ, 1, col.data() + J, kProdTile, kQ, C, dst, kProdTile);
             else
-              channel_product<1>(rowf.data() + r0, kQ, col.data() + J, kProdTile, C, dst, kProdTile);
+              product8<1>(rowf.data() + r0, kQ, 1, col.data() + J, kProdTile, kQ, C, dst, kProdTile);
           }
         for (int64_t ii = 0; ii < rows; ++ii)
           std::copy(left.data() + ii * kProdTile, left.data() + ii * kProdTile + cols, ob + (I0 + ii) * L + j0);
@@ -1013,33 +1014,6 @@ ffi::Error ShortConvDenseImpl(ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> lef
     }
   });
   return ffi::Error::Success();
-}
-
-// 8 rows by V blocks of kQ logits, x[r][c] = sum_e q[r][e] kb[e][c] (q rows of length D; kb the keys
-// in blocks of kQ columns, [block][e][column]), into S (row stride ss): the accumulators stay in
-// registers and the blocks are read contiguously.
-template <int V>
-inline void logit_tile(const float* q, int64_t D, const float* kb, float* S, int64_t ss) {
-  v16 acc[8][V];
-#pragma GCC unroll 8
-  for (int r = 0; r < 8; ++r)
-#pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) acc[r][v] = splat(0.0f);
-  for (int64_t e = 0; e < D; ++e) {
-    v16 kv[V];
-#pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) kv[v] = load(kb + (v * D + e) * kQ);
-#pragma GCC unroll 8
-    for (int r = 0; r < 8; ++r) {
-      const v16 qr = bcast(q[r * D + e]);
-#pragma GCC unroll 2
-      for (int v = 0; v < V; ++v) acc[r][v] += qr * kv[v];
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < 8; ++r)
-#pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) store(S + r * ss + v * kQ, acc[r][v]);
 }
 
 // Softmax attention probabilities (AttentionCore): P_h[i, j] = softmax_j(q_h[i] . k_g[j]) over the
@@ -1091,9 +1065,9 @@ ffi::Error AttentionDenseImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, 
       for (int64_t r0 = 0; r0 < kQ; r0 += 8)
         for (int64_t J = J0; J <= I; J += 2) {
           if (J < I)
-            logit_tile<2>(qs.data() + r0 * D, D, kt + J * D * kQ, S.data() + r0 * Lp + J * kQ, Lp);
+            product8<2>(qs.data() + r0 * D, 1, D, kt + J * D * kQ, kQ, D * kQ, D, S.data() + r0 * Lp + J * kQ, Lp);
           else
-            logit_tile<1>(qs.data() + r0 * D, D, kt + J * D * kQ, S.data() + r0 * Lp + J * kQ, Lp);
+            product8<1>(qs.data() + r0 * D, 1, D, kt + J * D * kQ, kQ, D * kQ, D, S.data() + r0 * Lp + J * kQ, Lp);
         }
       for (int64_t J = J0; J <= I; ++J) {  // the mask
         const v16 col = splat(static_cast<float>(J * kQ)) + lane;
