@@ -15,8 +15,13 @@ broken build, or a ``$CXX`` that does not exist) ``impl="auto"`` falls back to X
 one warning); ``impl="cpu"`` raises ``CpuKernelUnavailable``.
 
 Supported cores: ``StateDecayCore`` (Mamba-1) and rank-one ``ScalarDecayCore`` (Griffin's
-RG-LRU), also inside Griffin's ``DocumentMaskedCore`` (packed documents). ``cpu_dense``
-writes ``(B, n, L, L)``; ``cpu_reduce`` sums over channels and writes only ``(B, L, L)``.
+RG-LRU), also inside Griffin's ``DocumentMaskedCore`` (packed documents); the cores whose channels
+share a head matrix (``HEAD_CORES``: XLA forms each head's matrix, the kernel the channels; their
+linear reductions as one product over a head's channels per conv tap, or, for ``SUMMED_HEAD_CORES``,
+XLA's ``heads_weighted_sum``); ``RwkvCore`` (RWKV-4); ``ShortConvCore`` (LFM2; its reduce is XLA,
+band by band); ``AttentionCore`` (local softmax attention: materialize only, its reduce is the XLA
+blocks); ``ParallelCore`` (its parts' kernels). ``cpu_dense`` writes ``(B, n, L, L)``;
+``cpu_reduce`` sums over channels and writes only ``(B, L, L)``.
 Gradients: a ``custom_vjp`` whose backward pass is the XLA path (``jax.vjp`` of
 ``core.dense`` / of the blocked XLA reduce).
 """
