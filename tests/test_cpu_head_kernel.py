@@ -4,7 +4,9 @@ against the family's float64 reference, the XLA path and the block's own scan. O
 from each family's layer on random weights and a random input (tiny configs: several heads,
 grouped B/C or key heads, a conv, a gate, RWKV-7's diagonal). Lengths: 1, 16 (one chunk), 37
 (ragged) and 300 (the fused reduces' column tiles are 256 wide: two tiles, a ragged one).
-Falcon-H1's ``ParallelCore`` (Mamba-2 beside attention) runs its parts' kernels.
+Falcon-H1's ``ParallelCore`` (Mamba-2 beside attention) runs its parts' kernels. RecurrentGemma's
+local attention (``AttentionCore``) has a materialize kernel: against the family's float64
+reference, and on random cores (packed documents, windows, grouped keys) against float64 softmax.
 The default tier checks Mamba-2, RWKV-7, RWKV-4 and LFM2; the other families' float64 checks
 repeat the conformance suite's (which runs ``materialize``'s default, these kernels) and are deep.
 """
@@ -14,7 +16,7 @@ import numpy as np
 import pytest
 
 from implicit_attn.kernels import cpu
-from implicit_attn.operator import ImplicitOperator, resolve_impl
+from implicit_attn.operator import AttentionCore, ImplicitOperator, RwkvCore, resolve_impl
 from implicit_attn.registry import FAMILIES
 
 B = 2
@@ -78,7 +80,7 @@ def test_channel_subsets_out_of_order_with_repeats(family):
 
 
 DEFAULT_REDUCES = {("mamba2", "abs_mean"), ("mamba2", "weighted"), ("rwkv", "pos_mean"), ("lfm2", "weighted"),
-                   ("falcon_h1", "abs_mean")}
+                   ("falcon_h1", "abs_mean"), ("rwkv7", "weighted")}
 
 
 @pytest.mark.parametrize("family, how", [
@@ -101,12 +103,14 @@ def test_fused_reduce_matches_materialize(family, how):
     assert rel(got, want) <= 1e-5
 
 
-@deep
-def test_reduce_in_head_blocks(monkeypatch):
-    """Heads formed one per step (a small memory budget; a length no other test compiles)."""
-    op = op_of("qwen3_next", 23)
+@pytest.mark.parametrize("family, how", [pytest.param("qwen3_next", "pos_mean", marks=deep), ("mamba2", "mean")])
+def test_reduce_in_head_blocks(monkeypatch, family, how):
+    """Heads formed one per step (a small memory budget; a length no other test compiles): the
+    channels of the other heads are skipped (Mamba-2's mean: the kernel's product over each head's
+    channels)."""
+    op = op_of(family, 23)
     monkeypatch.setattr(cpu, "HEAD_BLOCK_BYTES", 4 * B * 23 * 23)
-    assert rel(op.reduce("pos_mean", impl="cpu"), op.reduce("pos_mean", impl="xla")) <= 1e-5
+    assert rel(op.reduce(how, impl="cpu"), op.reduce(how, impl="xla")) <= 1e-5
 
 
 def test_gradients_match_xla():
@@ -138,3 +142,127 @@ def test_traced_channels_and_threads(monkeypatch):
     one = np.asarray(cpu.cpu_dense(op.core, np.arange(C)))
     monkeypatch.setattr(cpu, "num_threads", lambda: 3)
     np.testing.assert_array_equal(one, np.asarray(cpu.cpu_dense(op.core, np.arange(C))))
+
+
+def test_attention_materialize_equals_the_float64_reference():
+    """RecurrentGemma's local attention layer (window 5, one key head for four query heads)."""
+    model, mixer, x = layer_and_input("recurrent_gemma", 37, layer=2)
+    op = mixer.as_operator(x)
+    assert type(op.core) is AttentionCore and resolve_impl("auto", op.core) == "cpu"
+    P = op.materialize(impl="cpu")
+    ref = FAMILIES["recurrent_gemma"].naive_operator(mixer.arrays(), np.asarray(x), model.config, 2)
+    assert rel(P, ref) <= 1e-5
+    np.testing.assert_array_equal(np.asarray(P) == 0, ref == 0)  # exact zeros where masked
+    assert rel(jnp.einsum("bhij,bhjd->bhid", P, op.values), op.output) <= 1e-5
+
+
+def attention_core(L, heads=4, kv=2, d=12, window=7, seed=0):
+    g = np.random.default_rng(seed)
+    q = jnp.asarray(g.standard_normal((B, heads, L, d)), jnp.float32)
+    k = jnp.asarray(g.standard_normal((B, kv, L, d)), jnp.float32)
+    seg = jnp.asarray(np.cumsum(g.random((B, L)) < 0.03, axis=1), jnp.int32)  # packed documents
+    return AttentionCore(q=q, k=k, seg=seg, window=window)
+
+
+def softmax64(core):
+    """Float64 masked softmax from the definition: key j visible to query i iff j <= i,
+    i - j < window and both in the same document."""
+    q, k, seg = (np.asarray(a, np.float64) for a in (core.q, core.k, core.seg))
+    k = np.repeat(k, q.shape[1] // k.shape[1], axis=1)
+    L = q.shape[2]
+    i, j = np.arange(L)[:, None], np.arange(L)[None, :]
+    vis = (j <= i) & (i - j < core.window) & (seg[:, None, :, None] == seg[:, None, None, :])
+    x = np.where(vis, np.einsum("bhid,bhjd->bhij", q, k), -np.inf)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("L, window", [(1, 3), (16, 16), (37, 2 ** 31 - 1), (300, 40)])
+def test_attention_kernel_on_random_cores(L, window):
+    """Packed documents, windows shorter and longer than L (one of them not a multiple of the
+    kernel's 16-key blocks), two query heads per key head, heads out of order and repeated."""
+    core = attention_core(L, window=window)
+    idx = np.array([3, 0, 0, 2])
+    got = np.asarray(cpu.cpu_dense(core, idx))
+    want = softmax64(core)[:, idx]
+    assert rel(got, want) <= 1e-5
+    np.testing.assert_array_equal(got == 0, want == 0)
+    assert rel(got, core.dense(jnp.asarray(idx))) <= 1e-5
+
+
+def test_attention_gradients_match_xla():
+    core = attention_core(21)
+    R = jax.random.normal(jax.random.PRNGKey(2), (B, 4, 21, 21))
+    loss = lambda c, impl: jnp.sum((cpu.cpu_dense(c, np.arange(4)) if impl == "cpu" else c.dense(jnp.arange(4))) * R)
+    grads = [jax.grad(loss, allow_int=True)(core, impl) for impl in ("cpu", "xla")]
+    assert rel(grads[0].q, grads[1].q) <= 1e-5 and rel(grads[0].k, grads[1].k) <= 1e-5
+
+
+def test_attention_kernel_exports_for_cpu():
+    """``jax.export`` keeps the kernel's FFI call (a target without jax's compatibility guarantee:
+    the check is waived by name), and the exported function gives its numbers."""
+    core = attention_core(37)
+    f = jax.jit(lambda c: cpu.cpu_dense(c, np.arange(4)))
+    ffi = jax.export.DisabledSafetyCheck.custom_call("implicit_attn_attention_dense")
+    exp = jax.export.export(f, platforms=["cpu"], disabled_checks=[ffi])(core)
+    assert "implicit_attn_attention_dense" in exp.mlir_module()
+    np.testing.assert_array_equal(np.asarray(exp.call(core)), np.asarray(f(core)))
+
+
+@pytest.mark.parametrize("how", ["mean", "abs_mean", "pos_mean"])
+def test_rwkv_reduce_at_extreme_decays_and_bonuses(how):
+    """RWKV-4's reduce factorises each entry left of its row chunk's diagonal block into a column
+    and a row factor: keys up to +-30, decays from -1e-3 to -80 and -inf, bonuses up to +60 (rows
+    whose other entries underflow), negative gates; against the float64 definition at L = 300."""
+    g = np.random.default_rng(7)
+    C, L = 6, 300
+    k = (g.standard_normal((B, C, L)) * 10).clip(-30, 30).astype(np.float32)
+    w = np.array([-1e-3, -0.5, -3.0, -80.0, -np.inf, -0.05], np.float32)
+    u = np.array([0.0, 60.0, -5.0, 2.0, 1.0, 30.0], np.float32)
+    gate = g.standard_normal((B, C, L)).astype(np.float32)
+    core = RwkvCore(k=jnp.asarray(k), w=jnp.asarray(w), u=jnp.asarray(u), gate=jnp.asarray(gate))
+    i, j = np.arange(L)[:, None], np.arange(L)[None, :]
+    w64 = w.astype(np.float64)[None, :, None, None]
+    with np.errstate(invalid="ignore"):
+        past = np.where(i - 1 - j > 0, (i - 1 - j) * w64, 0.0)
+    l = np.where(j < i, past, u.astype(np.float64)[None, :, None, None]) + k.astype(np.float64)[:, :, None, :]
+    l = np.where(j <= i, l, -np.inf)
+    e = np.exp(l - l.max(-1, keepdims=True))
+    H = gate.astype(np.float64)[..., None] * e / e.sum(-1, keepdims=True)
+    f = {"mean": lambda h: h, "abs_mean": np.abs, "pos_mean": lambda h: np.maximum(h, 0)}[how]
+    want = f(H).mean(1)
+    qw = jnp.full((B, C, L), 1.0 / C, jnp.float32)
+    got = cpu.cpu_reduce(core, np.arange(C), how, qw, jnp.ones((B, C, L), jnp.float32))
+    assert rel(got, want) <= 1e-5
+
+
+def test_linear_reduces_sum_through_the_heads():
+    """RWKV-7's linear reductions of distinct channels go through the heads (``heads_weighted_sum``),
+    repeated or traced channels through the kernel: both equal the float64 sum of materialized channels."""
+    op = op_of("rwkv7", 37)
+    H = np.asarray(op.materialize(impl="xla"), np.float64)
+    g = np.random.default_rng(4)
+    for chans in ([9, 0, 5, 15], [9, 0, 9, 15]):
+        qw = g.standard_normal((B, 4, 37)).astype(np.float32)
+        kw = g.standard_normal((B, 4, 37)).astype(np.float32)
+        assert cpu.sums_through_heads(op.core, chans) == (chans == [9, 0, 5, 15])
+        want = np.einsum("bci,bcij,bcj->bij", qw, H[:, chans], kw)
+        assert rel(cpu.cpu_reduce(op.core, np.asarray(chans), "weighted", qw, kw), want) <= 1e-5
+    traced = jax.jit(lambda c, i: cpu.cpu_reduce(c, i, "weighted", qw, kw))(op.core, jnp.asarray(chans))
+    assert rel(traced, want) <= 1e-5
+
+
+@pytest.mark.parametrize("how", ["weighted", "abs_mean"])
+def test_reduce_ignores_head_matrix_entries_above_the_diagonal(how):
+    """Given head matrices with garbage above the diagonal, the kernel's reduce reads only the causal
+    part, as ``dense`` does (repeated channels: the kernel, not the sum through the heads)."""
+    op = op_of("qwen3_next", 37)
+    M = op.core.head_matrix(jnp.arange(op.core.num_heads))
+    core = op.core.with_head_matrices(M + jnp.triu(jnp.ones_like(M), 1) * 3.0)
+    chans = np.array([0, 5, 5, op.shape[1] - 1])
+    g = np.random.default_rng(5)
+    qw, kw = (g.standard_normal((B, 4, 37)).astype(np.float32) for _ in range(2))
+    H = np.asarray(core.dense(jnp.asarray(chans)), np.float64)
+    f = np.abs if how == "abs_mean" else (lambda h: h)
+    want = np.einsum("bci,bcij,bcj->bij", qw, f(H), kw)
+    assert rel(cpu.cpu_reduce(core, chans, how, qw, kw), want) <= 1e-5

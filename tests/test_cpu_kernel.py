@@ -202,12 +202,12 @@ def test_unsupported_cores_and_limits_fail_loudly():
         ImplicitOperator(jnp.ones((1, 2, 5)), jnp.zeros((1, 2, 5)), jnp.ones((1, 2, 5)),
                          lowrank).materialize(impl="cpu")
     assert resolve_impl("auto", lowrank) == "xla"
-    from implicit_attn.operator import AttentionCore
+    from implicit_attn.operator import LaSCore
 
-    att = AttentionCore(q=jnp.ones((1, 2, 5, 3)), k=jnp.ones((1, 1, 5, 3)), seg=jnp.zeros((1, 5), jnp.int32), window=4)
-    with pytest.raises(TypeError, match="no kernel for AttentionCore"):
-        ImplicitOperator(jnp.ones((1, 2, 5)), jnp.zeros((1, 2, 5)), jnp.ones((1, 2, 5)), att).materialize(impl="cpu")
-    assert resolve_impl("auto", att) == "xla"
+    las = LaSCore(q=jnp.ones((1, 2, 5, 3)), k=jnp.ones((1, 2, 5, 3)))
+    with pytest.raises(TypeError, match="no kernel for LaSCore"):
+        ImplicitOperator(jnp.ones((1, 2, 5)), jnp.zeros((1, 2, 5)), jnp.ones((1, 2, 5)), las).materialize(impl="cpu")
+    assert resolve_impl("auto", las) == "xla"
     with pytest.raises(TypeError, match="state size 80 > 64"):
         cpu.cpu_dense(_bare_core(5, N=80), [0])
     with pytest.raises(ValueError, match="how must be one of"):

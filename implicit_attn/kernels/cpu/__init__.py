@@ -15,8 +15,13 @@ broken build, or a ``$CXX`` that does not exist) ``impl="auto"`` falls back to X
 one warning); ``impl="cpu"`` raises ``CpuKernelUnavailable``.
 
 Supported cores: ``StateDecayCore`` (Mamba-1) and rank-one ``ScalarDecayCore`` (Griffin's
-RG-LRU), also inside Griffin's ``DocumentMaskedCore`` (packed documents). ``cpu_dense``
-writes ``(B, n, L, L)``; ``cpu_reduce`` sums over channels and writes only ``(B, L, L)``.
+RG-LRU), also inside Griffin's ``DocumentMaskedCore`` (packed documents); the cores whose channels
+share a head matrix (``HEAD_CORES``: XLA forms each head's matrix, the kernel the channels; their
+linear reductions as one product over a head's channels per conv tap, or, for ``SUMMED_HEAD_CORES``,
+XLA's ``heads_weighted_sum``); ``RwkvCore`` (RWKV-4); ``ShortConvCore`` (LFM2; its reduce is XLA,
+band by band); ``AttentionCore`` (local softmax attention: materialize only, its reduce is the XLA
+blocks); ``ParallelCore`` (its parts' kernels). ``cpu_dense`` writes ``(B, n, L, L)``;
+``cpu_reduce`` sums over channels and writes only ``(B, L, L)``.
 Gradients: a ``custom_vjp`` whose backward pass is the XLA path (``jax.vjp`` of
 ``core.dense`` / of the blocked XLA reduce).
 """
@@ -32,11 +37,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ...operator import (MODES, DeltaRuleCore, DocumentMaskedCore, DplrCore, HeadMatrixCore,
+from ...operator import (MODES, AttentionCore, DeltaRuleCore, DocumentMaskedCore, DplrCore, HeadMatrixCore,
                          KernelBackend, Mamba2Core, MlstmCore, ParallelCore, RwkvCore, ScalarDecayCore, ShortConvCore,
                          StateDecayCore,
                          apply_mode, block_size, register_backend, register_core, with_xla_backward)
-from ...operator.dispatch import blocked_reduce_jit
+from ...operator.dispatch import blocked_reduce, blocked_reduce_jit
+from ...operator.implicit import LINEAR, heads_weighted_sum_jit
 from ...ops import full_precision
 from . import cache
 from .cache import CpuKernelUnavailable, cache_dir
@@ -50,10 +56,11 @@ _RWKV_TARGET = "implicit_attn_rwkv_dense"
 _RWKV_REDUCE_TARGET = "implicit_attn_rwkv_reduce"
 _CONV_TARGET = "implicit_attn_short_conv_dense"
 _PLACE_TARGET = "implicit_attn_place_channels"
+_ATTENTION_TARGET = "implicit_attn_attention_dense"
 _TARGETS = {"IaStateDecayDense": _TARGET, "IaStateDecayReduce": _REDUCE_TARGET, "IaHeadMatrixDense": _HEAD_TARGET,
             "IaHeadMatrixReduce": _HEAD_REDUCE_TARGET, "IaRwkvDense": _RWKV_TARGET,
             "IaRwkvReduce": _RWKV_REDUCE_TARGET, "IaShortConvDense": _CONV_TARGET,
-            "IaPlaceChannels": _PLACE_TARGET}
+            "IaPlaceChannels": _PLACE_TARGET, "IaAttentionDense": _ATTENTION_TARGET}
 _SYMBOLS = tuple(_TARGETS)
 ARCH_ENV = "IMPLICIT_ATTN_CPU_ARCH"
 
@@ -160,7 +167,7 @@ HEAD_CORES = (Mamba2Core, DeltaRuleCore, DplrCore, MlstmCore)
 def _problem(core) -> str | None:
     """Why ``impl="cpu"`` cannot take ``core`` (None if it can)."""
     inner, _ = _parts(core)
-    if type(inner) in (RwkvCore, ShortConvCore, ParallelCore):
+    if type(inner) in (RwkvCore, ShortConvCore, ParallelCore, AttentionCore):
         return None  # (a ParallelCore: its parts with kernels use them, the others XLA)
     if type(inner) in HEAD_CORES:
         pass  # any head matrix: XLA forms it once per head, the kernel each channel
@@ -175,7 +182,7 @@ def _problem(core) -> str | None:
         return (f"no kernel for {type(inner).__name__}; it covers StateDecayCore (Mamba-1), "
                 "rank-one ScalarDecayCore (Griffin's RG-LRU, packed documents included), the cores "
                 "whose channels share a head matrix (Mamba2Core, DeltaRuleCore, DplrCore, MlstmCore), "
-                "RwkvCore (RWKV-4) and ShortConvCore (LFM2)")
+                "RwkvCore (RWKV-4), ShortConvCore (LFM2) and AttentionCore (local attention)")
     K = 1 if inner.conv_w is None else inner.conv_w.shape[-1]
     if K > MAX_CONV:
         return f"conv width {K} > {MAX_CONV}"
@@ -422,6 +429,19 @@ def _conv_reduce_call(core, idx, mode, qw, kw):
     return out
 
 
+def _attention_call(core, idx):
+    """``(B, n, L, L)`` softmax probabilities of an ``AttentionCore``'s heads ``idx``: the logits of
+    the key blocks the window reaches, one softmax per row, each element written once."""
+    load()
+    q = jnp.take(core.q, idx, axis=1).astype(jnp.float32)
+    B, n, L, _ = q.shape
+    kv = (idx // (core.q.shape[1] // core.k.shape[1])).astype(jnp.int32)
+    call = jax.ffi.ffi_call(_ATTENTION_TARGET, jax.ShapeDtypeStruct((B, n, L, L), jnp.float32),
+                            vmap_method="sequential")
+    return call(q, core.k.astype(jnp.float32), kv, core.seg.astype(jnp.int32), window=np.int64(core.window),
+                threads=np.int64(num_threads()), huge_pages=np.int64(huge_pages()))
+
+
 def _parallel_call(core, idx):
     """Every channel of a ``ParallelCore`` whose first part is a head-matrix core, in order: that
     part's kernel allocates the whole output and writes its channels, then each other part's
@@ -459,20 +479,21 @@ def _parallel_reduce(core, idx, how, qw, kw):
             continue
         local = (idx[sel] - core.starts[k]) // r
         q, w = jnp.take(qw, jnp.asarray(sel), axis=1), jnp.take(kw, jnp.asarray(sel), axis=1)
-        if has_kernel(part):
+        if r > 1 and np.array_equal(local, np.repeat(np.arange(part.num_channels), r)):
+            out = out + _repeated_reduce_jit(part, q, w, jnp.asarray(MODES[how], jnp.int32), r, has_kernel(part))
+        elif has_kernel(part):
             out = out + cpu_reduce(part, local, how, q, w)
-        elif r > 1 and np.array_equal(local, np.repeat(np.arange(part.num_channels), r)):
-            out = out + _repeated_reduce_jit(part, q, w, jnp.asarray(MODES[how], jnp.int32), r)
         else:
             out = out + blocked_reduce_jit(part, jnp.asarray(local), q, w, how, block_size(sel.size, B, L, None))
     return out
 
 
-def _repeated_reduce(part, qw, kw, mode, r: int):
+def _repeated_reduce(part, qw, kw, mode, r: int, kernel: bool):
     """``sum_c qw_c f(H_c) kw_c`` over every channel of ``part``, each repeated ``r`` times in a row
     (an attention head read by each of its value features): the repeats share ``H_m``, so their
     weights sum first, ``f(H_m) * (Q_m^T K_m)`` with ``Q_m, K_m (r, L)`` the slots' weights: each
-    ``H_m`` formed once, one rank-``r`` product per channel. ``qw, kw (B, m r, L)``."""
+    ``H_m`` formed once (by ``part``'s kernel if ``kernel``), one rank-``r`` product per channel.
+    ``qw, kw (B, m r, L)``."""
     B, _, L = qw.shape
     m = part.num_channels
     q = jnp.moveaxis(qw.reshape(B, m, r, L), 1, 0)
@@ -480,20 +501,27 @@ def _repeated_reduce(part, qw, kw, mode, r: int):
 
     def one(acc, xs):
         c, qc, kc = xs
-        H = apply_mode(part.dense(c[None])[:, 0], mode)
+        H = apply_mode((cpu_dense(part, c[None]) if kernel else part.dense(c[None]))[:, 0], mode)
         return acc + H * jnp.einsum("bri,brj->bij", qc, kc), None
 
     out, _ = jax.lax.scan(one, jnp.zeros((B, L, L), jnp.float32), (jnp.arange(m), q, k))
     return out
 
 
-_repeated_reduce_jit = jax.jit(full_precision(_repeated_reduce), static_argnums=4)
+_repeated_reduce_jit = jax.jit(full_precision(_repeated_reduce), static_argnums=(4, 5))
 
 
 _parallel_dense, _ = with_xla_backward(_parallel_call, None)
 
 # The conv's dense is the kernel, its reduce plain XLA (differentiable as it is).
 _conv_dense, _ = with_xla_backward(_conv_call, _conv_reduce_call)
+# Attention: the dense kernel; the reduce is the XLA blocks (within the target already).
+_attention_dense, _ = with_xla_backward(_attention_call, None)
+
+
+def _attention_reduce(core, idx, mode, qw, kw):
+    B, n, L = qw.shape
+    return blocked_reduce(core, idx, qw, kw, mode, block_size(n, B, L, None))
 
 # core type -> (dense, reduce). ``reduce`` calls the kernels eagerly: jitted, one compilation per
 # shape serves every call (eager, the scans and mode switches around them compile on each call).
@@ -501,7 +529,40 @@ _state_decay = (_dense, jax.jit(full_precision(_reduce)))
 _head = (_head_dense, jax.jit(full_precision(_head_reduce)))
 _KERNELS = {StateDecayCore: _state_decay, ScalarDecayCore: _state_decay, DocumentMaskedCore: _state_decay,
             **{t: _head for t in HEAD_CORES}, RwkvCore: (_rwkv_dense, jax.jit(_rwkv_reduce)),
-            ShortConvCore: (_conv_dense, jax.jit(_conv_reduce_call))}
+            ShortConvCore: (_conv_dense, jax.jit(_conv_reduce_call)),
+            AttentionCore: (_attention_dense, jax.jit(full_precision(_attention_reduce)))}
+
+
+# Head-matrix cores whose linear reductions (``LINEAR``) run faster as XLA sums through the heads
+# (``heads_weighted_sum``: each head's matrix once, one rank-``P`` matmul per conv tap, no ``H_c``)
+# than through the fused kernel: forming their ``M_h`` dominates either way, and the per-head
+# matmuls beat the kernel's per-channel rows (L = 512, ``benchmarks.cores``). Mamba-2's kernel is
+# the faster of the two; the nonlinear maps always take the kernel.
+SUMMED_HEAD_CORES = (DeltaRuleCore, DplrCore, MlstmCore)
+
+
+def sums_through_heads(core, idx) -> bool:
+    """Whether ``cpu_reduce`` sums ``core``'s channels ``idx`` through its heads: a
+    ``SUMMED_HEAD_CORES`` core with concrete heads laid out in runs of ``P`` channels, ``idx``
+    concrete and distinct, no diagonal term beside a conv (``head_weighted_sum`` has none)."""
+    if type(core) not in SUMMED_HEAD_CORES or isinstance(idx, jax.core.Tracer) or isinstance(core.head, jax.core.Tracer):
+        return False
+    idx, C = np.asarray(idx), core.num_channels
+    if np.unique(idx).size != idx.size or C % core.num_heads:
+        return False
+    if core.diagonal() is not None and core.conv_w is not None:
+        return False
+    return bool(np.array_equal(np.asarray(core.head), np.arange(C) // (C // core.num_heads)))
+
+
+def _heads_sum(core, idx, qw, kw):
+    """``sum_c qw_c H_c kw_c`` over the distinct channels ``idx`` by ``heads_weighted_sum``: the
+    weights placed in their channels' slots (zero elsewhere), each head holding one summed once."""
+    B, _, L = qw.shape
+    C = core.num_channels
+    place = lambda w: jnp.zeros((B, C, L), jnp.float32).at[:, idx].set(w)
+    heads = np.unique(idx // (C // core.num_heads)).astype(np.int32)
+    return heads_weighted_sum_jit(core, place(qw), place(kw), jnp.asarray(heads))
 
 
 def cpu_dense(core, idx):
@@ -538,6 +599,8 @@ def cpu_reduce(core, idx, how: str, qw, kw):
         if isinstance(idx, jax.core.Tracer):
             return blocked_reduce_jit(core, idx, qw, kw, how, block_size(qw.shape[1], qw.shape[0], qw.shape[2], None))
         return _parallel_reduce(core, idx, how, qw, kw)
+    if how in LINEAR and sums_through_heads(core, idx):
+        return _heads_sum(core, np.asarray(idx), jnp.asarray(qw, jnp.float32), jnp.asarray(kw, jnp.float32))
     reduce = _KERNELS[type(core)][1]
     return reduce(core, jnp.asarray(idx, jnp.int32), jnp.asarray(MODES[how], jnp.int32),
                   jnp.asarray(qw, jnp.float32), jnp.asarray(kw, jnp.float32))

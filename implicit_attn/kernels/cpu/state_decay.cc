@@ -490,6 +490,38 @@ ffi::Error StateDecayReduceImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k
   return ffi::Error::Success();
 }
 
+// Products over channels (the linear reduces): kProdTile columns per step, so every channel's
+// column factors fit in L2.
+constexpr int64_t kProdTile = 128;
+
+// out[r][v] (row stride os) = sum_c a[c][r] col[c][v] for 8 rows and V vectors of kQ, over n terms c
+// (strides: a[c][r] at c ac + r ar, col[c][v] at c cc + v cv): the 8 V sums stay in registers. The
+// products over channels of the linear reduces, and the attention logits (c: the head dimension).
+template <int V>
+inline void product8(const float* a, int64_t ac, int64_t ar, const float* col, int64_t cc, int64_t cv, int64_t n,
+                     float* out, int64_t os) {
+  v16 acc[8][V];
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) acc[r][v] = splat(0.0f);
+  for (int64_t c = 0; c < n; ++c) {
+    v16 cvec[V];
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) cvec[v] = load(col + c * cc + v * cv);
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) {
+      const v16 x = splat(a[c * ac + r * ar]);
+#pragma GCC unroll 2
+      for (int v = 0; v < V; ++v) acc[r][v] += x * cvec[v];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) store(out + r * os + v * kQ, acc[r][v]);
+}
+
 // ---------------------------------------------------------------------------------------
 // Channels that share one matrix per head (Mamba-2's alpha_h, the gated delta rule's, DPLR's
 // and mLSTM's M_h), the head matrices given (XLA computes them, once per head):
@@ -640,6 +672,80 @@ ffi::Error HeadMatrixDenseImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> he
 // as in the state-decay reduce, into out (B, L, L) (aliased to acc by the caller). Tiled:
 // blocks of kQ rows by kTile columns, so a block's head rows, a channel's weights over the
 // tile and the block's sums stay in L1 while every channel of every head passes over them.
+// The linear reduce (mode 0, no diagonal term) through the heads: for the channels c of head h,
+//   sum_c qw_c[i] H_c[i, j] kw_c[j] = sum_s M_h[i, j+s] X_s[i, j]  (j + s <= i),
+//   X_s[i, j] = sum_c (qw_c l_c)[i] (r_c[j+s] w_c[K-1-s] kw_c[j]),
+// one product over the head's channels per conv tap (product8, sums in registers) instead of
+// forming each channel's rows. Work items (batch, chunk of kQ rows), kProdTile columns per step.
+void head_reduce_linear(const HeadFactors& f, const HeadDims& d, const std::vector<int64_t>& order,
+                        const std::vector<int64_t>& start, const float* qw, const float* kw, const float* acc,
+                        float* o, int64_t nt) {
+  const int64_t L = d.L, K = d.K, nc = (L + kQ - 1) / kQ, Lp = nc * kQ, m = start[d.H];
+  // Every summed channel's factors once, in head order: rows qw l (rf: [b][k][Lp]) and, per tap s,
+  // columns r[j+s] w[K-1-s] kw[j] (cf: [b][k][s][Lp]), zero past L.
+  std::vector<float> rf(static_cast<size_t>(d.B) * m * Lp, 0.0f), cf(static_cast<size_t>(d.B) * m * K * Lp, 0.0f);
+  run_threads(nt, [&](int64_t t0) {
+    for (int64_t p = t0; p < d.B * m; p += nt) {
+      const int64_t b = p / m, c = order[p % m];
+      const size_t cl = (static_cast<size_t>(b) * d.n + c) * L;
+      float* r = rf.data() + static_cast<size_t>(p) * Lp;
+      for (int64_t i = 0; i < L; ++i) r[i] = qw[cl + i] * (f.has_left ? f.left[cl + i] : 1.0f);
+      for (int64_t s = 0; s < K; ++s) {
+        float* col = cf.data() + (static_cast<size_t>(p) * K + s) * Lp;
+        const float ws = f.w[c * K + K - 1 - s];
+        for (int64_t j = 0; j + s < L; ++j) col[j] = (f.has_right ? f.right[cl + j + s] : 1.0f) * ws * kw[cl + j];
+      }
+    }
+  });
+  run_threads(nt, [&](int64_t t0) {
+    std::vector<float> X(kQ * kProdTile), S(kQ * kProdTile);
+    for (int64_t p = t0; p < d.B * nc; p += nt) {
+      const int64_t I = p % nc, b = p / nc, I0 = I * kQ, rows = std::min(kQ, L - I0);
+      float* ob = o + static_cast<size_t>(b) * L * L;
+      if (o != acc)
+        std::memcpy(ob + I0 * L, acc + static_cast<size_t>(b) * L * L + I0 * L, sizeof(float) * L * rows);
+      for (int64_t j0 = 0; j0 < I0 + rows; j0 += kProdTile) {
+        const int64_t cols = std::min(kProdTile, (I + 1) * kQ - j0);  // a multiple of kQ
+        std::fill(S.begin(), S.end(), 0.0f);
+        for (int64_t h = 0; h < d.H; ++h) {
+          const int64_t P = start[h + 1] - start[h];
+          if (P == 0) continue;
+          const size_t k0 = static_cast<size_t>(b) * m + start[h];  // the head's first channel
+          const float* M = f.M + (static_cast<size_t>(b) * d.H + h) * L * L;
+          for (int64_t s = 0; s < K; ++s) {
+            for (int64_t r0 = 0; r0 < kQ; r0 += 8)
+              for (int64_t J = 0; J < cols; J += 2 * kQ) {
+                const float* a = rf.data() + k0 * Lp + I0 + r0;
+                const float* col = cf.data() + (k0 * K + s) * Lp + j0 + J;
+                float* x = X.data() + r0 * kProdTile + J;
+                if (J + kQ < cols)
+                  product8<2>(a, Lp, 1, col, K * Lp, kQ, P, x, kProdTile);
+                else
+                  product8<1>(a, Lp, 1, col, K * Lp, kQ, P, x, kProdTile);
+              }
+            // S += M[i, j+s] X_s[i, j] over j + s <= i (entries of M above the diagonal are ignored)
+            for (int64_t ii = 0; ii < rows; ++ii) {
+              const int64_t i = I0 + ii, n = std::min(cols, i - s - j0 + 1);  // columns j <= i - s
+              const float* mr = M + static_cast<size_t>(i) * L + j0 + s;
+              float* srow = S.data() + ii * kProdTile;
+              const float* x = X.data() + ii * kProdTile;
+              int64_t J = 0;
+              for (; J + kQ <= n; J += kQ) store(srow + J, load(srow + J) + load(mr + J) * load(x + J));
+              for (; J < n; ++J) srow[J] += mr[J] * x[J];
+            }
+          }
+        }
+        const int64_t w = std::min(cols, L - j0);
+        for (int64_t ii = 0; ii < rows; ++ii) {
+          float* orow = ob + (I0 + ii) * L + j0;
+          const float* srow = S.data() + ii * kProdTile;
+          for (int64_t jj = 0; jj < w; ++jj) orow[jj] += srow[jj];
+        }
+      }
+    }
+  });
+}
+
 ffi::Error HeadMatrixReduceImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> head,
                                 ffi::Buffer<ffi::F32> left, ffi::Buffer<ffi::F32> right,
                                 ffi::Buffer<ffi::F32> diag, ffi::Buffer<ffi::F32> w,
@@ -669,6 +775,10 @@ ffi::Error HeadMatrixReduceImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> h
   group_by_head(f, d, order, start);
   const int64_t items = d.B * nc;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  if (mode == 0 && !f.has_diag) {
+    head_reduce_linear(f, d, order, start, qw.typed_data(), kw.typed_data(), a, o, nt);
+    return ffi::Error::Success();
+  }
   run_threads(nt, [&](int64_t t0) {
     std::vector<float> t(kTile + 2 * kQ), y(kTile + kQ), sum(kQ * kTile), kwt(kTile);
     for (int64_t p = t0; p < items; p += nt) {
@@ -724,6 +834,51 @@ void rwkv_lse(const float* k, float w, float u, int64_t L, float* lse) {
   for (int64_t i = 0; i < L; ++i) {
     lse[i] = static_cast<float>(logaddexp(P, static_cast<double>(u) + k[i]));
     P = logaddexp(P + w, k[i]);
+  }
+}
+
+typedef double v8d __attribute__((vector_size(64)));
+typedef int64_t v8l __attribute__((vector_size(64)));
+
+// exp of 8 doubles x <= 0 (or -inf, or NaN): Cody-Waite reduction and the degree-11 Taylor polynomial
+// of exp(r), |r| <= ln2/2 (relative error ~1e-14); 0 below -708.
+inline v8d vexp8d(v8d x) {
+  const v8d lo = v8d{} - 708.0, magic = v8d{} + 6755399441055744.0;  // 1.5 * 2^52: rounds to integers
+  const v8d xc = x < lo ? lo : x;
+  const v8d kf = (xc * 1.4426950408889634 + magic) - magic;
+  const v8d r = (xc - kf * 0.693147180369123816490) - kf * 1.90821492927058770002e-10;
+  v8d p = v8d{} + 1.0 / 39916800.0;
+  for (double c : {1.0 / 3628800, 1.0 / 362880, 1.0 / 40320, 1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6,
+                   0.5, 1.0, 1.0})
+    p = p * r + c;
+  const v8l bits = (__builtin_convertvector(kf, v8l) + 1023) << 52;
+  v8d scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return x < lo ? v8d{} : p * scale;
+}
+
+// rwkv_lse for n <= 8 channels at once (keys k + t * stride, lse + t * L, past + t * nc for lane t), and
+// past[I] = log sum_{j < I kQ} exp(k[j] + (I kQ - 1 - j) w), the decayed keys before chunk I;
+// the running sum of decayed keys kept as m + log(s) in double: one exponential per step and lane,
+// and one per row for lse = max(m, u + k) + log(...) (the log in float: its argument lies in [1, L+1]).
+void rwkv_lse8(const float* k, int64_t stride, const float* w, const float* u, int64_t n, int64_t L, float* lse,
+               float* past) {
+  const int64_t nc = (L + kQ - 1) / kQ;
+  v8d wv{}, uv{}, m = v8d{} - INFINITY, sum{};
+  for (int64_t t = 0; t < n; ++t) wv[t] = w[t], uv[t] = u[t];
+  for (int64_t i = 0; i < L; ++i) {
+    v8d kv{};
+    for (int64_t t = 0; t < n; ++t) kv[t] = k[t * stride + i];
+    if (i % kQ == 0)
+      for (int64_t t = 0; t < n; ++t) past[t * nc + i / kQ] = static_cast<float>(m[t] + std::log(sum[t]));
+    // lse = logaddexp(m + log s, u + k): one of the two exponentials is 1
+    const v8d top = uv + kv, e = vexp8d(m < top ? m - top : top - m);
+    const v8d arg = m < top ? sum * e + 1.0 : sum + e, M = m < top ? top : m;
+    for (int64_t t = 0; t < n; ++t) lse[t * L + i] = static_cast<float>(M[t]) + std::log(static_cast<float>(arg[t]));
+    // m + log s <- logaddexp(m + log s + w, k)
+    const v8d a = m + wv, d = vexp8d(a < kv ? a - kv : kv - a);
+    sum = a < kv ? sum * d + 1.0 : sum + d;
+    m = a < kv ? kv : a;
   }
 }
 
@@ -798,8 +953,15 @@ ffi::Error RwkvDenseImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi::
   return ffi::Error::Success();
 }
 
-// sum_c qw[b,c,i] f(H_c[i,j]) kw[b,c,j] into out (B, L, L), f as in the other reduces. Tiled
-// like the head-matrix reduce: kQ rows by kTile columns, every channel passing over the tile.
+// Left of a row chunk's diagonal block the decayed softmax factorises: for i in chunk I (start I0)
+// and j < I0, with P = past[I] (log of the decayed keys before the chunk),
+//   exp(l[i, j] - lse[i]) = exp(k[j] + (I0-1-j) w - P) * exp((i-I0) w + P - lse[i]),
+// both factors <= 1 (the first is one term of P's sum; P[i] >= P + (i-I0) w bounds the second), so
+// neither overflows, and neither underflows where the product is a normal float. As H_c >= 0 up to
+// the gate, f(gate e) = f(gate) e for the three maps, and the chunk's rows left of the diagonal are
+// a product over channels, rows (kQ x C) times columns (C x I0): kRw rows by kRv vectors at a time
+// with the sums in registers. The diagonal block is formed element by element (rwkv_row).
+// sum_c qw[b,c,i] f(H_c[i,j]) kw[b,c,j] into out (B, L, L), f as in the other reduces.
 ffi::Error RwkvReduceImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> u,
                           ffi::Buffer<ffi::F32> gate, ffi::Buffer<ffi::F32> qw,
                           ffi::Buffer<ffi::F32> kw, ffi::ResultBuffer<ffi::F32> out,
@@ -812,49 +974,89 @@ ffi::Error RwkvReduceImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi:
     err = "weights must be (B, C, L)";
   if (err.empty() && (mode < 0 || mode > 2)) err = "bad mode";
   if (!err.empty()) return ffi::Error::InvalidArgument("rwkv_reduce: " + err);
-  const int64_t L = d.L, nc = (L + kQ - 1) / kQ, Lp = nc * kQ;
+  const int64_t L = d.L, C = d.C, nc = (L + kQ - 1) / kQ, Lp = nc * kQ;
   if (L == 0 || d.B == 0) return ffi::Error::Success();
   float* o = out->typed_data();
-  // Padded keys and the row normalisers of every channel, once (O(B C L)).
-  std::vector<float> kp(static_cast<size_t>(d.B) * d.C * (Lp + kTile), 0.0f),
-      lse(static_cast<size_t>(d.B) * d.C * L);
-  const int64_t pairs = d.B * d.C;
-  run_threads(std::max<int64_t>(1, std::min<int64_t>(threads, pairs)), [&](int64_t t0) {
-    const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, pairs));
-    for (int64_t p = t0; p < pairs; p += nt) {
-      const float* kc = k.typed_data() + static_cast<size_t>(p) * L;
-      std::copy(kc, kc + L, kp.begin() + static_cast<size_t>(p) * (Lp + kTile));
-      rwkv_lse(kc, w.typed_data()[p % d.C], u.typed_data()[p % d.C], L,
-               lse.data() + static_cast<size_t>(p) * L);
+  // Padded keys, the row normalisers and the chunk-start logs of every channel, once (O(B C L)).
+  std::vector<float> kp(static_cast<size_t>(d.B) * C * (Lp + kTile), 0.0f),
+      lse(static_cast<size_t>(d.B) * C * L), past(static_cast<size_t>(d.B) * C * nc);
+  const int64_t pairs = d.B * C;
+  const int64_t groups = d.B * ((C + 7) / 8);  // 8 channels of one batch at a time
+  run_threads(std::max<int64_t>(1, std::min<int64_t>(threads, groups)), [&](int64_t t0) {
+    const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, groups));
+    for (int64_t g = t0; g < groups; g += nt) {
+      const int64_t b = g / ((C + 7) / 8), c0 = g % ((C + 7) / 8) * 8, n = std::min<int64_t>(8, C - c0);
+      const size_t p = static_cast<size_t>(b) * C + c0;
+      for (int64_t t = 0; t < n; ++t)
+        std::copy(k.typed_data() + (p + t) * L, k.typed_data() + (p + t + 1) * L, kp.begin() + (p + t) * (Lp + kTile));
+      rwkv_lse8(k.typed_data() + p * L, L, w.typed_data() + c0, u.typed_data() + c0, n, L, lse.data() + p * L,
+                past.data() + p * nc);
     }
   });
   const int64_t items = d.B * nc;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
   run_threads(nt, [&](int64_t t0) {
-    std::vector<float> y(kTile), sum(kQ * kTile), kwt(kTile);
+    std::vector<float> y(kQ), diag(kQ * kTile), kwt(kTile), rowf(C * kQ), col(C * kProdTile),
+        left(kQ * kProdTile);
+    const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     for (int64_t p = t0; p < items; p += nt) {
       const int64_t I = p % nc, b = p / nc, I0 = I * kQ, rows = std::min(kQ, L - I0);
       float* ob = o + static_cast<size_t>(b) * L * L;
-      for (int64_t ii = 0; ii < rows; ++ii) std::memset(ob + (I0 + ii) * L, 0, sizeof(float) * L);
-      for (int64_t j0 = 0; j0 < I0 + rows; j0 += kTile) {
-        const int64_t j1 = std::min(j0 + kTile, (I + 1) * kQ), cols = std::min(j1, L) - j0;
-        std::fill(sum.begin(), sum.end(), 0.0f);
-        for (int64_t c = 0; c < d.C; ++c) {
-          const size_t cl = (static_cast<size_t>(b) * d.C + c) * L;
-          const float* kc = kp.data() + (static_cast<size_t>(b) * d.C + c) * (Lp + kTile);
-          const float wc = w.typed_data()[c], uc = u.typed_data()[c];
-          load_tile(kw.typed_data() + cl + j0, cols, kwt);
-          for (int64_t ii = 0; ii < rows; ++ii) {
+      // The diagonal block element by element, and each channel's row factors
+      // qw f(gate) exp((i-I0) w + P - lse[i]) (0 on rows past L).
+      std::fill(diag.begin(), diag.end(), 0.0f);
+      for (int64_t c = 0; c < C; ++c) {
+        const size_t cl = (static_cast<size_t>(b) * C + c) * L;
+        const float* kc = kp.data() + (static_cast<size_t>(b) * C + c) * (Lp + kTile);
+        const float wc = w.typed_data()[c], uc = u.typed_data()[c];
+        const float P = past[(static_cast<size_t>(b) * C + c) * nc + I];
+        load_tile(kw.typed_data() + cl + I0, rows, kwt);
+        for (int64_t ii = 0; ii < kQ; ++ii) {
+          float a = 0.0f;
+          if (ii < rows) {
             const int64_t i = I0 + ii;
-            if (i < j0) continue;
-            const int64_t end = std::min(j1, (i / kQ + 1) * kQ);
-            rwkv_row(kc, wc, uc, lse[cl + i], i, j0, end - j0, y.data());
-            const float g = has_gate ? gate.typed_data()[cl + i] : 1.0f;
-            accumulate_row(sum.data() + ii * kTile, y.data(), g, qw.typed_data()[cl + i], kwt.data(),
-                           end - j0, mode);
+            float g = has_gate ? gate.typed_data()[cl + i] : 1.0f;
+            if (mode == 1) g = std::fabs(g);
+            if (mode == 2) g = std::max(g, 0.0f);
+            const float qg = qw.typed_data()[cl + i] * g;
+            rwkv_row(kc, wc, uc, lse[cl + i], i, I0, kQ, y.data());
+            accumulate_row(diag.data() + ii * kTile, y.data(), 1.0f, qg, kwt.data(), kQ, 0);
+            if (I0 > 0) a = qg * std::exp((ii == 0 ? 0.0f : ii * wc) + P - lse[cl + i]);
+          }
+          rowf[c * kQ + ii] = a;
+        }
+      }
+      for (int64_t ii = 0; ii < rows; ++ii) {
+        float* orow = ob + (I0 + ii) * L;
+        std::copy(diag.data() + ii * kTile, diag.data() + ii * kTile + std::min(kQ, L - I0), orow + I0);
+        if (I0 + kQ < L) std::memset(orow + I0 + kQ, 0, sizeof(float) * (L - I0 - kQ));
+      }
+      // Left of the diagonal block: kProdTile columns at a time, every channel's column factors
+      // exp(k[j] + (I0-1-j) w - P) kw[j], then the product over channels.
+      for (int64_t j0 = 0; j0 < I0; j0 += kProdTile) {
+        const int64_t cols = std::min(kProdTile, I0 - j0);  // a multiple of kQ
+        for (int64_t c = 0; c < C; ++c) {
+          const size_t cl = (static_cast<size_t>(b) * C + c) * L;
+          const float* kc = kp.data() + (static_cast<size_t>(b) * C + c) * (Lp + kTile);
+          const v16 wv = splat(w.typed_data()[c]);
+          const v16 P = splat(past[(static_cast<size_t>(b) * C + c) * nc + I]);
+          for (int64_t J = 0; J < cols; J += kQ) {
+            const int64_t j = j0 + J;
+            const v16 dist = splat(static_cast<float>(I0 - 1 - j)) - lane;  // 0 decays nothing
+            const v16 x = load(kc + j) + (dist == splat(0.0f) ? splat(0.0f) : dist * wv) - P;
+            store(col.data() + c * kProdTile + J, vexp(x) * load(kw.typed_data() + cl + j));
           }
         }
-        add_tile(sum.data(), rows, cols, ob + I0 * L + j0, L);
+        for (int64_t r0 = 0; r0 < kQ; r0 += 8)
+          for (int64_t J = 0; J < cols; J += 2 * kQ) {
+            float* dst = left.data() + r0 * kProdTile + J;
+            if (J + kQ < cols)
+              product8<2>(rowf.data() + r0, kQ, 1, col.data() + J, kProdTile, kQ, C, dst, kProdTile);
+            else
+              product8<1>(rowf.data() + r0, kQ, 1, col.data() + J, kProdTile, kQ, C, dst, kProdTile);
+          }
+        for (int64_t ii = 0; ii < rows; ++ii)
+          std::copy(left.data() + ii * kProdTile, left.data() + ii * kProdTile + cols, ob + (I0 + ii) * L + j0);
       }
     }
   });
@@ -889,6 +1091,107 @@ ffi::Error ShortConvDenseImpl(ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> lef
         std::memset(orow, 0, sizeof(float) * L);
         for (int64_t s = 0; s < K && s <= i; ++s)
           orow[i - s] = l[i] * wc[K - 1 - s] * (r ? r[i - s] : 1.0f);
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
+// Softmax attention probabilities (AttentionCore): P_h[i, j] = softmax_j(q_h[i] . k_g[j]) over the
+// visible keys j <= i, i - j < window, seg[j] == seg[i] (g = kv[h]), exact zeros elsewhere. Work
+// items are (batch, head, chunk of kQ rows): the chunk's logits are formed block by block (kQ rows
+// times one vector of keys, the kQ accumulators in registers; only blocks the window reaches), then
+// each row is max-shifted, exponentiated, normalised and written once.
+ffi::Error AttentionDenseImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::S32> kv,
+                              ffi::Buffer<ffi::S32> seg, ffi::ResultBuffer<ffi::F32> out, int64_t window,
+                              int64_t threads, int64_t huge_pages) {
+  auto qd = q.dimensions(), kd = k.dimensions(), md = kv.dimensions(), sd = seg.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || md.size() != 1 || sd.size() != 2 || kd[0] != qd[0] ||
+      kd[2] != qd[2] || kd[3] != qd[3] || md[0] != qd[1] || sd[0] != qd[0] || sd[1] != qd[2])
+    return ffi::Error::InvalidArgument(
+        "attention_dense: expected q (B,n,L,d), k (B,KV,L,d), kv head map (n,), seg (B,L)");
+  const int64_t B = qd[0], n = qd[1], L = qd[2], D = qd[3], KV = kd[1];
+  for (int64_t h = 0; h < n; ++h)
+    if (kv.typed_data()[h] < 0 || kv.typed_data()[h] >= KV)
+      return ffi::Error::InvalidArgument("attention_dense: key head index out of range");
+  if (window < 1) return ffi::Error::InvalidArgument("attention_dense: window must be >= 1");
+  if (L == 0 || n == 0 || B == 0) return ffi::Error::Success();
+  float* o = out->typed_data();
+  const size_t LL = static_cast<size_t>(L) * L;
+  if (huge_pages) advise_huge(o, LL * B * n * sizeof(float));
+  const int64_t nc = (L + kQ - 1) / kQ, Lp = nc * kQ;
+  // Keys once per (batch, key head) in blocks of kQ columns, [block][e][column], zero past L.
+  std::vector<float> kT(static_cast<size_t>(B) * KV * D * Lp, 0.0f);
+  for (int64_t p = 0; p < B * KV; ++p)
+    for (int64_t j = 0; j < L; ++j)
+      for (int64_t e = 0; e < D; ++e)
+        kT[(static_cast<size_t>(p) * nc + j / kQ) * D * kQ + e * kQ + j % kQ] =
+            k.typed_data()[(static_cast<size_t>(p) * L + j) * D + e];
+  const int32_t* sg = seg.typed_data();
+  const int64_t items = B * n * nc;
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  run_threads(nt, [&](int64_t t0) {
+    std::vector<float> qs(kQ * D), S(kQ * Lp);
+    const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    const v16 ninf = splat(-__builtin_inff());
+    for (int64_t p = t0; p < items; p += nt) {
+      const int64_t I = p % nc, h = (p / nc) % n, b = p / (nc * n);
+      const int64_t I0 = I * kQ, rows = std::min(kQ, L - I0);
+      std::fill(qs.begin(), qs.end(), 0.0f);
+      std::copy(q.typed_data() + ((static_cast<size_t>(b) * n + h) * L + I0) * D,
+                q.typed_data() + ((static_cast<size_t>(b) * n + h) * L + I0 + rows) * D, qs.begin());
+      const float* kt = kT.data() + (static_cast<size_t>(b) * KV + kv.typed_data()[h]) * D * Lp;
+      const int32_t* sb = sg + static_cast<size_t>(b) * L;
+      const int64_t J0 = std::max<int64_t>(0, I0 - window + 1) / kQ;  // first block the window reaches
+      for (int64_t r0 = 0; r0 < kQ; r0 += 8)
+        for (int64_t J = J0; J <= I; J += 2) {
+          if (J < I)
+            product8<2>(qs.data() + r0 * D, 1, D, kt + J * D * kQ, kQ, D * kQ, D, S.data() + r0 * Lp + J * kQ, Lp);
+          else
+            product8<1>(qs.data() + r0 * D, 1, D, kt + J * D * kQ, kQ, D * kQ, D, S.data() + r0 * Lp + J * kQ, Lp);
+        }
+      for (int64_t J = J0; J <= I; ++J) {  // the mask
+        const v16 col = splat(static_cast<float>(J * kQ)) + lane;
+        v16i sj;
+        if (J * kQ + kQ <= L) {
+          std::memcpy(&sj, sb + J * kQ, sizeof(sj));
+        } else {
+          for (int64_t jj = 0; jj < kQ; ++jj) sj[jj] = J * kQ + jj < L ? sb[J * kQ + jj] : -1;
+        }
+        for (int64_t ii = 0; ii < rows; ++ii) {
+          const int64_t i = I0 + ii;
+          const v16 fi = splat(static_cast<float>(i));
+          const auto vis = (col <= fi) & (fi - col < splat(static_cast<float>(window))) & (sj == sb[i]);
+          float* x = S.data() + ii * Lp + J * kQ;
+          store(x, vis ? load(x) : ninf);
+        }
+      }
+      for (int64_t ii = 0; ii < rows; ++ii) {
+        const int64_t i = I0 + ii;
+        float* s = S.data() + ii * Lp;
+        v16 mx = ninf;
+        for (int64_t J = J0; J <= I; ++J) {
+          const v16 x = load(s + J * kQ);
+          mx = x > mx ? x : mx;
+        }
+        float m = mx[0];
+        for (int64_t jj = 1; jj < kQ; ++jj) m = std::max(m, mx[jj]);  // finite: the diagonal is visible
+        v16 sum = splat(0.0f);
+        for (int64_t J = J0; J <= I; ++J) {
+          const v16 e = vexp(load(s + J * kQ) - splat(m));
+          store(s + J * kQ, e);
+          sum += e;
+        }
+        float tot = 0.0f;
+        for (int64_t jj = 0; jj < kQ; ++jj) tot += sum[jj];
+        float* orow = o + ((static_cast<size_t>(b) * n + h) * L + i) * L;
+        const int64_t lo = J0 * kQ, width = std::min(L, (I + 1) * kQ);
+        std::memset(orow, 0, sizeof(float) * lo);
+        const v16 tv = splat(tot);
+        int64_t j = lo;
+        for (; j + kQ <= width; j += kQ) store(orow + j, load(s + j) / tv);
+        for (; j < width; ++j) orow[j] = s[j] / tot;
+        if (width < L) std::memset(orow + width, 0, sizeof(float) * (L - width));
       }
     }
   });
@@ -1034,6 +1337,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::Buffer<ffi::F32>>()   // right (B, C, L)
         .Ret<ffi::Buffer<ffi::F32>>()   // out (B, C, L, L)
         .Attr<int64_t>("has_right")
+        .Attr<int64_t>("threads")
+        .Attr<int64_t>("huge_pages"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaAttentionDense, AttentionDenseImpl,
+    ffi::Ffi::Bind()
+        .Arg<ffi::Buffer<ffi::F32>>()   // q (B, n, L, d), scaled
+        .Arg<ffi::Buffer<ffi::F32>>()   // k (B, KV, L, d)
+        .Arg<ffi::Buffer<ffi::S32>>()   // query head -> key head (n,)
+        .Arg<ffi::Buffer<ffi::S32>>()   // document ids (B, L)
+        .Ret<ffi::Buffer<ffi::F32>>()   // out (B, n, L, L)
+        .Attr<int64_t>("window")
         .Attr<int64_t>("threads")
         .Attr<int64_t>("huge_pages"));
 
