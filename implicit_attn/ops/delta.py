@@ -191,10 +191,47 @@ def delta_rule(q, k, v, log_a, beta, chunk: int | None = None, erase: bool = Tru
     return jnp.moveaxis(O, 0, 2).reshape(B, H, Lp, dv)[:, :, :L]
 
 
+def transfer_matrix(R, P, J, D):
+    """``M (B, H, n C, n C)`` of a recurrence given by its chunk transfers: with ``Z_c (d_k, n C)``
+    the state's columns for every source position entering chunk ``c`` (``Z_0 = 0``), chunk ``c``'s
+    rows are ``R_c Z_c`` plus ``D_c`` on its own columns, and ``Z_{c+1} = P_c Z_c`` with ``J_c`` on
+    chunk ``c``'s columns (zero in ``Z_c``: nothing reaches ahead).
+
+    Identity values make every state a ``(d_k, L)`` matrix, so each chunk costs ``C d_k L``
+    (+ ``d_k^2 L`` for a dense ``P``) once the chunk's own solves are folded into ``R, P, J, D``
+    (``(C, d_k)`` and ``(d_k, d_k)`` products batched over chunks, outside the sequential scan).
+
+    Args:
+      R: ``(n, B, H, C, d_k)`` what a chunk's rows read of the state entering it.
+      P: ``(n, B, H, d_k, d_k)`` the chunk's state transition, or ``(n, B, H, d_k)`` a diagonal one.
+      J: ``(n, B, H, d_k, C)`` the state's columns for the chunk's own positions after it.
+      D: ``(n, B, H, C, C)`` the chunk's diagonal block.
+    Returns:
+      ``(B, H, n C, n C)`` float32 (entries above the diagonal blocks exactly 0).
+    """
+    n, B, H, C, dk = R.shape
+    L = n * C
+
+    def step(Z, xs):
+        c, Rc, Pc, Jc, Dc = xs
+        O = jax.lax.dynamic_update_slice_in_dim(Rc @ Z, Dc, c * C, axis=3)  # Z is 0 on these columns
+        Z = Pc[..., None] * Z if Pc.ndim == 3 else Pc @ Z
+        return jax.lax.dynamic_update_slice_in_dim(Z, Jc, c * C, axis=3), O
+
+    _, O = jax.lax.scan(step, jnp.zeros((B, H, dk, L), f32), (jnp.arange(n), R, P, J, D))
+    return jnp.moveaxis(O, 0, 2).reshape(B, H, L, L)
+
+
 def delta_rule_matrix(q, k, log_a, beta, chunk: int = 64, erase: bool = True):
     """``M (B, H, L, L)`` float32 of the gated delta rule of each head: ``delta_rule`` with the
     identity as values (value channel ``j`` is position ``j``'s indicator), so row ``i`` is
     ``o_i``'s weights on ``v_0 ... v_{L-1}``.
+
+    Formed by ``transfer_matrix``: for values of earlier chunks a chunk's writes are ``U = -T^{-1}
+    diag(b) K_in S^T``, so it reads ``R = Q_in - tril(Q K^T Gamma) T^{-1} diag(b) K_in`` of the state
+    and passes on ``P = Diag(decay) - K_out^T T^{-1} diag(b) K_in`` (without the erasure ``R = Q_in``,
+    ``P = Diag(decay)``); its own values give ``D = tril(Q K^T Gamma) T^{-1} diag(b)`` and ``J =
+    K_out^T T^{-1} diag(b)``.
 
     Args: as ``delta_rule`` (no ``v``).
     Returns:
@@ -203,10 +240,20 @@ def delta_rule_matrix(q, k, log_a, beta, chunk: int = 64, erase: bool = True):
       for ``j <= i``, exactly 0 above the diagonal.
     """
     B, H, L, _ = k.shape
-    eye = jnp.broadcast_to(jnp.eye(L, dtype=f32), (B, H, L, L))
-    M = delta_rule(q, k, eye, log_a, beta, chunk, erase)
+    C = max(1, min(chunk, L))
+    Lp = -(-L // C) * C
+    pad = lambda x: jnp.pad(x.astype(f32), ((0, 0), (0, 0), (0, Lp - L)) + ((0, 0),) * (x.ndim - 3))
+    f = chunk_factors(*(pad(x) for x in (q, k, log_a, beta)), C, erase=erase)
+    Ts = f.solved()  # T^{-1} diag(b)
+    kT = lambda x: jnp.swapaxes(f.k_out, -1, -2) @ x
+    if erase:
+        Tk = Ts @ f.k_in
+        R, P = f.q_in - f.qk @ Tk, f.decay[..., :, None] * jnp.eye(f.decay.shape[-1], dtype=f32) - kT(Tk)
+    else:  # earlier values write nothing: the state only decays
+        R, P = f.q_in, f.decay
+    M = transfer_matrix(R, P, kT(Ts), f.qk @ Ts)[:, :, :L, :L]
     return jnp.where(jnp.tril(jnp.ones((L, L), bool)), M, 0.0)
 
 
 __all__ = ["two_sum", "double_float_add", "segment_sums", "shift_down", "masked_exp", "DeltaChunks", "chunk_parts", "split_chunks", "chunk_factors",
-           "delta_rule", "delta_rule_matrix"]
+           "delta_rule", "transfer_matrix", "delta_rule_matrix"]
