@@ -20,8 +20,12 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 f32 = jnp.float32
+
+# Scans of ``transfer_matrix``: its wasted work above the diagonal is ~1 / SEGMENTS of the causal part.
+SEGMENTS = 32
 
 
 def masked_exp(x, mask):
@@ -197,9 +201,10 @@ def transfer_matrix(R, P, J, D):
     rows are ``R_c Z_c`` plus ``D_c`` on its own columns, and ``Z_{c+1} = P_c Z_c`` with ``J_c`` on
     chunk ``c``'s columns (zero in ``Z_c``: nothing reaches ahead).
 
-    Identity values make every state a ``(d_k, L)`` matrix, so each chunk costs ``C d_k L``
-    (+ ``d_k^2 L`` for a dense ``P``) once the chunk's own solves are folded into ``R, P, J, D``
-    (``(C, d_k)`` and ``(d_k, d_k)`` products batched over chunks, outside the sequential scan).
+    Identity values make every state a ``(d_k, L)`` matrix, of which chunk ``c`` touches only the
+    ``c C`` columns before it: ``c C^2 d_k`` (+ ``c C d_k^2`` for a dense ``P``) once the chunk's own
+    solves are folded into ``R, P, J, D`` (``(C, d_k)`` and ``(d_k, d_k)`` products batched over
+    chunks, outside the recurrence).
 
     Args:
       R: ``(n, B, H, C, d_k)`` what a chunk's rows read of the state entering it.
@@ -211,15 +216,28 @@ def transfer_matrix(R, P, J, D):
     """
     n, B, H, C, dk = R.shape
     L = n * C
+    widen = lambda x, w: jnp.pad(x, ((0, 0),) * 3 + ((0, w - x.shape[3]),))
+    carry = lambda Pc, Z: Pc[..., None] * Z if Pc.ndim == 3 else Pc @ Z  # P_c Z, P_c dense or diagonal
 
     def step(Z, xs):
         c, Rc, Pc, Jc, Dc = xs
         O = jax.lax.dynamic_update_slice_in_dim(Rc @ Z, Dc, c * C, axis=3)  # Z is 0 on these columns
-        Z = Pc[..., None] * Z if Pc.ndim == 3 else Pc @ Z
-        return jax.lax.dynamic_update_slice_in_dim(Z, Jc, c * C, axis=3), O
+        return jax.lax.dynamic_update_slice_in_dim(carry(Pc, Z), Jc, c * C, axis=3), O
 
-    _, O = jax.lax.scan(step, jnp.zeros((B, H, dk, L), f32), (jnp.arange(n), R, P, J, D))
-    return jnp.moveaxis(O, 0, 2).reshape(B, H, L, L)
+    # Segments of chunks: a lone chunk is one static step over exactly the columns before it, a
+    # longer run a scan over a state as wide as its last chunk's end; the work above the diagonal
+    # is ~1 / SEGMENTS of the causal part, with at most SEGMENTS pieces to compile.
+    ends = np.linspace(0, n, min(n, SEGMENTS) + 1).round().astype(int)
+    rows, Z = [], jnp.zeros((B, H, dk, 0), f32)  # Z: the state's columns of the positions so far
+    for a, b in zip(ends[:-1], ends[1:]):
+        if b - a == 1:  # a scan of one step costs more than the step
+            rows.append(jnp.concatenate([R[a] @ Z, D[a], jnp.zeros((B, H, C, L - b * C), f32)], axis=3))
+            if b < n:
+                Z = jnp.concatenate([carry(P[a], Z), J[a]], axis=3)
+        else:
+            Z, O = jax.lax.scan(step, widen(Z, b * C), (jnp.arange(a, b), R[a:b], P[a:b], J[a:b], D[a:b]))
+            rows.append(widen(jnp.moveaxis(O, 0, 2).reshape(B, H, (b - a) * C, b * C), L))
+    return jnp.concatenate(rows, axis=2)
 
 
 def delta_rule_matrix(q, k, log_a, beta, chunk: int = 64, erase: bool = True):
