@@ -16,6 +16,7 @@ the cumulative log decays (``(C, C, d_k)`` per head; each factor again in ``(0, 
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -69,6 +70,34 @@ def shift_down(D):
     return jnp.concatenate([jnp.zeros_like(D[:, :, :1]), D[:, :, :-1]], axis=2)
 
 
+def unit_lower_inverse(T):
+    """``T^{-1}`` of unit lower-triangular ``T (..., C, C)`` (the part above the diagonal and the
+    diagonal itself are not read): ``(..., C, C)``, exactly 0 above the diagonal.
+
+    Recursive block inversion, ``[[A, 0], [X, B]]^{-1} = [[A^-1, 0], [-B^-1 X A^-1, B^-1]]``,
+    bottom-up over blocks of 1, 2, 4, ... (``T`` padded with the identity to a power of two), each
+    level one batched matmul: XLA's CPU triangular solve of many small systems takes ~400x longer
+    on two threads than on one, while matmuls parallelise.
+    """
+    C = T.shape[-1]
+    Cp = 1 << max(C - 1, 0).bit_length()
+    lead = T.shape[:-2]
+    eye = jnp.eye(Cp, dtype=f32)
+    T = jnp.where(jnp.tril(jnp.ones((Cp, Cp), bool), -1), jnp.pad(T.astype(f32), ((0, 0),) * len(lead) + ((0, Cp - C),) * 2), eye)
+    X = jnp.ones(lead + (Cp, 1, 1), f32)  # the inverses of the diagonal blocks of size s
+    s = 1
+    while s < Cp:
+        nb = Cp // (2 * s)
+        blocks = T.reshape(lead + (nb, 2 * s, nb, 2 * s))
+        low = jnp.moveaxis(jnp.diagonal(blocks, axis1=-4, axis2=-2), -1, -3)[..., s:, :s]  # (.., nb, s, s)
+        A, B = X[..., 0::2, :, :], X[..., 1::2, :, :]
+        top = jnp.concatenate([A, jnp.zeros_like(A)], axis=-1)
+        bottom = jnp.concatenate([-(B @ (low @ A)), B], axis=-1)
+        X = jnp.concatenate([top, bottom], axis=-2)
+        s *= 2
+    return X[..., 0, :C, :C]
+
+
 class DeltaChunks(NamedTuple):
     """The per-chunk factors of the gated delta rule (``chunk_factors``); ``n`` chunks of ``C``
     positions, chunk-major (the order the recurrence visits them), decays broadcast to one per
@@ -95,11 +124,8 @@ class DeltaChunks(NamedTuple):
     beta: jax.Array
 
     def solved(self):
-        """``T^{-1} diag(b)`` of every chunk, ``(n, B, H, C, C)``: a unit-triangular solve per
-        chunk, never an inverse."""
-        C = self.beta.shape[-1]
-        b = self.beta[..., :, None] * jnp.eye(C, dtype=f32)
-        return jax.scipy.linalg.solve_triangular(self.system, b, lower=True, unit_diagonal=True)
+        """``T^{-1} diag(b)`` of every chunk, ``(n, B, H, C, C)`` (``unit_lower_inverse``)."""
+        return unit_lower_inverse(self.system) * self.beta[..., None, :]
 
 
 def chunk_parts(qc, kc, gc, bc, erase: bool = True) -> DeltaChunks:
@@ -195,6 +221,7 @@ def delta_rule(q, k, v, log_a, beta, chunk: int | None = None, erase: bool = Tru
     return jnp.moveaxis(O, 0, 2).reshape(B, H, Lp, dv)[:, :, :L]
 
 
+@jax.jit  # one executable per shape when called eagerly (it unrolls into up to SEGMENTS pieces)
 def transfer_matrix(R, P, J, D):
     """``M (B, H, n C, n C)`` of a recurrence given by its chunk transfers: with ``Z_c (d_k, n C)``
     the state's columns for every source position entering chunk ``c`` (``Z_0 = 0``), chunk ``c``'s
@@ -240,6 +267,7 @@ def transfer_matrix(R, P, J, D):
     return jnp.concatenate(rows, axis=2)
 
 
+@functools.partial(jax.jit, static_argnames=("chunk", "erase"))  # one compile, not op by op, when eager
 def delta_rule_matrix(q, k, log_a, beta, chunk: int = 64, erase: bool = True):
     """``M (B, H, L, L)`` float32 of the gated delta rule of each head: ``delta_rule`` with the
     identity as values (value channel ``j`` is position ``j``'s indicator), so row ``i`` is
@@ -273,5 +301,5 @@ def delta_rule_matrix(q, k, log_a, beta, chunk: int = 64, erase: bool = True):
     return jnp.where(jnp.tril(jnp.ones((L, L), bool)), M, 0.0)
 
 
-__all__ = ["two_sum", "double_float_add", "segment_sums", "shift_down", "masked_exp", "DeltaChunks", "chunk_parts", "split_chunks", "chunk_factors",
+__all__ = ["unit_lower_inverse", "two_sum", "double_float_add", "segment_sums", "shift_down", "masked_exp", "DeltaChunks", "chunk_parts", "split_chunks", "chunk_factors",
            "delta_rule", "transfer_matrix", "delta_rule_matrix"]

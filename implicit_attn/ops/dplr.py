@@ -23,12 +23,13 @@ factor is in ``(0, 1]``: strong decays underflow to 0, never overflow.
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from .delta import masked_exp, segment_sums, shift_down, split_chunks, transfer_matrix
+from .delta import masked_exp, segment_sums, shift_down, split_chunks, transfer_matrix, unit_lower_inverse
 
 f32 = jnp.float32
 
@@ -60,10 +61,8 @@ class DplrChunks(NamedTuple):
     system: jax.Array | None
 
     def solved(self):
-        """``(I - A_ab)^{-1}`` of every chunk, ``(..., C, C)``: a unit-triangular solve against the
-        identity, never a general inverse."""
-        eye = jnp.broadcast_to(jnp.eye(self.system.shape[-1], dtype=f32), self.system.shape)
-        return jax.scipy.linalg.solve_triangular(self.system, eye, lower=True, unit_diagonal=True)
+        """``(I - A_ab)^{-1}`` of every chunk, ``(..., C, C)`` (``ops.unit_lower_inverse``)."""
+        return unit_lower_inverse(self.system)
 
 
 # Largest |cumulative log decay| within a chunk for which the pair sums are taken as matmuls of
@@ -183,6 +182,7 @@ def dplr_factors(q, k, log_w, a=None, b=None, bonus=None, chunk: int = 32, after
     return jax.lax.map(lambda x: dplr_parts(*x[0], **x[1], after=after, decay_floor=decay_floor), (xs, present))
 
 
+@functools.partial(jax.jit, static_argnames=("chunk", "after", "decay_floor"))  # one compile when eager
 def dplr_matrix(q, k, log_w, a=None, b=None, bonus=None, chunk: int = 32, after: bool = True, decay_floor=None):
     """``M (B, H, L, L)`` float32 of the DPLR recurrence of each head: ``dplr_rule`` with the
     identity as values, so row ``i`` holds ``o_i``'s weights on ``v_0 ... v_{L-1}``.
