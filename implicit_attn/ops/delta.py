@@ -6,8 +6,9 @@ With ``u_t = b_t (v_t - a_t S_{t-1} k_t)`` the state is ``S_t = a_t S_{t-1} + u_
 ``U = T^{-1} diag(b) V`` with ``T = I + diag(b) tril(K K^T * Gamma, -1)`` and ``O = tril(Q K^T *
 Gamma) U``, ``Gamma[i, j] = prod_{t=j+1..i} a_t`` (the WY / UT form). ``M`` is ``O`` for the
 identity as values: the recurrence runs over chunks of ``chunk`` positions with a state of
-one row per source position, each chunk a unit-triangular solve (never an inverse), every
-decay a product of factors in ``(0, 1]`` (no ``exp(S_i - S_j)`` of a large positive number).
+one row per source position (``transfer_matrix``), each chunk's unit-triangular ``T`` inverted
+by blocks (``unit_lower_inverse``: matmuls only), every decay a product of factors in ``(0, 1]``
+(no ``exp(S_i - S_j)`` of a large positive number).
 
 Kimi Delta Attention decays each key dimension separately (``a_t`` a vector, the state times
 ``Diag(a_t)``); the same steps hold with ``Gamma`` moved inside the key sums: ``(K K^T * Gamma)[i,
