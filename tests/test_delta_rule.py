@@ -14,7 +14,7 @@ import pytest
 
 from implicit_attn.kernels.pallas import calls, plans
 from implicit_attn.operator import DeltaRuleCore, ImplicitOperator, Mamba2Operator
-from implicit_attn.ops import decay_matrix, delta_rule, delta_rule_matrix
+from implicit_attn.ops import decay_matrix, delta_rule, delta_rule_matrix, unit_lower_inverse
 
 from conftest import torch_or_skip
 
@@ -123,6 +123,18 @@ def test_matches_hf_kimi_chunked_kernel():
     assert rel(ours, ref) <= 1e-5
 
 
+@pytest.mark.parametrize("C", [1, 2, 3, 16, 33, 64])
+def test_unit_lower_inverse_equals_the_float64_inverse(C):
+    """The recursive block inverse (what the chunk solves use) against numpy's float64 inverse of
+    the unit lower-triangular part; the diagonal and the part above it are junk it must not read."""
+    g = np.random.default_rng(C)
+    unit = np.tril(g.standard_normal((2, 3, C, C)), -1) * 0.3 + np.eye(C)
+    junk = unit + np.triu(g.standard_normal((C, C)))
+    got = np.asarray(unit_lower_inverse(jnp.asarray(junk, jnp.float32)))
+    np.testing.assert_allclose(got, np.linalg.inv(unit), atol=2e-6 * np.abs(np.linalg.inv(unit)).max())
+    assert not np.triu(got, 1).any()
+
+
 def test_chunk_length_changes_only_rounding():
     q, k, _, log_a, beta = inputs(1, 2, 45, 8, 1, (0.0, 1.5), seed=1)
     Ms = [np.asarray(delta_rule_matrix(*f32(q, k, log_a, beta), chunk=c)) for c in (1, 7, 16, 64)]
@@ -228,12 +240,12 @@ def test_core_factors_conv_and_the_no_delta_approximation():
 @pytest.mark.parametrize("per_dim", [False, True], ids=["per_head", "per_key_dim"])
 @pytest.mark.parametrize("platform", ["cuda", "tpu"])
 def test_materialize_exports_for_accelerators(platform, per_dim):
-    """The chunked form (a scan of matmuls and unit-triangular solves) lowers for cuda and tpu,
-    with one decay per head and with one per key dimension."""
+    """The chunked form (matmuls: the chunk solves are block inverses, ``ops.unit_lower_inverse``)
+    lowers for cuda and tpu, with one decay per head and with one per key dimension."""
     q, k, _, log_a, beta = inputs(1, 2, 40, 8, 1, (0.0, 2.0), seed=6)
     if per_dim:
         log_a = -np.random.default_rng(11).uniform(0.0, 1.0, (1, 2, 40, 8))
     fn = jax.jit(lambda *a: delta_rule_matrix(*a, chunk=16))
     exported = jax.export.export(fn, platforms=[platform])(*f32(q, k, log_a, beta))
     text = exported.mlir_module()
-    assert "triangular_solve" in text and exported.out_avals[0].shape == (1, 2, 40, 40)
+    assert "dot_general" in text and exported.out_avals[0].shape == (1, 2, 40, 40)

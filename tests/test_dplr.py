@@ -149,6 +149,8 @@ def test_bad_low_rank_arguments_fail_loudly():
     q, k, v, log_w, a, _ = f32(*rwkv7_inputs(1, 1, 5, 4, 2))
     with pytest.raises(ValueError, match="both low-rank vectors"):
         dplr_rule(q, k, v, log_w, a=a)
+    with pytest.raises(ValueError, match="both low-rank vectors"):
+        dplr_matrix(q, k, log_w, b=a)
 
 
 # ----------------------------------------------------------------------------- fla's references

@@ -6,8 +6,9 @@ With ``u_t = b_t (v_t - a_t S_{t-1} k_t)`` the state is ``S_t = a_t S_{t-1} + u_
 ``U = T^{-1} diag(b) V`` with ``T = I + diag(b) tril(K K^T * Gamma, -1)`` and ``O = tril(Q K^T *
 Gamma) U``, ``Gamma[i, j] = prod_{t=j+1..i} a_t`` (the WY / UT form). ``M`` is ``O`` for the
 identity as values: the recurrence runs over chunks of ``chunk`` positions with a state of
-one row per source position, each chunk a unit-triangular solve (never an inverse), every
-decay a product of factors in ``(0, 1]`` (no ``exp(S_i - S_j)`` of a large positive number).
+one row per source position (``transfer_matrix``), each chunk's unit-triangular ``T`` inverted
+by blocks (``unit_lower_inverse``: matmuls only), every decay a product of factors in ``(0, 1]``
+(no ``exp(S_i - S_j)`` of a large positive number).
 
 Kimi Delta Attention decays each key dimension separately (``a_t`` a vector, the state times
 ``Diag(a_t)``); the same steps hold with ``Gamma`` moved inside the key sums: ``(K K^T * Gamma)[i,
@@ -16,12 +17,17 @@ the cumulative log decays (``(C, C, d_k)`` per head; each factor again in ``(0, 
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 f32 = jnp.float32
+
+# Scans of ``transfer_matrix``: its wasted work above the diagonal is ~1 / SEGMENTS of the causal part.
+SEGMENTS = 32
 
 
 def masked_exp(x, mask):
@@ -65,6 +71,34 @@ def shift_down(D):
     return jnp.concatenate([jnp.zeros_like(D[:, :, :1]), D[:, :, :-1]], axis=2)
 
 
+def unit_lower_inverse(T):
+    """``T^{-1}`` of unit lower-triangular ``T (..., C, C)`` (the part above the diagonal and the
+    diagonal itself are not read): ``(..., C, C)``, exactly 0 above the diagonal.
+
+    Recursive block inversion, ``[[A, 0], [X, B]]^{-1} = [[A^-1, 0], [-B^-1 X A^-1, B^-1]]``,
+    bottom-up over blocks of 1, 2, 4, ... (``T`` padded with the identity to a power of two), each
+    level one batched matmul: XLA's CPU triangular solve of many small systems takes ~400x longer
+    on two threads than on one, while matmuls parallelise.
+    """
+    C = T.shape[-1]
+    Cp = 1 << max(C - 1, 0).bit_length()
+    lead = T.shape[:-2]
+    eye = jnp.eye(Cp, dtype=f32)
+    T = jnp.where(jnp.tril(jnp.ones((Cp, Cp), bool), -1), jnp.pad(T.astype(f32), ((0, 0),) * len(lead) + ((0, Cp - C),) * 2), eye)
+    X = jnp.ones(lead + (Cp, 1, 1), f32)  # the inverses of the diagonal blocks of size s
+    s = 1
+    while s < Cp:
+        nb = Cp // (2 * s)
+        blocks = T.reshape(lead + (nb, 2 * s, nb, 2 * s))
+        low = jnp.moveaxis(jnp.diagonal(blocks, axis1=-4, axis2=-2), -1, -3)[..., s:, :s]  # (.., nb, s, s)
+        A, B = X[..., 0::2, :, :], X[..., 1::2, :, :]
+        top = jnp.concatenate([A, jnp.zeros_like(A)], axis=-1)
+        bottom = jnp.concatenate([-(B @ (low @ A)), B], axis=-1)
+        X = jnp.concatenate([top, bottom], axis=-2)
+        s *= 2
+    return X[..., 0, :C, :C]
+
+
 class DeltaChunks(NamedTuple):
     """The per-chunk factors of the gated delta rule (``chunk_factors``); ``n`` chunks of ``C``
     positions, chunk-major (the order the recurrence visits them), decays broadcast to one per
@@ -91,11 +125,8 @@ class DeltaChunks(NamedTuple):
     beta: jax.Array
 
     def solved(self):
-        """``T^{-1} diag(b)`` of every chunk, ``(n, B, H, C, C)``: a unit-triangular solve per
-        chunk, never an inverse."""
-        C = self.beta.shape[-1]
-        b = self.beta[..., :, None] * jnp.eye(C, dtype=f32)
-        return jax.scipy.linalg.solve_triangular(self.system, b, lower=True, unit_diagonal=True)
+        """``T^{-1} diag(b)`` of every chunk, ``(n, B, H, C, C)`` (``unit_lower_inverse``)."""
+        return unit_lower_inverse(self.system) * self.beta[..., None, :]
 
 
 def chunk_parts(qc, kc, gc, bc, erase: bool = True) -> DeltaChunks:
@@ -191,10 +222,63 @@ def delta_rule(q, k, v, log_a, beta, chunk: int | None = None, erase: bool = Tru
     return jnp.moveaxis(O, 0, 2).reshape(B, H, Lp, dv)[:, :, :L]
 
 
+@jax.jit  # one executable per shape when called eagerly (it unrolls into up to SEGMENTS pieces)
+def transfer_matrix(R, P, J, D):
+    """``M (B, H, n C, n C)`` of a recurrence given by its chunk transfers: with ``Z_c (d_k, n C)``
+    the state's columns for every source position entering chunk ``c`` (``Z_0 = 0``), chunk ``c``'s
+    rows are ``R_c Z_c`` plus ``D_c`` on its own columns, and ``Z_{c+1} = P_c Z_c`` with ``J_c`` on
+    chunk ``c``'s columns (zero in ``Z_c``: nothing reaches ahead).
+
+    Identity values make every state a ``(d_k, L)`` matrix, of which chunk ``c`` touches only the
+    ``c C`` columns before it: ``c C^2 d_k`` (+ ``c C d_k^2`` for a dense ``P``) once the chunk's own
+    solves are folded into ``R, P, J, D`` (``(C, d_k)`` and ``(d_k, d_k)`` products batched over
+    chunks, outside the recurrence).
+
+    Args:
+      R: ``(n, B, H, C, d_k)`` what a chunk's rows read of the state entering it.
+      P: ``(n, B, H, d_k, d_k)`` the chunk's state transition, or ``(n, B, H, d_k)`` a diagonal one.
+      J: ``(n, B, H, d_k, C)`` the state's columns for the chunk's own positions after it.
+      D: ``(n, B, H, C, C)`` the chunk's diagonal block.
+    Returns:
+      ``(B, H, n C, n C)`` float32 (entries above the diagonal blocks exactly 0).
+    """
+    n, B, H, C, dk = R.shape
+    L = n * C
+    widen = lambda x, w: jnp.pad(x, ((0, 0),) * 3 + ((0, w - x.shape[3]),))
+    carry = lambda Pc, Z: Pc[..., None] * Z if Pc.ndim == 3 else Pc @ Z  # P_c Z, P_c dense or diagonal
+
+    def step(Z, xs):
+        c, Rc, Pc, Jc, Dc = xs
+        O = jax.lax.dynamic_update_slice_in_dim(Rc @ Z, Dc, c * C, axis=3)  # Z is 0 on these columns
+        return jax.lax.dynamic_update_slice_in_dim(carry(Pc, Z), Jc, c * C, axis=3), O
+
+    # Segments of chunks: a lone chunk is one static step over exactly the columns before it, a
+    # longer run a scan over a state as wide as its last chunk's end; the work above the diagonal
+    # is ~1 / SEGMENTS of the causal part, with at most SEGMENTS pieces to compile.
+    ends = np.linspace(0, n, min(n, SEGMENTS) + 1).round().astype(int)
+    rows, Z = [], jnp.zeros((B, H, dk, 0), f32)  # Z: the state's columns of the positions so far
+    for a, b in zip(ends[:-1], ends[1:]):
+        if b - a == 1:  # a scan of one step costs more than the step
+            rows.append(jnp.concatenate([R[a] @ Z, D[a], jnp.zeros((B, H, C, L - b * C), f32)], axis=3))
+            if b < n:
+                Z = jnp.concatenate([carry(P[a], Z), J[a]], axis=3)
+        else:
+            Z, O = jax.lax.scan(step, widen(Z, b * C), (jnp.arange(a, b), R[a:b], P[a:b], J[a:b], D[a:b]))
+            rows.append(widen(jnp.moveaxis(O, 0, 2).reshape(B, H, (b - a) * C, b * C), L))
+    return jnp.concatenate(rows, axis=2)
+
+
+@functools.partial(jax.jit, static_argnames=("chunk", "erase"))  # one compile, not op by op, when eager
 def delta_rule_matrix(q, k, log_a, beta, chunk: int = 64, erase: bool = True):
     """``M (B, H, L, L)`` float32 of the gated delta rule of each head: ``delta_rule`` with the
     identity as values (value channel ``j`` is position ``j``'s indicator), so row ``i`` is
     ``o_i``'s weights on ``v_0 ... v_{L-1}``.
+
+    Formed by ``transfer_matrix``: for values of earlier chunks a chunk's writes are ``U = -T^{-1}
+    diag(b) K_in S^T``, so it reads ``R = Q_in - tril(Q K^T Gamma) T^{-1} diag(b) K_in`` of the state
+    and passes on ``P = Diag(decay) - K_out^T T^{-1} diag(b) K_in`` (without the erasure ``R = Q_in``,
+    ``P = Diag(decay)``); its own values give ``D = tril(Q K^T Gamma) T^{-1} diag(b)`` and ``J =
+    K_out^T T^{-1} diag(b)``.
 
     Args: as ``delta_rule`` (no ``v``).
     Returns:
@@ -203,10 +287,20 @@ def delta_rule_matrix(q, k, log_a, beta, chunk: int = 64, erase: bool = True):
       for ``j <= i``, exactly 0 above the diagonal.
     """
     B, H, L, _ = k.shape
-    eye = jnp.broadcast_to(jnp.eye(L, dtype=f32), (B, H, L, L))
-    M = delta_rule(q, k, eye, log_a, beta, chunk, erase)
+    C = max(1, min(chunk, L))
+    Lp = -(-L // C) * C
+    pad = lambda x: jnp.pad(x.astype(f32), ((0, 0), (0, 0), (0, Lp - L)) + ((0, 0),) * (x.ndim - 3))
+    f = chunk_factors(*(pad(x) for x in (q, k, log_a, beta)), C, erase=erase)
+    Ts = f.solved()  # T^{-1} diag(b)
+    kT = lambda x: jnp.swapaxes(f.k_out, -1, -2) @ x
+    if erase:
+        Tk = Ts @ f.k_in
+        R, P = f.q_in - f.qk @ Tk, f.decay[..., :, None] * jnp.eye(f.decay.shape[-1], dtype=f32) - kT(Tk)
+    else:  # earlier values write nothing: the state only decays
+        R, P = f.q_in, f.decay
+    M = transfer_matrix(R, P, kT(Ts), f.qk @ Ts)[:, :, :L, :L]
     return jnp.where(jnp.tril(jnp.ones((L, L), bool)), M, 0.0)
 
 
-__all__ = ["two_sum", "double_float_add", "segment_sums", "shift_down", "masked_exp", "DeltaChunks", "chunk_parts", "split_chunks", "chunk_factors",
-           "delta_rule", "delta_rule_matrix"]
+__all__ = ["unit_lower_inverse", "two_sum", "double_float_add", "segment_sums", "shift_down", "masked_exp", "DeltaChunks", "chunk_parts", "split_chunks", "chunk_factors",
+           "delta_rule", "transfer_matrix", "delta_rule_matrix"]

@@ -23,12 +23,13 @@ factor is in ``(0, 1]``: strong decays underflow to 0, never overflow.
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from .delta import masked_exp, segment_sums, shift_down, split_chunks
+from .delta import masked_exp, segment_sums, shift_down, split_chunks, transfer_matrix, unit_lower_inverse
 
 f32 = jnp.float32
 
@@ -60,10 +61,8 @@ class DplrChunks(NamedTuple):
     system: jax.Array | None
 
     def solved(self):
-        """``(I - A_ab)^{-1}`` of every chunk, ``(..., C, C)``: a unit-triangular solve against the
-        identity, never a general inverse."""
-        eye = jnp.broadcast_to(jnp.eye(self.system.shape[-1], dtype=f32), self.system.shape)
-        return jax.scipy.linalg.solve_triangular(self.system, eye, lower=True, unit_diagonal=True)
+        """``(I - A_ab)^{-1}`` of every chunk, ``(..., C, C)`` (``ops.unit_lower_inverse``)."""
+        return unit_lower_inverse(self.system)
 
 
 # Largest |cumulative log decay| within a chunk for which the pair sums are taken as matmuls of
@@ -183,9 +182,16 @@ def dplr_factors(q, k, log_w, a=None, b=None, bonus=None, chunk: int = 32, after
     return jax.lax.map(lambda x: dplr_parts(*x[0], **x[1], after=after, decay_floor=decay_floor), (xs, present))
 
 
+@functools.partial(jax.jit, static_argnames=("chunk", "after", "decay_floor"))  # one compile when eager
 def dplr_matrix(q, k, log_w, a=None, b=None, bonus=None, chunk: int = 32, after: bool = True, decay_floor=None):
     """``M (B, H, L, L)`` float32 of the DPLR recurrence of each head: ``dplr_rule`` with the
     identity as values, so row ``i`` holds ``o_i``'s weights on ``v_0 ... v_{L-1}``.
+
+    Formed by ``ops.transfer_matrix``: for values of earlier chunks ``X = (I - A_ab)^{-1} A_in S^T``,
+    so a chunk reads ``R = Q_in + A_qb (I - A_ab)^{-1} A_in`` of the state and passes on ``P =
+    Diag(decay) + B_out^T (I - A_ab)^{-1} A_in``; its own values give ``D = A_qk + A_qb (I -
+    A_ab)^{-1} A_ak`` and ``J = K_out^T + B_out^T (I - A_ab)^{-1} A_ak`` (without ``a, b``: ``R =
+    Q_in``, ``P = Diag(decay)``, ``D = A_qk``, ``J = K_out^T``).
 
     Args: as ``dplr_rule`` (no ``v``).
     Returns:
@@ -193,9 +199,22 @@ def dplr_matrix(q, k, log_w, a=None, b=None, bonus=None, chunk: int = 32, after:
       acting on key vectors (``after``; else ``... P_{i-1} q_i`` for ``j < i`` and ``bonus_i`` or 0
       on the diagonal), exactly 0 above the diagonal.
     """
+    if (a is None) != (b is None):
+        raise ValueError("give both low-rank vectors a and b, or neither")
     B, H, L, _ = k.shape
-    eye = jnp.broadcast_to(jnp.eye(L, dtype=f32), (B, H, L, L))
-    M = dplr_rule(q, k, eye, log_w, a, b, bonus, chunk, after, decay_floor)
+    C = max(1, min(chunk, L))
+    Lp = -(-L // C) * C
+    pad = lambda x: None if x is None else jnp.pad(x.astype(f32), ((0, 0), (0, 0), (0, Lp - L)) + ((0, 0),) * (x.ndim - 3))
+    f = dplr_factors(*(pad(x) for x in (q, k, log_w, a, b, bonus)), chunk=C, after=after, decay_floor=decay_floor)
+    T = lambda x: jnp.swapaxes(x, -1, -2)
+    R, P, J, D = f.q_in, f.decay, T(f.k_out), f.qk
+    if f.system is not None:
+        inv = f.solved()
+        Xa, Xk = inv @ f.a_in, inv @ f.ak  # the low-rank reads per unit of state / own value
+        R, D = R + f.qb @ Xa, D + f.qb @ Xk
+        P = P[..., :, None] * jnp.eye(P.shape[-1], dtype=f32) + T(f.b_out) @ Xa
+        J = J + T(f.b_out) @ Xk
+    M = transfer_matrix(R, P, J, D)[:, :, :L, :L]
     return jnp.where(jnp.tril(jnp.ones((L, L), bool), 0 if after or bonus is not None else -1), M, 0.0)
 
 
