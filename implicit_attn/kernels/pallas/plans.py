@@ -240,7 +240,7 @@ def plan_delta(core, idx, T: int) -> HeadMatrixPlan:
     q, k = (_pad_axis(jnp.take(x, groups, axis=1).astype(f32), 2, Lp) for x in (core.q, core.k))
     f = chunk_factors(q, k, _pad_axis(core.log_a.astype(f32), 2, Lp), _pad_axis(core.beta.astype(f32), 2, Lp),
                       T, erase=core.delta)
-    # The kernel multiplies by T^{-1} diag(b) (solved here: one unit-triangular solve per chunk);
+    # The kernel multiplies by T^{-1} diag(b) (formed here: one block inverse per chunk);
     # without the erasure the state only decays and adds, so the erasure's read k_in is zero.
     k_in = f.k_in if core.delta else jnp.zeros_like(f.k_in)
     N = lambda x: _feature_pad(_head_major(x), x.ndim - 1)
