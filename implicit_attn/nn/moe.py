@@ -110,8 +110,8 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
       x: ``(T, D)`` tokens; weights: ``(T, k)`` routing weights; experts: ``(T, k)`` int
         expert indices in ``[0, E)``;
       w_in: ``(E, F_in, D)``; w_out: ``(E, D, F)``; act: ``(..., F_in) -> (..., F)``;
-      block: the most rows one CPU matmul takes; granule: the step of its row counts
-        (``min(granule, block)`` is used).
+      block: the most rows one CPU matmul takes (at most ``T k`` rounded up to the step are
+        used); granule: the step of its row counts (``min(granule, block)`` is used).
     Returns:
       ``(T, D)`` in ``x``'s dtype.
     """
@@ -132,6 +132,10 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
         u = jax.lax.ragged_dot(xs, jnp.swapaxes(w_in, 1, 2), sizes)
         return jax.lax.ragged_dot(act(u), jnp.swapaxes(w_out, 1, 2), sizes)[rank]
 
+    # No chunk holds more rows than there are copies: fewer branches to compile for short inputs.
+    g = min(granule, block)
+    block = min(block, max(g, -(-n // g) * g))
+
     def chunked(x):
         D = w_out.shape[1]
         dtype = jnp.result_type(x, w_in, w_out)
@@ -143,7 +147,6 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
         filled = jnp.clip(sizes[owner] - within, 0, block)
         at = jnp.where(filled > 0, starts[owner] + within, n)  # unused chunks write past the copies
         xs = jnp.concatenate([x[order // k], jnp.zeros((block, x.shape[1]), x.dtype)])
-        g = min(granule, block)
         counts = [*range(g, block, g), block]  # the row counts a chunk can run with
 
         def rows(m):
