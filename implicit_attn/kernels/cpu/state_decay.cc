@@ -227,15 +227,20 @@ void prepare(const Channel& ch, const Dims& d, Scratch& s) {
   }
 }
 
+// The dt summed over chunks [J, I): NaN if one of them holds a NaN or -inf, +inf if one holds
+// a +inf (a restart), else the difference of the double prefix sums.
+inline float chunk_gap(const Scratch& s, int64_t J, int64_t I) {
+  return s.bad[I] > s.bad[J]   ? NAN
+         : s.inf[I] > s.inf[J] ? INFINITY
+                               : static_cast<float>(s.cum[I] - s.cum[J]);
+}
+
 // The decays between chunk J and row chunk I (J < I) for J in [J0, J1) into c.mid.
 void chunk_decays(int64_t I, int64_t J0, int64_t J1, const Dims& d, const Scratch& s,
                   ChunkState& c) {
   const int64_t Np = (d.N + kQ - 1) / kQ * kQ;
   for (int64_t J = J0; J < std::min(J1, I); ++J) {
-    const float b = s.bad[I] > s.bad[J + 1]   ? NAN
-                    : s.inf[I] > s.inf[J + 1] ? INFINITY
-                                              : static_cast<float>(s.cum[I] - s.cum[J + 1]);
-    const v16 between = splat(b);
+    const v16 between = splat(chunk_gap(s, J + 1, I));
     for (int64_t n = 0; n < Np; n += kQ)
       store(c.mid.data() + (J - J0) * Np + n, vexp_rt(load(s.Ap.data() + n), between));
   }
@@ -414,6 +419,124 @@ ffi::Error StateDecayDenseImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
   return ffi::Error::Success();
 }
 
+// Products over channels (the linear reduces): kProdTile columns per step, so every channel's
+// column factors fit in L2.
+constexpr int64_t kProdTile = 128;
+
+// out[r][v] (row stride os) = sum_c a[c][r] col[c][v] for 8 rows and V vectors of kQ, over n terms c
+// (strides: a[c][r] at c ac + r ar, col[c][v] at c cc + v cv): the 8 V sums stay in registers. The
+// products over channels of the linear reduces, and the attention logits (c: the head dimension).
+template <int V>
+inline void product8(const float* a, int64_t ac, int64_t ar, const float* col, int64_t cc, int64_t cv, int64_t n,
+                     float* out, int64_t os) {
+  v16 acc[8][V];
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) acc[r][v] = splat(0.0f);
+  for (int64_t c = 0; c < n; ++c) {
+    v16 cvec[V];
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) cvec[v] = load(col + c * cc + v * cv);
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) {
+      const v16 x = splat(a[c * ac + r * ar]);
+#pragma GCC unroll 2
+      for (int v = 0; v < V; ++v) acc[r][v] += x * cvec[v];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) store(out + r * os + v * kQ, acc[r][v]);
+}
+
+// The linear reduce (mode 0) of a rank-one decay (N = 1, Griffin's RG-LRU) without documents,
+// band by band: kBand row chunks R.. (rows from S = R kQ). Left of S the entry before the conv
+// factorises, for j < S <= i,
+//   qp[i] decay(j+1..i) kp[j] = [qp[i] decay(S..i)] [kp[j] decay(j+1..S-1)],
+// both factors <= 1 times bounded values (every decay is <= 1): neither overflows, and one
+// underflows only where the product is below float's normal range anyway. Each row before the
+// conv is split at S; the conv of its left part is a product over channels, rows (band x C)
+// times columns (C x S) (product8), whose column factors are the conv of kp decay(j+1..S-1)
+// (zero from S on) times kw. The conv of the right part (the band's own chunks up to the
+// diagonal) is formed element by element and reaches back to columns S-K+1 (from S - kQ here).
+// The decays between chunks come from chunk_gap, as in chunk_decays (restarts, NaN).
+constexpr int64_t kBand = 1;  // row chunks per band
+
+struct BandBuffers {
+  ChunkState cs;
+  std::vector<float> t, y, sum, kwt, rowf, col, pre, left;
+  BandBuffers(const Dims& d, int64_t nc, int64_t cb)
+      : cs(d, nc), t(kQ * (kBand + 3) * kQ), y(kTile), sum(kQ * kTile), kwt(kTile),
+        rowf(cb * kBand * kQ), col(cb * kProdTile), pre(kProdTile + kQ), left(kBand * kQ * kProdTile) {}
+};
+
+// Band p of batch b for the block's nb channels (from c0) into ob (L x L, added to).
+void scalar_band(const Factors& f, const Dims& d, int64_t b, int64_t c0, int64_t nb, const std::vector<Scratch>& s,
+                 const float* qw, const float* kw, int64_t p, float* ob, BandBuffers& u) {
+  const int64_t L = d.L, nc = (L + kQ - 1) / kQ, R = p * kBand, S = R * kQ, BR = kBand * kQ;
+  const int64_t Iend = std::min(nc, R + kBand), front = R > 0 ? kQ : 0;  // columns S - front ..
+  constexpr int64_t tw = (kBand + 3) * kQ;  // a row of t: front, chunks R..I+1, a chunk the conv reads
+  std::fill(u.t.begin(), u.t.end(), 0.0f);
+  std::fill(u.rowf.begin(), u.rowf.end(), 0.0f);
+  for (int64_t I = R; I < Iend; ++I) {
+    const int64_t I0 = I * kQ, rows = std::min(kQ, L - I0), width = (I - R + 1) * kQ + front;
+    const int64_t cols = std::min(L, I0 + kQ) - (S - front);
+    std::fill(u.sum.begin(), u.sum.end(), 0.0f);
+    for (int64_t c = 0; c < nb; ++c) {
+      const Channel ch = f.at(d, b, c0 + c);
+      const size_t cl = (static_cast<size_t>(b) * d.C + c0 + c) * L;
+      load_tile(kw + cl + S - front, cols, u.kwt);
+      chunk_decays(I, R, I, d, s[c], u.cs);
+      diagonal_block(ch, I, d, s[c], u.cs);
+      chunk_rows(I, R, I + 2, d, s[c], u.cs, u.t.data() + kQ, tw);
+      const float* t0 = u.t.data() + kQ - front;
+      for (int64_t ii = 0; ii < rows; ++ii) {
+        head_conv(ch.w, d.K, t0 + ii * tw, 0, width, u.y.data());
+        accumulate_row(u.sum.data() + ii * kTile, u.y.data(), 1.0f, qw[cl + I0 + ii], u.kwt.data(), width, 0);
+      }
+      if (S > 0) {  // row factors qw qp decay(S..i)
+        const float g = vexp_rt(splat(s[c].Ap[0]), splat(chunk_gap(s[c], R, I)))[0];
+        for (int64_t ii = 0; ii < rows; ++ii)
+          u.rowf[c * BR + (I - R) * kQ + ii] = qw[cl + I0 + ii] * s[c].qd[I0 + ii] * g;
+      }
+    }
+    add_tile(u.sum.data(), rows, cols, ob + I0 * L + S - front, L);
+  }
+  const int64_t brows = std::min(L, Iend * kQ) - S;
+  for (int64_t j0 = 0; j0 < S; j0 += kProdTile) {
+    const int64_t cols = std::min(kProdTile, S - j0), J0 = j0 / kQ;  // cols: a multiple of kQ
+    for (int64_t c = 0; c < nb; ++c) {
+      // The tile's columns before the conv, kp decay(j+1..S-1), and the K-1 after it (0 from S).
+      const int64_t J1 = std::min(R, (j0 + cols) / kQ + 1);
+      chunk_decays(R, J0, J1, d, s[c], u.cs);
+      for (int64_t J = J0; J < J1; ++J) {
+        const v16 m = splat(u.cs.mid[(J - J0) * kQ]);
+        store(u.pre.data() + (J - J0) * kQ, m * load(s[c].kdT.data() + J * kQ));
+      }
+      std::fill(u.pre.begin() + (J1 - J0) * kQ, u.pre.end(), 0.0f);
+      float* col = u.col.data() + c * kProdTile;
+      head_conv(f.at(d, b, c0 + c).w, d.K, u.pre.data(), 0, cols, col);
+      const float* kwc = kw + (static_cast<size_t>(b) * d.C + c0 + c) * L + j0;
+      for (int64_t J = 0; J < cols; J += kQ) store(col + J, load(col + J) * load(kwc + J));
+    }
+    for (int64_t r0 = 0; r0 < BR; r0 += 8)
+      for (int64_t J = 0; J < cols; J += 2 * kQ) {
+        float* dst = u.left.data() + r0 * kProdTile + J;
+        if (J + kQ < cols)
+          product8<2>(u.rowf.data() + r0, BR, 1, u.col.data() + J, kProdTile, kQ, nb, dst, kProdTile);
+        else
+          product8<1>(u.rowf.data() + r0, BR, 1, u.col.data() + J, kProdTile, kQ, nb, dst, kProdTile);
+      }
+    for (int64_t r = 0; r < brows; ++r) {
+      float* orow = ob + (S + r) * L + j0;
+      const float* lr = u.left.data() + r * kProdTile;
+      for (int64_t jj = 0; jj < cols; ++jj) orow[jj] += lr[jj];
+    }
+  }
+}
+
 // sum_c qw[b,c,i] f(H_c[i,j]) kw[b,c,j] with f = identity (mode 0), |.| (1) or max(., 0) (2),
 // into out (B, L, L): only the output is written. The factors of a block of channels are
 // prepared once (threads split the channels); then for each tile of kTile columns, threads own
@@ -456,6 +579,15 @@ ffi::Error StateDecayReduceImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k
       run_threads(std::min(nt, nb), [&](int64_t t0) {
         for (int64_t c = t0; c < nb; c += std::min(nt, nb)) prepare(f.at(d, b, c0 + c), d, s[c]);
       });
+      if (d.N == 1 && mode == 0 && !has_seg) {
+        const int64_t bands = (nc + kBand - 1) / kBand, nbt = std::min(nt, bands);
+        run_threads(nbt, [&](int64_t t0) {
+          BandBuffers u(d, nc, nb);
+          for (int64_t p = t0; p < bands; p += nbt)
+            scalar_band(f, d, b, c0, nb, s, qw.typed_data(), kw.typed_data(), p, ob, u);
+        });
+        continue;
+      }
       run_threads(nt, [&](int64_t t0) {
         ChunkState cs(d, kTile / kQ + 1);
         std::vector<float> t(kQ * ts), y(kTile), sum(kQ * kTile), kwt(kTile);
@@ -488,38 +620,6 @@ ffi::Error StateDecayReduceImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k
     }
   }
   return ffi::Error::Success();
-}
-
-// Products over channels (the linear reduces): kProdTile columns per step, so every channel's
-// column factors fit in L2.
-constexpr int64_t kProdTile = 128;
-
-// out[r][v] (row stride os) = sum_c a[c][r] col[c][v] for 8 rows and V vectors of kQ, over n terms c
-// (strides: a[c][r] at c ac + r ar, col[c][v] at c cc + v cv): the 8 V sums stay in registers. The
-// products over channels of the linear reduces, and the attention logits (c: the head dimension).
-template <int V>
-inline void product8(const float* a, int64_t ac, int64_t ar, const float* col, int64_t cc, int64_t cv, int64_t n,
-                     float* out, int64_t os) {
-  v16 acc[8][V];
-#pragma GCC unroll 8
-  for (int r = 0; r < 8; ++r)
-#pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) acc[r][v] = splat(0.0f);
-  for (int64_t c = 0; c < n; ++c) {
-    v16 cvec[V];
-#pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) cvec[v] = load(col + c * cc + v * cv);
-#pragma GCC unroll 8
-    for (int r = 0; r < 8; ++r) {
-      const v16 x = splat(a[c * ac + r * ar]);
-#pragma GCC unroll 2
-      for (int v = 0; v < V; ++v) acc[r][v] += x * cvec[v];
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < 8; ++r)
-#pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) store(out + r * os + v * kQ, acc[r][v]);
 }
 
 // ---------------------------------------------------------------------------------------
