@@ -422,6 +422,7 @@ ffi::Error StateDecayDenseImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
 // Products over channels (the linear reduces): kProdTile columns per step, so every channel's
 // column factors fit in L2.
 constexpr int64_t kProdTile = 128;
+static_assert(kProdTile / kQ + 1 <= kQ, "a tile's chunk decays fill one vector");
 
 // out[r][v] (row stride os) = sum_c a[c][r] col[c][v] for 8 rows and V vectors of kQ, over n terms c
 // (strides: a[c][r] at c ac + r ar, col[c][v] at c cc + v cv): the 8 V sums stay in registers. The
@@ -462,7 +463,7 @@ inline void product8(const float* a, int64_t ac, int64_t ar, const float* col, i
 // (zero from S on) times kw. The conv of the right part (the band's own chunks up to the
 // diagonal) is formed element by element and reaches back to columns S-K+1 (from S - kQ here).
 // The decays between chunks come from chunk_gap, as in chunk_decays (restarts, NaN).
-constexpr int64_t kBand = 1;  // row chunks per band
+constexpr int64_t kBand = 2;  // row chunks per band (measured: 1, 2, 4 and 8)
 
 struct BandBuffers {
   ChunkState cs;
@@ -508,13 +509,14 @@ void scalar_band(const Factors& f, const Dims& d, int64_t b, int64_t c0, int64_t
   for (int64_t j0 = 0; j0 < S; j0 += kProdTile) {
     const int64_t cols = std::min(kProdTile, S - j0), J0 = j0 / kQ;  // cols: a multiple of kQ
     for (int64_t c = 0; c < nb; ++c) {
-      // The tile's columns before the conv, kp decay(j+1..S-1), and the K-1 after it (0 from S).
+      // The tile's columns before the conv, kp decay(j+1..S-1), and the K-1 after it (0 from S);
+      // the tile's at most kProdTile / kQ + 1 chunk decays in one vector.
       const int64_t J1 = std::min(R, (j0 + cols) / kQ + 1);
-      chunk_decays(R, J0, J1, d, s[c], u.cs);
-      for (int64_t J = J0; J < J1; ++J) {
-        const v16 m = splat(u.cs.mid[(J - J0) * kQ]);
-        store(u.pre.data() + (J - J0) * kQ, m * load(s[c].kdT.data() + J * kQ));
-      }
+      float gap[kQ] = {};
+      for (int64_t J = J0; J < J1; ++J) gap[J - J0] = chunk_gap(s[c], J + 1, R);
+      const v16 mid = vexp_rt(splat(s[c].Ap[0]), load(gap));
+      for (int64_t J = J0; J < J1; ++J)
+        store(u.pre.data() + (J - J0) * kQ, splat(mid[J - J0]) * load(s[c].kdT.data() + J * kQ));
       std::fill(u.pre.begin() + (J1 - J0) * kQ, u.pre.end(), 0.0f);
       float* col = u.col.data() + c * kProdTile;
       head_conv(f.at(d, b, c0 + c).w, d.K, u.pre.data(), 0, cols, col);
@@ -567,6 +569,7 @@ ffi::Error StateDecayReduceImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k
   // output's traffic per block is small next to the block's arithmetic.
   const int64_t per = 5 * Lp * std::max<int64_t>(d.N, 1) * 4;
   const int64_t cb = std::max<int64_t>(1, std::min<int64_t>({64, d.C, (128 << 20) / per}));
+  const bool banded = d.N == 1 && mode == 0 && !has_seg;  // scalar_band's factorised path
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, nc));
   constexpr int64_t ts = kTile + kQ;  // a tile's rows of H, and the chunk the conv reads past it
   std::vector<Scratch> s;
@@ -579,7 +582,7 @@ ffi::Error StateDecayReduceImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k
       run_threads(std::min(nt, nb), [&](int64_t t0) {
         for (int64_t c = t0; c < nb; c += std::min(nt, nb)) prepare(f.at(d, b, c0 + c), d, s[c]);
       });
-      if (d.N == 1 && mode == 0 && !has_seg) {
+      if (banded) {
         const int64_t bands = (nc + kBand - 1) / kBand, nbt = std::min(nt, bands);
         run_threads(nbt, [&](int64_t t0) {
           BandBuffers u(d, nc, nb);
