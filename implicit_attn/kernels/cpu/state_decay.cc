@@ -544,7 +544,8 @@ void scalar_band(const Factors& f, const Dims& d, int64_t b, int64_t c0, int64_t
 // prepared once (threads split the channels); then for each tile of kTile columns, threads own
 // interleaved row chunks, and each (chunk, tile) runs the block's channels over the tile: its
 // sums and a channel's weights stay in L1, the block's factors over the tile's columns in L2
-// for all the row chunks, and the output is read and written once per block.
+// for all the row chunks, and the output is read and written once per block. The linear reduce
+// of a rank-one decay without documents goes band by band instead (scalar_band).
 ffi::Error StateDecayReduceImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                                 ffi::Buffer<ffi::F32> A, ffi::Buffer<ffi::F32> dt,
                                 ffi::Buffer<ffi::F32> left, ffi::Buffer<ffi::F32> right,
