@@ -422,7 +422,7 @@ ffi::Error StateDecayDenseImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
 // Products over channels (the linear reduces): kProdTile columns per step, so every channel's
 // column factors fit in L2.
 constexpr int64_t kProdTile = 128;
-static_assert(kProdTile / kQ + 1 <= kQ, "a tile's chunk decays fill one vector");
+static_assert(kProdTile / kQ <= kQ, "a tile's chunk decays fit one vector");
 
 // out[r][v] (row stride os) = sum_c a[c][r] col[c][v] for 8 rows and V vectors of kQ, over n terms c
 // (strides: a[c][r] at c ac + r ar, col[c][v] at c cc + v cv): the 8 V sums stay in registers. The
@@ -460,22 +460,64 @@ inline void product8(const float* a, int64_t ac, int64_t ar, const float* col, i
 // underflows only where the product is below float's normal range anyway. Each row before the
 // conv is split at S; the conv of its left part is a product over channels, rows (band x C)
 // times columns (C x S) (product8), whose column factors are the conv of kp decay(j+1..S-1)
-// (zero from S on) times kw. The conv of the right part (the band's own chunks up to the
-// diagonal) is formed element by element and reaches back to columns S-K+1 (from S - kQ here).
-// The decays between chunks come from chunk_gap, as in chunk_decays (restarts, NaN).
+// (zero from S on) times kw: for column chunk J <= R-2 that is full (band_columns) times the decay
+// over chunks J+2..R-1, for J = R-1 trunc. A tile of kProdTile columns ending before chunk T - 1
+// <= R - 2 takes them as tiled (the decays to chunk T) with the decay over chunks T..R-1 moved
+// into the row factors, so the product reads them where they are. The conv of the right part (the band's own chunks up
+// to the diagonal) is formed element by element and reaches back to columns S-K+1 (from S - kQ
+// here). The decays between chunks come from chunk_gap, as in chunk_decays (restarts, NaN).
 constexpr int64_t kBand = 2;  // row chunks per band (measured: 1, 2, 4 and 8)
+
+// One channel's column factors for scalar_band, chunk by chunk (Lp floats each, 0 past L): for j
+// in chunk J, full[j] = kw[j] sum_s w[K-1-s] kp[j+s] decay(j+s+1 .. end of chunk J+1) (0 for the
+// last chunk), and trunc[j] the same with the conv cut at the end of chunk J and the decay to it;
+// tiled[j] = full[j] decay(chunks J+2 .. T-1), T the chunk after the next tile (if T < nc).
+constexpr int64_t kTileChunks = kProdTile / kQ;
+
+void band_columns(const Channel& ch, const Dims& d, const Scratch& s, const float* kw, float* full,
+                  float* trunc, float* tiled) {
+  const int64_t L = d.L, nc = (L + kQ - 1) / kQ;
+  float P[3 * kQ] = {}, y[kQ], kwc[kQ];
+  for (int64_t J = 0; J < nc; ++J) {
+    const int64_t J0 = J * kQ;
+    std::fill(kwc, kwc + kQ, 0.0f);
+    std::copy(kw + J0, kw + std::min(L, J0 + kQ), kwc);
+    const v16 kd = load(s.kdT.data() + J0);
+    store(P, kd);
+    store(P + kQ, splat(0.0f));
+    head_conv(ch.w, d.K, P, 0, kQ, y);
+    store(trunc + J0, load(y) * load(kwc));
+    if (J + 1 == nc) {
+      store(full + J0, splat(0.0f));
+      continue;
+    }
+    store(P, vexp_rt(splat(s.Ap[0]), splat(chunk_gap(s, J + 1, J + 2))) * kd);
+    store(P + kQ, load(s.kdT.data() + J0 + kQ));
+    head_conv(ch.w, d.K, P, 0, kQ, y);
+    store(full + J0, load(y) * load(kwc));
+  }
+  for (int64_t T = kTileChunks + 1; T < nc; T += kTileChunks) {  // the tile of chunks T-9 .. T-2
+    float gap[kQ] = {};
+    for (int64_t J = T - kTileChunks - 1; J < T - 1; ++J) gap[J - (T - kTileChunks - 1)] = chunk_gap(s, J + 2, T);
+    const v16 m = vexp_rt(splat(s.Ap[0]), load(gap));
+    for (int64_t J = T - kTileChunks - 1; J < T - 1; ++J)
+      store(tiled + J * kQ, splat(m[J - (T - kTileChunks - 1)]) * load(full + J * kQ));
+  }
+}
 
 struct BandBuffers {
   ChunkState cs;
-  std::vector<float> t, y, sum, kwt, rowf, col, pre, left;
+  std::vector<float> t, y, sum, kwt, rowf, rowt, col, left;
   BandBuffers(const Dims& d, int64_t nc, int64_t cb)
       : cs(d, nc), t(kQ * (kBand + 3) * kQ), y(kTile), sum(kQ * kTile), kwt(kTile),
-        rowf(cb * kBand * kQ), col(cb * kProdTile), pre(kProdTile + kQ), left(kBand * kQ * kProdTile) {}
+        rowf(cb * kBand * kQ), rowt(cb * kBand * kQ), col(cb * kProdTile), left(kBand * kQ * kProdTile) {}
 };
 
-// Band p of batch b for the block's nb channels (from c0) into ob (L x L, added to).
+// Band p of batch b for the block's nb channels (from c0) into ob (L x L, added to); full, trunc
+// and tiled hold the block's band_columns ([c][Lp]).
 void scalar_band(const Factors& f, const Dims& d, int64_t b, int64_t c0, int64_t nb, const std::vector<Scratch>& s,
-                 const float* qw, const float* kw, int64_t p, float* ob, BandBuffers& u) {
+                 const float* qw, const float* kw, const float* full, const float* trunc, const float* tiled, int64_t p, float* ob,
+                 BandBuffers& u) {
   const int64_t L = d.L, nc = (L + kQ - 1) / kQ, R = p * kBand, S = R * kQ, BR = kBand * kQ;
   const int64_t Iend = std::min(nc, R + kBand), front = R > 0 ? kQ : 0;  // columns S - front ..
   constexpr int64_t tw = (kBand + 3) * kQ;  // a row of t: front, chunks R..I+1, a chunk the conv reads
@@ -508,28 +550,42 @@ void scalar_band(const Factors& f, const Dims& d, int64_t b, int64_t c0, int64_t
   const int64_t brows = std::min(L, Iend * kQ) - S;
   for (int64_t j0 = 0; j0 < S; j0 += kProdTile) {
     const int64_t cols = std::min(kProdTile, S - j0), J0 = j0 / kQ;  // cols: a multiple of kQ
-    for (int64_t c = 0; c < nb; ++c) {
-      // The tile's columns before the conv, kp decay(j+1..S-1), and the K-1 after it (0 from S);
-      // the tile's at most kProdTile / kQ + 1 chunk decays in one vector.
-      const int64_t J1 = std::min(R, (j0 + cols) / kQ + 1);
-      float gap[kQ] = {};
-      for (int64_t J = J0; J < J1; ++J) gap[J - J0] = chunk_gap(s[c], J + 1, R);
-      const v16 mid = vexp_rt(splat(s[c].Ap[0]), load(gap));
-      for (int64_t J = J0; J < J1; ++J)
-        store(u.pre.data() + (J - J0) * kQ, splat(mid[J - J0]) * load(s[c].kdT.data() + J * kQ));
-      std::fill(u.pre.begin() + (J1 - J0) * kQ, u.pre.end(), 0.0f);
-      float* col = u.col.data() + c * kProdTile;
-      head_conv(f.at(d, b, c0 + c).w, d.K, u.pre.data(), 0, cols, col);
-      const float* kwc = kw + (static_cast<size_t>(b) * d.C + c0 + c) * L + j0;
-      for (int64_t J = 0; J < cols; J += kQ) store(col + J, load(col + J) * load(kwc + J));
+    const int64_t T = J0 + kTileChunks + 1;
+    const float* rf = u.rowf.data();
+    const float* cf = u.col.data();
+    int64_t cs = kProdTile;
+    if (T <= R) {  // the decay over chunks T..R-1 into the row factors, 16 channels at a time
+      for (int64_t c1 = 0; c1 < nb; c1 += kQ) {
+        float gap[kQ] = {};
+        for (int64_t c = c1; c < std::min(nb, c1 + kQ); ++c) gap[c - c1] = chunk_gap(s[c], T, R);
+        float A[kQ] = {};
+        for (int64_t c = c1; c < std::min(nb, c1 + kQ); ++c) A[c - c1] = s[c].Ap[0];
+        const v16 m = vexp_rt(load(A), load(gap));
+        for (int64_t c = c1; c < std::min(nb, c1 + kQ); ++c)
+          for (int64_t r = 0; r < BR; r += kQ)
+            store(u.rowt.data() + c * BR + r, splat(m[c - c1]) * load(u.rowf.data() + c * BR + r));
+      }
+      rf = u.rowt.data();
+      cf = tiled + j0;
+      cs = nc * kQ;
+    } else {
+      for (int64_t c = 0; c < nb; ++c) {  // the tile's chunk decays (at most kQ) in one vector
+        float gap[kQ] = {};
+        for (int64_t J = J0; J < J0 + cols / kQ; ++J) gap[J - J0] = J + 2 <= R ? chunk_gap(s[c], J + 2, R) : 0.0f;
+        const v16 mid = vexp_rt(splat(s[c].Ap[0]), load(gap));
+        for (int64_t J = J0; J < J0 + cols / kQ; ++J) {
+          const float* src = (J + 2 <= R ? full : trunc) + c * nc * kQ + J * kQ;
+          store(u.col.data() + c * kProdTile + (J - J0) * kQ, splat(mid[J - J0]) * load(src));
+        }
+      }
     }
     for (int64_t r0 = 0; r0 < BR; r0 += 8)
       for (int64_t J = 0; J < cols; J += 2 * kQ) {
         float* dst = u.left.data() + r0 * kProdTile + J;
         if (J + kQ < cols)
-          product8<2>(u.rowf.data() + r0, BR, 1, u.col.data() + J, kProdTile, kQ, nb, dst, kProdTile);
+          product8<2>(rf + r0, BR, 1, cf + J, cs, kQ, nb, dst, kProdTile);
         else
-          product8<1>(u.rowf.data() + r0, BR, 1, u.col.data() + J, kProdTile, kQ, nb, dst, kProdTile);
+          product8<1>(rf + r0, BR, 1, cf + J, cs, kQ, nb, dst, kProdTile);
       }
     for (int64_t r = 0; r < brows; ++r) {
       float* orow = ob + (S + r) * L + j0;
@@ -571,6 +627,7 @@ ffi::Error StateDecayReduceImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k
   const int64_t per = 5 * Lp * std::max<int64_t>(d.N, 1) * 4;
   const int64_t cb = std::max<int64_t>(1, std::min<int64_t>({64, d.C, (128 << 20) / per}));
   const bool banded = d.N == 1 && mode == 0 && !has_seg;  // scalar_band's factorised path
+  std::vector<float> full(banded ? cb * Lp : 0), trunc(full.size()), tiled(full.size());
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, nc));
   constexpr int64_t ts = kTile + kQ;  // a tile's rows of H, and the chunk the conv reads past it
   std::vector<Scratch> s;
@@ -581,14 +638,20 @@ ffi::Error StateDecayReduceImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k
     for (int64_t c0 = 0; c0 < d.C; c0 += cb) {
       const int64_t nb = std::min(cb, d.C - c0);
       run_threads(std::min(nt, nb), [&](int64_t t0) {
-        for (int64_t c = t0; c < nb; c += std::min(nt, nb)) prepare(f.at(d, b, c0 + c), d, s[c]);
+        for (int64_t c = t0; c < nb; c += std::min(nt, nb)) {
+          prepare(f.at(d, b, c0 + c), d, s[c]);
+          if (banded)
+            band_columns(f.at(d, b, c0 + c), d, s[c], kw.typed_data() + (static_cast<size_t>(b) * d.C + c0 + c) * L,
+                         full.data() + c * Lp, trunc.data() + c * Lp, tiled.data() + c * Lp);
+        }
       });
       if (banded) {
         const int64_t bands = (nc + kBand - 1) / kBand, nbt = std::min(nt, bands);
         run_threads(nbt, [&](int64_t t0) {
           BandBuffers u(d, nc, nb);
           for (int64_t p = t0; p < bands; p += nbt)
-            scalar_band(f, d, b, c0, nb, s, qw.typed_data(), kw.typed_data(), p, ob, u);
+            scalar_band(f, d, b, c0, nb, s, qw.typed_data(), kw.typed_data(), full.data(), trunc.data(), tiled.data(), p,
+                        ob, u);
         });
         continue;
       }
