@@ -461,11 +461,12 @@ inline void product8(const float* a, int64_t ac, int64_t ar, const float* col, i
 // conv is split at S; the conv of its left part is a product over channels, rows (band x C)
 // times columns (C x S) (product8), whose column factors are the conv of kp decay(j+1..S-1)
 // (zero from S on) times kw: for column chunk J <= R-2 that is full (band_columns) times the decay
-// over chunks J+2..R-1, for J = R-1 trunc. A tile of kProdTile columns ending before chunk T - 1
-// <= R - 2 takes them as tiled (the decays to chunk T) with the decay over chunks T..R-1 moved
-// into the row factors, so the product reads them where they are. The conv of the right part (the band's own chunks up
-// to the diagonal) is formed element by element and reaches back to columns S-K+1 (from S - kQ
-// here). The decays between chunks come from chunk_gap, as in chunk_decays (restarts, NaN).
+// over chunks J+2..R-1, for J = R-1 trunc. A tile of kProdTile columns whose chunks end at T - 2
+// <= R - 2 takes them as tiled (decays to chunk T), the decay over chunks T..R-1 moved into the
+// row factors, so the product reads them in place. The conv of the right part (the band's own
+// chunks up to the diagonal) is formed element by element and reaches back to columns S-K+1
+// (from S - kQ here). The decays between chunks come from chunk_gap, as in chunk_decays
+// (restarts, NaN).
 constexpr int64_t kBand = 2;  // row chunks per band (measured: 1, 2, 4 and 8)
 
 // One channel's column factors for scalar_band, chunk by chunk (Lp floats each, 0 past L): for j
@@ -496,12 +497,12 @@ void band_columns(const Channel& ch, const Dims& d, const Scratch& s, const floa
     head_conv(ch.w, d.K, P, 0, kQ, y);
     store(full + J0, load(y) * load(kwc));
   }
-  for (int64_t T = kTileChunks + 1; T < nc; T += kTileChunks) {  // the tile of chunks T-9 .. T-2
+  for (int64_t T = kTileChunks + 1; T < nc; T += kTileChunks) {  // the tile of chunks J0 .. T-2
+    const int64_t J0 = T - kTileChunks - 1;
     float gap[kQ] = {};
-    for (int64_t J = T - kTileChunks - 1; J < T - 1; ++J) gap[J - (T - kTileChunks - 1)] = chunk_gap(s, J + 2, T);
+    for (int64_t J = J0; J < T - 1; ++J) gap[J - J0] = chunk_gap(s, J + 2, T);
     const v16 m = vexp_rt(splat(s.Ap[0]), load(gap));
-    for (int64_t J = T - kTileChunks - 1; J < T - 1; ++J)
-      store(tiled + J * kQ, splat(m[J - (T - kTileChunks - 1)]) * load(full + J * kQ));
+    for (int64_t J = J0; J < T - 1; ++J) store(tiled + J * kQ, splat(m[J - J0]) * load(full + J * kQ));
   }
 }
 
@@ -516,8 +517,8 @@ struct BandBuffers {
 // Band p of batch b for the block's nb channels (from c0) into ob (L x L, added to); full, trunc
 // and tiled hold the block's band_columns ([c][Lp]).
 void scalar_band(const Factors& f, const Dims& d, int64_t b, int64_t c0, int64_t nb, const std::vector<Scratch>& s,
-                 const float* qw, const float* kw, const float* full, const float* trunc, const float* tiled, int64_t p, float* ob,
-                 BandBuffers& u) {
+                 const float* qw, const float* kw, const float* full, const float* trunc, const float* tiled,
+                 int64_t p, float* ob, BandBuffers& u) {
   const int64_t L = d.L, nc = (L + kQ - 1) / kQ, R = p * kBand, S = R * kQ, BR = kBand * kQ;
   const int64_t Iend = std::min(nc, R + kBand), front = R > 0 ? kQ : 0;  // columns S - front ..
   constexpr int64_t tw = (kBand + 3) * kQ;  // a row of t: front, chunks R..I+1, a chunk the conv reads
@@ -557,9 +558,11 @@ void scalar_band(const Factors& f, const Dims& d, int64_t b, int64_t c0, int64_t
     if (T <= R) {  // the decay over chunks T..R-1 into the row factors, 16 channels at a time
       for (int64_t c1 = 0; c1 < nb; c1 += kQ) {
         float gap[kQ] = {};
-        for (int64_t c = c1; c < std::min(nb, c1 + kQ); ++c) gap[c - c1] = chunk_gap(s[c], T, R);
         float A[kQ] = {};
-        for (int64_t c = c1; c < std::min(nb, c1 + kQ); ++c) A[c - c1] = s[c].Ap[0];
+        for (int64_t c = c1; c < std::min(nb, c1 + kQ); ++c) {
+          gap[c - c1] = chunk_gap(s[c], T, R);
+          A[c - c1] = s[c].Ap[0];
+        }
         const v16 m = vexp_rt(load(A), load(gap));
         for (int64_t c = c1; c < std::min(nb, c1 + kQ); ++c)
           for (int64_t r = 0; r < BR; r += kQ)
@@ -650,8 +653,8 @@ ffi::Error StateDecayReduceImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k
         run_threads(nbt, [&](int64_t t0) {
           BandBuffers u(d, nc, nb);
           for (int64_t p = t0; p < bands; p += nbt)
-            scalar_band(f, d, b, c0, nb, s, qw.typed_data(), kw.typed_data(), full.data(), trunc.data(), tiled.data(), p,
-                        ob, u);
+            scalar_band(f, d, b, c0, nb, s, qw.typed_data(), kw.typed_data(), full.data(), trunc.data(),
+                        tiled.data(), p, ob, u);
         });
         continue;
       }
