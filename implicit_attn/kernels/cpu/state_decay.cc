@@ -477,25 +477,32 @@ constexpr int64_t kTileChunks = kProdTile / kQ;
 
 void band_columns(const Channel& ch, const Dims& d, const Scratch& s, const float* kw, float* full,
                   float* trunc, float* tiled) {
-  const int64_t L = d.L, nc = (L + kQ - 1) / kQ;
-  float P[3 * kQ] = {}, y[kQ], kwc[kQ];
+  const int64_t L = d.L, nc = (L + kQ - 1) / kQ, K = d.K;
+  const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  float last[2 * kQ] = {}, kwc[kQ] = {}, gap[kQ];
+  std::copy(s.kdT.data() + (nc - 1) * kQ, s.kdT.data() + nc * kQ, last);  // the last chunk, 0 after it
+  v16 e = {};
   for (int64_t J = 0; J < nc; ++J) {
     const int64_t J0 = J * kQ;
-    std::fill(kwc, kwc + kQ, 0.0f);
-    std::copy(kw + J0, kw + std::min(L, J0 + kQ), kwc);
-    const v16 kd = load(s.kdT.data() + J0);
-    store(P, kd);
-    store(P + kQ, splat(0.0f));
-    head_conv(ch.w, d.K, P, 0, kQ, y);
-    store(trunc + J0, load(y) * load(kwc));
-    if (J + 1 == nc) {
-      store(full + J0, splat(0.0f));
-      continue;
+    if (J % kQ == 0) {  // the decays over chunks J+1 .. J+16, 16 at a time
+      for (int64_t n = 0; n < kQ; ++n) gap[n] = J + n + 2 <= nc ? chunk_gap(s, J + n + 1, J + n + 2) : 0.0f;
+      e = vexp_rt(splat(s.Ap[0]), load(gap));
     }
-    store(P, vexp_rt(splat(s.Ap[0]), splat(chunk_gap(s, J + 1, J + 2))) * kd);
-    store(P + kQ, load(s.kdT.data() + J0 + kQ));
-    head_conv(ch.w, d.K, P, 0, kQ, y);
-    store(full + J0, load(y) * load(kwc));
+    // Tap s reads kdT[j+s]: from chunk J (lane + s < kQ) or J+1. Loaded from kdT itself, not from a
+    // copy just stored (an unaligned load across fresh stores stalls).
+    const float* src = J + 1 < nc ? s.kdT.data() + J0 : last;
+    const v16 ej = splat(e[J % kQ]);
+    v16 tr = splat(0.0f), fu = splat(0.0f);
+    for (int64_t t = 0; t < K; ++t) {
+      const v16 x = load(src + t), wv = splat(ch.w[K - 1 - t]);
+      const auto own = lane + splat(static_cast<float>(t)) < splat(static_cast<float>(kQ));
+      tr += wv * (own ? x : splat(0.0f));
+      fu += wv * (own ? ej * x : x);
+    }
+    if (J0 + kQ > L) std::copy(kw + J0, kw + L, kwc);
+    const v16 kv = J0 + kQ <= L ? load(kw + J0) : load(kwc);
+    store(trunc + J0, tr * kv);
+    store(full + J0, J + 1 < nc ? fu * kv : splat(0.0f));
   }
   for (int64_t T = kTileChunks + 1; T < nc; T += kTileChunks) {  // the tile of chunks J0 .. T-2
     const int64_t J0 = T - kTileChunks - 1;
