@@ -350,3 +350,13 @@ def test_rank_one_linear_reduce_propagates_nan_like_the_elementwise_path():
     assert nan.any() and not nan.all()
     np.testing.assert_array_equal(np.isnan(got), nan)
     assert rel(got[~nan], want[~nan]) <= 1e-5
+
+
+def test_rank_one_linear_reduce_without_optional_factors():
+    """No gate, input scale, skip term or conv (K = 1); 1 and 17: no band left of another."""
+    for L in (1, 17, 161):
+        core = dataclasses.replace(_rank_one_core(L, C=3), left=None, right=None, diag=None, conv_w=None)
+        op = ImplicitOperator(jnp.ones((B, 3, L)), jnp.zeros((B, 3, L)), jnp.zeros((B, 3, L)), core)
+        w = jax.random.normal(jax.random.PRNGKey(3), (B, 3, L))
+        got = op.reduce("weighted", weights=w, key_weights=w, impl="cpu")
+        assert rel(got, op.reduce("weighted", weights=w, key_weights=w, impl="xla")) <= 1e-5, L
