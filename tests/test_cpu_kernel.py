@@ -5,6 +5,7 @@ the model produces; bare cores cover every optional factor and a state size that
 not a multiple of the kernel's 16-wide vectors. Lengths 1, 16, 17, 37 and 100 cover
 one partial chunk, exactly one chunk, a ragged last chunk and many chunks.
 """
+import dataclasses
 import os
 import subprocess
 import sys
@@ -18,7 +19,8 @@ import pytest
 
 from implicit_attn.kernels import cpu
 from implicit_attn.families import griffin, mamba
-from implicit_attn.operator import ImplicitOperator, StateDecayCore, resolve_impl
+from implicit_attn.operator import (DocumentMaskedCore, ImplicitOperator, ScalarDecayCore, StateDecayCore,
+                                  resolve_impl)
 
 B = 2
 
@@ -296,3 +298,65 @@ def test_fused_reduce_several_channel_blocks():
     core = _bare_core(40, C=67)
     op = ImplicitOperator(jnp.ones((B, 67, 40)), jnp.zeros((B, 67, 40)), jnp.zeros((B, 67, 40)), core)
     assert rel(op.reduce("pos_mean", impl="cpu"), op.reduce("pos_mean", impl="xla", block_channels=16)) <= 1e-5
+
+
+def _rank_one_core(L, C=10, K=4, seed=0):
+    """A bare rank-one decay (Griffin's RG-LRU without documents), which the kernel's linear reduce
+    factorises left of each band of rows: in batch row 0 strong decays (some exp(-30), near 0) and
+    a restart (a = 0, dt = +inf) in the middle, in row 1 mild decays only (columns far left of the
+    diagonal still count), every optional factor, K conv taps."""
+    r = np.random.default_rng(seed)
+    f = lambda *s: jnp.asarray(r.standard_normal(s), jnp.float32)
+    log_a = -np.abs(r.standard_normal((B, C, L))) * 0.02
+    log_a[0, :, r.random(L) < 0.05] = -30.0
+    log_a[0, :, L // 2] = -np.inf
+    return ScalarDecayCore(log_a=jnp.asarray(log_a, jnp.float32), group=jnp.arange(C), left=f(B, C, L),
+                           right=f(B, C, L), diag=f(B, C, L), conv_w=f(C, K))
+
+
+# 37: a band and a ragged one; 300 (with the widest conv, 16 taps) and 530: many bands, rows whose
+# left part spans several product tiles of 128 columns, ragged ends.
+@pytest.mark.parametrize("L, K", [(37, 4), (300, 16), (530, 4)])
+def test_rank_one_linear_reduce_matches_xla(L, K, monkeypatch):
+    core = _rank_one_core(L, K=K)
+    C = core.num_channels
+    op = ImplicitOperator(jnp.ones((B, C, L)), jnp.zeros((B, C, L)), jnp.zeros((B, C, L)), core)
+    w = jax.random.normal(jax.random.PRNGKey(3), (B, C, L))
+    kw = jax.random.normal(jax.random.PRNGKey(4), (B, C, L))
+    for how in ("mean", "weighted"):
+        args = dict(weights=w, key_weights=kw) if how == "weighted" else {}
+        got = np.asarray(op.reduce(how, **args, impl="cpu"))
+        assert np.isfinite(got).all(), how
+        assert rel(got, op.reduce(how, **args, impl="xla", block_channels=5)) <= 1e-5, how
+    if L == 530:
+        idx = jnp.arange(C)
+        monkeypatch.setattr(cpu, "num_threads", lambda: 1)
+        one = np.asarray(cpu.cpu_reduce(core, idx, "weighted", w, kw))
+        monkeypatch.setattr(cpu, "num_threads", lambda: 3)
+        np.testing.assert_array_equal(one, np.asarray(cpu.cpu_reduce(core, idx, "weighted", w, kw)))
+
+
+def test_rank_one_linear_reduce_propagates_nan_like_the_elementwise_path():
+    """A NaN decay: the factorised reduce gives NaN exactly where the kernel's element-by-element
+    path does (taken for the same core inside a one-document mask) and agrees elsewhere."""
+    L = 200
+    core = _rank_one_core(L)
+    core = dataclasses.replace(core, log_a=core.log_a.at[1, 3, 150].set(jnp.nan))
+    idx = jnp.arange(core.num_channels)
+    w = jax.random.normal(jax.random.PRNGKey(3), (B, idx.shape[0], L))
+    got = np.asarray(cpu.cpu_reduce(core, idx, "weighted", w, w))
+    want = np.asarray(cpu.cpu_reduce(DocumentMaskedCore(core, jnp.zeros((B, L), jnp.int32)), idx, "weighted", w, w))
+    nan = np.isnan(want)
+    assert nan.any() and not nan.all()
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    assert rel(got[~nan], want[~nan]) <= 1e-5
+
+
+def test_rank_one_linear_reduce_without_optional_factors():
+    """No gate, input scale, skip term or conv (K = 1); 1 and 17: no band left of another."""
+    for L in (1, 17, 161):
+        core = dataclasses.replace(_rank_one_core(L, C=3), left=None, right=None, diag=None, conv_w=None)
+        op = ImplicitOperator(jnp.ones((B, 3, L)), jnp.zeros((B, 3, L)), jnp.zeros((B, 3, L)), core)
+        w = jax.random.normal(jax.random.PRNGKey(3), (B, 3, L))
+        got = op.reduce("weighted", weights=w, key_weights=w, impl="cpu")
+        assert rel(got, op.reduce("weighted", weights=w, key_weights=w, impl="xla")) <= 1e-5, L

@@ -227,15 +227,20 @@ void prepare(const Channel& ch, const Dims& d, Scratch& s) {
   }
 }
 
+// The dt summed over chunks [J, I): NaN if one of them holds a NaN or -inf, +inf if one holds
+// a +inf (a restart), else the difference of the double prefix sums.
+inline float chunk_gap(const Scratch& s, int64_t J, int64_t I) {
+  return s.bad[I] > s.bad[J]   ? NAN
+         : s.inf[I] > s.inf[J] ? INFINITY
+                               : static_cast<float>(s.cum[I] - s.cum[J]);
+}
+
 // The decays between chunk J and row chunk I (J < I) for J in [J0, J1) into c.mid.
 void chunk_decays(int64_t I, int64_t J0, int64_t J1, const Dims& d, const Scratch& s,
                   ChunkState& c) {
   const int64_t Np = (d.N + kQ - 1) / kQ * kQ;
   for (int64_t J = J0; J < std::min(J1, I); ++J) {
-    const float b = s.bad[I] > s.bad[J + 1]   ? NAN
-                    : s.inf[I] > s.inf[J + 1] ? INFINITY
-                                              : static_cast<float>(s.cum[I] - s.cum[J + 1]);
-    const v16 between = splat(b);
+    const v16 between = splat(chunk_gap(s, J + 1, I));
     for (int64_t n = 0; n < Np; n += kQ)
       store(c.mid.data() + (J - J0) * Np + n, vexp_rt(load(s.Ap.data() + n), between));
   }
@@ -414,12 +419,199 @@ ffi::Error StateDecayDenseImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
   return ffi::Error::Success();
 }
 
+// Products over channels (the linear reduces): kProdTile columns per step, so every channel's
+// column factors fit in L2.
+constexpr int64_t kProdTile = 128;
+static_assert(kProdTile / kQ <= kQ, "a tile's chunk decays fit one vector");
+
+// out[r][v] (row stride os) = sum_c a[c][r] col[c][v] for 8 rows and V vectors of kQ, over n terms c
+// (strides: a[c][r] at c ac + r ar, col[c][v] at c cc + v cv): the 8 V sums stay in registers. The
+// products over channels of the linear reduces, and the attention logits (c: the head dimension).
+template <int V>
+inline void product8(const float* a, int64_t ac, int64_t ar, const float* col, int64_t cc, int64_t cv, int64_t n,
+                     float* out, int64_t os) {
+  v16 acc[8][V];
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) acc[r][v] = splat(0.0f);
+  for (int64_t c = 0; c < n; ++c) {
+    v16 cvec[V];
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) cvec[v] = load(col + c * cc + v * cv);
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) {
+      const v16 x = splat(a[c * ac + r * ar]);
+#pragma GCC unroll 2
+      for (int v = 0; v < V; ++v) acc[r][v] += x * cvec[v];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) store(out + r * os + v * kQ, acc[r][v]);
+}
+
+// The linear reduce (mode 0) of a rank-one decay (N = 1, Griffin's RG-LRU) without documents,
+// band by band: kBand row chunks R.. (rows from S = R kQ). Left of S the entry before the conv
+// factorises, for j < S <= i,
+//   qp[i] decay(j+1..i) kp[j] = [qp[i] decay(S..i)] [kp[j] decay(j+1..S-1)],
+// both factors <= 1 times bounded values (every decay is <= 1): neither overflows, and one
+// underflows only where the product is below float's normal range anyway. Each row before the
+// conv is split at S; the conv of its left part is a product over channels, rows (band x C)
+// times columns (C x S) (product8), whose column factors are the conv of kp decay(j+1..S-1)
+// (zero from S on) times kw: for column chunk J <= R-2 that is full (band_columns) times the decay
+// over chunks J+2..R-1, for J = R-1 trunc. A tile of kProdTile columns whose chunks end at T - 2
+// <= R - 2 takes them as tiled (decays to chunk T), the decay over chunks T..R-1 moved into the
+// row factors, so the product reads them in place. The conv of the right part (the band's own
+// chunks up to the diagonal) is formed element by element and reaches back to columns S-K+1
+// (from S - kQ here). The decays between chunks come from chunk_gap, as in chunk_decays
+// (restarts, NaN).
+constexpr int64_t kBand = 2;  // row chunks per band (measured: 1, 2, 4 and 8)
+
+// One channel's column factors for scalar_band, chunk by chunk (Lp floats each, 0 past L): for j
+// in chunk J, full[j] = kw[j] sum_s w[K-1-s] kp[j+s] decay(j+s+1 .. end of chunk J+1) (0 for the
+// last chunk), and trunc[j] the same with the conv cut at the end of chunk J and the decay to it;
+// tiled[j] = full[j] decay(chunks J+2 .. T-1), T the chunk after the next tile (if T < nc).
+constexpr int64_t kTileChunks = kProdTile / kQ;
+
+void band_columns(const Channel& ch, const Dims& d, const Scratch& s, const float* kw, float* full,
+                  float* trunc, float* tiled) {
+  const int64_t L = d.L, nc = (L + kQ - 1) / kQ, K = d.K;
+  const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  float last[2 * kQ] = {}, kwc[kQ] = {}, gap[kQ];
+  std::copy(s.kdT.data() + (nc - 1) * kQ, s.kdT.data() + nc * kQ, last);  // the last chunk, 0 after it
+  v16 e = {};
+  for (int64_t J = 0; J < nc; ++J) {
+    const int64_t J0 = J * kQ;
+    if (J % kQ == 0) {  // the decays over chunks J+1 .. J+16, 16 at a time
+      for (int64_t n = 0; n < kQ; ++n) gap[n] = J + n + 2 <= nc ? chunk_gap(s, J + n + 1, J + n + 2) : 0.0f;
+      e = vexp_rt(splat(s.Ap[0]), load(gap));
+    }
+    // Tap s reads kdT[j+s]: from chunk J (lane + s < kQ) or J+1. Loaded from kdT itself, not from a
+    // copy just stored (an unaligned load across fresh stores stalls).
+    const float* src = J + 1 < nc ? s.kdT.data() + J0 : last;
+    const v16 ej = splat(e[J % kQ]);
+    v16 tr = splat(0.0f), fu = splat(0.0f);
+    for (int64_t t = 0; t < K; ++t) {
+      const v16 x = load(src + t), wv = splat(ch.w[K - 1 - t]);
+      const auto own = lane + splat(static_cast<float>(t)) < splat(static_cast<float>(kQ));
+      tr += wv * (own ? x : splat(0.0f));
+      fu += wv * (own ? ej * x : x);
+    }
+    if (J0 + kQ > L) std::copy(kw + J0, kw + L, kwc);
+    const v16 kv = J0 + kQ <= L ? load(kw + J0) : load(kwc);
+    store(trunc + J0, tr * kv);
+    store(full + J0, J + 1 < nc ? fu * kv : splat(0.0f));
+  }
+  for (int64_t T = kTileChunks + 1; T < nc; T += kTileChunks) {  // the tile of chunks J0 .. T-2
+    const int64_t J0 = T - kTileChunks - 1;
+    float gap[kQ] = {};
+    for (int64_t J = J0; J < T - 1; ++J) gap[J - J0] = chunk_gap(s, J + 2, T);
+    const v16 m = vexp_rt(splat(s.Ap[0]), load(gap));
+    for (int64_t J = J0; J < T - 1; ++J) store(tiled + J * kQ, splat(m[J - J0]) * load(full + J * kQ));
+  }
+}
+
+struct BandBuffers {
+  ChunkState cs;
+  std::vector<float> t, y, sum, kwt, rowf, rowt, col, left;
+  BandBuffers(const Dims& d, int64_t nc, int64_t cb)
+      : cs(d, nc), t(kQ * (kBand + 3) * kQ), y(kTile), sum(kQ * kTile), kwt(kTile),
+        rowf(cb * kBand * kQ), rowt(cb * kBand * kQ), col(cb * kProdTile), left(kBand * kQ * kProdTile) {}
+};
+
+// Band p of batch b for the block's nb channels (from c0) into ob (L x L, added to); full, trunc
+// and tiled hold the block's band_columns ([c][Lp]).
+void scalar_band(const Factors& f, const Dims& d, int64_t b, int64_t c0, int64_t nb, const std::vector<Scratch>& s,
+                 const float* qw, const float* kw, const float* full, const float* trunc, const float* tiled,
+                 int64_t p, float* ob, BandBuffers& u) {
+  const int64_t L = d.L, nc = (L + kQ - 1) / kQ, R = p * kBand, S = R * kQ, BR = kBand * kQ;
+  const int64_t Iend = std::min(nc, R + kBand), front = R > 0 ? kQ : 0;  // columns S - front ..
+  constexpr int64_t tw = (kBand + 3) * kQ;  // a row of t: front, chunks R..I+1, a chunk the conv reads
+  std::fill(u.t.begin(), u.t.end(), 0.0f);
+  std::fill(u.rowf.begin(), u.rowf.end(), 0.0f);
+  for (int64_t I = R; I < Iend; ++I) {
+    const int64_t I0 = I * kQ, rows = std::min(kQ, L - I0), width = (I - R + 1) * kQ + front;
+    const int64_t cols = std::min(L, I0 + kQ) - (S - front);
+    std::fill(u.sum.begin(), u.sum.end(), 0.0f);
+    for (int64_t c = 0; c < nb; ++c) {
+      const Channel ch = f.at(d, b, c0 + c);
+      const size_t cl = (static_cast<size_t>(b) * d.C + c0 + c) * L;
+      load_tile(kw + cl + S - front, cols, u.kwt);
+      chunk_decays(I, R, I, d, s[c], u.cs);
+      diagonal_block(ch, I, d, s[c], u.cs);
+      chunk_rows(I, R, I + 2, d, s[c], u.cs, u.t.data() + kQ, tw);
+      const float* t0 = u.t.data() + kQ - front;
+      for (int64_t ii = 0; ii < rows; ++ii) {
+        head_conv(ch.w, d.K, t0 + ii * tw, 0, width, u.y.data());
+        accumulate_row(u.sum.data() + ii * kTile, u.y.data(), 1.0f, qw[cl + I0 + ii], u.kwt.data(), width, 0);
+      }
+      if (S > 0) {  // row factors qw qp decay(S..i)
+        const float g = vexp_rt(splat(s[c].Ap[0]), splat(chunk_gap(s[c], R, I)))[0];
+        for (int64_t ii = 0; ii < rows; ++ii)
+          u.rowf[c * BR + (I - R) * kQ + ii] = qw[cl + I0 + ii] * s[c].qd[I0 + ii] * g;
+      }
+    }
+    add_tile(u.sum.data(), rows, cols, ob + I0 * L + S - front, L);
+  }
+  const int64_t brows = std::min(L, Iend * kQ) - S;
+  for (int64_t j0 = 0; j0 < S; j0 += kProdTile) {
+    const int64_t cols = std::min(kProdTile, S - j0), J0 = j0 / kQ;  // cols: a multiple of kQ
+    const int64_t T = J0 + kTileChunks + 1;
+    const float* rf = u.rowf.data();
+    const float* cf = u.col.data();
+    int64_t cs = kProdTile;
+    if (T <= R) {  // the decay over chunks T..R-1 into the row factors, 16 channels at a time
+      for (int64_t c1 = 0; c1 < nb; c1 += kQ) {
+        float gap[kQ] = {};
+        float A[kQ] = {};
+        for (int64_t c = c1; c < std::min(nb, c1 + kQ); ++c) {
+          gap[c - c1] = chunk_gap(s[c], T, R);
+          A[c - c1] = s[c].Ap[0];
+        }
+        const v16 m = vexp_rt(load(A), load(gap));
+        for (int64_t c = c1; c < std::min(nb, c1 + kQ); ++c)
+          for (int64_t r = 0; r < BR; r += kQ)
+            store(u.rowt.data() + c * BR + r, splat(m[c - c1]) * load(u.rowf.data() + c * BR + r));
+      }
+      rf = u.rowt.data();
+      cf = tiled + j0;
+      cs = nc * kQ;
+    } else {
+      for (int64_t c = 0; c < nb; ++c) {  // the tile's chunk decays (at most kQ) in one vector
+        float gap[kQ] = {};
+        for (int64_t J = J0; J < J0 + cols / kQ; ++J) gap[J - J0] = J + 2 <= R ? chunk_gap(s[c], J + 2, R) : 0.0f;
+        const v16 mid = vexp_rt(splat(s[c].Ap[0]), load(gap));
+        for (int64_t J = J0; J < J0 + cols / kQ; ++J) {
+          const float* src = (J + 2 <= R ? full : trunc) + c * nc * kQ + J * kQ;
+          store(u.col.data() + c * kProdTile + (J - J0) * kQ, splat(mid[J - J0]) * load(src));
+        }
+      }
+    }
+    for (int64_t r0 = 0; r0 < BR; r0 += 8)
+      for (int64_t J = 0; J < cols; J += 2 * kQ) {
+        float* dst = u.left.data() + r0 * kProdTile + J;
+        if (J + kQ < cols)
+          product8<2>(rf + r0, BR, 1, cf + J, cs, kQ, nb, dst, kProdTile);
+        else
+          product8<1>(rf + r0, BR, 1, cf + J, cs, kQ, nb, dst, kProdTile);
+      }
+    for (int64_t r = 0; r < brows; ++r) {
+      float* orow = ob + (S + r) * L + j0;
+      const float* lr = u.left.data() + r * kProdTile;
+      for (int64_t jj = 0; jj < cols; ++jj) orow[jj] += lr[jj];
+    }
+  }
+}
+
 // sum_c qw[b,c,i] f(H_c[i,j]) kw[b,c,j] with f = identity (mode 0), |.| (1) or max(., 0) (2),
 // into out (B, L, L): only the output is written. The factors of a block of channels are
 // prepared once (threads split the channels); then for each tile of kTile columns, threads own
 // interleaved row chunks, and each (chunk, tile) runs the block's channels over the tile: its
 // sums and a channel's weights stay in L1, the block's factors over the tile's columns in L2
-// for all the row chunks, and the output is read and written once per block.
+// for all the row chunks, and the output is read and written once per block. The linear reduce
+// of a rank-one decay without documents goes band by band instead (scalar_band).
 ffi::Error StateDecayReduceImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                                 ffi::Buffer<ffi::F32> A, ffi::Buffer<ffi::F32> dt,
                                 ffi::Buffer<ffi::F32> left, ffi::Buffer<ffi::F32> right,
@@ -444,6 +636,8 @@ ffi::Error StateDecayReduceImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k
   // output's traffic per block is small next to the block's arithmetic.
   const int64_t per = 5 * Lp * std::max<int64_t>(d.N, 1) * 4;
   const int64_t cb = std::max<int64_t>(1, std::min<int64_t>({64, d.C, (128 << 20) / per}));
+  const bool banded = d.N == 1 && mode == 0 && !has_seg;  // scalar_band's factorised path
+  std::vector<float> full(banded ? cb * Lp : 0), trunc(full.size()), tiled(full.size());
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, nc));
   constexpr int64_t ts = kTile + kQ;  // a tile's rows of H, and the chunk the conv reads past it
   std::vector<Scratch> s;
@@ -454,8 +648,23 @@ ffi::Error StateDecayReduceImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k
     for (int64_t c0 = 0; c0 < d.C; c0 += cb) {
       const int64_t nb = std::min(cb, d.C - c0);
       run_threads(std::min(nt, nb), [&](int64_t t0) {
-        for (int64_t c = t0; c < nb; c += std::min(nt, nb)) prepare(f.at(d, b, c0 + c), d, s[c]);
+        for (int64_t c = t0; c < nb; c += std::min(nt, nb)) {
+          prepare(f.at(d, b, c0 + c), d, s[c]);
+          if (banded)
+            band_columns(f.at(d, b, c0 + c), d, s[c], kw.typed_data() + (static_cast<size_t>(b) * d.C + c0 + c) * L,
+                         full.data() + c * Lp, trunc.data() + c * Lp, tiled.data() + c * Lp);
+        }
       });
+      if (banded) {
+        const int64_t bands = (nc + kBand - 1) / kBand, nbt = std::min(nt, bands);
+        run_threads(nbt, [&](int64_t t0) {
+          BandBuffers u(d, nc, nb);
+          for (int64_t p = t0; p < bands; p += nbt)
+            scalar_band(f, d, b, c0, nb, s, qw.typed_data(), kw.typed_data(), full.data(), trunc.data(),
+                        tiled.data(), p, ob, u);
+        });
+        continue;
+      }
       run_threads(nt, [&](int64_t t0) {
         ChunkState cs(d, kTile / kQ + 1);
         std::vector<float> t(kQ * ts), y(kTile), sum(kQ * kTile), kwt(kTile);
@@ -488,38 +697,6 @@ ffi::Error StateDecayReduceImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k
     }
   }
   return ffi::Error::Success();
-}
-
-// Products over channels (the linear reduces): kProdTile columns per step, so every channel's
-// column factors fit in L2.
-constexpr int64_t kProdTile = 128;
-
-// out[r][v] (row stride os) = sum_c a[c][r] col[c][v] for 8 rows and V vectors of kQ, over n terms c
-// (strides: a[c][r] at c ac + r ar, col[c][v] at c cc + v cv): the 8 V sums stay in registers. The
-// products over channels of the linear reduces, and the attention logits (c: the head dimension).
-template <int V>
-inline void product8(const float* a, int64_t ac, int64_t ar, const float* col, int64_t cc, int64_t cv, int64_t n,
-                     float* out, int64_t os) {
-  v16 acc[8][V];
-#pragma GCC unroll 8
-  for (int r = 0; r < 8; ++r)
-#pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) acc[r][v] = splat(0.0f);
-  for (int64_t c = 0; c < n; ++c) {
-    v16 cvec[V];
-#pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) cvec[v] = load(col + c * cc + v * cv);
-#pragma GCC unroll 8
-    for (int r = 0; r < 8; ++r) {
-      const v16 x = splat(a[c * ac + r * ar]);
-#pragma GCC unroll 2
-      for (int v = 0; v < V; ++v) acc[r][v] += x * cvec[v];
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < 8; ++r)
-#pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) store(out + r * os + v * kQ, acc[r][v]);
 }
 
 // ---------------------------------------------------------------------------------------
