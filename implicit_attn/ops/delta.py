@@ -28,7 +28,8 @@ f32 = jnp.float32
 
 # Scans of ``transfer_matrix``: its wasted work above the diagonal is ~1 / SEGMENTS of the causal part,
 # and each segment is compiled separately. 8 against 32 (2-core CPU, d_k 64): a third less compile
-# time, the same speed at L = 512 and up to 1.6x faster at L = 2048 (fewer pieces to copy together).
+# time and 1.3-1.6x faster at L = 2048, but at L = 512 (32 chunks, each its own static step with 32)
+# RWKV-6's reduce is ~15% slower.
 SEGMENTS = 8
 
 
