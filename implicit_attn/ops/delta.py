@@ -157,6 +157,14 @@ def chunk_parts(qc, kc, gc, bc, erase: bool = True) -> DeltaChunks:
     return DeltaChunks(qc * eG, kc * eG, kc * to_end, decay, pair(qc, kc, jnp.tril(jnp.ones((C, C), bool))), T, bc)
 
 
+def pad_positions(x, Lp: int):
+    """``x (B, H, L, ...)`` as float32, zero-padded along positions to ``Lp >= L`` (zeros: no
+    decay, no write); None passes through."""
+    if x is None:
+        return None
+    return jnp.pad(x.astype(f32), ((0, 0), (0, 0), (0, Lp - x.shape[2])) + ((0, 0),) * (x.ndim - 3))
+
+
 def split_chunks(x, C: int):
     """``(B, H, L, ...)`` float32 -> ``(L / C, B, H, C, ...)`` (``L`` a multiple of ``C``)."""
     x = x.astype(f32)
@@ -205,7 +213,7 @@ def delta_rule(q, k, v, log_a, beta, chunk: int | None = None, erase: bool = Tru
         chunk = 8 if log_a.ndim == 4 else 16
     C = max(1, min(chunk, L))
     Lp = -(-L // C) * C
-    pad = lambda x: jnp.pad(x.astype(f32), ((0, 0), (0, 0), (0, Lp - L)) + ((0, 0),) * (x.ndim - 3))
+    pad = lambda x: pad_positions(x, Lp)
 
     def step(S, xs):
         """``S (B, H, d_v, d_k)``: the state entering the chunk."""
@@ -292,7 +300,7 @@ def delta_rule_matrix(q, k, log_a, beta, chunk: int = 64, erase: bool = True):
     B, H, L, _ = k.shape
     C = max(1, min(chunk, L))
     Lp = -(-L // C) * C
-    pad = lambda x: jnp.pad(x.astype(f32), ((0, 0), (0, 0), (0, Lp - L)) + ((0, 0),) * (x.ndim - 3))
+    pad = lambda x: pad_positions(x, Lp)
     f = chunk_factors(*(pad(x) for x in (q, k, log_a, beta)), C, erase=erase)
     Ts = f.solved()  # T^{-1} diag(b)
     kT = lambda x: jnp.swapaxes(f.k_out, -1, -2) @ x
@@ -305,5 +313,5 @@ def delta_rule_matrix(q, k, log_a, beta, chunk: int = 64, erase: bool = True):
     return jnp.where(jnp.tril(jnp.ones((L, L), bool)), M, 0.0)
 
 
-__all__ = ["unit_lower_inverse", "two_sum", "double_float_add", "segment_sums", "shift_down", "masked_exp", "DeltaChunks", "chunk_parts", "split_chunks", "chunk_factors",
+__all__ = ["unit_lower_inverse", "pad_positions", "two_sum", "double_float_add", "segment_sums", "shift_down", "masked_exp", "DeltaChunks", "chunk_parts", "split_chunks", "chunk_factors",
            "delta_rule", "transfer_matrix", "delta_rule_matrix"]

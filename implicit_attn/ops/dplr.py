@@ -29,7 +29,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .delta import masked_exp, segment_sums, shift_down, split_chunks, transfer_matrix, unit_lower_inverse
+from .delta import masked_exp, pad_positions, segment_sums, shift_down, split_chunks, transfer_matrix, unit_lower_inverse
 
 f32 = jnp.float32
 
@@ -160,7 +160,7 @@ def dplr_rule(q, k, v, log_w, a=None, b=None, bonus=None, chunk: int = 32, after
     dv = v.shape[-1]
     C = max(1, min(chunk, L))
     Lp = -(-L // C) * C
-    pad = lambda x: split_chunks(jnp.pad(x.astype(f32), ((0, 0), (0, 0), (0, Lp - L)) + ((0, 0),) * (x.ndim - 3)), C)
+    pad = lambda x: split_chunks(pad_positions(x, Lp), C)
     present = {name: x for name, x in dict(ac=a, bc=b, bonus=bonus).items() if x is not None}
 
     def step(S, xs):
@@ -204,7 +204,7 @@ def dplr_matrix(q, k, log_w, a=None, b=None, bonus=None, chunk: int = 32, after:
     B, H, L, _ = k.shape
     C = max(1, min(chunk, L))
     Lp = -(-L // C) * C
-    pad = lambda x: None if x is None else jnp.pad(x.astype(f32), ((0, 0), (0, 0), (0, Lp - L)) + ((0, 0),) * (x.ndim - 3))
+    pad = lambda x: pad_positions(x, Lp)
     f = dplr_factors(*(pad(x) for x in (q, k, log_w, a, b, bonus)), chunk=C, after=after, decay_floor=decay_floor)
     T = lambda x: jnp.swapaxes(x, -1, -2)
     R, P, J, D = f.q_in, f.decay, T(f.k_out), f.qk
