@@ -2,11 +2,15 @@
 exactness self-check that sees NaN, and NaN kept out of earlier rows of H."""
 from __future__ import annotations
 
+import dataclasses
+
+import jax
 import numpy as np
 import pytest
 
 import implicit_attn as ia
 from implicit_attn.kernels import cpu
+from implicit_attn.operator import base
 from implicit_attn.operator.base import relative_error
 from implicit_attn.registry import FAMILIES
 
@@ -99,6 +103,37 @@ def test_nan_at_t_leaves_rows_before_t_of_h_and_outputs_unchanged(model_type):
         # H v: a NaN value at T times the exact zeros of rows before T counts as 0, as in the block
         applied, applied0 = np.asarray(poisoned.apply()), np.asarray(clean.apply())
         np.testing.assert_allclose(applied[:, :, :T], applied0[:, :, :T], atol=1e-6, err_msg=f"layer {i}")
+
+
+def test_apply_in_blocks_and_under_jit_keeps_the_nan_rule(monkeypatch):
+    """``apply`` forms ``H`` in blocks of at most ``APPLY_BUDGET`` elements and skips the NaN
+    reach pass for values without NaN (``lax.cond`` under jit): blocked, jitted and one-block
+    eager results agree, for channels (RG-LRU) and heads (local attention), with and without
+    a NaN value at ``T``. Reference: the dense einsum with the NaN rule written out."""
+    _, model = tiny("recurrent_gemma")
+    for i, clean, poisoned in operators_with_nan(model, 3):
+        # a NaN value on a finite H: only the reach pass makes rows >= T NaN
+        nan_value = dataclasses.replace(clean, values=clean.values.at[0, :, T].set(np.nan))
+        for op in (clean, poisoned, nan_value):
+            H = np.asarray(op.materialize(), np.float64)
+            v = np.asarray(op.values, np.float64)
+            spec = "bcij,bcj->bci" if v.ndim == 3 else "bhij,bhjd->bhid"
+            want = np.einsum(spec, H, np.nan_to_num(v, nan=0.0))
+            reach = np.einsum(spec, (H != 0).astype(np.float64), np.isnan(v).astype(np.float64))
+            want = np.where(reach > 0, np.nan, want) + np.asarray(op.offset, np.float64)
+            one = np.asarray(op.apply())
+            sizes, materialize = [], type(op).materialize
+            with monkeypatch.context() as m:
+                m.setattr(base, "APPLY_BUDGET", 2 * 40 * 40)  # two channels (heads) per block
+                m.setattr(type(op), "materialize", lambda o, ch, *a: sizes.append(len(ch)) or materialize(o, ch, *a))
+                blocked = np.asarray(op.apply())
+                jitted = np.asarray(jax.jit(lambda o: o.apply())(op))
+            assert set(sizes) == {2} and len(sizes) == op.shape[1], sizes  # C / 2 blocks, eager and jitted
+            for got in (one, blocked, jitted):
+                np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"layer {i}")
+                np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5, err_msg=f"layer {i}")
+            assert np.isnan(want).any() == (op is not clean)
+            assert not np.isnan(want[:, :, :T]).any()
 
 
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))

@@ -17,7 +17,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from ..ops import full_precision
-from .base import channel_index, pytree_dataclass, relative_error, sparse_product
+from .base import channel_index, in_channel_blocks, pytree_dataclass, relative_error, sparse_product
 from .html import operator_html
 from .implicit import ImplicitOperator
 
@@ -62,11 +62,16 @@ class AttentionOperator:
 
     @full_precision
     def apply(self, channels=None):
-        """``H @ values + offset`` for the selected heads: ``(B, H', L, head_dim)``."""
-        idx = jnp.asarray(channel_index(channels, self.values.shape[1]))
-        P = self.materialize(idx)
-        v = jnp.take(self.values, idx, axis=1).astype(jnp.float32)
-        return sparse_product("bhij,bhjd->bhid", P, v) + jnp.take(self.offset, idx, axis=1)
+        """``H @ values + offset`` for the selected heads: ``(B, H', L, head_dim)`` (the
+        probabilities formed in blocks of heads, as ``ImplicitOperator.apply``)."""
+        B, _, L, _ = self.shape
+
+        def block(sel):
+            sel = jnp.asarray(sel)
+            v = jnp.take(self.values, sel, axis=1).astype(jnp.float32)
+            return sparse_product("bhij,bhjd->bhid", self.materialize(sel), v) + jnp.take(self.offset, sel, axis=1)
+
+        return in_channel_blocks(block, channel_index(channels, self.values.shape[1]), B, L)
 
     def relative_error(self) -> float:
         """``max |apply() - output| / max |output|`` over all heads: the exactness self-check

@@ -17,6 +17,9 @@ import numpy as np
 
 # Elements of one block's dense output in ``reduce`` and in blocked ``materialize``.
 BLOCK_BUDGET = 1 << 24
+# Elements of the dense operator ``apply`` holds at once (1 GiB of float32): larger
+# selections are applied in blocks of channels.
+APPLY_BUDGET = 1 << 28
 REDUCTIONS = ("mean", "abs_mean", "pos_mean", "weighted")
 # how -> the elementwise map f of a reduction: 0 identity, 1 abs, 2 positive part.
 MODES = {"mean": 0, "weighted": 0, "abs_mean": 1, "pos_mean": 2}
@@ -70,9 +73,28 @@ def sparse_product(spec: str, H, v):
 
     ``spec``: ``"bcij,bcj->bci"`` (channels) or ``"bhij,bhjd->bhid"`` (heads).
     """
-    out = jnp.einsum(spec, H, jnp.where(jnp.isnan(v), 0.0, v))
-    reach = jnp.einsum(spec, (H != 0).astype(H.dtype), jnp.isnan(v).astype(H.dtype))
-    return jnp.where(reach > 0, jnp.nan, out)
+    nan = jnp.isnan(v)
+    out = jnp.einsum(spec, H, jnp.where(nan, 0.0, v))
+
+    def with_reach(out):
+        reach = jnp.einsum(spec, (H != 0).astype(H.dtype), nan.astype(H.dtype))
+        return jnp.where(reach > 0, jnp.nan, out)
+
+    # The reach pass reads H again (and forms H != 0): only values holding a NaN need it.
+    if isinstance(nan, jax.core.Tracer):
+        return jax.lax.cond(nan.any(), with_reach, lambda o: o, out)
+    return with_reach(out) if bool(nan.any()) else out
+
+
+def in_channel_blocks(apply_block, idx, B: int, L: int):
+    """``apply_block(sel)`` for consecutive blocks ``sel`` of the channels ``idx (n,)``, each
+    block's dense ``(B, len(sel), L, L)`` operator at most ``APPLY_BUDGET`` elements,
+    concatenated on axis 1 (one call when the whole selection fits)."""
+    step = max(1, APPLY_BUDGET // max(1, B * L * L))
+    n = idx.shape[0]
+    if step >= n:
+        return apply_block(idx)
+    return jnp.concatenate([apply_block(idx[s:s + step]) for s in range(0, n, step)], axis=1)
 
 
 def relative_error(applied, output) -> float:
@@ -180,4 +202,5 @@ def diag_embed(d):
 
 
 __all__ = ["OperatorCore", "pytree_dataclass", "take", "sparse_product", "channel_index", "block_size", "channel_weights",
-           "apply_mode", "diag_embed", "BLOCK_BUDGET", "REDUCTIONS", "MODES"]
+           "apply_mode", "diag_embed", "BLOCK_BUDGET", "APPLY_BUDGET", "REDUCTIONS", "MODES",
+           "in_channel_blocks"]

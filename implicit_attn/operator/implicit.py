@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..ops import full_precision
-from .base import (REDUCTIONS, block_size, channel_index, channel_weights, pytree_dataclass, relative_error,
-                   sparse_product)
+from .base import (REDUCTIONS, block_size, channel_index, channel_weights, in_channel_blocks, pytree_dataclass,
+                   relative_error, sparse_product)
 from .cores import heads_weighted_sum
 from .dispatch import (backend, blocked_reduce_jit, materialize_blocks, materialize_jit, resolve_impl,
                        with_fallback)
@@ -140,12 +140,17 @@ class ImplicitOperator:
     def apply(self, channels=None):
         """``H @ values + offset`` for the selected channels: ``(B, C', L)``.
 
-        Equals ``output`` for an exact (``variant="full"``) operator.
+        Equals ``output`` for an exact (``variant="full"``) operator. The dense ``H`` is
+        formed in blocks of channels of at most ``APPLY_BUDGET`` elements.
         """
-        idx = channel_index(channels, self.values.shape[1])
-        H = self.materialize(idx)
-        v = jnp.take(self.values, jnp.asarray(idx), axis=1).astype(jnp.float32)
-        return sparse_product("bcij,bcj->bci", H, v) + jnp.take(self.offset, jnp.asarray(idx), axis=1)
+        B, C, L, _ = self.shape
+
+        def block(sel):
+            v = jnp.take(self.values, jnp.asarray(sel), axis=1).astype(jnp.float32)
+            return (sparse_product("bcij,bcj->bci", self.materialize(sel), v)
+                    + jnp.take(self.offset, jnp.asarray(sel), axis=1))
+
+        return in_channel_blocks(block, channel_index(channels, C), B, L)
 
     def relative_error(self) -> float:
         """``max |apply() - output| / max |output|`` over all channels: the exactness self-check
