@@ -244,11 +244,12 @@ def test_missing_compiler_is_reported(tmp_path):
     empty = tmp_path / "bin"
     empty.mkdir()
     _in_fresh_process(tmp_path, """
-        op = _op(5)
+        # the mixer's forward asks for the scan kernel first: the one warning comes there
+        with pytest.warns(UserWarning, match="fused CPU kernel unavailable"):
+            op = _op(5)
         with pytest.raises(cpu.CpuKernelUnavailable, match="no C\\\\+\\\\+ compiler"):
             op.materialize(impl="cpu")
-        with pytest.warns(UserWarning, match="fused CPU kernel unavailable"):
-            assert resolve_impl("auto", op.core) == "xla"
+        assert resolve_impl("auto", op.core) == "xla"
     """, env=dict(PATH=str(empty), CXX=None))
 
 
@@ -360,3 +361,78 @@ def test_rank_one_linear_reduce_without_optional_factors():
         w = jax.random.normal(jax.random.PRNGKey(3), (B, 3, L))
         got = op.reduce("weighted", weights=w, key_weights=w, impl="cpu")
         assert rel(got, op.reduce("weighted", weights=w, key_weights=w, impl="xla")) <= 1e-5, L
+
+
+# Mamba-1's selective scan (the forward, kernels.cpu.selective_scan) against a float64
+# recurrence written out here and XLA's sequential scan.
+def scan_inputs(B_, L, C, N, seed=0):
+    r = np.random.default_rng(seed)
+    f = lambda *s: r.standard_normal(s).astype(np.float32)
+    dt = np.log1p(np.exp(f(B_, L, C) - 2.0)).astype(np.float32)  # softplus: positive step sizes
+    return f(B_, L, C), dt, -np.exp(f(C, N)), f(B_, L, N), f(B_, L, N)
+
+
+def scan64(u, dt, A, Bm, Cm):
+    u, dt, A, Bm, Cm = (np.asarray(x, np.float64) for x in (u, dt, A, Bm, Cm))
+    h = np.zeros(u.shape[:1] + A.shape)
+    y = np.zeros(u.shape)
+    for t in range(u.shape[1]):
+        h = np.exp(dt[:, t, :, None] * A) * h + (dt[:, t] * u[:, t])[..., None] * Bm[:, t, None, :]
+        y[:, t] = np.einsum("bcn,bn->bc", h, Cm[:, t])
+    return y
+
+
+# 21 and 37 channels: a last block of 5 lanes; N = 1 and 64 the smallest and largest states
+@pytest.mark.parametrize("shape", [(2, 37, 21, 5), (1, 19, 37, 1), (1, 9, 16, 64)])
+def test_selective_scan_kernel_matches_float64_and_xla(shape):
+    from implicit_attn.ops import selective_scan_sequential
+
+    args = scan_inputs(*shape)
+    got = np.asarray(jax.jit(cpu.selective_scan)(*args))
+    assert rel(got, scan64(*args)) <= 1e-5
+    assert rel(got, selective_scan_sequential(*map(jnp.asarray, args))) <= 1e-5
+
+
+def test_selective_scan_kernel_gradients_nan_vmap_and_threads(monkeypatch):
+    from implicit_attn.ops import selective_scan_sequential
+
+    args = tuple(map(jnp.asarray, scan_inputs(2, 23, 19, 4, seed=1)))
+    loss = lambda f: (lambda *a: jnp.sum(jnp.sin(f(*a))))
+    g = jax.grad(loss(cpu.selective_scan), argnums=(0, 1, 2, 3, 4))(*args)
+    want = jax.grad(loss(selective_scan_sequential), argnums=(0, 1, 2, 3, 4))(*args)
+    for a, b in zip(g, want):
+        assert rel(a, b) <= 1e-5
+    # a NaN input at t = 7 of channel 3: rows before it untouched, that channel NaN from t on,
+    # the same pattern as XLA's scan (other channels do not see it)
+    u = args[0].at[0, 7, 3].set(jnp.nan)
+    got = np.asarray(cpu.selective_scan(u, *args[1:]))
+    ref = np.asarray(selective_scan_sequential(u, *args[1:]))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    assert np.isnan(got[0, 7:, 3]).all() and not np.isnan(got[0, :7]).any() and not np.isnan(got[1]).any()
+    stacked = jax.vmap(cpu.selective_scan, in_axes=(0, 0, None, 0, 0))(*(jnp.stack([x, x]) if x.ndim == 3 else x
+                                                                         for x in args))
+    assert rel(stacked[1], cpu.selective_scan(*args)) == 0.0
+    monkeypatch.setattr(cpu, "num_threads", lambda: 1)
+    one = np.asarray(jax.jit(cpu.selective_scan)(*args))
+    monkeypatch.setattr(cpu, "num_threads", lambda: 3)
+    np.testing.assert_array_equal(one, np.asarray(jax.jit(cpu.selective_scan)(*args)))
+    with pytest.raises(ValueError, match="at most 64 states per channel, got 65"):
+        cpu.selective_scan(*scan_inputs(1, 3, 2, 65))
+
+
+def test_the_mamba_forward_takes_the_scan_kernel_where_it_pays_off(monkeypatch):
+    """``selective_scan(method="auto")`` lowers the kernel's call on CPU from
+    ``AUTO_MIN_FACTOR_ELEMENTS`` state updates on (and XLA's scan below, or for more than 64
+    states), with the same numbers."""
+    args = tuple(map(jnp.asarray, scan_inputs(1, 12, 8, 4, seed=2)))
+    lowered = lambda *a: jax.jit(lambda *x: mamba.block.selective_scan(*x)).lower(*a).as_text()
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 12 * 8 * 4)
+    assert "implicit_attn_selective_scan" in lowered(*args)
+    fast = mamba.block.selective_scan(*args)
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 12 * 8 * 4 + 1)
+    assert "implicit_attn_selective_scan" not in lowered(*args)
+    assert rel(fast, mamba.block.selective_scan(*args)) <= 1e-6
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 0)
+    big = tuple(map(jnp.asarray, scan_inputs(1, 4, 2, 65)))
+    assert not cpu.scan_pays_off(big[0], big[2])
+    assert "implicit_attn_selective_scan" not in lowered(*big)

@@ -1,4 +1,5 @@
-"""Parallel linear recurrences ``h_t = a_t * h_{t-1} + b_t``."""
+"""Linear recurrences ``h_t = a_t * h_{t-1} + b_t``: the parallel form, and Mamba-1's selective
+scan step by step."""
 from __future__ import annotations
 
 import jax
@@ -32,3 +33,23 @@ def linear_scan(a, b, axis: int = 1, h0=None):
         b = jax.lax.dynamic_update_index_in_dim(b, first, 0, axis)
     _, h = jax.lax.associative_scan(_combine, (a, b), axis=axis)
     return h
+
+
+def selective_scan_sequential(u, dt, A, Bm, Cm):
+    """Mamba-1's selective scan (S6) without its skip term, one ``lax.scan`` step per position:
+    ``h_t = exp(dt_t A) * h_{t-1} + (dt_t u_t) B_t``, ``y_t = h_t C_t``, keeping only the
+    ``(B, C, N)`` state (decay and input formed inside the step).
+
+    Args:
+      u, dt: ``(B, L, C)`` float32 inputs and step sizes; A: ``(C, N)``; Bm, Cm: ``(B, L, N)``.
+    Returns:
+      ``(B, L, C)`` float32.
+    """
+    def step(h, xs):
+        d, uu, bb, cc = xs
+        h = jnp.exp(d[..., None] * A) * h + (d * uu)[..., None] * bb[:, None, :]
+        return h, jnp.einsum("bcn,bn->bc", h, cc)
+
+    xs = tuple(jnp.moveaxis(v, 1, 0) for v in (dt, u, Bm, Cm))
+    h0 = jnp.zeros((u.shape[0], u.shape[2], A.shape[1]), jnp.float32)
+    return jnp.moveaxis(jax.lax.scan(step, h0, xs)[1], 0, 1)

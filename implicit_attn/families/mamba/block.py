@@ -16,10 +16,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ...kernels import cpu as cpu_kernels
 from ...nn import run_scan
 from ...nn.hooks import ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
 from ...operator import ImplicitOperator, StateDecayCore
-from ...ops import causal_conv, embed, full_precision, linear, linear_scan
+from ...ops import causal_conv, embed, full_precision, linear, linear_scan, selective_scan_sequential
 from .config import Config
 
 VARIANTS = ("full", "s6_only", "no_conv", "no_gate", "no_act")
@@ -66,8 +67,10 @@ def selective_scan(u, dt, A, Bm, Cm, D=None, method: str = "auto"):
     ``method="parallel"``: ``jax.lax.associative_scan`` over all states
     ``(B, L, C, N)`` (O(log L) depth; for accelerators). ``"sequential"``: one
     ``lax.scan`` whose step forms the decay and input on the fly and keeps only the
-    ``(B, C, N)`` state (fastest on CPU). ``"auto"`` picks by the platform lowered for
-    (``nn.run_scan``). Same numbers.
+    ``(B, C, N)`` state (``ops.selective_scan_sequential``). ``"auto"`` picks by the platform
+    lowered for (``nn.run_scan``): on CPU the fused kernel (``kernels.cpu.selective_scan``) where
+    it pays off (``kernels.cpu.scan_pays_off``), else the sequential scan. Same numbers (to
+    float32 rounding).
 
     Args:
       u: ``(B, L, C)`` inputs; dt: ``(B, L, C)`` step sizes; A: ``(C, N)``;
@@ -82,17 +85,9 @@ def selective_scan(u, dt, A, Bm, Cm, D=None, method: str = "auto"):
         b = (dt * u)[..., None] * Bm[:, :, None, :]
         return jnp.einsum("blcn,bln->blc", linear_scan(a, b, axis=1), Cm)
 
-    def sequential(u, dt, A, Bm, Cm):
-        def step(h, xs):
-            d, uu, bb, cc = xs
-            h = jnp.exp(d[..., None] * A) * h + (d * uu)[..., None] * bb[:, None, :]
-            return h, jnp.einsum("bcn,bn->bc", h, cc)
-
-        xs = tuple(jnp.moveaxis(v, 1, 0) for v in (dt, u, Bm, Cm))
-        h0 = jnp.zeros((u.shape[0], u.shape[2], A.shape[1]), f32)
-        return jnp.moveaxis(jax.lax.scan(step, h0, xs)[1], 0, 1)
-
-    y = run_scan(method, sequential, parallel, u, dt, A, Bm, Cm)
+    cpu = (cpu_kernels.selective_scan if method == "auto" and cpu_kernels.scan_pays_off(u, A)
+           else selective_scan_sequential)
+    y = run_scan(method, cpu, parallel, u, dt, A, Bm, Cm)
     if D is not None:
         y = y + u * D.astype(f32)
     return y

@@ -43,7 +43,7 @@ from ...operator import (MODES, AttentionCore, DeltaRuleCore, DocumentMaskedCore
                          apply_mode, block_size, register_backend, register_core, with_xla_backward)
 from ...operator.dispatch import blocked_reduce, blocked_reduce_jit
 from ...operator.implicit import LINEAR, heads_weighted_sum_jit
-from ...ops import full_precision
+from ...ops import full_precision, selective_scan_sequential
 from . import cache
 from .cache import CpuKernelUnavailable, cache_dir
 
@@ -57,10 +57,12 @@ _RWKV_REDUCE_TARGET = "implicit_attn_rwkv_reduce"
 _CONV_TARGET = "implicit_attn_short_conv_dense"
 _PLACE_TARGET = "implicit_attn_place_channels"
 _ATTENTION_TARGET = "implicit_attn_attention_dense"
+_SCAN_TARGET = "implicit_attn_selective_scan"
 _TARGETS = {"IaStateDecayDense": _TARGET, "IaStateDecayReduce": _REDUCE_TARGET, "IaHeadMatrixDense": _HEAD_TARGET,
             "IaHeadMatrixReduce": _HEAD_REDUCE_TARGET, "IaRwkvDense": _RWKV_TARGET,
             "IaRwkvReduce": _RWKV_REDUCE_TARGET, "IaShortConvDense": _CONV_TARGET,
-            "IaPlaceChannels": _PLACE_TARGET, "IaAttentionDense": _ATTENTION_TARGET}
+            "IaPlaceChannels": _PLACE_TARGET, "IaAttentionDense": _ATTENTION_TARGET,
+            "IaSelectiveScan": _SCAN_TARGET}
 _SYMBOLS = tuple(_TARGETS)
 ARCH_ENV = "IMPLICIT_ATTN_CPU_ARCH"
 
@@ -640,6 +642,56 @@ def pays_off(core) -> bool:
     return sum(int(x.size) for x in jax.tree.leaves(core) if hasattr(x, "size")) >= AUTO_MIN_FACTOR_ELEMENTS
 
 
+def _scan_call(u, dt, A, Bm, Cm):
+    load()
+    call = jax.ffi.ffi_call(_SCAN_TARGET, jax.ShapeDtypeStruct(u.shape, jnp.float32), vmap_method="sequential")
+    return call(u, dt, jnp.swapaxes(A, 0, 1), Bm, Cm, threads=np.int64(num_threads()))
+
+
+@jax.custom_vjp
+def _scan(u, dt, A, Bm, Cm):
+    return _scan_call(u, dt, A, Bm, Cm)
+
+
+def _scan_fwd(*args):
+    return _scan_call(*args), args
+
+
+def _scan_bwd(args, g):
+    return jax.vjp(selective_scan_sequential, *args)[1](g)
+
+
+_scan.defvjp(_scan_fwd, _scan_bwd)
+
+
+def selective_scan(u, dt, A, Bm, Cm):
+    """Mamba-1's selective scan by the fused CPU kernel: ``ops.selective_scan_sequential``'s
+    numbers (to float32 rounding: the kernel's ``exp`` is its own), sixteen channels per
+    vector, the channel blocks spread over ``num_threads()`` threads. Gradients go through
+    ``ops.selective_scan_sequential``.
+
+    Args:
+      u, dt: ``(B, L, C)``; A: ``(C, N)`` with ``N <= MAX_STATE``; Bm, Cm: ``(B, L, N)``
+        (cast to float32).
+    Returns:
+      ``(B, L, C)`` float32.
+    """
+    N = A.shape[-1]
+    if N > MAX_STATE:
+        raise ValueError(f"the selective-scan kernel keeps at most {MAX_STATE} states per channel, got {N}")
+    return _scan(*(jnp.asarray(x, jnp.float32) for x in (u, dt, A, Bm, Cm)))
+
+
+def scan_pays_off(u, A) -> bool:
+    """Whether a CPU forward runs Mamba-1's scan of ``u (B, L, C)`` and ``A (C, N)`` by the kernel:
+    JAX's default backend is the CPU, ``N <= MAX_STATE``, the scan updates at least
+    ``AUTO_MIN_FACTOR_ELEMENTS`` state entries (``B L C N``; below that XLA's scan is as quick and
+    a first call would wait for the library to compile), and the kernel builds here."""
+    N = A.shape[-1]
+    return (jax.default_backend() == "cpu" and N <= MAX_STATE
+            and int(np.prod(u.shape)) * N >= AUTO_MIN_FACTOR_ELEMENTS and available())
+
+
 BACKEND = register_backend(KernelBackend(
     name="cpu", dense=cpu_dense, reduce=cpu_reduce, auto=lambda: jax.default_backend() == "cpu",
     require=_require, ready=available, pays_off=lambda core: pays_off(core)))
@@ -647,6 +699,6 @@ for _type in (*_KERNELS, ParallelCore):
     register_core("cpu", _type, _problem)
 
 
-__all__ = ["cpu_dense", "cpu_reduce", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
+__all__ = ["cpu_dense", "cpu_reduce", "selective_scan", "scan_pays_off", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
            "pays_off", "AUTO_MIN_FACTOR_ELEMENTS", "AUTO_MIN_ENV",
            "library_path", "cache_dir", "num_threads", "CpuKernelUnavailable"]

@@ -31,6 +31,7 @@ namespace ffi = xla::ffi;
 namespace {
 
 constexpr int64_t kQ = 16;  // chunk length = one vector of 16 floats
+constexpr int64_t kMaxScanState = 64;  // the selective scan's states per channel (MAX_STATE)
 
 typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
@@ -1405,6 +1406,63 @@ ffi::Error PlaceChannelsImpl(ffi::Buffer<ffi::F32> src, ffi::Buffer<ffi::S32> ma
   return ffi::Error::Success();
 }
 
+// Mamba-1's selective scan (the block's forward, not its operator): per channel c and state n,
+//   h[n] = exp(dt[t,c] A[c,n]) h[n] + dt[t,c] u[t,c] Bm[t,n],   y[t,c] = sum_n h[n] Cm[t,n],
+// the arithmetic of the XLA sequential scan in the same order. Sixteen channels share one
+// vector (the state of each n is one v16), so no lane sums are needed; a last block of fewer
+// channels runs on zero lanes that are not written back.
+ffi::Error SelectiveScanImpl(ffi::Buffer<ffi::F32> u, ffi::Buffer<ffi::F32> dt, ffi::Buffer<ffi::F32> At,
+                             ffi::Buffer<ffi::F32> Bm, ffi::Buffer<ffi::F32> Cm,
+                             ffi::ResultBuffer<ffi::F32> y, int64_t threads) {
+  auto ud = u.dimensions(), dd = dt.dimensions(), ad = At.dimensions(), bd = Bm.dimensions(), cd = Cm.dimensions();
+  if (ud.size() != 3 || dd.size() != 3 || ad.size() != 2 || bd.size() != 3 || cd.size() != 3 ||
+      !std::equal(ud.begin(), ud.end(), dd.begin()) || !std::equal(bd.begin(), bd.end(), cd.begin()) ||
+      bd[0] != ud[0] || bd[1] != ud[1] || ad[1] != ud[2] || bd[2] != ad[0] || ad[0] > kMaxScanState)
+    return ffi::Error::InvalidArgument("selective_scan: inconsistent shapes (u, dt (B, L, C); A^T (N, C); "
+                                       "Bm, Cm (B, L, N); N <= 64)");
+  const int64_t B = ud[0], L = ud[1], C = ud[2], N = ad[0];
+  const int64_t blocks = (C + kQ - 1) / kQ, items = B * blocks;
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  const float *pu = u.typed_data(), *pd = dt.typed_data(), *pa = At.typed_data();
+  const float *pb = Bm.typed_data(), *pc = Cm.typed_data();
+  float* py = y->typed_data();
+  run_threads(nt, [&](int64_t t0) {
+    v16 h[kMaxScanState], a[kMaxScanState];
+    float lane[kQ];
+    for (int64_t p = t0; p < items; p += nt) {
+      const int64_t b = p / blocks, c0 = (p % blocks) * kQ, w = std::min<int64_t>(kQ, C - c0);
+      const auto part = [&](const float* src) {  // 16 channels from c0, zeros past C
+        if (w == kQ) return load(src);
+        std::fill(lane, lane + kQ, 0.0f);
+        std::memcpy(lane, src, sizeof(float) * w);
+        return load(lane);
+      };
+      for (int64_t n = 0; n < N; ++n) {
+        h[n] = splat(0.0f);
+        a[n] = part(pa + n * C + c0);
+      }
+      for (int64_t t = 0; t < L; ++t) {
+        const size_t row = (static_cast<size_t>(b) * L + t) * C + c0;
+        const float* bt = pb + (static_cast<size_t>(b) * L + t) * N;
+        const float* ct = pc + (static_cast<size_t>(b) * L + t) * N;
+        const v16 d = part(pd + row), du = d * part(pu + row);
+        v16 out = splat(0.0f);
+        for (int64_t n = 0; n < N; ++n) {
+          h[n] = vexp(d * a[n]) * h[n] + du * splat(bt[n]);
+          out += h[n] * splat(ct[n]);
+        }
+        if (w == kQ) {
+          store(py + row, out);
+        } else {
+          store(lane, out);
+          std::memcpy(py + row, lane, sizeof(float) * w);
+        }
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
 // The operands both handlers share, in order: the factors of H.
 template <typename Binding>
 auto bind_factors(Binding b) {
@@ -1537,4 +1595,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::Buffer<ffi::F32>>()   // into (B, total, L, L), aliased to out
         .Ret<ffi::Buffer<ffi::F32>>()   // out
         .Attr<int64_t>("offset")
+        .Attr<int64_t>("threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaSelectiveScan, SelectiveScanImpl,
+    ffi::Ffi::Bind()
+        .Arg<ffi::Buffer<ffi::F32>>()   // u (B, L, C)
+        .Arg<ffi::Buffer<ffi::F32>>()   // dt (B, L, C)
+        .Arg<ffi::Buffer<ffi::F32>>()   // A transposed (N, C)
+        .Arg<ffi::Buffer<ffi::F32>>()   // Bm (B, L, N)
+        .Arg<ffi::Buffer<ffi::F32>>()   // Cm (B, L, N)
+        .Ret<ffi::Buffer<ffi::F32>>()   // y (B, L, C)
         .Attr<int64_t>("threads"));
