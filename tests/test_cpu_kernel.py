@@ -421,16 +421,22 @@ def test_selective_scan_kernel_gradients_nan_vmap_and_threads(monkeypatch):
 
 
 def test_the_mamba_forward_takes_the_scan_kernel_where_it_pays_off(monkeypatch):
-    """``selective_scan(method="auto")`` lowers the kernel's call on CPU from
-    ``AUTO_MIN_FACTOR_ELEMENTS`` state updates on (and XLA's scan below, or for more than 64
-    states), with the same numbers."""
+    """``selective_scan(method="auto")`` lowers the kernel's call on CPU from ``SCAN_AUTO_MIN_FACTOR
+    * AUTO_MIN_FACTOR_ELEMENTS`` state updates on (and XLA's scan below, or for more than 64
+    states), with the same numbers; by default the shipped induction model's scan stays XLA's."""
+    assert cpu.SCAN_AUTO_MIN_FACTOR * cpu.AUTO_MIN_FACTOR_ELEMENTS in (0, 1 << 22)  # the suite's 0, else the default
     args = tuple(map(jnp.asarray, scan_inputs(1, 12, 8, 4, seed=2)))
     lowered = lambda *a: jax.jit(lambda *x: mamba.block.selective_scan(*x)).lower(*a).as_text()
-    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 12 * 8 * 4)
+    monkeypatch.setattr(cpu, "SCAN_AUTO_MIN_FACTOR", 2)
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 12 * 8 * 2)
     assert "implicit_attn_selective_scan" in lowered(*args)
     fast = mamba.block.selective_scan(*args)
-    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 12 * 8 * 4 + 1)
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 12 * 8 * 2 + 1)
     assert "implicit_attn_selective_scan" not in lowered(*args)
+    monkeypatch.setattr(cpu, "SCAN_AUTO_MIN_FACTOR", 64)
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 1 << 16)  # the defaults
+    shipped = tuple(map(jnp.asarray, scan_inputs(1, 255, 128, 16)))  # its layer at the task's length
+    assert not cpu.scan_pays_off(shipped[0], shipped[2])
     assert rel(fast, mamba.block.selective_scan(*args)) <= 1e-6
     monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 0)
     big = tuple(map(jnp.asarray, scan_inputs(1, 4, 2, 65)))

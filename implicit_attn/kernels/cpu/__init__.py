@@ -682,14 +682,21 @@ def selective_scan(u, dt, A, Bm, Cm):
     return _scan(*(jnp.asarray(x, jnp.float32) for x in (u, dt, A, Bm, Cm)))
 
 
+# A forward's scan takes the kernel from SCAN_AUTO_MIN_FACTOR * AUTO_MIN_FACTOR_ELEMENTS state
+# updates on (4,194,304 by default: XLA's scan ~5.5 ms, the kernel ~1.2 ms on the 2-core Xeon).
+# Below it XLA's scan is a few milliseconds at most (the shipped induction model's layer:
+# 0.9 ms), less than the library's first build (~8 s) would cost a first forward.
+SCAN_AUTO_MIN_FACTOR = 64
+
+
 def scan_pays_off(u, A) -> bool:
     """Whether a CPU forward runs Mamba-1's scan of ``u (B, L, C)`` and ``A (C, N)`` by the kernel:
     JAX's default backend is the CPU, ``N <= MAX_STATE``, the scan updates at least
-    ``AUTO_MIN_FACTOR_ELEMENTS`` state entries (``B L C N``; below that XLA's scan is as quick and
-    a first call would wait for the library to compile), and the kernel builds here."""
+    ``SCAN_AUTO_MIN_FACTOR * AUTO_MIN_FACTOR_ELEMENTS`` state entries (``B L C N``), and the
+    kernel builds here."""
     N = A.shape[-1]
     return (jax.default_backend() == "cpu" and N <= MAX_STATE
-            and int(np.prod(u.shape)) * N >= AUTO_MIN_FACTOR_ELEMENTS and available())
+            and int(np.prod(u.shape)) * N >= SCAN_AUTO_MIN_FACTOR * AUTO_MIN_FACTOR_ELEMENTS and available())
 
 
 BACKEND = register_backend(KernelBackend(
@@ -700,5 +707,5 @@ for _type in (*_KERNELS, ParallelCore):
 
 
 __all__ = ["cpu_dense", "cpu_reduce", "selective_scan", "scan_pays_off", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
-           "pays_off", "AUTO_MIN_FACTOR_ELEMENTS", "AUTO_MIN_ENV",
+           "pays_off", "AUTO_MIN_FACTOR_ELEMENTS", "AUTO_MIN_ENV", "SCAN_AUTO_MIN_FACTOR",
            "library_path", "cache_dir", "num_threads", "CpuKernelUnavailable"]
