@@ -402,6 +402,10 @@ def test_selective_scan_kernel_gradients_nan_vmap_and_threads(monkeypatch):
     want = jax.grad(loss(selective_scan_sequential), argnums=(0, 1, 2, 3, 4))(*args)
     for a, b in zip(g, want):
         assert rel(a, b) <= 1e-5
+    tangents = tuple(jnp.ones_like(a) * 0.1 for a in args)
+    fwd = jax.jvp(cpu.selective_scan, args, tangents)
+    ref = jax.jvp(selective_scan_sequential, args, tangents)
+    assert rel(fwd[0], ref[0]) <= 1e-5 and rel(fwd[1], ref[1]) <= 1e-5
     # a NaN input at t = 7 of channel 3: rows before it untouched, that channel NaN from t on,
     # the same pattern as XLA's scan (other channels do not see it)
     u = args[0].at[0, 7, 3].set(jnp.nan)

@@ -24,6 +24,10 @@ blocks); ``ParallelCore`` (its parts' kernels). ``cpu_dense`` writes ``(B, n, L,
 ``cpu_reduce`` sums over channels and writes only ``(B, L, L)``.
 Gradients: a ``custom_vjp`` whose backward pass is the XLA path (``jax.vjp`` of
 ``core.dense`` / of the blocked XLA reduce).
+
+The same library holds one forward computation: Mamba-1's selective scan (``selective_scan``,
+taken by ``mamba.block.selective_scan`` where ``scan_pays_off``), differentiated in both modes
+through XLA's scan (a ``custom_jvp``).
 """
 from __future__ import annotations
 
@@ -648,27 +652,23 @@ def _scan_call(u, dt, A, Bm, Cm):
     return call(u, dt, jnp.swapaxes(A, 0, 1), Bm, Cm, threads=np.int64(num_threads()))
 
 
-@jax.custom_vjp
+# A custom JVP (not VJP): forward-mode derivatives of a model (jax.jvp through its taps) need
+# one, and reverse mode transposes the XLA scan's linear tangent map.
+@jax.custom_jvp
 def _scan(u, dt, A, Bm, Cm):
     return _scan_call(u, dt, A, Bm, Cm)
 
 
-def _scan_fwd(*args):
-    return _scan_call(*args), args
-
-
-def _scan_bwd(args, g):
-    return jax.vjp(selective_scan_sequential, *args)[1](g)
-
-
-_scan.defvjp(_scan_fwd, _scan_bwd)
+@_scan.defjvp
+def _scan_jvp(primals, tangents):
+    return _scan_call(*primals), jax.jvp(selective_scan_sequential, primals, tangents)[1]
 
 
 def selective_scan(u, dt, A, Bm, Cm):
     """Mamba-1's selective scan by the fused CPU kernel: ``ops.selective_scan_sequential``'s
     numbers (to float32 rounding: the kernel's ``exp`` is its own), sixteen channels per
-    vector, the channel blocks spread over ``num_threads()`` threads. Gradients go through
-    ``ops.selective_scan_sequential``.
+    vector, the channel blocks spread over ``num_threads()`` threads. Derivatives (forward and
+    reverse mode) go through ``ops.selective_scan_sequential``.
 
     Args:
       u, dt: ``(B, L, C)``; A: ``(C, N)`` with ``N <= MAX_STATE``; Bm, Cm: ``(B, L, N)``
