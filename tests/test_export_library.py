@@ -47,8 +47,11 @@ PLATFORMS = ("cuda", "tpu")
 B, L = 2, 8
 SCORER_BATCH = 16  # the metrics' default batch_size: every model call they make has this shape
 # The compiled Pallas kernels' calls; a Triton call exports only with its check off.
-KERNEL_CALLS = {"cuda": {"__gpu$xla.gpu.triton"}, "tpu": {"tpu_custom_call"}}
+KERNEL_CALLS = {"cuda": {"__gpu$xla.gpu.triton"}, "tpu": {"tpu_custom_call"}, "cpu": {"implicit_attn_selective_scan"}}
 TRITON = jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
+# A CPU export may hold the forward's scan kernel (where it pays off); jax.export takes it only
+# with its check off, and the module then runs where this library has registered it.
+CPU_SCAN = jax.export.DisabledSafetyCheck.custom_call("implicit_attn_selective_scan")
 CUSTOM_CALL = re.compile(r'stablehlo\.custom_call"?\s*@?([\w.$-]*)|call_target_name\s*=\s*"([^"]+)"')
 
 
@@ -64,8 +67,9 @@ def custom_calls(text: str) -> set[str]:
 
 def exported(f, platform, *args):
     """``jax.export`` of ``jit(f)`` for ``platform``, checked: that platform only, no host
-    callback, no custom call, and every argument an input of the module."""
-    exp = jax.export.export(jax.jit(f), platforms=[platform], disabled_checks=[TRITON])(*args)
+    callback, no custom call but the platform's kernels (``KERNEL_CALLS``), and every argument an
+    input of the module."""
+    exp = jax.export.export(jax.jit(f), platforms=[platform], disabled_checks=[TRITON, CPU_SCAN])(*args)
     text = exp.mlir_module()
     assert exp.platforms == (platform,)
     assert "callback" not in code(text).lower(), "a host callback is in the exported module"
@@ -210,16 +214,19 @@ def test_explain_methods_export(fam, platform, target):
 
 @pytest.mark.parametrize("platform", ("cpu",) + PLATFORMS)
 def test_auto_scan_follows_the_lowering_platform(platform):
-    """``method="auto"``: one sequential ``lax.scan`` (a while loop) when lowered for CPU,
-    the associative scan (no loop) for an accelerator, wherever it is traced."""
+    """``method="auto"``: one sequential ``lax.scan`` (a while loop) when lowered for CPU (for
+    Mamba's scan the fused kernel's call instead, where ``scan_pays_off``: here, at the suite's
+    threshold 0), the associative scan (no loop, no call) for an accelerator, wherever it is
+    traced."""
     rng = np.random.default_rng(1)
     u, dt = (jnp.asarray(rng.random((B, L, 4)), jnp.float32) for _ in range(2))
     A = -jnp.asarray(rng.random((4, 3)), jnp.float32)
     Bm, Cm = (jnp.asarray(rng.random((B, L, 3)), jnp.float32) for _ in range(2))
-    loops = platform == "cpu"
     for f, args in ((mamba.selective_scan, (u, dt, A, Bm, Cm)), (griffin.rglru_scan, (dt, u))):
+        kernel = platform == "cpu" and f is mamba.selective_scan and cpu.scan_pays_off(u, A)
         text = exported(f, platform, *args).mlir_module()
-        assert ("stablehlo.while" in text) == loops, (f.__name__, platform)
+        assert ("stablehlo.while" in text) == (platform == "cpu" and not kernel), (f.__name__, platform)
+        assert custom_calls(text) == ({"implicit_attn_selective_scan"} if kernel else set()), (f.__name__, platform)
 
 
 def test_default_platform_is_what_jit_lowers_for():
@@ -238,5 +245,7 @@ def test_auto_keeps_the_cpu_kernel_when_lowered_for_cpu():
     model = spec.lm(cfg, spec.init_params(cfg, 0))
     ids = jnp.zeros((B, L), jnp.int32)
     f = lambda i: [op.reduce("mean") for op in model.operators(i)]
-    assert custom_calls(jax.jit(f).lower(ids).as_text()) == {"implicit_attn_state_decay_reduce"}
+    scan = cpu.scan_pays_off(jnp.zeros((B, L, cfg.intermediate_size)), jnp.zeros((cfg.intermediate_size, cfg.state_size)))
+    assert custom_calls(jax.jit(f).lower(ids).as_text()) == {"implicit_attn_state_decay_reduce"} | (
+        {"implicit_attn_selective_scan"} if scan else set())
     assert not custom_calls(exported(f, "cuda", ids).mlir_module())
