@@ -31,7 +31,7 @@ namespace ffi = xla::ffi;
 namespace {
 
 constexpr int64_t kQ = 16;  // chunk length = one vector of 16 floats
-constexpr int64_t kMaxScanState = 64;  // the selective scan's states per channel (MAX_STATE)
+constexpr int64_t kMaxState = 64;  // states per channel of every kernel (MAX_STATE in Python)
 
 typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
@@ -256,7 +256,7 @@ void diagonal_block(const Channel& ch, int64_t I, const Dims& d, const Scratch& 
   vw lane;
   for (int64_t l = 0; l < kW; ++l) lane[l] = static_cast<float>(l);
   for (int64_t h = 0; h < kQ; h += kW) {  // columns I0 + h .. I0 + h + kW - 1
-    vw G[64];  // N <= 64, checked by the handlers
+    vw G[kMaxState];  // N <= kMaxState, checked by the handlers
     for (int64_t n = 0; n < N; ++n) G[n] = splat<vw>(0.0f);
     for (int64_t ii = 0; ii < kQ; ++ii) {  // rows past L have q = k = 0
       const int64_t i = I0 + ii;
@@ -364,7 +364,7 @@ std::string read_dims(ffi::Buffer<ffi::F32>& q, ffi::Buffer<ffi::F32>& k,
   if (td[0] != d.B || td[1] != d.C || td[2] != d.L || ad[1] != d.N || wd[0] != d.C ||
       kd[0] != d.B || kd[1] != d.L || kd[2] != d.N)
     return "inconsistent shapes";
-  if (d.N > 64 || d.K > kQ) return "needs state size <= 64 and conv width <= 16";
+  if (d.N > kMaxState || d.K > kQ) return "needs state size <= 64 and conv width <= 16";
   return "";
 }
 
@@ -1417,7 +1417,7 @@ ffi::Error SelectiveScanImpl(ffi::Buffer<ffi::F32> u, ffi::Buffer<ffi::F32> dt, 
   auto ud = u.dimensions(), dd = dt.dimensions(), ad = At.dimensions(), bd = Bm.dimensions(), cd = Cm.dimensions();
   if (ud.size() != 3 || dd.size() != 3 || ad.size() != 2 || bd.size() != 3 || cd.size() != 3 ||
       !std::equal(ud.begin(), ud.end(), dd.begin()) || !std::equal(bd.begin(), bd.end(), cd.begin()) ||
-      bd[0] != ud[0] || bd[1] != ud[1] || ad[1] != ud[2] || bd[2] != ad[0] || ad[0] > kMaxScanState)
+      bd[0] != ud[0] || bd[1] != ud[1] || ad[1] != ud[2] || bd[2] != ad[0] || ad[0] > kMaxState)
     return ffi::Error::InvalidArgument("selective_scan: inconsistent shapes (u, dt (B, L, C); A^T (N, C); "
                                        "Bm, Cm (B, L, N); N <= 64)");
   const int64_t B = ud[0], L = ud[1], C = ud[2], N = ad[0];
@@ -1427,7 +1427,7 @@ ffi::Error SelectiveScanImpl(ffi::Buffer<ffi::F32> u, ffi::Buffer<ffi::F32> dt, 
   const float *pb = Bm.typed_data(), *pc = Cm.typed_data();
   float* py = y->typed_data();
   run_threads(nt, [&](int64_t t0) {
-    v16 h[kMaxScanState], a[kMaxScanState];
+    v16 h[kMaxState], a[kMaxState];
     float lane[kQ];
     for (int64_t p = t0; p < items; p += nt) {
       const int64_t b = p / blocks, c0 = (p % blocks) * kQ, w = std::min<int64_t>(kQ, C - c0);
