@@ -112,6 +112,8 @@ def test_apply_in_blocks_and_under_jit_keeps_the_nan_rule(monkeypatch):
     a NaN value at ``T``. Reference: the dense einsum with the NaN rule written out."""
     _, model = tiny("recurrent_gemma")
     for i, clean, poisoned in operators_with_nan(model, 3):
+        if i == 1:
+            continue  # a second RG-LRU layer: layer 0 has channels, layer 2 attention heads
         # a NaN value on a finite H: only the reach pass makes rows >= T NaN
         nan_value = dataclasses.replace(clean, values=clean.values.at[0, :, T].set(np.nan))
         for op in (clean, poisoned, nan_value):
