@@ -177,6 +177,18 @@ def softmax64(core):
     return e / e.sum(-1, keepdims=True)
 
 
+@pytest.mark.parametrize("window", [40, 2 ** 31 - 1])
+def test_attention_kernel_in_one_document(window):
+    """One document: the kernel leaves unmasked the blocks every row of a chunk sees whole
+    (left of the diagonal, inside the window); against the float64 softmax."""
+    core = attention_core(300, window=window)
+    core = AttentionCore(q=core.q, k=core.k, seg=jnp.zeros_like(core.seg), window=window)
+    got = np.asarray(cpu.cpu_dense(core, np.arange(4)))
+    want = softmax64(core)
+    assert rel(got, want) <= 1e-5
+    np.testing.assert_array_equal(got == 0, want == 0)
+
+
 @pytest.mark.parametrize("L, window", [(1, 3), (16, 16), (37, 2 ** 31 - 1), (300, 40)])
 def test_attention_kernel_on_random_cores(L, window):
     """Packed documents, windows shorter and longer than L (one of them not a multiple of the
