@@ -279,6 +279,52 @@ def transfer_matrix(R, P, J, D):
     return jnp.concatenate(rows, axis=2)
 
 
+def _decayed_pairs(R, P, J):
+    """Block ``(I, K)`` of ``R_I Diag(P_{K+1} ... P_{I-1}) J_K`` for every pair of chunks (meaningful
+    where ``K < I``): ``(..., n, C, n, C')`` from ``R (..., n, C, d)``, ``P (..., n, d)``, ``J (..., n, d,
+    C')``; the decay between two chunks a product of the factors between them, folded into ``R``."""
+    n = P.shape[-2]
+    U = jnp.arange(n)
+    f = jnp.where((U[None, :] < U[:, None])[:, :, None], P[..., None, :, :], 1.0)  # [I, U]: P_U for U < I
+    upto = jnp.flip(jnp.cumprod(jnp.flip(f, -2), axis=-2), -2)  # [I, K]: the product over U >= K
+    between = jnp.concatenate([upto[..., 1:, :], jnp.ones_like(upto[..., :1, :])], axis=-2)  # over U > K
+    return jnp.einsum("...ikcd,...kde->...icke", R[..., :, None, :, :] * between[..., :, :, None, :], J)
+
+
+def grouped_transfer_matrix(R, P, J, D, group: int = 4):
+    """``transfer_matrix`` for a diagonal transition ``P``, over groups of ``group`` chunks: inside a
+    group the blocks between its chunks are batched products (``R_I Diag(P_{K+1} ... P_{I-1}) J_K``),
+    and the recurrence runs over the groups, each reading (rows decayed from the group's start) and
+    writing (columns decayed to its end) ``group`` times as many positions per matmul. Every
+    factor is a product of the decays (in ``[0, 1]`` for a contracting recurrence: no overflow).
+
+    Args: as ``transfer_matrix`` with ``P (n, B, H, d_k)``; group: chunks per group (a performance knob).
+    Returns:
+      ``(B, H, n C, n C)`` float32 (entries above the diagonal blocks exactly 0).
+    """
+    n, B, H, C, dk = R.shape
+    g = max(1, min(group, n))
+    nS = -(-n // g)
+    pad = lambda x, v: jnp.concatenate([x, jnp.full((nS * g - n,) + x.shape[1:], v, f32)]) if nS * g > n else x
+    R, P, J, D = pad(R, 0.0), pad(P, 1.0), pad(J, 0.0), pad(D, 0.0)  # padded chunks: no decay, no reads
+    grouped = lambda x: x.reshape((nS, g) + x.shape[1:])
+    Rg, Pg, Jg, Dg = grouped(R), grouped(P), grouped(J), grouped(D)  # (nS, g, B, H, ...)
+    # The decays inside a group from its start to each chunk's start, and from each chunk's end to its end.
+    ones = jnp.ones_like(Pg[:, :1])
+    before = jnp.cumprod(jnp.concatenate([ones, Pg[:, :-1]], axis=1), axis=1)
+    after = jnp.flip(jnp.cumprod(jnp.concatenate([ones, jnp.flip(Pg, 1)[:, :-1]], axis=1), axis=1), 1)
+    to_group = lambda x: jnp.moveaxis(x, 1, 3)  # (nS, g, B, H, ...) -> (nS, B, H, g, ...)
+    Rs = to_group(Rg * before[..., None, :]).reshape(nS, B, H, g * C, dk)
+    Js = jnp.moveaxis(to_group(Jg * after[..., :, None]), 3, 4).reshape(nS, B, H, dk, g * C)
+    inner = _decayed_pairs(to_group(Rg), to_group(Pg), to_group(Jg))  # (nS, B, H, g, C, g, C)
+    u = jnp.arange(g)
+    pairs = lambda m: m[:, None, :, None]  # (U, V) -> (U, i, V, j)
+    own = jnp.where(pairs(u[:, None] == u[None, :]), to_group(Dg)[..., None, :], 0.0)
+    Ds = jnp.where(pairs(u[:, None] > u[None, :]), inner, own).reshape(nS, B, H, g * C, g * C)
+    M = transfer_matrix(Rs, before[:, -1] * Pg[:, -1], Js, Ds)
+    return M[:, :, :n * C, :n * C]
+
+
 @functools.partial(jax.jit, static_argnames=("chunk", "erase"))  # one compile, not op by op, when eager
 def delta_rule_matrix(q, k, log_a, beta, chunk: int = 64, erase: bool = True):
     """``M (B, H, L, L)`` float32 of the gated delta rule of each head: ``delta_rule`` with the
@@ -314,4 +360,4 @@ def delta_rule_matrix(q, k, log_a, beta, chunk: int = 64, erase: bool = True):
 
 
 __all__ = ["unit_lower_inverse", "pad_positions", "two_sum", "double_float_add", "segment_sums", "shift_down", "masked_exp", "DeltaChunks", "chunk_parts", "split_chunks", "chunk_factors",
-           "delta_rule", "transfer_matrix", "delta_rule_matrix"]
+           "delta_rule", "transfer_matrix", "grouped_transfer_matrix", "delta_rule_matrix"]
