@@ -319,10 +319,8 @@ def grouped_transfer_matrix(R, P, J, D, group: int = 4):
     grouped = lambda x: x.reshape((nS, g) + x.shape[1:])
     Rg, Pg, Jg, Dg = grouped(R), grouped(P), grouped(J), grouped(D)  # (nS, g, B, H, ...)
     to_group = lambda x: jnp.moveaxis(x, 1, 3)  # (nS, g, B, H, ...) -> (nS, B, H, g, ...)
-    # Transitions inside a group: from its start to each chunk's start (before), from each chunk's
-    # end to the group's end (after).
-    ones = jnp.broadcast_to(identity, Pg[:, :1].shape)
-    if diagonal:
+    if diagonal:  # the decays from the group's start to each chunk's start, from each chunk's end to its end
+        ones = jnp.broadcast_to(identity, Pg[:, :1].shape)
         before = jnp.cumprod(jnp.concatenate([ones, Pg[:, :-1]], axis=1), axis=1)
         after = jnp.flip(jnp.cumprod(jnp.concatenate([ones, jnp.flip(Pg, 1)[:, :-1]], axis=1), axis=1), 1)
         Rs, Js = Rg * before[..., None, :], Jg * after[..., :, None]
@@ -332,14 +330,20 @@ def grouped_transfer_matrix(R, P, J, D, group: int = 4):
         pairs = lambda m: m[:, None, :, None]  # (U, V) -> (U, i, V, j)
         own = jnp.where(pairs(u[:, None] == u[None, :]), to_group(Dg)[..., None, :], 0.0)
         Ds = jnp.where(pairs(u[:, None] > u[None, :]), inner, own).reshape(nS, B, H, g * C, g * C)
-    else:
-        before, after = [ones[:, 0]], [ones[:, 0]]
-        for v in range(g - 1):
-            before.append(Pg[:, v] @ before[-1])
-            after.insert(0, after[0] @ Pg[:, g - 1 - v])
-        before, after = jnp.stack(before, 1), jnp.stack(after, 1)
-        Rs, Js = Rg @ before, after @ Jg
-        total = Pg[:, -1] @ before[:, -1]
+    else:  # each chunk's rows and columns carried one transition at a time: (C, d_k) products, not (d_k, d_k)
+        Rs, Js = [Rg[:, 0]], [Jg[:, g - 1]]
+        for u in range(1, g):
+            Y, W = Rg[:, u], Jg[:, g - 1 - u]
+            for v in range(u - 1, -1, -1):
+                Y = Y @ Pg[:, v]
+            for v in range(g - u, g):
+                W = Pg[:, v] @ W
+            Rs.append(Y)
+            Js.insert(0, W)
+        Rs, Js = jnp.stack(Rs, 1), jnp.stack(Js, 1)
+        total = Pg[:, 0]
+        for v in range(1, g):
+            total = Pg[:, v] @ total
         folded = lambda x: jnp.moveaxis(x, 0, 1).reshape((g, nS * B) + x.shape[3:])  # groups into the batch
         Ds = transfer_matrix(folded(Rg), folded(Pg), folded(Jg), folded(Dg)).reshape(nS, B, H, g * C, g * C)
     Rs = to_group(Rs).reshape(nS, B, H, g * C, dk)
