@@ -45,7 +45,7 @@ def test_segment_sum_precise_at_long_length():
     assert abs(got - 0.37) < 1e-6
 
 
-@pytest.mark.parametrize("L, chunk", [(37, 8), (130, 64), (1, 4)])
+@pytest.mark.parametrize("L, chunk", [(37, 8), (130, 64)])
 def test_decayed_scores_match_float64(rng, L, chunk):
     """``exp(F[i, j] + row_i + col_j) (q_i . k_j)`` by block factors equals the float64 entries of the
     same float32 inputs (each to the float32 rounding of its exponent, plus 1e-5 of itself and of its
