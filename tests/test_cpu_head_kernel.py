@@ -10,6 +10,8 @@ reference, and on random cores (packed documents, windows, grouped keys) against
 The default tier checks Mamba-2, RWKV-7, RWKV-4 and LFM2; the other families' float64 checks
 repeat the conformance suite's (which runs ``materialize``'s default, these kernels) and are deep.
 """
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -248,20 +250,22 @@ def test_rwkv_reduce_at_extreme_decays_and_bonuses(how):
     assert rel(got, want) <= 1e-5
 
 
-def test_linear_reduces_sum_through_the_heads():
-    """RWKV-7's linear reductions of distinct channels go through the heads (``heads_weighted_sum``),
-    repeated or traced channels through the kernel: both equal the float64 sum of materialized channels."""
+def test_linear_reduces_with_a_diagonal_term():
+    """RWKV-7's linear reductions (a diagonal term beside the head matrix) by the kernel's product over
+    a head's channels, for distinct, repeated and traced channels, equal the float64 sum of the
+    materialized channels; with a conv added (the diagonal read at ``(i, i - s)``) too."""
     op = op_of("rwkv7", 37)
-    H = np.asarray(op.materialize(impl="xla"), np.float64)
     g = np.random.default_rng(4)
-    for chans in ([9, 0, 5, 15], [9, 0, 9, 15]):
-        qw = g.standard_normal((B, 4, 37)).astype(np.float32)
-        kw = g.standard_normal((B, 4, 37)).astype(np.float32)
-        assert cpu.sums_through_heads(op.core, chans) == (chans == [9, 0, 5, 15])
-        want = np.einsum("bci,bcij,bcj->bij", qw, H[:, chans], kw)
-        assert rel(cpu.cpu_reduce(op.core, np.asarray(chans), "weighted", qw, kw), want) <= 1e-5
-    traced = jax.jit(lambda c, i: cpu.cpu_reduce(c, i, "weighted", qw, kw))(op.core, jnp.asarray(chans))
-    assert rel(traced, want) <= 1e-5
+    w = jnp.asarray(g.standard_normal((op.shape[1], 3)).astype(np.float32))
+    for core in (op.core, dataclasses.replace(op.core, conv_w=w)):
+        H = np.asarray(core.dense(jnp.arange(op.shape[1])), np.float64)
+        for chans in ([9, 0, 5, 15], [9, 0, 9, 15]):
+            qw = g.standard_normal((B, 4, 37)).astype(np.float32)
+            kw = g.standard_normal((B, 4, 37)).astype(np.float32)
+            want = np.einsum("bci,bcij,bcj->bij", qw, H[:, chans], kw)
+            assert rel(cpu.cpu_reduce(core, np.asarray(chans), "weighted", qw, kw), want) <= 1e-5
+        traced = jax.jit(lambda c, i: cpu.cpu_reduce(c, i, "weighted", qw, kw))(core, jnp.asarray(chans))
+        assert rel(traced, want) <= 1e-5
 
 
 @pytest.mark.parametrize("how", ["weighted", "abs_mean"])

@@ -14,7 +14,7 @@ import pytest
 
 from implicit_attn.kernels.pallas import calls, plans
 from implicit_attn.operator import DeltaRuleCore, ImplicitOperator, Mamba2Operator
-from implicit_attn.ops import decay_matrix, delta_rule, delta_rule_matrix, unit_lower_inverse
+from implicit_attn.ops import decay_matrix, delta_rule, delta_rule_matrix, grouped_transfer_matrix, unit_lower_inverse
 
 from conftest import torch_or_skip
 
@@ -249,3 +249,27 @@ def test_materialize_exports_for_accelerators(platform, per_dim):
     exported = jax.export.export(fn, platforms=[platform])(*f32(q, k, log_a, beta))
     text = exported.mlir_module()
     assert "dot_general" in text and exported.out_avals[0].shape == (1, 2, 40, 40)
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["diagonal", "dense"])
+@pytest.mark.parametrize("n, group", [(9, 4)])
+def test_grouped_transfer_matrix_equals_the_float64_chunk_products(dense, n, group):
+    """Block ``(I, K)`` of ``grouped_transfer_matrix`` is ``R_I P_{I-1} ... P_{K+1} J_K`` (``D_I`` on the
+    diagonal blocks, 0 above), in float64 from the chunks' own factors: groups that do not divide
+    the chunks (a padded last group)."""
+    g = np.random.default_rng(n + group)
+    C, dk = 3, 4
+    R, J = g.standard_normal((n, 1, 2, C, dk)), g.standard_normal((n, 1, 2, dk, C))
+    P = g.standard_normal((n, 1, 2, dk, dk)) / 2 if dense else g.uniform(0, 1, (n, 1, 2, dk))
+    D = np.tril(g.standard_normal((n, 1, 2, C, C)))
+    full = P if dense else P[..., :, None] * np.eye(dk)
+    want = np.zeros((1, 2, n * C, n * C))
+    for I in range(n):
+        want[:, :, I * C:(I + 1) * C, I * C:(I + 1) * C] = D[I]
+        for K in range(I):
+            T = np.broadcast_to(np.eye(dk), (1, 2, dk, dk))
+            for c in range(K + 1, I):
+                T = full[c] @ T
+            want[:, :, I * C:(I + 1) * C, K * C:(K + 1) * C] = R[I] @ T @ J[K]
+    got = grouped_transfer_matrix(*(jnp.asarray(x, jnp.float32) for x in (R, P, J, D)), group)
+    assert float(np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max()) <= 1e-6

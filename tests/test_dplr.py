@@ -57,7 +57,8 @@ rel = lambda a, b: float(np.abs(np.asarray(a, np.float64) - b).max() / np.abs(b)
     (40, 16, 4.0, True, True),      # strong decays
     (37, 8, 7.0, False, False),     # RWKV-6: read before the update, decays down to e^-7
     (29, 32, 1.0, True, False),     # one chunk longer than the input
-], ids=["rwkv7", "rwkv7_strong", "rwkv6", "one_chunk"])
+    (150, 8, 0.1, False, False),    # RWKV-6, weak decays reaching across three groups of 8 chunks, the last padded
+], ids=["rwkv7", "rwkv7_strong", "rwkv6", "one_chunk", "rwkv6_groups"])
 def test_outputs_and_matrix_equal_the_float64_recurrence(L, chunk, decay, low_rank, after):
     q, k, v, log_w, a, b = rwkv7_inputs(2, 3, L, 6, 5, seed=L, decay=decay)
     if not low_rank:

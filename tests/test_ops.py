@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from implicit_attn.ops import (causal_conv, conv_matrix, conv_right, decay_matrix, linear_scan,
+from implicit_attn.ops import (causal_conv, conv_matrix, conv_right, decay_matrix, decayed_scores, linear_scan,
                                scalar_decay_kernel, segment_sum, state_decay_kernel)
 
 
@@ -43,6 +43,34 @@ def test_segment_sum_precise_at_long_length():
     t = np.full(L, 0.37)
     got = np.asarray(segment_sum(jnp.asarray(t, jnp.float32))[-1, -2])
     assert abs(got - 0.37) < 1e-6
+
+
+@pytest.mark.parametrize("L, chunk", [(37, 8), (130, 64)])
+def test_decayed_scores_match_float64(rng, L, chunk):
+    """``exp(F[i, j] + row_i + col_j) (q_i . k_j)`` by block factors equals the float64 entries of the
+    same float32 inputs (each to the float32 rounding of its exponent, plus 1e-5 of itself and of its
+    row's largest): strong decays, resets
+    (``-inf``), column weights from -60 to 60 with rows stabilised by their maxima (the mLSTM's
+    ``-m``), and without row and column weights."""
+    f32 = lambda x: np.asarray(x, np.float32).astype(np.float64)
+    q, k = f32(rng.normal(size=(2, 3, L, 5))), f32(rng.normal(size=(2, 3, L, 5)))
+    log_a = f32(-np.abs(rng.normal(size=(2, 3, L))) * rng.choice([0.01, 1.0, 30.0], size=(2, 3, L)))
+    log_a[0, 0, L // 2] = -np.inf
+    col = f32(rng.uniform(-60, 60, size=(2, 3, L)))
+    seg = brute_segsum(log_a)
+    row = f32(-np.max(seg + col[..., None, :], axis=-1))
+    for r, c in ((row, col), (None, None)):
+        expo = seg + (0 if r is None else r[..., :, None]) + (0 if c is None else c[..., None, :])
+        want = np.exp(expo) * np.einsum("...id,...jd->...ij", q, k)
+        arg = lambda x: None if x is None else jnp.asarray(x, jnp.float32)
+        got = np.asarray(decayed_scores(arg(q), arg(k), arg(log_a), arg(r), arg(c), chunk), np.float64)
+        assert np.all(np.triu(got, 1) == 0)
+        # float32 rounding of the exponent's terms: a relative error of ~ulp * (|F| + |row| + |col|)
+        terms = (np.where(np.isfinite(seg), np.abs(seg), 0) + (0 if r is None else np.abs(r)[..., :, None])
+                 + (0 if c is None else np.abs(c)[..., None, :]))
+        scale = np.abs(want).max(-1, keepdims=True)
+        tol = (1e-5 + 8 * 2.0 ** -24 * terms) * np.abs(want) + 1e-5 * scale
+        assert np.all(np.abs(got - want) <= tol)
 
 
 @pytest.mark.parametrize("K", [1, 2, 4])

@@ -31,6 +31,8 @@ f32 = jnp.float32
 # time and 1.3-1.6x faster at L = 2048, but at L = 512 (32 chunks, each its own static step with 32)
 # RWKV-6's reduce is ~15% slower.
 SEGMENTS = 8
+# Positions per group of chunks in ``delta_rule_matrix`` and ``dplr_matrix`` (``grouped_transfer_matrix``).
+GROUP = 64
 
 
 def masked_exp(x, mask):
@@ -279,6 +281,76 @@ def transfer_matrix(R, P, J, D):
     return jnp.concatenate(rows, axis=2)
 
 
+def _decayed_pairs(R, P, J):
+    """Block ``(I, K)`` of ``R_I Diag(P_{K+1} ... P_{I-1}) J_K`` for every pair of chunks (meaningful
+    where ``K < I``): ``(..., n, C, n, C')`` from ``R (..., n, C, d)``, ``P (..., n, d)``, ``J (..., n, d,
+    C')``; the decay between two chunks a product of the factors between them, folded into ``R``."""
+    n = P.shape[-2]
+    U = jnp.arange(n)
+    f = jnp.where((U[None, :] < U[:, None])[:, :, None], P[..., None, :, :], 1.0)  # [I, U]: P_U for U < I
+    upto = jnp.flip(jnp.cumprod(jnp.flip(f, -2), axis=-2), -2)  # [I, K]: the product over U >= K
+    between = jnp.concatenate([upto[..., 1:, :], jnp.ones_like(upto[..., :1, :])], axis=-2)  # over U > K
+    return jnp.einsum("...ikcd,...kde->...icke", R[..., :, None, :, :] * between[..., :, :, None, :], J)
+
+
+def grouped_transfer_matrix(R, P, J, D, group: int = 4):
+    """``transfer_matrix`` over groups of ``group`` chunks: the recurrence runs over the groups, each
+    reading (rows carried from the group's start) and writing (columns carried to its end) ``group``
+    times as many positions per matmul, and passing the state on by one transition per group (a
+    dense ``P``: ``group`` times fewer ``(d_k, d_k)`` products with the state). Inside a group the
+    blocks between its chunks are batched products ``R_I Diag(P_{K+1} ... P_{I-1}) J_K`` (a diagonal
+    ``P``) or ``transfer_matrix`` of the group alone (a dense one). The carried factors are products
+    of the chunks' own transitions: for a diagonal ``P`` decays in ``[0, 1]`` (no overflow).
+
+    Args: as ``transfer_matrix``; group: chunks per group (a performance knob).
+    Returns:
+      ``(B, H, n C, n C)`` float32 (entries above the diagonal blocks exactly 0).
+    """
+    n, B, H, C, dk = R.shape
+    g = max(1, min(group, n))
+    if g == 1:
+        return transfer_matrix(R, P, J, D)
+    nS = -(-n // g)
+    diagonal = P.ndim == 4
+    identity = jnp.ones((dk,), f32) if diagonal else jnp.eye(dk, dtype=f32)
+    pad = lambda x, v: (jnp.concatenate([x, jnp.broadcast_to(v, (nS * g - n,) + x.shape[1:]).astype(f32)])
+                        if nS * g > n else x)
+    R, P, J, D = pad(R, 0.0), pad(P, identity), pad(J, 0.0), pad(D, 0.0)  # padded chunks: no transition, no reads
+    grouped = lambda x: x.reshape((nS, g) + x.shape[1:])
+    Rg, Pg, Jg, Dg = grouped(R), grouped(P), grouped(J), grouped(D)  # (nS, g, B, H, ...)
+    to_group = lambda x: jnp.moveaxis(x, 1, 3)  # (nS, g, B, H, ...) -> (nS, B, H, g, ...)
+    if diagonal:  # the decays from the group's start to each chunk's start, from each chunk's end to its end
+        ones = jnp.broadcast_to(identity, Pg[:, :1].shape)
+        before = jnp.cumprod(jnp.concatenate([ones, Pg[:, :-1]], axis=1), axis=1)
+        after = jnp.flip(jnp.cumprod(jnp.concatenate([ones, jnp.flip(Pg, 1)[:, :-1]], axis=1), axis=1), 1)
+        Rs, Js = Rg * before[..., None, :], Jg * after[..., :, None]
+        total = before[:, -1] * Pg[:, -1]
+        inner = _decayed_pairs(to_group(Rg), to_group(Pg), to_group(Jg))  # (nS, B, H, g, C, g, C)
+        u = jnp.arange(g)
+        pairs = lambda m: m[:, None, :, None]  # (U, V) -> (U, i, V, j)
+        own = jnp.where(pairs(u[:, None] == u[None, :]), to_group(Dg)[..., None, :], 0.0)
+        Ds = jnp.where(pairs(u[:, None] > u[None, :]), inner, own).reshape(nS, B, H, g * C, g * C)
+    else:  # each chunk's rows and columns carried one transition at a time: (C, d_k) products, not (d_k, d_k)
+        Rs, Js = [Rg[:, 0]], [Jg[:, g - 1]]
+        for u in range(1, g):
+            Y, W = Rg[:, u], Jg[:, g - 1 - u]
+            for v in range(u - 1, -1, -1):
+                Y = Y @ Pg[:, v]
+            for v in range(g - u, g):
+                W = Pg[:, v] @ W
+            Rs.append(Y)
+            Js.insert(0, W)
+        Rs, Js = jnp.stack(Rs, 1), jnp.stack(Js, 1)
+        total = Pg[:, 0]
+        for v in range(1, g):
+            total = Pg[:, v] @ total
+        folded = lambda x: jnp.moveaxis(x, 0, 1).reshape((g, nS * B) + x.shape[3:])  # groups into the batch
+        Ds = transfer_matrix(folded(Rg), folded(Pg), folded(Jg), folded(Dg)).reshape(nS, B, H, g * C, g * C)
+    Rs = to_group(Rs).reshape(nS, B, H, g * C, dk)
+    Js = jnp.moveaxis(to_group(Js), 3, 4).reshape(nS, B, H, dk, g * C)
+    return transfer_matrix(Rs, total, Js, Ds)[:, :, :n * C, :n * C]
+
+
 @functools.partial(jax.jit, static_argnames=("chunk", "erase"))  # one compile, not op by op, when eager
 def delta_rule_matrix(q, k, log_a, beta, chunk: int = 64, erase: bool = True):
     """``M (B, H, L, L)`` float32 of the gated delta rule of each head: ``delta_rule`` with the
@@ -309,9 +381,9 @@ def delta_rule_matrix(q, k, log_a, beta, chunk: int = 64, erase: bool = True):
         R, P = f.q_in - f.qk @ Tk, f.decay[..., :, None] * jnp.eye(f.decay.shape[-1], dtype=f32) - kT(Tk)
     else:  # earlier values write nothing: the state only decays
         R, P = f.q_in, f.decay
-    M = transfer_matrix(R, P, kT(Ts), f.qk @ Ts)[:, :, :L, :L]
+    M = grouped_transfer_matrix(R, P, kT(Ts), f.qk @ Ts, -(-GROUP // C))[:, :, :L, :L]
     return jnp.where(jnp.tril(jnp.ones((L, L), bool)), M, 0.0)
 
 
 __all__ = ["unit_lower_inverse", "pad_positions", "two_sum", "double_float_add", "segment_sums", "shift_down", "masked_exp", "DeltaChunks", "chunk_parts", "split_chunks", "chunk_factors",
-           "delta_rule", "transfer_matrix", "delta_rule_matrix"]
+           "delta_rule", "transfer_matrix", "grouped_transfer_matrix", "delta_rule_matrix"]

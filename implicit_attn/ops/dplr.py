@@ -29,7 +29,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .delta import masked_exp, pad_positions, segment_sums, shift_down, split_chunks, transfer_matrix, unit_lower_inverse
+from .delta import (GROUP, grouped_transfer_matrix, masked_exp, pad_positions, segment_sums, shift_down, split_chunks,
+                    unit_lower_inverse)
 
 f32 = jnp.float32
 
@@ -187,7 +188,8 @@ def dplr_matrix(q, k, log_w, a=None, b=None, bonus=None, chunk: int = 32, after:
     """``M (B, H, L, L)`` float32 of the DPLR recurrence of each head: ``dplr_rule`` with the
     identity as values, so row ``i`` holds ``o_i``'s weights on ``v_0 ... v_{L-1}``.
 
-    Formed by ``ops.transfer_matrix``: for values of earlier chunks ``X = (I - A_ab)^{-1} A_in S^T``,
+    Formed by ``ops.grouped_transfer_matrix`` (``ops.transfer_matrix`` over groups of ``GROUP``
+    positions): for values of earlier chunks ``X = (I - A_ab)^{-1} A_in S^T``,
     so a chunk reads ``R = Q_in + A_qb (I - A_ab)^{-1} A_in`` of the state and passes on ``P =
     Diag(decay) + B_out^T (I - A_ab)^{-1} A_in``; its own values give ``D = A_qk + A_qb (I -
     A_ab)^{-1} A_ak`` and ``J = K_out^T + B_out^T (I - A_ab)^{-1} A_ak`` (without ``a, b``: ``R =
@@ -214,7 +216,7 @@ def dplr_matrix(q, k, log_w, a=None, b=None, bonus=None, chunk: int = 32, after:
         R, D = R + f.qb @ Xa, D + f.qb @ Xk
         P = P[..., :, None] * jnp.eye(P.shape[-1], dtype=f32) + T(f.b_out) @ Xa
         J = J + T(f.b_out) @ Xk
-    M = transfer_matrix(R, P, J, D)[:, :, :L, :L]
+    M = grouped_transfer_matrix(R, P, J, D, -(-GROUP // C))[:, :, :L, :L]
     return jnp.where(jnp.tril(jnp.ones((L, L), bool), 0 if after or bonus is not None else -1), M, 0.0)
 
 

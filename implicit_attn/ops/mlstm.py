@@ -22,7 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .segsum import causal_mask, chunk_sums, segment_sum
+from .segsum import causal_mask, chunk_sums, decayed_scores, segment_sum
 
 f32 = jnp.float32
 
@@ -141,17 +141,15 @@ def mlstm_rule(q, k, v, log_f, log_i, m, eps: float, chunk: int = 64):
     return h.reshape(*lead, nc * Q, dv)[..., :L, :], norm.reshape(*lead, nc * Q)[..., :L]
 
 
-def mlstm_matrix(q, k, log_f, log_i, m, eps: float | None = None, norm=None, chunk: int = 32):
+def mlstm_matrix(q, k, log_f, log_i, m, eps: float | None = None, norm=None, chunk: int = 16):
     """The mLSTM's matrix ``M (..., L, L)`` (module docstring): ``h = M v``. ``q, k (..., L, d_k)``
-    (``q`` scaled), ``log_f, log_i, m (..., L)``; the exponents ``F[i, j] + i_j - m_i`` from stable
-    segment sums (``chunk``: their split), exact zeros above the diagonal. The rows are divided by
+    (``q`` scaled), ``log_f, log_i, m (..., L)``; the weights ``exp(F[i, j] + i_j - m_i)`` by
+    ``segsum.decayed_scores`` (``chunk``: its blocks), exact zeros above the diagonal. The rows are divided by
     ``norm (..., L)`` when given (the forward's own normaliser, ``mlstm_rule``: where the normaliser
     is a near-cancelling sum its float32 rounding differs between summation orders, and the
     operator must divide by the forward's), else by ``max(|row sum|, e^{-m}) + eps``."""
     q, k, log_f, log_i, m = (x.astype(f32) for x in (q, k, log_f, log_i, m))
-    L = q.shape[-2]
-    log_d = segment_sum(log_f, chunk) + log_i[..., None, :] - m[..., :, None]
-    P = jnp.where(causal_mask(L), jnp.exp(log_d) * jnp.einsum("...id,...jd->...ij", q, k), 0.0)
+    P = decayed_scores(q, k, log_f, -m, log_i, chunk)
     if norm is None:
         if eps is None:
             raise ValueError("mlstm_matrix needs eps or norm")

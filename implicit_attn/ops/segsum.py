@@ -103,6 +103,60 @@ def segment_sum(t, chunk: int = 32):
     return out if Lp == L else out[..., :L, :L]
 
 
+def _finite_max(x):
+    """The maximum over the last axis, 0 where it is not finite (every entry ``-inf``, or a NaN)."""
+    m = jnp.max(x, axis=-1)
+    return jnp.where(jnp.isfinite(m), m, 0.0)
+
+
+def decayed_scores(q, k, log_a, row=None, col=None, chunk: int = 64):
+    """``S[..., i, j] = exp(segment_sum(log_a)[i, j] + row_i + col_j) (q_i . k_j)`` for ``i >= j``,
+    exactly 0 above the diagonal, with one exponential per row and column instead of one per entry.
+
+    In chunks of ``chunk`` positions: for ``i`` in chunk ``I`` and ``j`` in an earlier chunk ``J``
+    the exponent is ``r_i + between[I, J] + c_j`` (``r`` = ``row`` plus the sum inside ``I`` up to
+    ``i``, ``c`` = ``col`` plus the sum inside ``J`` after ``j``: ``chunk_sums``), taken as three
+    factors against the chunks' maxima ``rho_I``, ``gamma_J``: ``exp(r_i - rho_I) <= 1``, ``exp(c_j
+    - gamma_J) <= 1`` (folded into ``q`` and ``k`` before one matmul) and ``exp(rho_I + between +
+    gamma_J)``, the block's largest weight. Neither of the first two overflows, and one underflows
+    only where the entry is below float32's normal range relative to its block's largest. The
+    diagonal blocks take each pair's exponent on its own.
+
+    Args:
+      q, k: ``(..., L, d)``; log_a: ``(..., L)`` log decays (``-inf`` allowed: a reset);
+      row, col: ``(..., L)`` log weights of the rows / columns, or None (0);
+      chunk: the block length (a performance knob).
+    Returns:
+      ``(..., L, L)`` float32.
+    """
+    q, k, log_a = (x.astype(jnp.float32) for x in (q, k, log_a))
+    zero = jnp.zeros_like(log_a)
+    row = zero if row is None else row.astype(jnp.float32)
+    col = zero if col is None else col.astype(jnp.float32)
+    *lead, L, d = q.shape
+    Q = max(1, min(int(chunk), L))
+    nc = -(-L // Q)
+    Lp = nc * Q
+    pad = lambda x, extra: jnp.pad(x, [(0, 0)] * len(lead) + [(0, Lp - L)] + [(0, 0)] * extra)
+    split = lambda x: x.reshape(*lead, nc, Q, *x.shape[len(lead) + 1:])
+    qc, kc = split(pad(q, 1)), split(pad(k, 1))
+    tc, rc, cc = split(pad(log_a, 0)), split(pad(row, 0)), split(pad(col, 0))
+    prefix, suffix, between = chunk_sums(tc)
+    r, c = prefix + rc, suffix + cc
+    rho, gamma = _finite_max(r), _finite_max(c)  # (..., nc)
+    qs = (qc * jnp.exp(r - rho[..., None])[..., None]).reshape(*lead, Lp, d)
+    ks = (kc * jnp.exp(c - gamma[..., None])[..., None]).reshape(*lead, Lp, d)
+    block = jnp.exp(rho[..., :, None] + between + gamma[..., None, :])  # (..., I, J), J < I
+    off = jnp.einsum("...id,...jd->...ij", qs, ks).reshape(*lead, nc, Q, nc, Q) * block[..., :, None, :, None]
+    own = jnp.where(causal_mask(Q), jnp.exp(_segment_sum_masked(tc) + rc[..., :, None] + cc[..., None, :])
+                    * jnp.einsum("...nid,...njd->...nij", qc, kc), 0.0)  # (..., nc, Q, Q)
+    I = jnp.arange(nc)
+    same = (I[:, None] == I[None, :])[:, None, :, None]
+    below = (I[:, None] > I[None, :])[:, None, :, None]
+    out = jnp.where(below, off, jnp.where(same, own[..., :, :, None, :], 0.0)).reshape(*lead, Lp, Lp)
+    return out[..., :L, :L]
+
+
 def decay_matrix(log_a, chunk: int = 32):
     """Causal decay matrix ``exp(segment_sum(log_a, chunk))``.
 

@@ -17,8 +17,7 @@ one warning); ``impl="cpu"`` raises ``CpuKernelUnavailable``.
 Supported cores: ``StateDecayCore`` (Mamba-1) and rank-one ``ScalarDecayCore`` (Griffin's
 RG-LRU), also inside Griffin's ``DocumentMaskedCore`` (packed documents); the cores whose channels
 share a head matrix (``HEAD_CORES``: XLA forms each head's matrix, the kernel the channels; their
-linear reductions as one product over a head's channels per conv tap, or, for ``SUMMED_HEAD_CORES``,
-XLA's ``heads_weighted_sum``); ``RwkvCore`` (RWKV-4); ``ShortConvCore`` (LFM2; its reduce is XLA,
+linear reductions as one product over a head's channels per conv tap); ``RwkvCore`` (RWKV-4); ``ShortConvCore`` (LFM2; its reduce is XLA,
 band by band); ``AttentionCore`` (local softmax attention: materialize only, its reduce is the XLA
 blocks); ``ParallelCore`` (its parts' kernels). ``cpu_dense`` writes ``(B, n, L, L)``;
 ``cpu_reduce`` sums over channels and writes only ``(B, L, L)``.
@@ -46,7 +45,6 @@ from ...operator import (MODES, AttentionCore, DeltaRuleCore, DocumentMaskedCore
                          StateDecayCore,
                          apply_mode, block_size, register_backend, register_core, with_xla_backward)
 from ...operator.dispatch import blocked_reduce, blocked_reduce_jit
-from ...operator.implicit import LINEAR, heads_weighted_sum_jit
 from ...ops import full_precision, selective_scan_sequential
 from . import cache
 from .cache import CpuKernelUnavailable, cache_dir
@@ -539,38 +537,6 @@ _KERNELS = {StateDecayCore: _state_decay, ScalarDecayCore: _state_decay, Documen
             AttentionCore: (_attention_dense, jax.jit(full_precision(_attention_reduce)))}
 
 
-# Head-matrix cores whose linear reductions (``LINEAR``) run faster as XLA sums through the heads
-# (``heads_weighted_sum``: each head's matrix once, one rank-``P`` matmul per conv tap, no ``H_c``)
-# than through the fused kernel: forming their ``M_h`` dominates either way, and the per-head
-# matmuls beat the kernel's per-channel rows (L = 512, ``benchmarks.cores``). Mamba-2's kernel is
-# the faster of the two; the nonlinear maps always take the kernel.
-SUMMED_HEAD_CORES = (DeltaRuleCore, DplrCore, MlstmCore)
-
-
-def sums_through_heads(core, idx) -> bool:
-    """Whether ``cpu_reduce`` sums ``core``'s channels ``idx`` through its heads: a
-    ``SUMMED_HEAD_CORES`` core with concrete heads laid out in runs of ``P`` channels, ``idx``
-    concrete and distinct, no diagonal term beside a conv (``head_weighted_sum`` has none)."""
-    if type(core) not in SUMMED_HEAD_CORES or isinstance(idx, jax.core.Tracer) or isinstance(core.head, jax.core.Tracer):
-        return False
-    idx, C = np.asarray(idx), core.num_channels
-    if np.unique(idx).size != idx.size or C % core.num_heads:
-        return False
-    if core.diagonal() is not None and core.conv_w is not None:
-        return False
-    return bool(np.array_equal(np.asarray(core.head), np.arange(C) // (C // core.num_heads)))
-
-
-def _heads_sum(core, idx, qw, kw):
-    """``sum_c qw_c H_c kw_c`` over the distinct channels ``idx`` by ``heads_weighted_sum``: the
-    weights placed in their channels' slots (zero elsewhere), each head holding one summed once."""
-    B, _, L = qw.shape
-    C = core.num_channels
-    place = lambda w: jnp.zeros((B, C, L), jnp.float32).at[:, idx].set(w)
-    heads = np.unique(idx // (C // core.num_heads)).astype(np.int32)
-    return heads_weighted_sum_jit(core, place(qw), place(kw), jnp.asarray(heads))
-
-
 def cpu_dense(core, idx):
     """``core.dense(idx)`` by the fused CPU kernel.
 
@@ -605,8 +571,6 @@ def cpu_reduce(core, idx, how: str, qw, kw):
         if isinstance(idx, jax.core.Tracer):
             return blocked_reduce_jit(core, idx, qw, kw, how, block_size(qw.shape[1], qw.shape[0], qw.shape[2], None))
         return _parallel_reduce(core, idx, how, qw, kw)
-    if how in LINEAR and sums_through_heads(core, idx):
-        return _heads_sum(core, np.asarray(idx), jnp.asarray(qw, jnp.float32), jnp.asarray(kw, jnp.float32))
     reduce = _KERNELS[type(core)][1]
     return reduce(core, jnp.asarray(idx, jnp.int32), jnp.asarray(MODES[how], jnp.int32),
                   jnp.asarray(qw, jnp.float32), jnp.asarray(kw, jnp.float32))

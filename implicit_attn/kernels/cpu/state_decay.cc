@@ -850,11 +850,13 @@ ffi::Error HeadMatrixDenseImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> he
 // as in the state-decay reduce, into out (B, L, L) (aliased to acc by the caller). Tiled:
 // blocks of kQ rows by kTile columns, so a block's head rows, a channel's weights over the
 // tile and the block's sums stay in L1 while every channel of every head passes over them.
-// The linear reduce (mode 0, no diagonal term) through the heads: for the channels c of head h,
+// The linear reduce (mode 0) through the heads: for the channels c of head h,
 //   sum_c qw_c[i] H_c[i, j] kw_c[j] = sum_s M_h[i, j+s] X_s[i, j]  (j + s <= i),
 //   X_s[i, j] = sum_c (qw_c l_c)[i] (r_c[j+s] w_c[K-1-s] kw_c[j]),
 // one product over the head's channels per conv tap (product8, sums in registers) instead of
-// forming each channel's rows. Work items (batch, chunk of kQ rows), kProdTile columns per step.
+// forming each channel's rows. A diagonal term d_c (before the conv) adds, at (i, i-s),
+//   E_s[i] = sum_c qw_c[i] d_c[i] w_c[K-1-s] kw_c[i-s],
+// one value per row and tap. Work items (batch, chunk of kQ rows), kProdTile columns per step.
 void head_reduce_linear(const HeadFactors& f, const HeadDims& d, const std::vector<int64_t>& order,
                         const std::vector<int64_t>& start, const float* qw, const float* kw, const float* acc,
                         float* o, int64_t nt) {
@@ -862,6 +864,21 @@ void head_reduce_linear(const HeadFactors& f, const HeadDims& d, const std::vect
   // Every summed channel's factors once, in head order: rows qw l (rf: [b][k][Lp]) and, per tap s,
   // columns r[j+s] w[K-1-s] kw[j] (cf: [b][k][s][Lp]), zero past L.
   std::vector<float> rf(static_cast<size_t>(d.B) * m * Lp, 0.0f), cf(static_cast<size_t>(d.B) * m * K * Lp, 0.0f);
+  // The diagonal term's E_s[i] ([b][s][L]), summed over the channels in head order.
+  std::vector<float> ediag(f.has_diag ? static_cast<size_t>(d.B) * K * L : 0, 0.0f);
+  if (f.has_diag)
+    run_threads(std::min<int64_t>(nt, d.B), [&](int64_t t0) {
+      for (int64_t b = t0; b < d.B; b += std::min<int64_t>(nt, d.B))
+        for (int64_t k = 0; k < m; ++k) {
+          const int64_t c = order[k];
+          const size_t cl = (static_cast<size_t>(b) * d.n + c) * L;
+          for (int64_t s = 0; s < K; ++s) {
+            float* e = ediag.data() + (static_cast<size_t>(b) * K + s) * L;
+            const float ws = f.w[c * K + K - 1 - s];
+            for (int64_t i = s; i < L; ++i) e[i] += qw[cl + i] * f.diag[cl + i] * ws * kw[cl + i - s];
+          }
+        }
+    });
   run_threads(nt, [&](int64_t t0) {
     for (int64_t p = t0; p < d.B * m; p += nt) {
       const int64_t b = p / m, c = order[p % m];
@@ -913,6 +930,13 @@ void head_reduce_linear(const HeadFactors& f, const HeadDims& d, const std::vect
             }
           }
         }
+        if (f.has_diag)
+          for (int64_t ii = 0; ii < rows; ++ii)
+            for (int64_t s = 0; s < K; ++s) {
+              const int64_t i = I0 + ii, j = i - s;
+              if (j >= j0 && j < j0 + cols)
+                S[ii * kProdTile + j - j0] += ediag[(static_cast<size_t>(b) * K + s) * L + i];
+            }
         const int64_t w = std::min(cols, L - j0);
         for (int64_t ii = 0; ii < rows; ++ii) {
           float* orow = ob + (I0 + ii) * L + j0;
@@ -953,7 +977,7 @@ ffi::Error HeadMatrixReduceImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> h
   group_by_head(f, d, order, start);
   const int64_t items = d.B * nc;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
-  if (mode == 0 && !f.has_diag) {
+  if (mode == 0) {
     head_reduce_linear(f, d, order, start, qw.typed_data(), kw.typed_data(), a, o, nt);
     return ffi::Error::Success();
   }
