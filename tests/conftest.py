@@ -30,8 +30,6 @@ os.environ.setdefault("IMPLICIT_ATTN_CPU_AUTO_MIN", "0")
 import numpy as np
 import pytest
 
-from implicit_attn.registry import FAMILIES
-
 
 def mapped_regions() -> int:
     """This process's memory mappings (Linux; 0 elsewhere)."""
@@ -289,6 +287,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.deep)
     if not config.pluginmanager.hasplugin("xdist"):
         return
+    # imported here, not at the top: the xdist controller loads this file but never collects,
+    # and the library's import (1.4 s) would delay the start of every worker
+    from implicit_attn.registry import FAMILIES
+
     for item in items:
         fam = family_param(item)
         if fam in FAMILIES:
