@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -352,6 +353,25 @@ void advise_huge(void* p, size_t bytes) {
   if (e > a) madvise(reinterpret_cast<void*>(a), e - a, MADV_HUGEPAGE);
 }
 
+// An uninitialised scratch of n floats on huge pages where Linux gives them (a fresh scratch of
+// many MB otherwise pays a 4 KiB page fault, and zeroing, per page); data() is null if the
+// allocation failed.
+class HugeScratch {
+ public:
+  explicit HugeScratch(size_t n) {
+    const size_t page = size_t{1} << 21, bytes = (std::max<size_t>(n, 1) * sizeof(float) + page - 1) & ~(page - 1);
+    p_ = static_cast<float*>(std::aligned_alloc(page, bytes));
+    if (p_) advise_huge(p_, bytes);
+  }
+  ~HugeScratch() { std::free(p_); }
+  HugeScratch(const HugeScratch&) = delete;
+  HugeScratch& operator=(const HugeScratch&) = delete;
+  float* data() const { return p_; }
+
+ private:
+  float* p_;
+};
+
 // Shapes shared by both handlers; an error message, or empty.
 std::string read_dims(ffi::Buffer<ffi::F32>& q, ffi::Buffer<ffi::F32>& k,
                       ffi::Buffer<ffi::F32>& A, ffi::Buffer<ffi::F32>& dt,
@@ -428,9 +448,10 @@ static_assert(kProdTile / kQ <= kQ, "a tile's chunk decays fit one vector");
 // out[r][v] (row stride os) = sum_c a[c][r] col[c][v] for 8 rows and V vectors of kQ, over n terms c
 // (strides: a[c][r] at c ac + r ar, col[c][v] at c cc + v cv): the 8 V sums stay in registers. The
 // products over channels of the linear reduces, and the attention logits (c: the head dimension).
-template <int V>
+// Scaled: col[c][v] times sc[c scs + v] (RWKV-4's chunk-pair factors).
+template <int V, bool Scaled = false>
 inline void product8(const float* a, int64_t ac, int64_t ar, const float* col, int64_t cc, int64_t cv, int64_t n,
-                     float* out, int64_t os) {
+                     float* out, int64_t os, const float* sc = nullptr, int64_t scs = 0) {
   v16 acc[8][V];
 #pragma GCC unroll 8
   for (int r = 0; r < 8; ++r)
@@ -440,6 +461,8 @@ inline void product8(const float* a, int64_t ac, int64_t ar, const float* col, i
     v16 cvec[V];
 #pragma GCC unroll 2
     for (int v = 0; v < V; ++v) cvec[v] = load(col + c * cc + v * cv);
+    if constexpr (Scaled)
+      for (int v = 0; v < V; ++v) cvec[v] *= splat(sc[c * scs + v]);
 #pragma GCC unroll 8
     for (int r = 0; r < 8; ++r) {
       const v16 x = splat(a[c * ac + r * ar]);
@@ -1035,12 +1058,13 @@ inline v8d vexp8d(v8d x) {
   return x < lo ? v8d{} : p * scale;
 }
 
-// rwkv_lse for n <= 8 channels at once (keys k + t * stride, lse + t * L, past + t * nc for lane t), and
-// past[I] = log sum_{j < I kQ} exp(k[j] + (I kQ - 1 - j) w), the decayed keys before chunk I;
-// the running sum of decayed keys kept as m + log(s) in double: one exponential per step and lane,
-// and one per row for lse = max(m, u + k) + log(...) (the log in float: its argument lies in [1, L+1]).
-void rwkv_lse8(const float* k, int64_t stride, const float* w, const float* u, int64_t n, int64_t L, float* lse,
-               float* past) {
+// rwkv_lse for n <= 8 channels at once (keys k + t * stride, outputs + t * L for lane t), each row's
+// normaliser as lse = mx + log(1 / inv) (exp(x - lse) = exp(x - mx) inv: no logarithm), and
+// past[I] = log sum_{j < I kQ} exp(k[j] + (I kQ - 1 - j) w), the decayed keys before chunk I
+// (past + t * nc). The running sum of decayed keys is kept as m + log(s) in double: one exponential
+// per step and lane, one per row for max(m, u + k) and the sum around it (in [1, L+1]).
+void rwkv_lse8(const float* k, int64_t stride, const float* w, const float* u, int64_t n, int64_t L, float* mx,
+               float* inv, float* past) {
   const int64_t nc = (L + kQ - 1) / kQ;
   v8d wv{}, uv{}, m = v8d{} - INFINITY, sum{};
   for (int64_t t = 0; t < n; ++t) wv[t] = w[t], uv[t] = u[t];
@@ -1051,8 +1075,8 @@ void rwkv_lse8(const float* k, int64_t stride, const float* w, const float* u, i
       for (int64_t t = 0; t < n; ++t) past[t * nc + i / kQ] = static_cast<float>(m[t] + std::log(sum[t]));
     // lse = logaddexp(m + log s, u + k): one of the two exponentials is 1
     const v8d top = uv + kv, e = vexp8d(m < top ? m - top : top - m);
-    const v8d arg = m < top ? sum * e + 1.0 : sum + e, M = m < top ? top : m;
-    for (int64_t t = 0; t < n; ++t) lse[t * L + i] = static_cast<float>(M[t]) + std::log(static_cast<float>(arg[t]));
+    const v8d r = 1.0 / (m < top ? sum * e + 1.0 : sum + e), M = m < top ? top : m;
+    for (int64_t t = 0; t < n; ++t) mx[t * L + i] = static_cast<float>(M[t]), inv[t * L + i] = static_cast<float>(r[t]);
     // m + log s <- logaddexp(m + log s + w, k)
     const v8d a = m + wv, d = vexp8d(a < kv ? a - kv : kv - a);
     sum = a < kv ? sum * d + 1.0 : sum + d;
@@ -1132,13 +1156,18 @@ ffi::Error RwkvDenseImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi::
 }
 
 // Left of a row chunk's diagonal block the decayed softmax factorises: for i in chunk I (start I0)
-// and j < I0, with P = past[I] (log of the decayed keys before the chunk),
-//   exp(l[i, j] - lse[i]) = exp(k[j] + (I0-1-j) w - P) * exp((i-I0) w + P - lse[i]),
-// both factors <= 1 (the first is one term of P's sum; P[i] >= P + (i-I0) w bounds the second), so
-// neither overflows, and neither underflows where the product is a normal float. As H_c >= 0 up to
-// the gate, f(gate e) = f(gate) e for the three maps, and the chunk's rows left of the diagonal are
-// a product over channels, rows (kQ x C) times columns (C x I0): kRw rows by kRv vectors at a time
-// with the sums in registers. The diagonal block is formed element by element (rwkv_row).
+// and j in an earlier chunk J (end E = (J+1) kQ), with P_I = past[I],
+//   exp(l[i, j] - lse[i]) = exp(k[j] + (E-1-j) w - P_{J+1}) exp((I0-E) w + P_{J+1} - P_I)
+//                           exp((i-I0) w + P_I - lse[i]),
+// a column, a chunk-pair and a row factor, each <= 1 (each is one term, decayed, of the log-sum it
+// is divided by: P_{J+1}, P_I, lse[i]), so none overflows, and none underflows where the product is a
+// normal float. The column factors (times kw) and the row factors (times qw f(gate)) are formed once
+// per channel, the chunk-pair factors once per (channel, row chunk, column tile) and multiplied into
+// the tile's columns. As H_c >= 0 up to the gate, f(gate e) = f(gate) e for the three maps, and the
+// chunk's rows left of the diagonal are a product over channels, rows (kQ x C) times columns
+// (C x I0) (product8). Inside the diagonal block each entry is one exponential, two rows per vector;
+// its diagonal (the bonus u) is formed with the row factors. No logarithm: exp(x - lse[i]) is
+// exp(x - mx[i]) inv[i] (rwkv_lse8).
 // sum_c qw[b,c,i] f(H_c[i,j]) kw[b,c,j] into out (B, L, L), f as in the other reduces.
 ffi::Error RwkvReduceImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> u,
                           ffi::Buffer<ffi::F32> gate, ffi::Buffer<ffi::F32> qw,
@@ -1155,83 +1184,142 @@ ffi::Error RwkvReduceImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi:
   const int64_t L = d.L, C = d.C, nc = (L + kQ - 1) / kQ, Lp = nc * kQ;
   if (L == 0 || d.B == 0) return ffi::Error::Success();
   float* o = out->typed_data();
-  // Padded keys, the row normalisers and the chunk-start logs of every channel, once (O(B C L)).
-  std::vector<float> kp(static_cast<size_t>(d.B) * C * (Lp + kTile), 0.0f),
-      lse(static_cast<size_t>(d.B) * C * L), past(static_cast<size_t>(d.B) * C * nc);
-  const int64_t pairs = d.B * C;
+  const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, zero = splat(0.0f);
+  // Per channel and row chunk, once (O(B C L); about 9 floats per channel and position), laid out
+  // chunk-major so that a row chunk's pass over the channels reads consecutive memory: a record of
+  // the keys and kw of the chunk and the one before it (zeros before column 0 and past L), the rows'
+  // mx and qi = qw f(gate) inv (qi 0 past L), and the diagonal's terms (times kw); the row factors
+  // rowf (from chunk 1 on) the same way; the column factors colf by column tile (up to the last
+  // chunk); past per channel.
+  constexpr int64_t kRk = 0, kRw = 2 * kQ, kRm = 4 * kQ, kRq = 5 * kQ, kRd = 6 * kQ, kRec = 7 * kQ;
+  const size_t BC = static_cast<size_t>(d.B) * C;
+  const int64_t nT = (Lp + kProdTile - 1) / kProdTile;  // colf: [b][column tile][c][kProdTile]
+  // Every entry read is written first (past's kQ trailing floats are read only into lanes left unused).
+  HugeScratch rec_buf(BC * nc * kRec), rowf_buf(BC * nc * kQ), colf_buf(static_cast<size_t>(d.B) * nT * C * kProdTile);
+  float *rec = rec_buf.data(), *rowf = rowf_buf.data(), *colf = colf_buf.data();
+  if (!rec || !rowf || !colf) return ffi::Error(ffi::ErrorCode::kResourceExhausted, "rwkv_reduce: out of memory");
+  std::vector<float> past(BC * nc + kQ);
   const int64_t groups = d.B * ((C + 7) / 8);  // 8 channels of one batch at a time
   run_threads(std::max<int64_t>(1, std::min<int64_t>(threads, groups)), [&](int64_t t0) {
     const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, groups));
+    std::vector<float> m8(8 * L), inv8(8 * L), kc(kQ + Lp), kwc(kQ + Lp), mc(Lp), qc(Lp);
     for (int64_t g = t0; g < groups; g += nt) {
       const int64_t b = g / ((C + 7) / 8), c0 = g % ((C + 7) / 8) * 8, n = std::min<int64_t>(8, C - c0);
       const size_t p = static_cast<size_t>(b) * C + c0;
-      for (int64_t t = 0; t < n; ++t)
-        std::copy(k.typed_data() + (p + t) * L, k.typed_data() + (p + t + 1) * L, kp.begin() + (p + t) * (Lp + kTile));
-      rwkv_lse8(k.typed_data() + p * L, L, w.typed_data() + c0, u.typed_data() + c0, n, L, lse.data() + p * L,
+      rwkv_lse8(k.typed_data() + p * L, L, w.typed_data() + c0, u.typed_data() + c0, n, L, m8.data(), inv8.data(),
                 past.data() + p * nc);
+      for (int64_t t = 0; t < n; ++t) {
+        const size_t cl = (p + t) * L;
+        const int64_t c = c0 + t;
+        const float wc = w.typed_data()[c], uc = u.typed_data()[c];
+        std::fill(kc.begin(), kc.end(), 0.0f);
+        std::fill(kwc.begin(), kwc.end(), 0.0f);
+        std::fill(qc.begin(), qc.end(), 0.0f);
+        std::copy(k.typed_data() + cl, k.typed_data() + cl + L, kc.begin() + kQ);
+        std::copy(kw.typed_data() + cl, kw.typed_data() + cl + L, kwc.begin() + kQ);
+        std::copy(m8.data() + t * L, m8.data() + (t + 1) * L, mc.begin());
+        for (int64_t i = 0; i < L; ++i) {
+          float gv = has_gate ? gate.typed_data()[cl + i] : 1.0f;
+          if (mode == 1) gv = std::fabs(gv);
+          if (mode == 2) gv = std::max(gv, 0.0f);
+          qc[i] = qw.typed_data()[cl + i] * gv * inv8[t * L + i];
+        }
+        const float* P = past.data() + (p + t) * nc;
+        for (int64_t I = 0; I < nc; ++I) {
+          const int64_t I0 = I * kQ;
+          float* r = rec + ((static_cast<size_t>(b) * nc + I) * C + c) * kRec;
+          std::copy(kc.begin() + I0, kc.begin() + I0 + 2 * kQ, r + kRk);
+          std::copy(kwc.begin() + I0, kwc.begin() + I0 + 2 * kQ, r + kRw);
+          const v16 m = load(mc.data() + I0), qv = load(qc.data() + I0), kv = load(kc.data() + kQ + I0),
+                    kwv = load(kwc.data() + kQ + I0);
+          store(r + kRm, m);
+          store(r + kRq, qv);
+          store(r + kRd, qv * vexp(splat(uc) + kv - m) * kwv);
+          const v16 dist = lane * splat(wc);  // (i - I0) w; 0 decays nothing, also for w = -inf
+          if (I > 0)
+            store(rowf + ((static_cast<size_t>(b) * nc + I) * C + c) * kQ,
+                  qv * vexp((lane == zero ? zero : dist) + splat(P[I]) - m));
+          if (I + 1 < nc) {
+            const v16 back = (splat(static_cast<float>(kQ - 1)) - lane) * splat(wc);  // (E-1-j) w
+            const v16 x = kv + (lane == splat(static_cast<float>(kQ - 1)) ? zero : back) - splat(P[I + 1]);
+            store(colf + ((static_cast<size_t>(b) * nT + I0 / kProdTile) * C + c) * kProdTile + I0 % kProdTile,
+                  vexp(x) * kwv);
+          }
+        }
+      }
     }
   });
   const int64_t items = d.B * nc;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
   run_threads(nt, [&](int64_t t0) {
-    std::vector<float> y(kQ), diag(kQ * kTile), kwt(kTile), rowf(C * kQ), col(C * kProdTile),
-        left(kQ * kProdTile);
-    const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    std::vector<float> diag(kQ * kQ), sv(C * kTileChunks), left(kQ * kProdTile);
     for (int64_t p = t0; p < items; p += nt) {
       const int64_t I = p % nc, b = p / nc, I0 = I * kQ, rows = std::min(kQ, L - I0);
       float* ob = o + static_cast<size_t>(b) * L * L;
-      // The diagonal block element by element, and each channel's row factors
-      // qw f(gate) exp((i-I0) w + P - lse[i]) (0 on rows past L).
-      std::fill(diag.begin(), diag.end(), 0.0f);
-      for (int64_t c = 0; c < C; ++c) {
-        const size_t cl = (static_cast<size_t>(b) * C + c) * L;
-        const float* kc = kp.data() + (static_cast<size_t>(b) * C + c) * (Lp + kTile);
-        const float wc = w.typed_data()[c], uc = u.typed_data()[c];
-        const float P = past[(static_cast<size_t>(b) * C + c) * nc + I];
-        load_tile(kw.typed_data() + cl + I0, rows, kwt);
-        for (int64_t ii = 0; ii < kQ; ++ii) {
-          float a = 0.0f;
-          if (ii < rows) {
-            const int64_t i = I0 + ii;
-            float g = has_gate ? gate.typed_data()[cl + i] : 1.0f;
-            if (mode == 1) g = std::fabs(g);
-            if (mode == 2) g = std::max(g, 0.0f);
-            const float qg = qw.typed_data()[cl + i] * g;
-            rwkv_row(kc, wc, uc, lse[cl + i], i, I0, kQ, y.data());
-            accumulate_row(diag.data() + ii * kTile, y.data(), 1.0f, qg, kwt.data(), kQ, 0);
-            if (I0 > 0) a = qg * std::exp((ii == 0 ? 0.0f : ii * wc) + P - lse[cl + i]);
-          }
-          rowf[c * kQ + ii] = a;
-        }
+      const float* recs = rec + (static_cast<size_t>(b) * nc + I) * C * kRec;
+      // The diagonal block's strictly lower entries, rows a and kQ - a in one vector (lanes below a:
+      // row a, column I0 + lane; the others: row kQ - a, column I0 + lane - a; row kQ / 2 alone),
+      // one exponential each; then the diagonal.
+      constexpr int64_t kH = kQ / 2;
+      v16 acc[kH + 1], dsum = zero;
+      v16i valid[kH + 1];
+      for (int64_t a = 1; a <= kH; ++a) {
+        acc[a] = zero;
+        const v16i lo = lane < splat(static_cast<float>(a));
+        valid[a] = lo ? (a < rows ? ~v16i{} : v16i{}) : (a < kH && kQ - a < rows ? ~v16i{} : v16i{});
       }
+      for (int64_t c = 0; c < C; ++c) {
+        const float* r = recs + c * kRec;
+        const float *kc = r + kRk + kQ, *kwc = r + kRw + kQ, *mc = r + kRm, *qc = r + kRq;
+        const v16 wv = splat(w.typed_data()[c]);
+#pragma GCC unroll 8
+        for (int64_t a = 1; a <= kH; ++a) {
+          const v16i lo = lane < splat(static_cast<float>(a));
+          // i-1-j: a-1-lane below a, (kQ-a)-1-(lane-a) = kQ-1-lane above; 0 decays nothing
+          const v16 dist = lo ? splat(static_cast<float>(a - 1)) - lane : splat(static_cast<float>(kQ - 1)) - lane;
+          const v16 m = lo ? splat(mc[a]) : splat(mc[kQ - a]), q = lo ? splat(qc[a]) : splat(qc[kQ - a]);
+          const v16 x = (lo ? load(kc) : load(kc - a)) + (dist == zero ? zero : dist * wv) - m;
+          const v16 e = q * vexp(x) * (lo ? load(kwc) : load(kwc - a));
+          acc[a] += valid[a] ? e : zero;
+        }
+        dsum += load(r + kRd);
+      }
+      std::fill(diag.begin(), diag.end(), 0.0f);
+      for (int64_t a = 1; a <= kH; ++a)
+        for (int64_t l = 0; l < kQ; ++l) {
+          if (l < a) diag[a * kQ + l] = acc[a][l];
+          else if (a < kH) diag[(kQ - a) * kQ + l - a] = acc[a][l];
+        }
       for (int64_t ii = 0; ii < rows; ++ii) {
         float* orow = ob + (I0 + ii) * L;
-        std::copy(diag.data() + ii * kTile, diag.data() + ii * kTile + std::min(kQ, L - I0), orow + I0);
+        diag[ii * kQ + ii] += dsum[ii];
+        std::copy(diag.data() + ii * kQ, diag.data() + ii * kQ + std::min(kQ, L - I0), orow + I0);
         if (I0 + kQ < L) std::memset(orow + I0 + kQ, 0, sizeof(float) * (L - I0 - kQ));
       }
-      // Left of the diagonal block: kProdTile columns at a time, every channel's column factors
-      // exp(k[j] + (I0-1-j) w - P) kw[j], then the product over channels.
+      // Left of the diagonal block: kProdTile columns at a time, every channel's chunk-pair factors
+      // exp((I0-E) w + P_{J+1} - P_I) (one vector: a tile's chunks), then the product over channels
+      // of the row factors and the column factors scaled by them.
+      const float* rf = rowf + (static_cast<size_t>(b) * nc + I) * C * kQ;
       for (int64_t j0 = 0; j0 < I0; j0 += kProdTile) {
         const int64_t cols = std::min(kProdTile, I0 - j0);  // a multiple of kQ
+        const v16 gap = splat(static_cast<float>(I0 - j0 - kQ)) - lane * splat(static_cast<float>(kQ));  // I0 - E
         for (int64_t c = 0; c < C; ++c) {
-          const size_t cl = (static_cast<size_t>(b) * C + c) * L;
-          const float* kc = kp.data() + (static_cast<size_t>(b) * C + c) * (Lp + kTile);
-          const v16 wv = splat(w.typed_data()[c]);
-          const v16 P = splat(past[(static_cast<size_t>(b) * C + c) * nc + I]);
-          for (int64_t J = 0; J < cols; J += kQ) {
-            const int64_t j = j0 + J;
-            const v16 dist = splat(static_cast<float>(I0 - 1 - j)) - lane;  // 0 decays nothing
-            const v16 x = load(kc + j) + (dist == splat(0.0f) ? splat(0.0f) : dist * wv) - P;
-            store(col.data() + c * kProdTile + J, vexp(x) * load(kw.typed_data() + cl + j));
-          }
+          const float* P = past.data() + (static_cast<size_t>(b) * C + c) * nc;
+          // P_{J+1} per lane (chunk J = j0 / kQ + lane; lanes past the tile's chunks unused)
+          const v16 x = (gap == zero ? zero : gap * splat(w.typed_data()[c])) + load(P + j0 / kQ + 1) - splat(P[I]);
+          const v16 s = vexp(x);
+          std::memcpy(sv.data() + c * kTileChunks, &s, sizeof(float) * kTileChunks);
         }
+        const float* cf = colf + (static_cast<size_t>(b) * nT + j0 / kProdTile) * C * kProdTile;
         for (int64_t r0 = 0; r0 < kQ; r0 += 8)
           for (int64_t J = 0; J < cols; J += 2 * kQ) {
             float* dst = left.data() + r0 * kProdTile + J;
             if (J + kQ < cols)
-              product8<2>(rowf.data() + r0, kQ, 1, col.data() + J, kProdTile, kQ, C, dst, kProdTile);
+              product8<2, true>(rf + r0, kQ, 1, cf + J, kProdTile, kQ, C, dst, kProdTile, sv.data() + J / kQ,
+                                kTileChunks);
             else
-              product8<1>(rowf.data() + r0, kQ, 1, col.data() + J, kProdTile, kQ, C, dst, kProdTile);
+              product8<1, true>(rf + r0, kQ, 1, cf + J, kProdTile, kQ, C, dst, kProdTile, sv.data() + J / kQ,
+                                kTileChunks);
           }
         for (int64_t ii = 0; ii < rows; ++ii)
           std::copy(left.data() + ii * kProdTile, left.data() + ii * kProdTile + cols, ob + (I0 + ii) * L + j0);
