@@ -1240,42 +1240,49 @@ ffi::Error RwkvReduceImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi:
   const int64_t groups = d.B * ((C + 7) / 8);  // 8 channels of one batch at a time
   run_threads(std::max<int64_t>(1, std::min<int64_t>(threads, groups)), [&](int64_t t0) {
     const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, groups));
-    std::vector<float> m8(8 * L), inv8(8 * L), kc(kQ + Lp), kwc(kQ + Lp), mc(Lp), qc(Lp);
+    // The group's padded rows (kQ zeros before the keys and kw), then its records chunk by chunk:
+    // the 8 channels' records of a chunk lie side by side.
+    const int64_t Lq = kQ + Lp;
+    std::vector<float> m8(8 * Lp, 0.0f), inv8(8 * L), kc(8 * Lq), kwc(8 * Lq), qc(8 * Lp);
     for (int64_t g = t0; g < groups; g += nt) {
       const int64_t b = g / ((C + 7) / 8), c0 = g % ((C + 7) / 8) * 8, n = std::min<int64_t>(8, C - c0);
       const size_t p = static_cast<size_t>(b) * C + c0;
       rwkv_lse8(k.typed_data() + p * L, L, w.typed_data() + c0, u.typed_data() + c0, n, L, m8.data(), inv8.data(),
                 past.data() + p * nc);
-      for (int64_t t = 0; t < n; ++t) {
+      std::fill(kc.begin(), kc.end(), 0.0f);
+      std::fill(kwc.begin(), kwc.end(), 0.0f);
+      std::fill(qc.begin(), qc.end(), 0.0f);
+      for (int64_t t = n - 1; t >= 0; --t) {  // m8 rows re-spaced from L to Lp, last first
         const size_t cl = (p + t) * L;
-        const int64_t c = c0 + t;
-        const float wc = w.typed_data()[c], uc = u.typed_data()[c];
-        std::fill(kc.begin(), kc.end(), 0.0f);
-        std::fill(kwc.begin(), kwc.end(), 0.0f);
-        std::fill(qc.begin(), qc.end(), 0.0f);
-        std::copy(k.typed_data() + cl, k.typed_data() + cl + L, kc.begin() + kQ);
-        std::copy(kw.typed_data() + cl, kw.typed_data() + cl + L, kwc.begin() + kQ);
-        std::copy(m8.data() + t * L, m8.data() + (t + 1) * L, mc.begin());
+        std::copy(k.typed_data() + cl, k.typed_data() + cl + L, kc.begin() + t * Lq + kQ);
+        std::copy(kw.typed_data() + cl, kw.typed_data() + cl + L, kwc.begin() + t * Lq + kQ);
+        std::copy_backward(m8.begin() + t * L, m8.begin() + (t + 1) * L, m8.begin() + t * Lp + L);
+        std::fill(m8.begin() + t * Lp + L, m8.begin() + (t + 1) * Lp, 0.0f);
         for (int64_t i = 0; i < L; ++i) {
           float gv = has_gate ? gate.typed_data()[cl + i] : 1.0f;
           if (mode == 1) gv = std::fabs(gv);
           if (mode == 2) gv = std::max(gv, 0.0f);
-          qc[i] = qw.typed_data()[cl + i] * gv * inv8[t * L + i];
+          qc[t * Lp + i] = qw.typed_data()[cl + i] * gv * inv8[t * L + i];
         }
-        const float* P = past.data() + (p + t) * nc;
-        for (int64_t I = 0; I < nc; ++I) {
-          const int64_t I0 = I * kQ;
+      }
+      for (int64_t I = 0; I < nc; ++I) {
+        const int64_t I0 = I * kQ;
+        for (int64_t t = 0; t < n; ++t) {
+          const int64_t c = c0 + t;
+          const float wc = w.typed_data()[c], uc = u.typed_data()[c];
+          const float *P = past.data() + (p + t) * nc, *kt = kc.data() + t * Lq, *kwt = kwc.data() + t * Lq,
+                      *mt = m8.data() + t * Lp, *qt = qc.data() + t * Lp;
           float* r = rec + ((static_cast<size_t>(b) * nc + I) * C + c) * kRec;
-          std::copy(kc.begin() + I0, kc.begin() + I0 + 2 * kQ, r + kRk);
-          std::copy(kwc.begin() + I0, kwc.begin() + I0 + 2 * kQ, r + kRw);
+          std::copy(kt + I0, kt + I0 + 2 * kQ, r + kRk);
+          std::copy(kwt + I0, kwt + I0 + 2 * kQ, r + kRw);
           float* rw = rowf + ((static_cast<size_t>(b) * nc + I) * C + c) * kQ;
           float* cw = colf + ((static_cast<size_t>(b) * nT + I0 / kProdTile) * C + c) * kProdTile + I0 % kProdTile;
 #pragma GCC unroll 2
           for (int64_t h = 0; h < kQ / kW; ++h) {  // kW-wide parts
             const int64_t o = I0 + h * kW;
             const vw ln = lw + splat<vw>(static_cast<float>(h * kW)), wv = splat<vw>(wc);
-            const vw m = load<vw>(mc.data() + o), qv = load<vw>(qc.data() + o), kv = load<vw>(kc.data() + kQ + o),
-                     kwv = load<vw>(kwc.data() + kQ + o);
+            const vw m = load<vw>(mt + o), qv = load<vw>(qt + o), kv = load<vw>(kt + kQ + o),
+                     kwv = load<vw>(kwt + kQ + o);
             store(r + kRm + h * kW, m);
             store(r + kRq + h * kW, qv);
             store(r + kRd + h * kW, qv * vexp_lanes<vw, vwi>(splat<vw>(uc) + kv - m) * kwv);
