@@ -116,7 +116,7 @@ inline v16 vexp_rt(v16 rate, v16 t) { return t == splat(0.0f) ? splat(1.0f) : ve
 // factors stay in L1 while every channel passes over them.
 constexpr int64_t kTile = 256;
 
-// Shared by the tiled reduces (head matrices, RWKV-4, Mamba-1): one row tile of one channel,
+// Shared by the tiled reduces (head matrices, Mamba-1): one row tile of one channel,
 // s[j] += q * mode(gain * y[j]) * kw[j] for j < n (n a multiple of kQ); mode 0 as is, 1 abs,
 // 2 relu.
 inline void accumulate_row(float* s, const float* y, float gain, float qv, const float* kwt, int64_t n,
