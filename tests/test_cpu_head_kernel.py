@@ -250,6 +250,28 @@ def test_rwkv_reduce_at_extreme_decays_and_bonuses(how):
     assert rel(got, want) <= 1e-5
 
 
+def test_rwkv_reduce_propagates_nan_like_the_elementwise_path():
+    """A NaN key at position 150 of one channel: the factorised reduce gives NaN exactly where the
+    float64 sum of the element-by-element kernel's channels does (that row on, left of the diagonal
+    and on it) and agrees elsewhere, rows before it (the same row chunk's included) untouched."""
+    g = np.random.default_rng(8)
+    C, L = 5, 300
+    k = (g.standard_normal((B, C, L)) * 3).astype(np.float32)
+    k[1, 2, 150] = np.nan
+    core = RwkvCore(k=jnp.asarray(k), w=jnp.asarray(-np.exp(g.standard_normal(C)).astype(np.float32)),
+                    u=jnp.asarray(g.standard_normal(C).astype(np.float32)),
+                    gate=jnp.asarray(g.standard_normal((B, C, L)).astype(np.float32)))
+    qw = g.standard_normal((B, C, L)).astype(np.float32)
+    kw = g.standard_normal((B, C, L)).astype(np.float32)
+    got = np.asarray(cpu.cpu_reduce(core, np.arange(C), "weighted", jnp.asarray(qw), jnp.asarray(kw)))
+    H = np.asarray(cpu.cpu_dense(core, np.arange(C)), np.float64)
+    want = np.einsum("bci,bcij,bcj->bij", qw, H, kw)
+    nan = np.isnan(want)
+    assert nan[1, 150:].any() and not nan[0].any() and not nan[1, :150].any()
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    assert rel(got[~nan], want[~nan]) <= 1e-5
+
+
 def test_linear_reduces_with_a_diagonal_term():
     """RWKV-7's linear reductions (a diagonal term beside the head matrix) by the kernel's product over
     a head's channels, for distinct, repeated and traced channels, equal the float64 sum of the

@@ -37,6 +37,38 @@ def test_decay_matrix_is_exactly_causal_and_handles_reset():
     assert not np.any(np.isnan(d))
 
 
+def test_decay_matrix_over_chunks_matches_float64_with_reset_and_nan(rng):
+    """Longer than a chunk (left of the diagonal blocks a product of three exponentials): against
+    the float64 exponential of the brute-force sums, a reset (-inf) and a NaN included (NaN exactly
+    on the entries whose segment holds it), exact zeros above the diagonal."""
+    L = 150
+    t = -np.abs(rng.normal(size=(2, L))) * 0.2
+    t[0, 40] = -np.inf
+    t[1, 90] = np.nan
+    got = np.asarray(decay_matrix(jnp.asarray(t, jnp.float32), chunk=32), np.float64)
+    with np.errstate(invalid="ignore"):
+        ref = np.exp(brute_segsum(t))
+    nan = np.isnan(ref)
+    assert nan[1].any() and not nan[0].any()
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    assert np.all(np.triu(got, 1) == 0) and np.all(got[0, 40:, :40] == 0)
+    np.testing.assert_allclose(got[~nan], ref[~nan], rtol=1e-5, atol=1e-7)
+
+
+def test_decay_matrix_with_growth_takes_the_sum():
+    """32 increments of +4 after 32 of -4: the segment across both decays by exp(0) = 1, while the
+    chunk factors alone would be exp(+128) (inf in float32) and exp(-128) (0)."""
+    t = np.zeros(96)
+    t[32:64], t[64:] = -4.0, 4.0
+    got = np.asarray(decay_matrix(jnp.asarray(t, jnp.float32), chunk=32))
+    with np.errstate(over="ignore"):
+        ref = np.exp(brute_segsum(t)).astype(np.float32)  # inf where float32 overflows
+    fin = np.isfinite(ref)
+    assert got[95, 31] == 1.0 and not fin.all()
+    np.testing.assert_array_equal(np.isfinite(got), fin)
+    np.testing.assert_allclose(got[fin], ref[fin], rtol=1e-5, atol=1e-37)  # XLA flushes subnormals
+
+
 def test_segment_sum_precise_at_long_length():
     # A global cumsum difference loses ~eps*|S| here; the masked cumsum does not.
     L = 4096

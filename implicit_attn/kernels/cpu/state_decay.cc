@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -64,28 +65,47 @@ inline V splat(float x) {
   return x - V{};
 }
 
-// exp of 16 floats: Cody-Waite reduction x = k ln2 + r, |r| <= ln2/2, and a degree-6
-// polynomial for exp(r) (the Cephes expf coefficients): about 1 ulp. Results below
-// FLT_MIN are flushed to 0, as XLA's CPU backend does.
-inline v16 vexp(v16 x) {
-  const v16 lo = splat(-87.33654f), hi = splat(88.3762626f);
-  const v16 xc = x < lo ? lo : (x > hi ? hi : x);
-  const v16 magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-  const v16 kf = (xc * splat(1.44269504088896341f) + magic) - magic;
-  v16 r = xc - kf * splat(0.693359375f);
-  r = r - kf * splat(-2.12194440e-4f);
-  v16 p = splat(1.9875691500e-4f);
-  p = p * r + splat(1.3981999507e-3f);
-  p = p * r + splat(8.3334519073e-3f);
-  p = p * r + splat(4.1665795894e-2f);
-  p = p * r + splat(1.6666665459e-1f);
-  p = p * r + splat(5.0000001201e-1f);
-  p = p * r * r + r + splat(1.0f);
-  v16i bits = (__builtin_convertvector(kf, v16i) + 127) << 23;
-  v16 scale;
+typedef int32_t vwi __attribute__((vector_size(kW * 4)));
+
+// exp of a vector of floats (V: v16 or vw, VI its int32 vector): Cody-Waite reduction
+// x = k ln2 + r, |r| <= ln2/2, and a degree-6 polynomial for exp(r) (the Cephes expf
+// coefficients): about 1 ulp. Results below FLT_MIN are flushed to 0, as XLA's CPU backend does.
+template <typename V, typename VI>
+inline V vexp_lanes(V x) {
+  const V lo = splat<V>(-87.33654f), hi = splat<V>(88.3762626f);
+  const V xc = x < lo ? lo : (x > hi ? hi : x);
+  const V magic = splat<V>(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  const V kf = (xc * splat<V>(1.44269504088896341f) + magic) - magic;
+  V r = xc - kf * splat<V>(0.693359375f);
+  r = r - kf * splat<V>(-2.12194440e-4f);
+  V p = splat<V>(1.9875691500e-4f);
+  p = p * r + splat<V>(1.3981999507e-3f);
+  p = p * r + splat<V>(8.3334519073e-3f);
+  p = p * r + splat<V>(4.1665795894e-2f);
+  p = p * r + splat<V>(1.6666665459e-1f);
+  p = p * r + splat<V>(5.0000001201e-1f);
+  p = p * r * r + r + splat<V>(1.0f);
+  VI bits = (__builtin_convertvector(kf, VI) + 127) << 23;
+  V scale;
   std::memcpy(&scale, &bits, sizeof(scale));
-  const v16 y = p * scale;
-  return x < lo ? splat(0.0f) : (x > hi ? splat(__builtin_inff()) : y);
+  const V y = p * scale;
+  return x < lo ? splat<V>(0.0f) : (x > hi ? splat<V>(__builtin_inff()) : y);
+}
+
+// exp of 16 floats (vexp_lanes). Without AVX-512 it runs on the two kW-wide halves: GCC lowers a
+// v16's comparisons and selects there far worse (a loop of v16 exponentials took 95 ns per call
+// built for haswell, against 4 ns with AVX-512).
+inline v16 vexp(v16 x) {
+  if constexpr (kW == 16) {
+    return vexp_lanes<v16, v16i>(x);
+  } else {
+    vw h[2];
+    std::memcpy(h, &x, sizeof(x));
+    h[0] = vexp_lanes<vw, vwi>(h[0]);
+    h[1] = vexp_lanes<vw, vwi>(h[1]);
+    std::memcpy(&x, h, sizeof(x));
+    return x;
+  }
 }
 
 // exp(rate * t) with exp(rate * 0) = 1 also for rate = -inf (a decay rate that overflowed):
@@ -96,7 +116,7 @@ inline v16 vexp_rt(v16 rate, v16 t) { return t == splat(0.0f) ? splat(1.0f) : ve
 // factors stay in L1 while every channel passes over them.
 constexpr int64_t kTile = 256;
 
-// Shared by the tiled reduces (head matrices, RWKV-4, Mamba-1): one row tile of one channel,
+// Shared by the tiled reduces (head matrices, Mamba-1): one row tile of one channel,
 // s[j] += q * mode(gain * y[j]) * kw[j] for j < n (n a multiple of kQ); mode 0 as is, 1 abs,
 // 2 relu.
 inline void accumulate_row(float* s, const float* y, float gain, float qv, const float* kwt, int64_t n,
@@ -352,6 +372,25 @@ void advise_huge(void* p, size_t bytes) {
   if (e > a) madvise(reinterpret_cast<void*>(a), e - a, MADV_HUGEPAGE);
 }
 
+// An uninitialised scratch of n floats on huge pages where Linux gives them (a fresh scratch of
+// many MB otherwise pays a 4 KiB page fault, and zeroing, per page); data() is null if the
+// allocation failed.
+class HugeScratch {
+ public:
+  explicit HugeScratch(size_t n) {
+    const size_t page = size_t{1} << 21, bytes = (std::max<size_t>(n, 1) * sizeof(float) + page - 1) & ~(page - 1);
+    p_ = static_cast<float*>(std::aligned_alloc(page, bytes));
+    if (p_) advise_huge(p_, bytes);
+  }
+  ~HugeScratch() { std::free(p_); }
+  HugeScratch(const HugeScratch&) = delete;
+  HugeScratch& operator=(const HugeScratch&) = delete;
+  float* data() const { return p_; }
+
+ private:
+  float* p_;
+};
+
 // Shapes shared by both handlers; an error message, or empty.
 std::string read_dims(ffi::Buffer<ffi::F32>& q, ffi::Buffer<ffi::F32>& k,
                       ffi::Buffer<ffi::F32>& A, ffi::Buffer<ffi::F32>& dt,
@@ -425,32 +464,37 @@ ffi::Error StateDecayDenseImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
 constexpr int64_t kProdTile = 128;
 static_assert(kProdTile / kQ <= kQ, "a tile's chunk decays fit one vector");
 
-// out[r][v] (row stride os) = sum_c a[c][r] col[c][v] for 8 rows and V vectors of kQ, over n terms c
-// (strides: a[c][r] at c ac + r ar, col[c][v] at c cc + v cv): the 8 V sums stay in registers. The
+// out[r][v] (row stride os) = sum_c a[c][r] col[c][v] for R rows and V vectors of kQ, over n terms c
+// (strides: a[c][r] at c ac + r ar, col[c][v] at c cc + v cv): the R V sums stay in registers. The
 // products over channels of the linear reduces, and the attention logits (c: the head dimension).
-template <int V>
+// Scaled: col[c][v] times sc[c scs + v] (RWKV-4's chunk-pair factors).
+template <int V, bool Scaled = false, int R = 8>
 inline void product8(const float* a, int64_t ac, int64_t ar, const float* col, int64_t cc, int64_t cv, int64_t n,
-                     float* out, int64_t os) {
-  v16 acc[8][V];
+                     float* out, int64_t os, const float* sc = nullptr, int64_t scs = 0) {
+  constexpr int H = kQ / kW;  // machine vectors per vector of kQ: the sums are carried in vw
+  vw acc[R][V * H];
 #pragma GCC unroll 8
-  for (int r = 0; r < 8; ++r)
-#pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) acc[r][v] = splat(0.0f);
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < V * H; ++v) acc[r][v] = splat<vw>(0.0f);
   for (int64_t c = 0; c < n; ++c) {
-    v16 cvec[V];
-#pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) cvec[v] = load(col + c * cc + v * cv);
+    vw cvec[V * H];
+#pragma GCC unroll 4
+    for (int v = 0; v < V * H; ++v) {
+      cvec[v] = load<vw>(col + c * cc + v / H * cv + v % H * kW);
+      if constexpr (Scaled) cvec[v] *= splat<vw>(sc[c * scs + v / H]);
+    }
 #pragma GCC unroll 8
-    for (int r = 0; r < 8; ++r) {
-      const v16 x = splat(a[c * ac + r * ar]);
-#pragma GCC unroll 2
-      for (int v = 0; v < V; ++v) acc[r][v] += x * cvec[v];
+    for (int r = 0; r < R; ++r) {
+      const vw x = splat<vw>(a[c * ac + r * ar]);
+#pragma GCC unroll 4
+      for (int v = 0; v < V * H; ++v) acc[r][v] += x * cvec[v];
     }
   }
 #pragma GCC unroll 8
-  for (int r = 0; r < 8; ++r)
-#pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) store(out + r * os + v * kQ, acc[r][v]);
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < V * H; ++v) store(out + r * os + v / H * kQ + v % H * kW, acc[r][v]);
 }
 
 // The linear reduce (mode 0) of a rank-one decay (N = 1, Griffin's RG-LRU) without documents,
@@ -1039,48 +1083,62 @@ void rwkv_lse(const float* k, float w, float u, int64_t L, float* lse) {
   }
 }
 
-typedef double v8d __attribute__((vector_size(64)));
-typedef int64_t v8l __attribute__((vector_size(64)));
+// The machine's vector of doubles (8 with AVX-512, 4 with AVX2) and its int64 lanes.
+constexpr int64_t kWd = kW / 2;
+typedef double vd __attribute__((vector_size(kWd * 8)));
+typedef int64_t vdl __attribute__((vector_size(kWd * 8)));
 
-// exp of 8 doubles x <= 0 (or -inf, or NaN): Cody-Waite reduction and the degree-11 Taylor polynomial
-// of exp(r), |r| <= ln2/2 (relative error ~1e-14); 0 below -708.
-inline v8d vexp8d(v8d x) {
-  const v8d lo = v8d{} - 708.0, magic = v8d{} + 6755399441055744.0;  // 1.5 * 2^52: rounds to integers
-  const v8d xc = x < lo ? lo : x;
-  const v8d kf = (xc * 1.4426950408889634 + magic) - magic;
-  const v8d r = (xc - kf * 0.693147180369123816490) - kf * 1.90821492927058770002e-10;
-  v8d p = v8d{} + 1.0 / 39916800.0;
+// exp of kWd doubles x <= 0 (or -inf, or NaN): Cody-Waite reduction and the degree-11 Taylor
+// polynomial of exp(r), |r| <= ln2/2 (relative error ~1e-14); 0 below -708.
+inline vd vexpd(vd x) {
+  const vd lo = vd{} - 708.0, magic = vd{} + 6755399441055744.0;  // 1.5 * 2^52: rounds to integers
+  const vd xc = x < lo ? lo : x;
+  const vd kf = (xc * 1.4426950408889634 + magic) - magic;
+  const vd r = (xc - kf * 0.693147180369123816490) - kf * 1.90821492927058770002e-10;
+  vd p = vd{} + 1.0 / 39916800.0;
   for (double c : {1.0 / 3628800, 1.0 / 362880, 1.0 / 40320, 1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6,
                    0.5, 1.0, 1.0})
     p = p * r + c;
-  const v8l bits = (__builtin_convertvector(kf, v8l) + 1023) << 52;
-  v8d scale;
+  const vdl bits = (__builtin_convertvector(kf, vdl) + 1023) << 52;
+  vd scale;
   std::memcpy(&scale, &bits, sizeof(scale));
-  return x < lo ? v8d{} : p * scale;
+  return x < lo ? vd{} : p * scale;
 }
 
-// rwkv_lse for n <= 8 channels at once (keys k + t * stride, lse + t * L, past + t * nc for lane t), and
-// past[I] = log sum_{j < I kQ} exp(k[j] + (I kQ - 1 - j) w), the decayed keys before chunk I;
-// the running sum of decayed keys kept as m + log(s) in double: one exponential per step and lane,
-// and one per row for lse = max(m, u + k) + log(...) (the log in float: its argument lies in [1, L+1]).
-void rwkv_lse8(const float* k, int64_t stride, const float* w, const float* u, int64_t n, int64_t L, float* lse,
-               float* past) {
+// rwkv_lse for n <= 8 channels at once (keys k + t * stride, outputs + t * L for channel t), each
+// row's normaliser as lse = mx + log(1 / inv) (exp(x - lse) = exp(x - mx) inv: no logarithm), and
+// past[I] = log sum_{j < I kQ} exp(k[j] + (I kQ - 1 - j) w), the decayed keys before chunk I
+// (past + t * nc). The running sum of decayed keys is kept as m + log(s) in double: one exponential
+// per step and channel, one per row for max(m, u + k) and the sum around it (in [1, L+1]). The
+// channels sit in kG machine vectors (carried in registers: a wider vector would live on the stack).
+void rwkv_lse8(const float* k, int64_t stride, const float* w, const float* u, int64_t n, int64_t L, float* mx,
+               float* inv, float* past) {
+  constexpr int64_t kG = 8 / kWd;
   const int64_t nc = (L + kQ - 1) / kQ;
-  v8d wv{}, uv{}, m = v8d{} - INFINITY, sum{};
-  for (int64_t t = 0; t < n; ++t) wv[t] = w[t], uv[t] = u[t];
+  vd wv[kG], uv[kG], m[kG], sum[kG];
+  for (int64_t g = 0; g < kG; ++g) {
+    wv[g] = uv[g] = sum[g] = vd{};
+    m[g] = vd{} - INFINITY;
+  }
+  for (int64_t t = 0; t < n; ++t) wv[t / kWd][t % kWd] = w[t], uv[t / kWd][t % kWd] = u[t];
   for (int64_t i = 0; i < L; ++i) {
-    v8d kv{};
-    for (int64_t t = 0; t < n; ++t) kv[t] = k[t * stride + i];
-    if (i % kQ == 0)
-      for (int64_t t = 0; t < n; ++t) past[t * nc + i / kQ] = static_cast<float>(m[t] + std::log(sum[t]));
-    // lse = logaddexp(m + log s, u + k): one of the two exponentials is 1
-    const v8d top = uv + kv, e = vexp8d(m < top ? m - top : top - m);
-    const v8d arg = m < top ? sum * e + 1.0 : sum + e, M = m < top ? top : m;
-    for (int64_t t = 0; t < n; ++t) lse[t * L + i] = static_cast<float>(M[t]) + std::log(static_cast<float>(arg[t]));
-    // m + log s <- logaddexp(m + log s + w, k)
-    const v8d a = m + wv, d = vexp8d(a < kv ? a - kv : kv - a);
-    sum = a < kv ? sum * d + 1.0 : sum + d;
-    m = a < kv ? kv : a;
+#pragma GCC unroll 2
+    for (int64_t g = 0; g < kG; ++g) {
+      const int64_t t0 = g * kWd, nt = std::min(kWd, n - t0);
+      vd kv{};
+      for (int64_t t = 0; t < nt; ++t) kv[t] = k[(t0 + t) * stride + i];
+      if (i % kQ == 0)
+        for (int64_t t = 0; t < nt; ++t) past[(t0 + t) * nc + i / kQ] = static_cast<float>(m[g][t] + std::log(sum[g][t]));
+      // lse = logaddexp(m + log s, u + k): one of the two exponentials is 1
+      const vd top = uv[g] + kv, e = vexpd(m[g] < top ? m[g] - top : top - m[g]);
+      const vd r = 1.0 / (m[g] < top ? sum[g] * e + 1.0 : sum[g] + e), M = m[g] < top ? top : m[g];
+      for (int64_t t = 0; t < nt; ++t)
+        mx[(t0 + t) * L + i] = static_cast<float>(M[t]), inv[(t0 + t) * L + i] = static_cast<float>(r[t]);
+      // m + log s <- logaddexp(m + log s + w, k)
+      const vd a = m[g] + wv[g], d = vexpd(a < kv ? a - kv : kv - a);
+      sum[g] = a < kv ? sum[g] * d + 1.0 : sum[g] + d;
+      m[g] = a < kv ? kv : a;
+    }
   }
 }
 
@@ -1156,13 +1214,18 @@ ffi::Error RwkvDenseImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi::
 }
 
 // Left of a row chunk's diagonal block the decayed softmax factorises: for i in chunk I (start I0)
-// and j < I0, with P = past[I] (log of the decayed keys before the chunk),
-//   exp(l[i, j] - lse[i]) = exp(k[j] + (I0-1-j) w - P) * exp((i-I0) w + P - lse[i]),
-// both factors <= 1 (the first is one term of P's sum; P[i] >= P + (i-I0) w bounds the second), so
-// neither overflows, and neither underflows where the product is a normal float. As H_c >= 0 up to
-// the gate, f(gate e) = f(gate) e for the three maps, and the chunk's rows left of the diagonal are
-// a product over channels, rows (kQ x C) times columns (C x I0): kRw rows by kRv vectors at a time
-// with the sums in registers. The diagonal block is formed element by element (rwkv_row).
+// and j in an earlier chunk J (end E = (J+1) kQ), with P_I = past[I],
+//   exp(l[i, j] - lse[i]) = exp(k[j] + (E-1-j) w - P_{J+1}) exp((I0-E) w + P_{J+1} - P_I)
+//                           exp((i-I0) w + P_I - lse[i]),
+// a column, a chunk-pair and a row factor, each <= 1 (each is one term, decayed, of the log-sum it
+// is divided by: P_{J+1}, P_I, lse[i]), so none overflows, and none underflows where the product is a
+// normal float. The column factors (times kw) and the row factors (times qw f(gate)) are formed once
+// per channel, the chunk-pair factors once per (channel, row chunk, column tile) and multiplied into
+// the tile's columns. As H_c >= 0 up to the gate, f(gate e) = f(gate) e for the three maps, and the
+// chunk's rows left of the diagonal are a product over channels, rows (kQ x C) times columns
+// (C x I0) (product8). Inside the diagonal block each entry is one exponential, two rows per vector;
+// its diagonal (the bonus u) is formed with the row factors. No logarithm: exp(x - lse[i]) is
+// exp(x - mx[i]) inv[i] (rwkv_lse8).
 // sum_c qw[b,c,i] f(H_c[i,j]) kw[b,c,j] into out (B, L, L), f as in the other reduces.
 ffi::Error RwkvReduceImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> u,
                           ffi::Buffer<ffi::F32> gate, ffi::Buffer<ffi::F32> qw,
@@ -1179,84 +1242,180 @@ ffi::Error RwkvReduceImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi:
   const int64_t L = d.L, C = d.C, nc = (L + kQ - 1) / kQ, Lp = nc * kQ;
   if (L == 0 || d.B == 0) return ffi::Error::Success();
   float* o = out->typed_data();
-  // Padded keys, the row normalisers and the chunk-start logs of every channel, once (O(B C L)).
-  std::vector<float> kp(static_cast<size_t>(d.B) * C * (Lp + kTile), 0.0f),
-      lse(static_cast<size_t>(d.B) * C * L), past(static_cast<size_t>(d.B) * C * nc);
-  const int64_t pairs = d.B * C;
+  const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, zero = splat(0.0f);
+  constexpr int64_t kH = kQ / 2, kAB = kW == 16 ? kH : 2;  // pairs of diagonal-block rows per pass
+  static_assert(kH % kAB == 0, "whole passes");
+  vw lw, zw = splat<vw>(0.0f);
+  std::memcpy(&lw, &lane, sizeof(lw));
+  // Per channel and row chunk, once (O(B C L); about 9 floats per channel and position), laid out
+  // chunk-major so that a row chunk's pass over the channels reads consecutive memory: a record of
+  // the keys and kw of the chunk and the one before it (zeros before column 0 and past L), the rows'
+  // mx and qi = qw f(gate) inv (qi 0 past L), and the diagonal's terms (times kw); the row factors
+  // rowf (from chunk 1 on) the same way; the column factors colf by column tile (up to the last
+  // chunk); past per channel.
+  constexpr int64_t kRk = 0, kRw = 2 * kQ, kRm = 4 * kQ, kRq = 5 * kQ, kRd = 6 * kQ, kRec = 7 * kQ;
+  const size_t BC = static_cast<size_t>(d.B) * C;
+  const int64_t nT = (Lp + kProdTile - 1) / kProdTile;  // colf: [b][column tile][c][kProdTile]
+  // Every entry read is written first (past's kQ trailing floats are read only into lanes left unused).
+  HugeScratch rec_buf(BC * nc * kRec), rowf_buf(BC * nc * kQ), colf_buf(static_cast<size_t>(d.B) * nT * C * kProdTile);
+  float *rec = rec_buf.data(), *rowf = rowf_buf.data(), *colf = colf_buf.data();
+  if (!rec || !rowf || !colf) return ffi::Error(ffi::ErrorCode::kResourceExhausted, "rwkv_reduce: out of memory");
+  std::vector<float> past(BC * nc + kQ);
   const int64_t groups = d.B * ((C + 7) / 8);  // 8 channels of one batch at a time
   run_threads(std::max<int64_t>(1, std::min<int64_t>(threads, groups)), [&](int64_t t0) {
     const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, groups));
+    // The group's padded rows (kQ zeros before the keys and kw), then its records chunk by chunk:
+    // the 8 channels' records of a chunk lie side by side.
+    const int64_t Lq = kQ + Lp;
+    std::vector<float> m8(8 * Lp, 0.0f), inv8(8 * L), kc(8 * Lq), kwc(8 * Lq), qc(8 * Lp);
     for (int64_t g = t0; g < groups; g += nt) {
       const int64_t b = g / ((C + 7) / 8), c0 = g % ((C + 7) / 8) * 8, n = std::min<int64_t>(8, C - c0);
       const size_t p = static_cast<size_t>(b) * C + c0;
-      for (int64_t t = 0; t < n; ++t)
-        std::copy(k.typed_data() + (p + t) * L, k.typed_data() + (p + t + 1) * L, kp.begin() + (p + t) * (Lp + kTile));
-      rwkv_lse8(k.typed_data() + p * L, L, w.typed_data() + c0, u.typed_data() + c0, n, L, lse.data() + p * L,
+      rwkv_lse8(k.typed_data() + p * L, L, w.typed_data() + c0, u.typed_data() + c0, n, L, m8.data(), inv8.data(),
                 past.data() + p * nc);
+      std::fill(kc.begin(), kc.end(), 0.0f);
+      std::fill(kwc.begin(), kwc.end(), 0.0f);
+      std::fill(qc.begin(), qc.end(), 0.0f);
+      for (int64_t t = n - 1; t >= 0; --t) {  // m8 rows re-spaced from L to Lp, last first
+        const size_t cl = (p + t) * L;
+        std::copy(k.typed_data() + cl, k.typed_data() + cl + L, kc.begin() + t * Lq + kQ);
+        std::copy(kw.typed_data() + cl, kw.typed_data() + cl + L, kwc.begin() + t * Lq + kQ);
+        std::copy_backward(m8.begin() + t * L, m8.begin() + (t + 1) * L, m8.begin() + t * Lp + L);
+        std::fill(m8.begin() + t * Lp + L, m8.begin() + (t + 1) * Lp, 0.0f);
+        for (int64_t i = 0; i < L; ++i) {
+          float gv = has_gate ? gate.typed_data()[cl + i] : 1.0f;
+          if (mode == 1) gv = std::fabs(gv);
+          if (mode == 2) gv = std::max(gv, 0.0f);
+          qc[t * Lp + i] = qw.typed_data()[cl + i] * gv * inv8[t * L + i];
+        }
+      }
+      for (int64_t I = 0; I < nc; ++I) {
+        const int64_t I0 = I * kQ;
+        for (int64_t t = 0; t < n; ++t) {
+          const int64_t c = c0 + t;
+          const float wc = w.typed_data()[c], uc = u.typed_data()[c];
+          const float *P = past.data() + (p + t) * nc, *kt = kc.data() + t * Lq, *kwt = kwc.data() + t * Lq,
+                      *mt = m8.data() + t * Lp, *qt = qc.data() + t * Lp;
+          float* r = rec + ((static_cast<size_t>(b) * nc + I) * C + c) * kRec;
+          std::copy(kt + I0, kt + I0 + 2 * kQ, r + kRk);
+          std::copy(kwt + I0, kwt + I0 + 2 * kQ, r + kRw);
+          float* rw = rowf + ((static_cast<size_t>(b) * nc + I) * C + c) * kQ;
+          float* cw = colf + ((static_cast<size_t>(b) * nT + I0 / kProdTile) * C + c) * kProdTile + I0 % kProdTile;
+#pragma GCC unroll 2
+          for (int64_t h = 0; h < kQ / kW; ++h) {  // kW-wide parts
+            const int64_t o = I0 + h * kW;
+            const vw ln = lw + splat<vw>(static_cast<float>(h * kW)), wv = splat<vw>(wc);
+            const vw m = load<vw>(mt + o), qv = load<vw>(qt + o), kv = load<vw>(kt + kQ + o),
+                     kwv = load<vw>(kwt + kQ + o);
+            store(r + kRm + h * kW, m);
+            store(r + kRq + h * kW, qv);
+            store(r + kRd + h * kW, qv * vexp_lanes<vw, vwi>(splat<vw>(uc) + kv - m) * kwv);
+            if (I > 0)  // (i - I0) w; 0 decays nothing, also for w = -inf
+              store(rw + h * kW, qv * vexp_lanes<vw, vwi>((ln == zw ? zw : ln * wv) + splat<vw>(P[I]) - m));
+            if (I + 1 < nc) {  // (E-1-j) w
+              const vw back = splat<vw>(static_cast<float>(kQ - 1)) - ln;
+              const vw x = kv + (back == zw ? zw : back * wv) - splat<vw>(P[I + 1]);
+              store(cw + h * kW, vexp_lanes<vw, vwi>(x) * kwv);
+            }
+          }
+        }
+      }
     }
   });
   const int64_t items = d.B * nc;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
   run_threads(nt, [&](int64_t t0) {
-    std::vector<float> y(kQ), diag(kQ * kTile), kwt(kTile), rowf(C * kQ), col(C * kProdTile),
-        left(kQ * kProdTile);
-    const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    std::vector<float> diag(kQ * kQ), sv(C * kTileChunks), left(kQ * kProdTile);
     for (int64_t p = t0; p < items; p += nt) {
       const int64_t I = p % nc, b = p / nc, I0 = I * kQ, rows = std::min(kQ, L - I0);
       float* ob = o + static_cast<size_t>(b) * L * L;
-      // The diagonal block element by element, and each channel's row factors
-      // qw f(gate) exp((i-I0) w + P - lse[i]) (0 on rows past L).
+      const float* recs = rec + (static_cast<size_t>(b) * nc + I) * C * kRec;
+      // The diagonal block's strictly lower entries, rows a and kQ - a in one vector of kQ (lanes
+      // below a: row a, column I0 + lane; the others: row kQ - a, column I0 + lane - a; row kQ / 2
+      // alone), one exponential each, in kW-wide parts; kAB pairs per pass over the channels, so
+      // that their sums stay in registers. Then the diagonal.
       std::fill(diag.begin(), diag.end(), 0.0f);
-      for (int64_t c = 0; c < C; ++c) {
-        const size_t cl = (static_cast<size_t>(b) * C + c) * L;
-        const float* kc = kp.data() + (static_cast<size_t>(b) * C + c) * (Lp + kTile);
-        const float wc = w.typed_data()[c], uc = u.typed_data()[c];
-        const float P = past[(static_cast<size_t>(b) * C + c) * nc + I];
-        load_tile(kw.typed_data() + cl + I0, rows, kwt);
-        for (int64_t ii = 0; ii < kQ; ++ii) {
-          float a = 0.0f;
-          if (ii < rows) {
-            const int64_t i = I0 + ii;
-            float g = has_gate ? gate.typed_data()[cl + i] : 1.0f;
-            if (mode == 1) g = std::fabs(g);
-            if (mode == 2) g = std::max(g, 0.0f);
-            const float qg = qw.typed_data()[cl + i] * g;
-            rwkv_row(kc, wc, uc, lse[cl + i], i, I0, kQ, y.data());
-            accumulate_row(diag.data() + ii * kTile, y.data(), 1.0f, qg, kwt.data(), kQ, 0);
-            if (I0 > 0) a = qg * std::exp((ii == 0 ? 0.0f : ii * wc) + P - lse[cl + i]);
+      vw dsum[kQ / kW];
+      for (int64_t a0 = 1; a0 <= kH; a0 += kAB) {
+        vw acc[kAB][kQ / kW];
+        for (auto& x : acc)
+          for (auto& y : x) y = zw;
+        if (a0 == 1)
+          for (auto& y : dsum) y = zw;
+        for (int64_t c = 0; c < C; ++c) {
+          const float* r = recs + c * kRec;
+          const float *kc = r + kRk + kQ, *kwc = r + kRw + kQ, *mc = r + kRm, *qc = r + kRq;
+          const vw wv = splat<vw>(w.typed_data()[c]);
+#pragma GCC unroll 8
+          for (int64_t da = 0; da < kAB; ++da) {
+            const int64_t a = a0 + da;
+            const vwi ok_lo = a < rows ? ~vwi{} : vwi{}, ok_hi = a < kH && kQ - a < rows ? ~vwi{} : vwi{};
+#pragma GCC unroll 2
+            for (int64_t h = 0; h < kQ / kW; ++h) {
+              const vw ln = lw + splat<vw>(static_cast<float>(h * kW));
+              const vwi lo = ln < splat<vw>(static_cast<float>(a));
+              // i-1-j: a-1-lane below a, (kQ-a)-1-(lane-a) = kQ-1-lane above; 0 decays nothing
+              const vw dist = (lo ? splat<vw>(static_cast<float>(a - 1)) : splat<vw>(static_cast<float>(kQ - 1))) - ln;
+              const vw m = lo ? splat<vw>(mc[a]) : splat<vw>(mc[kQ - a]);
+              const vw q = lo ? splat<vw>(qc[a]) : splat<vw>(qc[kQ - a]);
+              const vw x = (lo ? load<vw>(kc + h * kW) : load<vw>(kc - a + h * kW)) + (dist == zw ? zw : dist * wv) - m;
+              const vw e = q * vexp_lanes<vw, vwi>(x) * (lo ? load<vw>(kwc + h * kW) : load<vw>(kwc - a + h * kW));
+              acc[da][h] += (lo ? ok_lo : ok_hi) ? e : zw;
+            }
           }
-          rowf[c * kQ + ii] = a;
+          if (a0 == 1)
+            for (int64_t h = 0; h < kQ / kW; ++h) dsum[h] += load<vw>(r + kRd + h * kW);
+        }
+        for (int64_t da = 0; da < kAB; ++da) {
+          const int64_t a = a0 + da;
+          float v[kQ];
+          for (int64_t h = 0; h < kQ / kW; ++h) store(v + h * kW, acc[da][h]);
+          for (int64_t l = 0; l < kQ; ++l) {
+            if (l < a) diag[a * kQ + l] = v[l];
+            else if (a < kH) diag[(kQ - a) * kQ + l - a] = v[l];
+          }
         }
       }
+      float dv[kQ];
+      for (int64_t h = 0; h < kQ / kW; ++h) store(dv + h * kW, dsum[h]);
       for (int64_t ii = 0; ii < rows; ++ii) {
         float* orow = ob + (I0 + ii) * L;
-        std::copy(diag.data() + ii * kTile, diag.data() + ii * kTile + std::min(kQ, L - I0), orow + I0);
+        diag[ii * kQ + ii] += dv[ii];
+        std::copy(diag.data() + ii * kQ, diag.data() + ii * kQ + std::min(kQ, L - I0), orow + I0);
         if (I0 + kQ < L) std::memset(orow + I0 + kQ, 0, sizeof(float) * (L - I0 - kQ));
       }
-      // Left of the diagonal block: kProdTile columns at a time, every channel's column factors
-      // exp(k[j] + (I0-1-j) w - P) kw[j], then the product over channels.
+      // Left of the diagonal block: kProdTile columns at a time, every channel's chunk-pair factors
+      // exp((I0-E) w + P_{J+1} - P_I) (one vector: a tile's chunks), then the product over channels
+      // of the row factors and the column factors scaled by them.
+      const float* rf = rowf + (static_cast<size_t>(b) * nc + I) * C * kQ;
       for (int64_t j0 = 0; j0 < I0; j0 += kProdTile) {
         const int64_t cols = std::min(kProdTile, I0 - j0);  // a multiple of kQ
+        const v16 gap = splat(static_cast<float>(I0 - j0 - kQ)) - lane * splat(static_cast<float>(kQ));  // I0 - E
         for (int64_t c = 0; c < C; ++c) {
-          const size_t cl = (static_cast<size_t>(b) * C + c) * L;
-          const float* kc = kp.data() + (static_cast<size_t>(b) * C + c) * (Lp + kTile);
-          const v16 wv = splat(w.typed_data()[c]);
-          const v16 P = splat(past[(static_cast<size_t>(b) * C + c) * nc + I]);
-          for (int64_t J = 0; J < cols; J += kQ) {
-            const int64_t j = j0 + J;
-            const v16 dist = splat(static_cast<float>(I0 - 1 - j)) - lane;  // 0 decays nothing
-            const v16 x = load(kc + j) + (dist == splat(0.0f) ? splat(0.0f) : dist * wv) - P;
-            store(col.data() + c * kProdTile + J, vexp(x) * load(kw.typed_data() + cl + j));
-          }
+          const float* P = past.data() + (static_cast<size_t>(b) * C + c) * nc;
+          // P_{J+1} per lane (chunk J = j0 / kQ + lane; lanes past the tile's chunks unused)
+          const v16 x = (gap == zero ? zero : gap * splat(w.typed_data()[c])) + load(P + j0 / kQ + 1) - splat(P[I]);
+          const v16 s = vexp(x);
+          std::memcpy(sv.data() + c * kTileChunks, &s, sizeof(float) * kTileChunks);
         }
-        for (int64_t r0 = 0; r0 < kQ; r0 += 8)
-          for (int64_t J = 0; J < cols; J += 2 * kQ) {
-            float* dst = left.data() + r0 * kProdTile + J;
-            if (J + kQ < cols)
-              product8<2>(rowf.data() + r0, kQ, 1, col.data() + J, kProdTile, kQ, C, dst, kProdTile);
-            else
-              product8<1>(rowf.data() + r0, kQ, 1, col.data() + J, kProdTile, kQ, C, dst, kProdTile);
-          }
+        const float* cf = colf + (static_cast<size_t>(b) * nT + j0 / kProdTile) * C * kProdTile;
+        if constexpr (kW == 16) {
+          for (int64_t r0 = 0; r0 < kQ; r0 += 8)
+            for (int64_t J = 0; J < cols; J += 2 * kQ) {
+              float* dst = left.data() + r0 * kProdTile + J;
+              if (J + kQ < cols)
+                product8<2, true>(rf + r0, kQ, 1, cf + J, kProdTile, kQ, C, dst, kProdTile, sv.data() + J / kQ,
+                                  kTileChunks);
+              else
+                product8<1, true>(rf + r0, kQ, 1, cf + J, kProdTile, kQ, C, dst, kProdTile, sv.data() + J / kQ,
+                                  kTileChunks);
+            }
+        } else {  // 4 rows by one vector: the sums fit AVX2's 16 registers
+          for (int64_t r0 = 0; r0 < kQ; r0 += 4)
+            for (int64_t J = 0; J < cols; J += kQ)
+              product8<1, true, 4>(rf + r0, kQ, 1, cf + J, kProdTile, kQ, C, left.data() + r0 * kProdTile + J,
+                                   kProdTile, sv.data() + J / kQ, kTileChunks);
+        }
         for (int64_t ii = 0; ii < rows; ++ii)
           std::copy(left.data() + ii * kProdTile, left.data() + ii * kProdTile + cols, ob + (I0 + ii) * L + j0);
       }
