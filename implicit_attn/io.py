@@ -16,11 +16,11 @@ from pathlib import Path
 import warnings
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from .nn.checkpoint import (INDEX, SINGLE, CheckpointError, check_floating, floating_dtype, read_config, read_hf_dir,
                             release, write_hf_dir)
+from .nn.checks import as_device_array
 from .registry import FAMILIES, family
 
 # ORG/NAME with Hugging Face's characters (letters, digits, "-", "_", "."); exactly one "/".
@@ -182,7 +182,7 @@ def load(path_or_repo_id, dtype=None, revision: str | None = None, sharding_of=N
     for name in sorted(tensors):  # one tensor at a time: its pages are dropped once copied
         view = tensors.pop(name)
         if sharding_of is None:
-            arrays[name] = jnp.asarray(view if dt is None else view.astype(dt)).block_until_ready()  # copied...
+            arrays[name] = as_device_array(view if dt is None else view.astype(dt)).block_until_ready()  # copied...
         else:
             arrays[name] = sharded_array(view, sharding_of(name, view.shape), dt)
         release(view)  # ...before the pages go

@@ -179,7 +179,7 @@ def test_bad_inputs_fail_with_named_errors(fam):
             model(np.array([[1, 2]]), segment_pos=np.array([[0, 1]]))
     with pytest.raises(ValueError, match="non-empty"):
         model([[]])
-    op = model.operators(ids_for(model), layers=[0])[0]  # the shared shape: compiled already
+    op = model.operators(ids_for(model))[0]  # every layer at the shared shape: compiled already
     if not hasattr(op.core, "num_heads"):  # Mamba-2 operators have head matrices
         with pytest.raises(TypeError, match="head_matrices needs a Mamba-2 operator"):
             op.head_matrices()

@@ -10,6 +10,15 @@ import jax.numpy as jnp
 import numpy as np
 
 
+def as_device_array(x):
+    """``x`` (any array-like) as a jax array of its dtype (``jnp.asarray``'s canonical one). A numpy
+    array is copied over by ``jax.device_put``: ``jnp.asarray`` of one runs a small compiled
+    program, compiled again for every new shape and dtype."""
+    if isinstance(x, np.ndarray):
+        return jax.device_put(x, may_alias=False)
+    return jnp.asarray(x)
+
+
 def check_input_ids(input_ids, vocab_size: int):
     """Validate token ids at the API boundary.
 
@@ -106,7 +115,7 @@ def check_block_input(x, d_model: int, name: str = "mixer input"):
       ValueError naming the problem: wrong rank, wrong last dimension, empty batch or
       length, non-floating dtype (token ids belong to the model's ``__call__``).
     """
-    x = jnp.asarray(x)
+    x = as_device_array(x)
     want = f"(batch, length, {d_model})"
     if x.ndim != 3:
         raise ValueError(f"{name} must have shape {want}, got rank {x.ndim} shape {x.shape}")
@@ -155,7 +164,7 @@ def check_tap(tap, shape: tuple, what: str = "(batch, channels, length)", name: 
               owner: str = "the block's"):
     """Validate one tap: exactly ``shape`` (the operator output's; no silent broadcasting)
     and floating point. Returns it as a jax array; ValueError naming the problem otherwise."""
-    t = jnp.asarray(tap)
+    t = as_device_array(tap)
     want = tuple(shape)
     if tuple(t.shape) != want:
         raise ValueError(f"{name} must have the shape of {owner} operator output {what} = {want}, "

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax.numpy as jnp
 
 from ..ops import full_precision
-from .base import channel_index, in_channel_blocks, pytree_dataclass, relative_error, sparse_product
+from .base import applied_block, channel_index, in_channel_blocks, pytree_dataclass, relative_error
 from .html import operator_html
 from .implicit import ImplicitOperator
 
@@ -67,9 +66,7 @@ class AttentionOperator:
         B, _, L, _ = self.shape
 
         def block(sel):
-            sel = jnp.asarray(sel)
-            v = jnp.take(self.values, sel, axis=1).astype(jnp.float32)
-            return sparse_product("bhij,bhjd->bhid", self.materialize(sel), v) + jnp.take(self.offset, sel, axis=1)
+            return applied_block("bhij,bhjd->bhid", self.materialize(sel), self.values, self.offset, sel)
 
         return in_channel_blocks(block, channel_index(channels, self.values.shape[1]), B, L)
 

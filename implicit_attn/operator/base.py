@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -84,6 +85,19 @@ def sparse_product(spec: str, H, v):
     if isinstance(nan, jax.core.Tracer):
         return jax.lax.cond(nan.any(), with_reach, lambda o: o, out)
     return with_reach(out) if bool(nan.any()) else out
+
+
+@functools.partial(jax.jit, static_argnames="spec")
+def applied_block(spec: str, H, values, offset, sel):
+    """``sparse_product(spec, H, values[:, sel]) + offset[:, sel]`` as one compiled program
+    (run eagerly, each of its operations compiles apart for every new shape).
+
+    Args:
+      spec: as ``sparse_product``; H: the block's dense operator; values, offset: the
+      operator's (all channels or heads on axis 1); sel: ``(n,)`` int, the block's channels.
+    """
+    v = jnp.take(values, sel, axis=1).astype(jnp.float32)
+    return sparse_product(spec, H, v) + jnp.take(offset, sel, axis=1)
 
 
 def in_channel_blocks(apply_block, idx, B: int, L: int):
@@ -201,6 +215,6 @@ def diag_embed(d):
     return d[..., :, None] * jnp.eye(L, dtype=d.dtype)
 
 
-__all__ = ["OperatorCore", "pytree_dataclass", "take", "sparse_product", "channel_index", "block_size", "channel_weights",
+__all__ = ["OperatorCore", "pytree_dataclass", "take", "sparse_product", "applied_block", "channel_index", "block_size", "channel_weights",
            "apply_mode", "diag_embed", "BLOCK_BUDGET", "APPLY_BUDGET", "REDUCTIONS", "MODES",
            "in_channel_blocks"]

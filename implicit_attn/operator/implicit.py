@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..ops import full_precision
-from .base import (REDUCTIONS, block_size, channel_index, channel_weights, in_channel_blocks, pytree_dataclass,
-                   relative_error, sparse_product)
+from .base import (REDUCTIONS, applied_block, block_size, channel_index, channel_weights, in_channel_blocks,
+                   pytree_dataclass, relative_error)
 from .cores import heads_weighted_sum
 from .dispatch import (backend, blocked_reduce_jit, materialize_blocks, materialize_jit, resolve_impl,
                        with_fallback)
@@ -146,9 +146,7 @@ class ImplicitOperator:
         B, C, L, _ = self.shape
 
         def block(sel):
-            v = jnp.take(self.values, jnp.asarray(sel), axis=1).astype(jnp.float32)
-            return (sparse_product("bcij,bcj->bci", self.materialize(sel), v)
-                    + jnp.take(self.offset, jnp.asarray(sel), axis=1))
+            return applied_block("bcij,bcj->bci", self.materialize(sel), self.values, self.offset, sel)
 
         return in_channel_blocks(block, channel_index(channels, C), B, L)
 
