@@ -122,7 +122,15 @@ def _fill_seconds(shape) -> float:
     import jax.numpy as jnp
 
     fill = jax.jit(lambda s: jnp.full(shape, s, jnp.float32))
-    return timeit(lambda: fill(1.0), repeat=3)
+    fill(1.0).block_until_ready()  # compiled before timing
+    return steady_seconds(lambda: fill(1.0), 3)
+
+
+def steady_seconds(fn, repeat: int) -> float:
+    """Median wall seconds of ``repeat`` calls of ``fn`` (compiled already), or of 15 where one
+    call takes under 50 ms: the median of 3 calls of a few ms varied by a third between idle runs."""
+    one = timeit(fn, repeat=1, warmup=0)
+    return timeit(fn, repeat=15 if one < 0.05 else repeat, warmup=0)
 
 
 def case_rate() -> dict:
@@ -147,7 +155,7 @@ def case(model_type: str, layer: int, L: int, what: str, quick: bool = False, im
     fill = _fill_seconds(out_shape)
     fn = (lambda: op.materialize(impl=impl)) if what == "materialize" else (lambda: op.reduce("mean", impl=impl))
     peak = peak_mb_of(fn)
-    sec = timeit(fn, repeat=3 if L <= 1024 else 1, warmup=0)
+    sec = steady_seconds(fn, 3 if L <= 1024 else 1)
     flops = necessary_flops(op.core, L) + (reduce_flops(op.core, L) if what == "reduce" else 0.0)
     return {"seconds": sec, "peak_mb": peak, "fill_s": fill, "flops": flops, "channels": C,
             "core": type(op.core).__name__, "impl": resolve_impl(impl, op.core)}
