@@ -86,11 +86,12 @@ def blocked_pairs(x, y, g, after: bool, sub: int = SUB):
     sum through ``t - 1`` for ``s < t``), exactly 0 elsewhere, for decays without a lower bound.
 
     In sub-blocks of ``sub`` positions: for ``t`` in sub-block ``a`` and ``s`` in an earlier ``b``
-    the exponent is ``prefix_t + between_ab + suffix_s`` (``ops.chunk_sums``: short sums of
-    same-signed terms), taken as three factors each ``<= 1`` (no overflow; one underflows only
-    where the pair's weight does), the first and last folded into ``x`` and ``y`` and the middle
-    into ``y`` per row sub-block, so the pairs are batched matmuls. Only the ``sub x sub`` blocks
-    on the diagonal sum each pair's exponent on its own (``ops.segment_sums``).
+    the exponent is ``prefix_t + between_ab + suffix_s`` (as ``ops.chunk_sums``: short sums of
+    same-signed terms, never a difference), taken as three factors each ``<= 1`` (no overflow; one
+    underflows only where the pair's weight does), the first and last folded into ``x`` and ``y``
+    and the middle into ``y`` per row sub-block, so the pairs are matmuls over the blocks below the
+    diagonal only. Just the ``sub x sub`` blocks on the diagonal take each pair's exponent on its
+    own: ``C sub d`` exponentials instead of ``C^2 d``.
 
     Args:
       x, y: ``(B, H, C, d)``; g: ``(B, H, C, d)`` log decays (``<= 0``, ``-inf`` allowed);
@@ -277,4 +278,4 @@ def dplr_matrix(q, k, log_w, a=None, b=None, bonus=None, chunk: int = 32, after:
     return jnp.where(jnp.tril(jnp.ones((L, L), bool), 0 if after or bonus is not None else -1), M, 0.0)
 
 
-__all__ = ["FACTOR_LIMIT", "factorizable", "DplrChunks", "dplr_parts", "dplr_step", "dplr_rule", "dplr_factors", "dplr_matrix"]
+__all__ = ["FACTOR_LIMIT", "factorizable", "SUB", "blocked_pairs", "DplrChunks", "dplr_parts", "dplr_step", "dplr_rule", "dplr_factors", "dplr_matrix"]
