@@ -130,6 +130,20 @@ def test_unbounded_decays_are_exact_entry_by_entry(after):
     assert (np.abs(ref) > 1e-30).sum() > L * L / 4  # a range of weights, not just zeros
 
 
+def test_a_nan_key_stays_out_of_earlier_rows():
+    """A NaN key at position 21 (inside a chunk of 16 and a sub-block of 4) of the read-before
+    recurrence without a floor: outputs and matrix rows before it stay finite, the rows after it
+    turn NaN (the per-pair weights above the diagonal are selected away, not multiplied by 0)."""
+    g = np.random.default_rng(0)
+    q, k, v = (g.standard_normal((1, 2, 40, 4)) for _ in range(3))
+    log_w = -g.uniform(0.0, 8.0, (1, 2, 40, 4))
+    k[0, 0, 21] = np.nan
+    o = np.asarray(dplr_rule(*f32(q, k, v, log_w), chunk=16, after=False))
+    M = np.asarray(dplr_matrix(*f32(q, k, log_w), chunk=16, after=False))
+    assert np.isfinite(o[0, 0, :22]).all() and np.isfinite(M[0, 0, :22]).all() and np.isfinite(o[0, 1]).all()
+    assert np.isnan(o[0, 0, 22]).all() and np.isnan(M[0, 0, 22, 21])
+
+
 @pytest.mark.parametrize("sequential", [False, True], ids=["loop", "sequential_grid"])
 @pytest.mark.parametrize("form", ["rwkv7", "rwkv6"])
 def test_pallas_chunk_recurrence_equals_the_float64_recurrence(sequential, form):

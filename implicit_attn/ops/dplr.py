@@ -118,8 +118,9 @@ def blocked_pairs(x, y, g, after: bool, sub: int = SUB):
         shift = lambda z: jnp.concatenate([jnp.zeros_like(z[:, :, :, :1]), z[:, :, :, :-1]], axis=3)
         inside, prefix = shift(inside), shift(prefix)
     xs, ys = blocks(x) * jnp.exp(prefix), blocks(y) * jnp.exp(suffix)
-    mask = jnp.tril(jnp.ones((c, c), bool), 0 if after else -1)[..., None]
-    own = jnp.einsum("zhatd,zhasd,zhatsd->zhats", blocks(x), blocks(y), masked_exp(inside, mask))
+    mask = jnp.tril(jnp.ones((c, c), bool), 0 if after else -1)
+    own = jnp.einsum("zhatd,zhasd,zhatsd->zhats", blocks(x), blocks(y), masked_exp(inside, mask[..., None]))
+    own = jnp.where(mask, own, 0.0)  # selected: a later position's NaN times a weight of 0 stays out
     total = jnp.sum(gb, axis=3)  # (B, H, n, d): each sub-block's log decay
     rows = []
     for a in range(n):  # only the blocks on and below the diagonal are formed
