@@ -102,6 +102,48 @@ def test_long_input_is_finite_and_exact():
     assert rel(np.einsum("bhij,bhjv->bhiv", M, v)[:, :, -64:], ref[:, :, -64:]) <= 1e-5
 
 
+@pytest.mark.parametrize("after", [False, True], ids=["rwkv6", "after"])
+def test_unbounded_decays_are_exact_entry_by_entry(after):
+    """Without a decay floor the chunk pairs come in sub-blocks (``ops.blocked_pairs``: three
+    factors <= 1 between sub-blocks, per-pair exponents inside). Strong decays (e^-5 to e^-20) in
+    every dimension of one head, in half of them mixed with weak ones (~e^-0.05) in the other, a reset (-inf) and a ragged last chunk: every entry equals the
+    float64 ``sum_d q_id k_jd exp(F_ijd)`` to float32 rounding of its own terms' size, so no
+    weight is lost to a factor's underflow (or overflow) that the true weight does not share."""
+    g = np.random.default_rng(7)
+    B, H, L, dk = 1, 2, 70, 8
+    q, k = g.standard_normal((B, H, L, dk)), g.standard_normal((B, H, L, dk))
+    strong = g.uniform(size=(B, H, 1, dk)) < np.array([1.0, 0.5])[:, None, None]  # head 0: every dimension strong
+    log_w = np.where(strong, -g.uniform(5.0, 20.0, (B, H, L, dk)), -g.uniform(0.0, 0.1, (B, H, L, dk)))
+    log_w[0, 1, 33, 2] = -np.inf
+    M = np.asarray(dplr_matrix(*f32(q, k, log_w), chunk=16, after=after), np.float64)
+    F = np.cumsum(np.where(np.isinf(log_w), -1e4, log_w), axis=2)  # -1e4: exp underflows to 0 in float64
+    i, j = np.arange(L)[:, None], np.arange(L)[None, :]
+    expo = F[:, :, :, None] - F[:, :, None, :]  # [i, j]: sum over j < u <= i
+    if not after:
+        expo = np.concatenate([np.zeros_like(expo[:, :, :1]), expo[:, :, :-1]], axis=2)  # through i - 1
+    keep = (i >= j) if after else (i > j)
+    w = np.where(keep[..., None], np.exp(np.where(keep[..., None], expo, 0.0)), 0.0)
+    terms = q[:, :, :, None] * k[:, :, None] * w  # (B, H, i, j, d)
+    ref, size = terms.sum(-1), np.abs(terms).sum(-1)
+    assert not np.triu(M, 0 if not after else 1).any()
+    assert (np.abs(M - ref) <= 1e-5 * size + 1e-37).all()
+    assert (np.abs(ref) > 1e-30).sum() > L * L / 4  # a range of weights, not just zeros
+
+
+def test_a_nan_key_stays_out_of_earlier_rows():
+    """A NaN key at position 21 (inside a chunk of 16 and a sub-block of 4) of the read-before
+    recurrence without a floor: outputs and matrix rows before it stay finite, the rows after it
+    turn NaN (the per-pair weights above the diagonal are selected away, not multiplied by 0)."""
+    g = np.random.default_rng(0)
+    q, k, v = (g.standard_normal((1, 2, 40, 4)) for _ in range(3))
+    log_w = -g.uniform(0.0, 8.0, (1, 2, 40, 4))
+    k[0, 0, 21] = np.nan
+    o = np.asarray(dplr_rule(*f32(q, k, v, log_w), chunk=16, after=False))
+    M = np.asarray(dplr_matrix(*f32(q, k, log_w), chunk=16, after=False))
+    assert np.isfinite(o[0, 0, :22]).all() and np.isfinite(M[0, 0, :22]).all() and np.isfinite(o[0, 1]).all()
+    assert np.isnan(o[0, 0, 22]).all() and np.isnan(M[0, 0, 22, 21])
+
+
 @pytest.mark.parametrize("sequential", [False, True], ids=["loop", "sequential_grid"])
 @pytest.mark.parametrize("form", ["rwkv7", "rwkv6"])
 def test_pallas_chunk_recurrence_equals_the_float64_recurrence(sequential, form):
