@@ -426,3 +426,17 @@ def test_fuzz_cli_list_options(option, text, command, capsys):
     assert "Traceback" not in err and err.strip(), err
     if want is not None:
         assert err.count("\n") == 1 and "no/such/ckpt/dir" in err, err
+
+
+def test_a_numpy_input_changed_right_after_the_call_is_not_seen():
+    """``nn.as_device_array`` (block inputs, taps, checkpoint tensors): the device array holds the
+    numpy input as it was at the call, though the transfer may finish later; the caller may
+    overwrite its array at once (with a bare ``jax.device_put`` this failed in each of three runs)."""
+    from implicit_attn.nn import as_device_array
+
+    x = np.arange(64 * 4096, dtype=np.float32).reshape(64, 4096)
+    for _ in range(20):
+        got = as_device_array(x)
+        x[:] = np.nan
+        assert np.array_equal(np.asarray(got), np.arange(64 * 4096, dtype=np.float32).reshape(64, 4096))
+        x[:] = np.arange(64 * 4096, dtype=np.float32).reshape(64, 4096)

@@ -12,10 +12,13 @@ import numpy as np
 
 def as_device_array(x):
     """``x`` (any array-like) as a jax array of its dtype (``jnp.asarray``'s canonical one). A numpy
-    array is copied over by ``jax.device_put``: ``jnp.asarray`` of one runs a small compiled
-    program, compiled again for every new shape and dtype."""
+    array goes over by ``jax.device_put``: ``jnp.asarray`` of one runs a small compiled program,
+    compiled again for every new shape and dtype.
+
+    The transfer may read its source after this returns (or keep it as the array's memory), so it
+    gets a private copy: the caller may change ``x`` right away (``tests/test_nan.py`` does)."""
     if isinstance(x, np.ndarray):
-        return jax.device_put(x, may_alias=False)
+        return jax.device_put(np.array(x, copy=True))
     return jnp.asarray(x)
 
 
