@@ -161,13 +161,12 @@ def decayed_scores(q, k, log_a, row=None, col=None, chunk: int = 64):
 def decay_matrix(log_a, chunk: int = 32):
     """Causal decay matrix ``exp(segment_sum(log_a, chunk))``.
 
-    Longer than ``chunk``, where no increment is positive, each entry left of the diagonal
-    blocks is the product ``exp(prefix) exp(between) exp(suffix)`` of ``chunk_sums``' parts
-    rather than the exponential of their sum: ``O(L^2 / chunk)`` exponentials and one product
-    per entry instead of an exponential (3-4x less CPU time for Mamba-2's head matrices at
-    L = 512). Each factor is then <= 1, so none overflows, and none underflows where the
-    product is a normal float. With a positive increment a factor could overflow where the
-    product does not, so such inputs take the exponential of the sum.
+    Longer than ``chunk``, it is ``decayed_scores`` of unit vectors: left of the diagonal blocks
+    each entry is a product of ``chunk_sums``' exponentials, each factor ``<= 1`` against its
+    chunk's maximum (``O(L^2 / chunk)`` exponentials and one product per entry instead of an
+    exponential per entry: 3-4x less CPU time for Mamba-2's head matrices at L = 512). With a
+    positive increment an entry far below its block's largest could underflow where it is a
+    normal float, so such inputs take the exponential of each entry's sum instead.
 
     Args:
       log_a: ``(..., L)`` per-step log decays (<= 0 for a contracting recurrence; ``-inf`` a
@@ -176,29 +175,9 @@ def decay_matrix(log_a, chunk: int = 32):
     Returns:
       ``(..., L, L)``: ``prod_{k=j+1..i} a_k`` for ``i >= j``, exactly 0 above.
     """
-    L = log_a.shape[-1]
     Q = max(2, int(chunk))
-    if L <= Q:
+    if log_a.shape[-1] <= Q:
         return jnp.exp(_segment_sum_masked(log_a))
-    return jax.lax.cond(jnp.any(log_a > 0), lambda t: jnp.exp(segment_sum(t, Q)), lambda t: _factored_decay(t, Q),
-                        log_a)
-
-
-def _factored_decay(log_a, Q: int):
-    """``decay_matrix`` of increments <= 0 (or -inf, NaN), longer than ``Q``: the diagonal blocks
-    by the masked cumsum, the blocks left of them as products of ``chunk_sums``' exponentials."""
-    L = log_a.shape[-1]
-    nc = -(-L // Q)
-    Lp = nc * Q
-    tc = jnp.pad(log_a, [(0, 0)] * (log_a.ndim - 1) + [(0, Lp - L)]).reshape(log_a.shape[:-1] + (nc, Q))
-    prefix, suffix, between = chunk_sums(tc)
-    I = jnp.arange(nc)
-    off = (jnp.exp(prefix)[..., :, :, None, None] * jnp.exp(between)[..., :, None, :, None]
-           * jnp.exp(suffix)[..., None, None, :, :])  # (..., I, i, J, j)
-    diag = jnp.exp(_segment_sum_masked(tc))  # (..., nc, Q, Q), exact zeros above the diagonal
-    same = (I[:, None] == I[None, :])[:, None, :, None]
-    below = (I[:, None] > I[None, :])[:, None, :, None]
-    # selected, not multiplied by 0: a NaN or inf factor stays out of the blocks above
-    out = jnp.where(below, off, jnp.where(same, diag[..., :, :, None, :], 0.0))
-    out = out.reshape(log_a.shape[:-1] + (Lp, Lp))
-    return out if Lp == L else out[..., :L, :L]
+    one = jnp.ones(log_a.shape + (1,), jnp.float32)
+    return jax.lax.cond(jnp.any(log_a > 0), lambda t: jnp.exp(segment_sum(t, Q)),
+                        lambda t: decayed_scores(one, one, t, chunk=Q), log_a)
