@@ -71,11 +71,6 @@ def segment_sums(g):
     return d + (e + (col(lo) - row(lo)))
 
 
-def shift_down(D):
-    """``D[t - 1, s]`` of ``D (B, H, C, C, ...)`` (0 in row 0): the sums through ``t - 1``."""
-    return jnp.concatenate([jnp.zeros_like(D[:, :, :1]), D[:, :, :-1]], axis=2)
-
-
 def unit_lower_inverse(T):
     """``T^{-1}`` of unit lower-triangular ``T (..., C, C)`` (the part above the diagonal and the
     diagonal itself are not read): ``(..., C, C)``, exactly 0 above the diagonal.
@@ -385,5 +380,5 @@ def delta_rule_matrix(q, k, log_a, beta, chunk: int = 64, erase: bool = True):
     return jnp.where(jnp.tril(jnp.ones((L, L), bool)), M, 0.0)
 
 
-__all__ = ["unit_lower_inverse", "pad_positions", "two_sum", "double_float_add", "segment_sums", "shift_down", "masked_exp", "DeltaChunks", "chunk_parts", "split_chunks", "chunk_factors",
+__all__ = ["unit_lower_inverse", "pad_positions", "two_sum", "double_float_add", "segment_sums", "masked_exp", "DeltaChunks", "chunk_parts", "split_chunks", "chunk_factors",
            "delta_rule", "transfer_matrix", "grouped_transfer_matrix", "delta_rule_matrix"]
