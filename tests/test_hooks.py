@@ -18,6 +18,10 @@ from hf_build import build_hf
 
 L = 11
 FAMILY_IDS = sorted(FAMILIES)
+# The cache's run and the plain forward are separately compiled programs: equal up to float32
+# rounding, which differs by CPU (xLSTM's logits 1.4e-6 apart on an AVX2-only EPYC, within 1e-6 on
+# AVX-512 Xeons).
+SEPARATELY_COMPILED = dict(atol=1e-5, rtol=1e-5)
 
 
 @pytest.fixture(scope="module", params=FAMILY_IDS)
@@ -37,16 +41,15 @@ def test_cache_has_every_documented_name_and_the_forward_values(fam):
     forward = model.hook_names(operator_points=False)
     assert forward[0] == "hook_embed" and set(forward) <= set(cache)
     assert not any(k.endswith("hook_pattern") for k in cache)  # only by name
-    np.testing.assert_allclose(np.asarray(logits), np.asarray(model(ids)), atol=1e-6, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(model(ids)), **SEPARATELY_COMPILED)
     xs = model.mixer_inputs(ids)
     ops = model.operators(ids)
     for i in range(n):
-        np.testing.assert_allclose(np.asarray(cache[f"blocks.{i}.mixer.hook_in"]), np.asarray(xs[i]), atol=1e-6, rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(cache[f"blocks.{i}.mixer.hook_in"]), np.asarray(xs[i]), **SEPARATELY_COMPILED)
         np.testing.assert_allclose(np.asarray(cache[f"blocks.{i}.mixer.hook_out"]), np.asarray(ops[i].output),
-                                   atol=1e-5, rtol=1e-5)
-        # two separately compiled programs: equal up to float32 rounding
+                                   **SEPARATELY_COMPILED)
         np.testing.assert_allclose(np.asarray(cache[f"blocks.{i}.mixer.hook_values"]), np.asarray(ops[i].values),
-                                   atol=1e-6, rtol=1e-6)
+                                   **SEPARATELY_COMPILED)
         if i + 1 < n:
             np.testing.assert_array_equal(np.asarray(cache[f"blocks.{i}.hook_resid_post"]),
                                           np.asarray(cache[f"blocks.{i + 1}.hook_resid_pre"]))

@@ -262,7 +262,11 @@ def test_long_input_is_finite_and_matches_float64():
     d = lambda a: np.asarray(a, np.float64)
     ref, cond = float64_recurrence(d(q), d(k), d(v), d(log_f), d(log_i), 1e-6)
     err = np.abs(d(h) - ref).max(-1) / np.abs(ref).max(-1)  # per row
-    assert np.all(err <= 1e-5 + 1e-6 * cond), err.max()
+    # float32 exponents: a chunk's cumulative log forget gate X carries about X 2^-24 of rounding,
+    # which every decay built from it inherits (head 0's chunks reach X ~ 200: 2e-5 on an EPYC)
+    X = np.abs(log_f[:, :L // 64 * 64].reshape(H, -1, 64).sum(-1)).max(-1, keepdims=True)
+    bound = 1e-5 + 1e-6 * cond + 2.0 ** -22 * X
+    assert np.all(err <= bound), (err / bound).max()
     assert np.median(err) <= 1e-6
     n = 1000
     M = mlstm_matrix(q[:, :n], k[:, :n], log_f[:, :n], log_i[:, :n], m[:, :n], norm=norm[:, :n])
