@@ -247,8 +247,8 @@ def float64_recurrence(q, k, v, log_f, log_i, eps):
 def test_long_input_is_finite_and_matches_float64():
     """L = 4099 (64 chunks and a 3-step tail): forget gates from e^-3 to nearly 1 a step, input gates
     over the soft-capped range; the chunk-wise read-out against a float64 recurrence (row by row,
-    within 1e-5 plus what the row's own conditioning makes of float32 rounding), and the matrix of
-    the first 1000 rows times ``v`` equal to it."""
+    within 1e-5 plus what the row's own conditioning and its chunk's float32 decay sums make of
+    float32 rounding), and the matrix of the first 1000 rows times ``v`` equal to it."""
     g = np.random.default_rng(7)
     H, L, dk, dv = 3, 4099, 8, 8
     f32 = lambda a: np.asarray(a, np.float32)
@@ -256,15 +256,16 @@ def test_long_input_is_finite_and_matches_float64():
     v = f32(g.standard_normal((H, L, dv)))
     log_f = f32(-np.logaddexp(0.0, -(np.array([-3.0, 2.0, 9.0])[:, None] + g.standard_normal((H, L)))))
     log_i = f32(15.0 * np.tanh(g.uniform(-20, 20, (H, L)) / 15.0))
-    m = mlstm_stabiliser(log_f, log_i, 64)
-    h, norm = mlstm_rule(q, k, v, log_f, log_i, m, 1e-6, 64)
+    chunk = 64
+    m = mlstm_stabiliser(log_f, log_i, chunk)
+    h, norm = mlstm_rule(q, k, v, log_f, log_i, m, 1e-6, chunk)
     assert np.isfinite(np.asarray(h)).all()
     d = lambda a: np.asarray(a, np.float64)
     ref, cond = float64_recurrence(d(q), d(k), d(v), d(log_f), d(log_i), 1e-6)
     err = np.abs(d(h) - ref).max(-1) / np.abs(ref).max(-1)  # per row
     # float32 exponents: a chunk's cumulative log forget gate X carries about X 2^-24 of rounding,
     # which every decay built from it inherits (head 0's chunks reach X ~ 200: 2e-5 on an EPYC)
-    X = np.abs(log_f[:, :L // 64 * 64].reshape(H, -1, 64).sum(-1)).max(-1, keepdims=True)
+    X = np.abs(log_f[:, :L // chunk * chunk].reshape(H, -1, chunk).sum(-1)).max(-1, keepdims=True)
     bound = 1e-5 + 1e-6 * cond + 2.0 ** -22 * X
     assert np.all(err <= bound), (err / bound).max()
     assert np.median(err) <= 1e-6
