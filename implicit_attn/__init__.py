@@ -14,15 +14,26 @@ types, cores, dispatch) <- ``kernels``, ``nn`` (shared model parts) <- ``familie
 """
 from __future__ import annotations
 
-from .version import __version__
-from . import kernels  # registers the Pallas and CPU kernels with operator.dispatch
-from .analyze import analyze
-from .io import family_of, hub_cache_dir, load, load_tokenizer, resolve, save, tokenize
-from .nn import AttentionEdit
-from .nn.checkpoint import CheckpointError
-from .operator import (AttentionOperator, ImplicitOperator, Mamba2Operator, OperatorCore, ScalarDecayCore,
-                       StateDecayCore)
-from .registry import FAMILIES, family, model_types
+import gc
+
+# Importing jax, flax and our modules creates hundreds of thousands of long-lived objects and
+# no garbage; the cyclic collector's passes over them during the import cost 0.3-0.5 s of a
+# 2-3 s import on a 2-core CPU, so it pauses until the import is done.
+_collecting = gc.isenabled()
+gc.disable()
+try:
+    from .version import __version__
+    from . import kernels  # registers the Pallas and CPU kernels with operator.dispatch
+    from .analyze import analyze
+    from .io import family_of, hub_cache_dir, load, load_tokenizer, resolve, save, tokenize
+    from .nn import AttentionEdit
+    from .nn.checkpoint import CheckpointError
+    from .operator import (AttentionOperator, ImplicitOperator, Mamba2Operator, OperatorCore, ScalarDecayCore,
+                           StateDecayCore)
+    from .registry import FAMILIES, family, model_types
+finally:
+    if _collecting:
+        gc.enable()
 
 __all__ = ["AttentionEdit", "load", "save", "family_of", "load_tokenizer", "tokenize", "resolve", "hub_cache_dir", "family",
            "model_types", "FAMILIES", "CheckpointError",

@@ -1,6 +1,7 @@
-"""JAX's persistent compilation cache for implicit_attn: compiled programs kept on disk, so a
-second run of the same command (same model shapes, same jax and jaxlib, same machine) loads
-them instead of compiling again.
+"""How implicit_attn's programs get compiled: JAX's persistent compilation cache (compiled
+programs kept on disk, so a second run of the same command, with the same model shapes, jax
+and jaxlib and machine, loads them instead of compiling again), and XLA's quick-compile
+settings for small models (``quick_compile``).
 
 The command line turns it on by default; Python code opts in with ``enable_compile_cache()``.
 Where: ``$IMPLICIT_ATTN_CACHE/jax`` (default ``~/.cache/implicit_attn/jax``; a private per-user
@@ -10,6 +11,7 @@ temp directory if that is not writable). ``IMPLICIT_ATTN_COMPILE_CACHE=0`` (or `
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from pathlib import Path
@@ -55,4 +57,43 @@ def enable_compile_cache(path=None) -> Path | None:
     return path
 
 
-__all__ = ["ENV", "compile_cache_dir", "enable_compile_cache"]
+# XLA:CPU options that trade machine-code speed for compile speed: LLVM's cheap optimisation
+# level, XLA's older CPU fusion emitters (the MLIR ones compile a tiny model about 3x slower),
+# one codegen piece (splitting only adds work on a small program). Same HLO, so the same
+# operations; the machine code runs slower (a 91M-parameter Mamba's forward at L = 512 took
+# 1.9 s instead of 0.9-1.5 s), which is why only small models get them.
+QUICK_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true",
+                   "--xla_cpu_use_fusion_emitters=false", "--xla_cpu_parallel_codegen_split_count=1")
+# Checkpoints with at most this many bytes of weights compile quickly under the command
+# line's --compile auto: compiling dominates their commands (the shipped model: 80 KB).
+QUICK_MAX_WEIGHT_BYTES = 64 * 2 ** 20
+
+
+def with_quick_flags(xla_flags: str) -> str:
+    """``xla_flags`` (an ``$XLA_FLAGS`` value) with every ``QUICK_XLA_FLAGS`` option it does
+    not already set appended; options it sets keep their values."""
+    given = xla_flags.split()
+    named = {f.split("=", 1)[0] for f in given}
+    return " ".join(given + [f for f in QUICK_XLA_FLAGS if f.split("=", 1)[0] not in named])
+
+
+@contextlib.contextmanager
+def quick_compile(enabled: bool = True):
+    """Inside the block, ``$XLA_FLAGS`` carries ``QUICK_XLA_FLAGS`` (``with_quick_flags``);
+    it is restored on leaving. XLA reads its flags once per process, when JAX's CPU backend
+    starts, so this acts only where the backend starts inside the block, as in a fresh
+    command-line process; elsewhere nothing changes. ``enabled=False``: a no-op."""
+    old = os.environ.get("XLA_FLAGS")
+    if enabled:
+        os.environ["XLA_FLAGS"] = with_quick_flags(old or "")
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("XLA_FLAGS", None)
+        else:
+            os.environ["XLA_FLAGS"] = old
+
+
+__all__ = ["ENV", "QUICK_MAX_WEIGHT_BYTES", "QUICK_XLA_FLAGS", "compile_cache_dir", "enable_compile_cache",
+           "quick_compile", "with_quick_flags"]

@@ -81,6 +81,14 @@ def resolve(path_or_repo_id, revision: str | None = None) -> Path:
     return _cached_snapshot(path_or_repo_id, revision)
 
 
+def weight_bytes(path_or_repo_id, revision: str | None = None) -> int:
+    """Bytes of safetensors weights a checkpoint holds (its ``*.safetensors`` files; 0 if it
+    has none), read from the file system without loading anything. ``CheckpointError`` as
+    ``resolve`` for a checkpoint that cannot be found."""
+    path = resolve(path_or_repo_id, revision)
+    return sum(f.stat().st_size for f in path.glob("*.safetensors")) if path.is_dir() else 0
+
+
 def _cached_snapshot(repo_id: str, revision: str | None) -> Path:
     """Snapshot directory of a cached repository, through ``huggingface_hub`` with
     ``local_files_only=True`` (no network)."""
@@ -299,4 +307,4 @@ def family_of(path_or_repo_id, revision: str | None = None) -> str:
 
 
 __all__ = ["load", "sharded_array", "save", "family_of", "resolve", "load_tokenizer", "tokenize", "hub_cache_dir", "is_repo_id",
-           "CheckpointError", "TOKENIZER"]
+           "weight_bytes", "CheckpointError", "TOKENIZER"]

@@ -10,15 +10,6 @@ import sys
 import zipfile
 from pathlib import Path
 
-# Compiling dominates the suite (thousands of tiny XLA programs): the tests compile with
-# LLVM's cheap optimisation level and XLA's older CPU fusion emitters (the MLIR ones take
-# about 3x longer to compile a tiny model), in one codegen piece (splitting only adds work
-# when every core runs a test worker). Same HLO, slower machine code; two separately
-# compiled programs may round differently (as at any setting), so tests compare them with
-# tolerances. Benchmarks use XLA's defaults.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0 "
-                                   "--xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false "
-                                   "--xla_cpu_parallel_codegen_split_count=1")
 # The command line caches compiled programs on disk by default; tests that call it in-process
 # must not write to the user's cache (tests/test_cli.py checks the cache in subprocesses).
 os.environ.setdefault("IMPLICIT_ATTN_COMPILE_CACHE", "0")
@@ -29,6 +20,15 @@ os.environ.setdefault("IMPLICIT_ATTN_CPU_AUTO_MIN", "0")
 
 import numpy as np
 import pytest
+
+from implicit_attn.compile_cache import with_quick_flags
+
+# Compiling dominates the suite (thousands of tiny XLA programs): the tests compile with the
+# command line's quick settings (compile_cache.QUICK_XLA_FLAGS: about 3x faster to compile a
+# tiny model). Same HLO, slower machine code; two separately compiled programs may round
+# differently (as at any setting), so tests compare them with tolerances. Benchmarks use
+# XLA's defaults. XLA reads the flags when JAX's backend starts, after this.
+os.environ.setdefault("XLA_FLAGS", with_quick_flags("--xla_force_host_platform_device_count=1"))
 
 
 def mapped_regions() -> int:

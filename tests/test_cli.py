@@ -47,6 +47,44 @@ def test_info_and_operator(tmp_path, capsys):
     assert "outside the vocabulary" in capsys.readouterr().err
 
 
+def test_quick_compile_for_small_checkpoints_only(tmp_path, monkeypatch):
+    """``--compile auto`` compiles quickly for checkpoints of at most ``QUICK_MAX_WEIGHT_BYTES``
+    of safetensors weights (the demo's model among them), ``quick`` / ``optimized`` force it;
+    the flags go into ``$XLA_FLAGS`` for the command only, and options already there win."""
+    from implicit_attn.cli import build_parser, wants_quick_compile
+    from implicit_attn.compile_cache import QUICK_MAX_WEIGHT_BYTES, QUICK_XLA_FLAGS, quick_compile, with_quick_flags
+    from implicit_attn.demo.induction import ASSET_DIR
+
+    p = build_parser()
+    assert wants_quick_compile(p.parse_args(["demo"]))
+    assert not wants_quick_compile(p.parse_args(["--compile", "optimized", "demo"]))
+    assert wants_quick_compile(p.parse_args(["info", str(ASSET_DIR)]))
+    big = tmp_path / "big"
+    big.mkdir()
+    with open(big / "model.safetensors", "wb") as f:
+        f.truncate(QUICK_MAX_WEIGHT_BYTES + 1)  # sparse: its size is all that is read
+    assert not wants_quick_compile(p.parse_args(["info", str(big)]))
+    assert wants_quick_compile(p.parse_args(["--compile", "quick", "info", str(big)]))
+    assert not wants_quick_compile(p.parse_args(["info", str(tmp_path / "missing")]))
+    assert not wants_quick_compile(p.parse_args(["convert", str(big), str(tmp_path / "out")]))
+
+    assert with_quick_flags("") == " ".join(QUICK_XLA_FLAGS)
+    kept = with_quick_flags("--xla_backend_optimization_level=2 --foo=1").split()
+    assert kept[:2] == ["--xla_backend_optimization_level=2", "--foo=1"] and len(kept) == len(QUICK_XLA_FLAGS) + 1
+    monkeypatch.setenv("XLA_FLAGS", "--foo=1")
+    with quick_compile():
+        assert os.environ["XLA_FLAGS"] == with_quick_flags("--foo=1")
+    assert os.environ["XLA_FLAGS"] == "--foo=1"
+    with quick_compile(False):
+        assert os.environ["XLA_FLAGS"] == "--foo=1"
+    monkeypatch.delenv("XLA_FLAGS")
+    with pytest.raises(RuntimeError):
+        with quick_compile():
+            assert os.environ["XLA_FLAGS"] == " ".join(QUICK_XLA_FLAGS)
+            raise RuntimeError
+    assert "XLA_FLAGS" not in os.environ
+
+
 COUNT_COMPILES = """
 import collections, sys
 import jax.monitoring
@@ -69,8 +107,8 @@ def test_second_cli_run_compiles_nothing(tmp_path):
     script.write_text(COUNT_COMPILES)
     repo = str(Path(__file__).resolve().parents[1])
 
-    def run(cache, *flags):
-        env = {**os.environ, "IMPLICIT_ATTN_COMPILE_CACHE": str(cache),
+    def run(cache, *flags, xla_flags=os.environ.get("XLA_FLAGS", "")):
+        env = {**os.environ, "IMPLICIT_ATTN_COMPILE_CACHE": str(cache), "XLA_FLAGS": xla_flags,
                "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}
         p = subprocess.run([sys.executable, str(script), *flags, "operator", str(tmp_path / "m"), "--ids",
                             "1,2,3,4,5", "--out", str(tmp_path / "out")], env=env, cwd=tmp_path, capture_output=True, text=True,
@@ -88,3 +126,9 @@ def test_second_cli_run_compiles_nothing(tmp_path):
     off = tmp_path / "off"
     assert run(off, "--no-compile-cache")[1] == 0 and not off.exists()
     assert run("0")[1] == 0 and not (tmp_path / "0").exists()
+    # --compile: JAX's cache key holds $XLA_FLAGS, so a quick program is never loaded for an
+    # optimized run or the other way round (the tests' own XLA_FLAGS are the quick ones: drop them)
+    modes = tmp_path / "modes"
+    requests, hits = run(modes, "--compile", "quick", xla_flags="")  # hits: programs asked for twice
+    assert run(modes, "--compile", "optimized", xla_flags="") == (requests, hits)  # as in an empty cache
+    assert run(modes, "--compile", "auto", xla_flags="") == (requests, requests)  # 1 KB of weights: quick

@@ -286,6 +286,27 @@ def test_toy_metrics_order_oracle_random_anti(toy):
     np.testing.assert_allclose(activation(model, ids, ex.relevance).area, activation(model, ids, oracle).area)
 
 
+def test_logit_gradients_match_grad_through_tapped_logits(mm):
+    """``LanguageModel.logit_gradients`` (forward and backward in one compiled program, the
+    argmax targets found in that same pass) equals ``jax.grad`` through ``tapped_logits``
+    with the targets taken from a separate plain forward; given targets are used as given."""
+    model, ids = mm
+    B, L = ids.shape
+    q = np.array([L - 1, 3])
+    rows = np.arange(B)
+    taps = {l: np.zeros(model.tap_shape(l, B, L)[0], np.float32) for l in range(len(model.layers))}
+    for given in (None, np.array([0, 5])):
+        t_ref = np.asarray(model(ids))[rows, q].argmax(-1) if given is None else given
+        ref = jax.grad(lambda tp: jnp.sum(model.tapped_logits(ids, tp)[rows, q, t_ref]))(taps)
+        g, t = model.logit_gradients(ids, taps, q, given)
+        assert np.asarray(t).tolist() == t_ref.tolist()
+        for l in taps:
+            assert np.abs(np.asarray(ref[l])).max() > 0
+            np.testing.assert_allclose(np.asarray(g[l]), np.asarray(ref[l]), rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="shape"):
+        model.logit_gradients(ids, {0: np.zeros((1, 1, 1), np.float32)}, q)
+
+
 # ----------------------------------------------------------------------------- contributions vs jvp
 
 def test_contributions_reproduce_first_order_change(mm, mm_ops, mm_dense, mm_grads):

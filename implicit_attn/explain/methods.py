@@ -22,7 +22,8 @@ contributions      R_l[i, j] = sum_c g_l[c, i] H_l[c, i, j] v_l[c, j],  g_l = d 
                    head by head from ``materialize``).
 
 ``y_l`` is the operator's ``output`` (the block's own token-mixing output); gradients come
-from ``model.tapped_logits(ids, taps)`` with zero taps. The target is ``logits[b, q, t_b]``
+from ``model.tapped_logits(ids, taps)`` with zero taps (through ``model.logit_gradients``,
+forward and backward in one compiled program, where the model has it). The target is ``logits[b, q, t_b]``
 with ``t_b`` the argmax at ``q`` unless given. Every method takes ``variant=`` (the
 operator ablations); gradients are always those of the real model. ``heads=`` restricts the
 maps (and the contributions sum) to the channels of those heads (``maps.head_channels``);
@@ -32,6 +33,7 @@ call and operator then uses those positions, so nothing crosses a document start
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Sequence
 
 import jax
@@ -39,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..nn import check_layers
+from ..nn.lm import query_logit_sum
 from ..ops import full_precision
 from .maps import (check_how, check_normalize, iter_operators, model_kwargs, operator_map, position_mean,
                    select_channels)
@@ -49,13 +52,17 @@ METHODS = ("raw", "rollout", "attribution", "contributions")
 
 # ----------------------------------------------------------------------------- pure functions
 
-def _keep_mask(L: int, exclude: Sequence[int]):
+def _keep_mask_np(L: int, exclude: Sequence[int]) -> np.ndarray:
     keep = np.ones(L, np.float32)
     for p in exclude:
         if not -L <= int(p) < L:
             raise ValueError(f"exclude position {p} out of range for length {L}")
         keep[int(p) % L] = 0.0
-    return jnp.asarray(keep)
+    return keep
+
+
+def _keep_mask(L: int, exclude: Sequence[int]):
+    return jnp.asarray(_keep_mask_np(L, exclude))
 
 
 def _check_start(maps, start_layer: int) -> int:
@@ -203,7 +210,9 @@ def resolve_target(model, ids, query: int, target=None, logits=None, segment_pos
 
 def output_gradients(model, ids, layers=None, query: int = -1, target=None, segment_pos=None):
     """Gradients of ``sum_b logits[b, q, t_b]`` w.r.t. each selected layer's operator output
-    (``segment_pos``: optional ``(B, L)`` document positions, Griffin only).
+    (``segment_pos``: optional ``(B, L)`` document positions, Griffin only). ``t_b`` is
+    ``target`` (checked as ``resolve_target`` does) or, when None, the argmax of the logits at
+    ``q``, found in the same forward pass as the gradients.
 
     Returns:
       ``({layer: array shaped like op.output}, q, t)`` with ``q`` normalised and ``t (B,)``.
@@ -212,8 +221,25 @@ def output_gradients(model, ids, layers=None, query: int = -1, target=None, segm
     B, L = ids.shape
     q = check_query(query, L)
     kw = model_kwargs(model, ids, segment_pos)
-    t = resolve_target(model, ids, q, target, **kw)
-    return query_gradients(model, ids, np.full(B, q), t, layers, segment_pos), q, t
+    t = None if target is None else resolve_target(model, ids, q, target, **kw)
+    grads, t = _query_gradients(model, ids, np.full(B, q), t, layers, segment_pos)
+    return grads, q, (t if isinstance(t, jax.core.Tracer) else np.asarray(t).astype(np.int64))
+
+
+def _query_gradients(model, ids, queries, targets, layers, segment_pos):
+    """``({layer: gradient}, targets)``: ``model.logit_gradients`` (one compiled program) where
+    the model has it; otherwise ``jax.grad`` through ``model.tapped_logits``."""
+    ids = as_ids(ids)
+    B, L = ids.shape
+    uniq = sorted(set(check_layers(layers, len(model.layers))))
+    kw = model_kwargs(model, ids, segment_pos)
+    if hasattr(model, "logit_gradients"):
+        taps = {l: np.zeros(model.tap_shape(l, B, L)[0], np.float32) for l in uniq}
+        return model.logit_gradients(ids, taps, queries, targets, **kw)
+    shapes = jax.eval_shape(lambda: [op.output for _, op in iter_operators(model, ids, uniq, **kw)])
+    taps = {l: jnp.zeros(s.shape, jnp.float32) for l, s in zip(uniq, shapes)}
+    return jax.grad(lambda taps: query_logit_sum(model.tapped_logits(ids, taps, **kw), queries, targets),
+                    has_aux=True)(taps)
 
 
 def query_gradients(model, ids, queries, targets, layers=None, segment_pos=None) -> dict:
@@ -228,19 +254,7 @@ def query_gradients(model, ids, queries, targets, layers=None, segment_pos=None)
     Returns:
       ``{layer: array shaped like op.output}``.
     """
-    ids = as_ids(ids)
-    B = ids.shape[0]
-    sel = check_layers(layers, len(model.layers))
-    kw = model_kwargs(model, ids, segment_pos)
-    uniq = sorted(set(sel))
-    shapes = jax.eval_shape(lambda: [op.output for _, op in iter_operators(model, ids, uniq, **kw)])
-    taps = {l: jnp.zeros(s.shape, jnp.float32) for l, s in zip(uniq, shapes)}
-    rows, qj, tj = jnp.arange(B), jnp.asarray(queries), jnp.asarray(targets)
-
-    def f(taps):
-        return jnp.sum(model.tapped_logits(ids, taps, **kw)[rows, qj, tj])
-
-    return jax.grad(f)(taps)
+    return _query_gradients(model, ids, queries, targets, layers, segment_pos)[0]
 
 
 def combine(method: str, maps, queries, grad_means=None, start_layer: int = 0, normalize_rows: bool = False,
@@ -270,6 +284,15 @@ def combine(method: str, maps, queries, grad_means=None, start_layer: int = 0, n
     else:
         matrix = rollout(maps, start_layer, True, normalize_rows, exclude)
     return matrix[rows, qj], maps, (maps * keep)[:, rows, qj], matrix
+
+
+@functools.partial(jax.jit, static_argnames=("method", "start_layer", "normalize_rows", "exclude"))
+def _combine_layers(method: str, per_layer: list, grads: list | None, queries, start_layer: int,
+                    normalize_rows: bool, exclude: tuple):
+    # explain's last step as one compiled program: stack the layer maps (and gradient means)
+    # and combine them
+    gm = None if grads is None else jnp.stack([position_mean(g) for g in grads])
+    return combine(method, jnp.stack(per_layer), queries, gm, start_layer, normalize_rows, exclude)
 
 
 @dataclasses.dataclass
@@ -332,7 +355,7 @@ def explain(model, ids, method: str = "rollout", variant: str = "full", layers=N
     q = check_query(query, L)
     sel = check_layers(layers, len(model.layers))
     kw = model_kwargs(model, ids, segment_pos)
-    keep = np.asarray(_keep_mask(L, exclude))
+    keep = _keep_mask_np(L, exclude)
     if not 0 <= start_layer < len(sel):
         raise ValueError(f"start_layer must be in [0, {len(sel)}) for {len(sel)} layers, got {start_layer}")
     grads = None
@@ -349,9 +372,10 @@ def explain(model, ids, method: str = "rollout", variant: str = "full", layers=N
             per_layer.append(contribution_map(op, grads[l], channels, heads=heads))
         else:
             per_layer.append(operator_map(op, how, channels, normalize, heads=heads))
-    gm = jnp.stack([position_mean(grads[l]) for l in sel]) if method == "attribution" else None
-    rel, maps, lrel, matrix = combine(method, jnp.stack(per_layer), np.full(B, q), gm, start_layer,
-                                      normalize_rows, exclude)
+    rel, maps, lrel, matrix = _combine_layers(method, per_layer,
+                                              [grads[l] for l in sel] if method == "attribution" else None,
+                                              np.full(B, q), start_layer, normalize_rows,
+                                              tuple(int(p) for p in exclude))
     rel = np.asarray(rel) * keep
     return Explanation(method=method, variant=variant, layers=sel, query=q, target=np.asarray(t),
                        relevance=rel, layer_maps=np.asarray(maps), layer_relevance=np.asarray(lrel),

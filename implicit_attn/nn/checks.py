@@ -67,7 +67,7 @@ def check_input_ids(input_ids, vocab_size: int):
     if lo < 0 or hi >= vocab_size:
         bad = lo if lo < 0 else hi
         raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
-    return jnp.asarray(arr, jnp.int32)
+    return as_device_array(arr.astype(np.int32))  # in range, so exact
 
 
 def _ragged_rows(seq) -> str | None:

@@ -2,6 +2,7 @@
 (``__call__``, ``tapped_logits``, ``mixer_inputs``, ``operators``, ``info``, input checks)."""
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, ClassVar, Sequence
 
 import jax
@@ -12,6 +13,41 @@ from .checks import check_input_ids, check_layers, check_tap, check_taps, count_
 from .hooks import OPERATOR_POINTS, RESIDUAL_POINTS, block_name, hook_names, parse_name
 from .interventions import AttentionEdit, edit_delta
 from .modules import check_variant
+
+
+def query_logit_sum(logits, queries, targets=None):
+    """The summed target logits ``sum_b logits[b, queries[b], t_b]`` and the targets ``t``.
+
+    Args:
+      logits: ``(B, L, vocab)``; queries: ``(B,)`` int positions; targets: ``(B,)`` int
+        token ids, or None for each example's argmax at its query (piecewise constant: no
+        gradient flows through it).
+    Returns:
+      ``(scalar, t (B,) int32)``.
+    """
+    rows = jnp.arange(logits.shape[0])
+    picked = logits[rows, queries]
+    t = jnp.argmax(jax.lax.stop_gradient(picked), axis=-1) if targets is None else targets
+    return jnp.sum(picked[rows, t]), jnp.asarray(t).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("forward_fn", "cfg"))
+def tapped_gradients(forward_fn, cfg, params, ids, extra: tuple, adds: dict, queries, targets=None):
+    """Gradients of ``query_logit_sum`` w.r.t. the activations added at hook points,
+    forward and backward in one compiled program.
+
+    Args:
+      forward_fn, cfg: a ``LanguageModel``'s ``forward_fn`` and config (static).
+      params, ids ``(B, L)``, extra: its ``forward_fn`` inputs.
+      adds: ``{hook name: array}`` added to those activations (zeros for plain gradients).
+      queries, targets: as ``query_logit_sum``.
+    Returns:
+      ``({hook name: gradient shaped like its add}, targets (B,) int32)``.
+    """
+    def picked(adds):
+        return query_logit_sum(forward_fn(params, ids, *extra, cfg=cfg, adds=adds)[0], queries, targets)
+
+    return jax.grad(picked, has_aux=True)(adds)
 
 
 class LanguageModel(nnx.Module):
@@ -85,6 +121,27 @@ class LanguageModel(nnx.Module):
                           lambda i: self.tap_shape(i, B, L)[1])
         adds = {block_name(i, "mixer.hook_out"): t for i, t in taps.items()}
         return self.forward(ids, extra, adds=adds)[0]
+
+    def logit_gradients(self, input_ids, taps: dict, queries, targets=None, segment_pos=None):
+        """Gradients of ``sum_b logits[b, queries[b], targets[b]]`` w.r.t. ``taps`` (as in
+        ``tapped_logits``: ``{layer: array}`` added to those layers' operator outputs, zeros
+        for plain gradients), in one compiled program (``tapped_gradients``).
+
+        Args:
+          input_ids: ``(B, L)`` token ids; queries: ``(B,)`` positions (not range-checked:
+            may be traced); targets: ``(B,)`` token ids, or None for each example's argmax
+            at its query.
+        Returns:
+          ``({layer: gradient shaped like its tap}, targets (B,) int32)``.
+        """
+        ids, extra = self.inputs(input_ids, segment_pos)
+        B, L = ids.shape
+        taps = check_taps(taps, lambda i: self.tap_shape(i, B, L)[0], len(self.layers),
+                          lambda i: self.tap_shape(i, B, L)[1])
+        adds = {block_name(i, "mixer.hook_out"): t for i, t in taps.items()}
+        grads, t = tapped_gradients(type(self).forward_fn, self.config, self.params(), ids, extra, adds, queries,
+                                    targets)
+        return {i: grads[block_name(i, "mixer.hook_out")] for i in taps}, t
 
     def forward(self, ids, extra: tuple = (), capture=(), adds=None, sets=None):
         """The jitted forward on checked inputs: ``(logits (B, L, vocab), {name: activation})``."""
@@ -299,4 +356,4 @@ class LanguageModel(nnx.Module):
                 "dtype": str(self.dtype)}
 
 
-__all__ = ["LanguageModel", "AttentionEdit"]
+__all__ = ["LanguageModel", "AttentionEdit", "query_logit_sum", "tapped_gradients"]
