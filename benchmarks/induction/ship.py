@@ -14,7 +14,6 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 
 import implicit_attn as ia
 from implicit_attn.demo import induction

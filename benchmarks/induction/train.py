@@ -23,7 +23,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from implicit_attn.demo import induction
