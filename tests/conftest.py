@@ -17,10 +17,6 @@ os.environ.setdefault("IMPLICIT_ATTN_COMPILE_CACHE", "0")
 # on purpose, so they take the kernels at every size (in subprocesses too).
 # tests/test_dispatch.py checks the threshold itself.
 os.environ.setdefault("IMPLICIT_ATTN_CPU_AUTO_MIN", "0")
-# Two test workers share two cores: torch's OpenMP threads (two per worker by default) would
-# contend with the other worker's compiles; one thread each ran a torch-heavy sample of the
-# suite about 4% faster.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import jax
 import numpy as np
