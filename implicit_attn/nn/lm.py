@@ -115,12 +115,17 @@ class LanguageModel(nnx.Module):
         """Logits with ``taps = {layer: array}`` added to those layers' operator outputs
         (``tap_shape``); differentiable in ``taps`` (for gradient-weighted attribution).
         Each tap must have exactly its layer's operator-output shape (ValueError otherwise)."""
+        ids, extra, adds = self.tap_inputs(input_ids, taps, segment_pos)
+        return self.forward(ids, extra, adds=adds)[0]
+
+    def tap_inputs(self, input_ids, taps: dict, segment_pos=None) -> tuple:
+        """``(ids, extra inputs, adds)``: the checked inputs and the checked ``taps`` as
+        ``forward``'s ``adds`` (``{"blocks.{i}.mixer.hook_out": array}``)."""
         ids, extra = self.inputs(input_ids, segment_pos)
         B, L = ids.shape
         taps = check_taps(taps, lambda i: self.tap_shape(i, B, L)[0], len(self.layers),
                           lambda i: self.tap_shape(i, B, L)[1])
-        adds = {block_name(i, "mixer.hook_out"): t for i, t in taps.items()}
-        return self.forward(ids, extra, adds=adds)[0]
+        return ids, extra, {block_name(i, "mixer.hook_out"): t for i, t in taps.items()}
 
     def logit_gradients(self, input_ids, taps: dict, queries, targets=None, segment_pos=None):
         """Gradients of ``sum_b logits[b, queries[b], targets[b]]`` w.r.t. ``taps`` (as in
@@ -134,14 +139,10 @@ class LanguageModel(nnx.Module):
         Returns:
           ``({layer: gradient shaped like its tap}, targets (B,) int32)``.
         """
-        ids, extra = self.inputs(input_ids, segment_pos)
-        B, L = ids.shape
-        taps = check_taps(taps, lambda i: self.tap_shape(i, B, L)[0], len(self.layers),
-                          lambda i: self.tap_shape(i, B, L)[1])
-        adds = {block_name(i, "mixer.hook_out"): t for i, t in taps.items()}
+        ids, extra, adds = self.tap_inputs(input_ids, taps, segment_pos)
         grads, t = tapped_gradients(type(self).forward_fn, self.config, self.params(), ids, extra, adds, queries,
                                     targets)
-        return {i: grads[block_name(i, "mixer.hook_out")] for i in taps}, t
+        return {parse_name(n)[0]: g for n, g in grads.items()}, t
 
     def forward(self, ids, extra: tuple = (), capture=(), adds=None, sets=None):
         """The jitted forward on checked inputs: ``(logits (B, L, vocab), {name: activation})``."""
