@@ -307,14 +307,25 @@ def pytest_collection_modifyitems(config, items):
     from implicit_attn.registry import FAMILIES
 
     for item in items:
-        fam = family_param(item)
-        if fam in FAMILIES:
-            item.add_marker(pytest.mark.xdist_group(f"family[{fam}]"))
-            continue
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item, FAMILIES)))
+
+
+def xdist_group(item, families) -> str:
+    """The ``--dist loadgroup`` group of a test: ``family:<model_type>`` for a test
+    parametrized by a registered family (whatever its file), else its module's name, with
+    ``:<param>`` for each model fixture parameter. xdist reads a group from the node id
+    (``<id>@<group>``) only when no ``]`` follows the ``@``, so a name holds no brackets:
+    with them every test became its own group and each worker built every model again."""
+    fam = family_param(item)
+    if fam in families:
+        group = f"family:{fam}"
+    else:
         group = item.module.__name__
         spec = getattr(item, "callspec", None)
         for name in MODEL_FIXTURES:
             if spec is not None and name in spec.params:
                 value = spec.params[name]
-                group += f"[{getattr(value, 'model_type', value)}]"
-        item.add_marker(pytest.mark.xdist_group(group))
+                group += f":{getattr(value, 'model_type', value)}"
+    if set(group) & set("[]@"):
+        raise pytest.UsageError(f"xdist group {group!r} of {item.nodeid} holds '[', ']' or '@'")
+    return group
