@@ -71,6 +71,7 @@ def segment_sums(g):
     return d + (e + (col(lo) - row(lo)))
 
 
+@jax.jit  # one compile when eager
 def unit_lower_inverse(T):
     """``T^{-1}`` of unit lower-triangular ``T (..., C, C)`` (the part above the diagonal and the
     diagonal itself are not read): ``(..., C, C)``, exactly 0 above the diagonal.
@@ -168,6 +169,7 @@ def split_chunks(x, C: int):
     return jnp.moveaxis(x.reshape(x.shape[:2] + (x.shape[2] // C, C) + x.shape[3:]), 2, 0)
 
 
+@functools.partial(jax.jit, static_argnames=("chunk", "erase"))  # one compile when eager
 def chunk_factors(q, k, log_a, beta, chunk: int, erase: bool = True) -> DeltaChunks:
     """Everything of the chunked delta rule that lives inside one chunk (``O(L C)`` per head),
     for every chunk: what the Pallas kernel of ``delta_rule_matrix`` takes, leaving it the
@@ -185,6 +187,7 @@ def chunk_factors(q, k, log_a, beta, chunk: int, erase: bool = True) -> DeltaChu
     return jax.lax.map(one, xs) if log_a.ndim == 4 else jax.vmap(one)(xs)
 
 
+@functools.partial(jax.jit, static_argnames=("chunk", "erase"))  # one compile when eager
 def delta_rule(q, k, v, log_a, beta, chunk: int | None = None, erase: bool = True):
     """The gated delta rule's outputs ``o_t = S_t q_t``, chunk by chunk (float32).
 
@@ -288,6 +291,7 @@ def _decayed_pairs(R, P, J):
     return jnp.einsum("...ikcd,...kde->...icke", R[..., :, None, :, :] * between[..., :, :, None, :], J)
 
 
+@functools.partial(jax.jit, static_argnames=("group",))  # one compile when eager
 def grouped_transfer_matrix(R, P, J, D, group: int = 4):
     """``transfer_matrix`` over groups of ``group`` chunks: the recurrence runs over the groups, each
     reading (rows carried from the group's start) and writing (columns carried to its end) ``group``

@@ -12,6 +12,9 @@ Two shapes of decay cover the recurrent blocks:
 """
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 
 from .segsum import causal_mask, chunk_sums, keep_causal, rate_times_time, segment_sum
@@ -23,6 +26,7 @@ def _pad_time(x, axis: int, Lp: int):
     return jnp.pad(x, pad)
 
 
+@functools.partial(jax.jit, static_argnames=("chunk",))  # one compile when eager
 def state_decay_kernel(q, k, A, dt, chunk: int = 16, left=None, right=None, diag=None):
     """``K[b,c,i,j] = l[b,c,i] (sum_n q[b,i,n] k[b,j,n] exp(A[c,n] T[b,c,i,j])) r[b,c,j] + d[b,c,i] [i=j]``
     with ``T[b,c,i,j] = sum_{t=j+1..i} dt[b,c,t]``.

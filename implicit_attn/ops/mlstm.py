@@ -19,6 +19,8 @@ matrix ``M``.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -65,6 +67,7 @@ def step_stabiliser(log_f, log_i, m0):
     return jnp.moveaxis(m, 0, -1), m_last
 
 
+@functools.partial(jax.jit, static_argnames=("chunk", "segment"))  # one compile when eager
 def mlstm_stabiliser(log_f, log_i, chunk: int, segment: int | None = None):
     """The stabiliser ``m (..., L)`` of Hugging Face's torch xLSTM forward (its native kernels, zero
     initial state): the sequence is cut into pieces of ``segment`` positions when it is longer
@@ -88,6 +91,7 @@ def mlstm_stabiliser(log_f, log_i, chunk: int, segment: int | None = None):
     return jnp.concatenate(parts, axis=-1)
 
 
+@functools.partial(jax.jit, static_argnames=("eps", "chunk"))  # one compile when eager
 def mlstm_rule(q, k, v, log_f, log_i, m, eps: float, chunk: int = 64):
     """The mLSTM read-out ``h (..., L, d_v)`` and its normaliser ``max(|n . q|, e^{-m}) + eps (..., L)``
     for the stabiliser ``m (..., L)``, chunk-wise: within a
@@ -141,6 +145,7 @@ def mlstm_rule(q, k, v, log_f, log_i, m, eps: float, chunk: int = 64):
     return h.reshape(*lead, nc * Q, dv)[..., :L, :], norm.reshape(*lead, nc * Q)[..., :L]
 
 
+@functools.partial(jax.jit, static_argnames=("eps", "chunk"))  # one compile when eager
 def mlstm_matrix(q, k, log_f, log_i, m, eps: float | None = None, norm=None, chunk: int = 16):
     """The mLSTM's matrix ``M (..., L, L)`` (module docstring): ``h = M v``. ``q, k (..., L, d_k)``
     (``q`` scaled), ``log_f, log_i, m (..., L)``; the weights ``exp(F[i, j] + i_j - m_i)`` by

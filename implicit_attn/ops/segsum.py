@@ -7,6 +7,8 @@ and ``exp(S_i) * exp(-S_j)`` overflows.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -68,6 +70,7 @@ def chunk_sums(tc):
     return prefix, suffix, jnp.where(causal_mask(nc, strict=True), between, 0.0)
 
 
+@functools.partial(jax.jit, static_argnames=("chunk",))  # one compile when eager
 def segment_sum(t, chunk: int = 32):
     """Stable segment sums of ``t`` along the last axis.
 
@@ -110,6 +113,7 @@ def _finite_max(x):
     return jnp.where(jnp.isfinite(m), m, 0.0)
 
 
+@functools.partial(jax.jit, static_argnames=("chunk",))  # one compile when eager
 def decayed_scores(q, k, log_a, row=None, col=None, chunk: int = 64):
     """``S[..., i, j] = exp(segment_sum(log_a)[i, j] + row_i + col_j) (q_i . k_j)`` for ``i >= j``,
     exactly 0 above the diagonal, with one exponential per row and column instead of one per entry.
@@ -158,6 +162,7 @@ def decayed_scores(q, k, log_a, row=None, col=None, chunk: int = 64):
     return out[..., :L, :L]
 
 
+@functools.partial(jax.jit, static_argnames=("chunk",))  # one compile when eager
 def decay_matrix(log_a, chunk: int = 32):
     """Causal decay matrix ``exp(segment_sum(log_a, chunk))``.
 
