@@ -25,6 +25,8 @@ softmax (no overflow).
 """
 from __future__ import annotations
 
+import functools
+
 import math
 
 import jax
@@ -160,6 +162,7 @@ def pool_values(v, pool: int, chunk: int | None = None):
     return out / jnp.asarray(pool, v.dtype)
 
 
+@functools.partial(jax.jit, static_argnames=("pool", "chunk", "align"))  # one compile when eager
 def pooled_apply(S, v, pool: int, chunk: int | None = None, align: str = "causal"):
     """``AP(S) v`` masked to the visible keys, without forming the pooled matrix: ``S (..., L, L)``
     a causal, block-diagonal matrix (``las_softmax``), ``v (..., L, d)``. With window offsets
@@ -197,6 +200,7 @@ def _per_head(x, H: int, name: str):
     return x
 
 
+@functools.partial(jax.jit, static_argnames=("chunk",))  # one compile when eager
 def las_scores(q, k, alpha=None, slope=None, chunk: int | None = None):
     """Masked attention logits ``(B, h, L, L)`` float32 before the softmax.
 
@@ -222,6 +226,7 @@ def las_scores(q, k, alpha=None, slope=None, chunk: int | None = None):
     return jnp.where(visible(L, chunk), s, -jnp.inf)
 
 
+@functools.partial(jax.jit, static_argnames=("chunk",))  # one compile when eager
 def las_softmax(q, k, alpha=None, slope=None, chunk: int | None = None):
     """``SF(...)``: the softmax probabilities before pooling, ``(B, h, L, L)`` float32, rows
     summing to 1, exact zeros where a key is not visible (see ``las_scores``)."""
@@ -229,6 +234,7 @@ def las_softmax(q, k, alpha=None, slope=None, chunk: int | None = None):
     return jax.nn.softmax(las_scores(q, k, alpha, slope, chunk), axis=-1)
 
 
+@functools.partial(jax.jit, static_argnames=("pool", "chunk", "align"))  # one compile when eager
 def las_probs(q, k, alpha=None, slope=None, pool: int = 1, chunk: int | None = None, align: str = "causal"):
     """The LaS attention matrix ``AP(SF(...))`` ``(B, h, L, L)`` float32 (the operator ``H``):
     ``las_softmax`` pooled along keys (``pool_rows``), then masked to the visible keys (``j <= i``,

@@ -2,6 +2,8 @@
 scan step by step."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -12,6 +14,7 @@ def _combine(left, right):
     return a_l * a_r, a_r * b_l + b_r
 
 
+@functools.partial(jax.jit, static_argnames=("axis",))  # one compile when eager
 def linear_scan(a, b, axis: int = 1, h0=None):
     """All states of ``h_t = a_t * h_{t-1} + b_t`` with ``h_{-1} = h0`` (default 0).
 
@@ -35,6 +38,7 @@ def linear_scan(a, b, axis: int = 1, h0=None):
     return h
 
 
+@jax.jit  # one compile when eager
 def selective_scan_sequential(u, dt, A, Bm, Cm):
     """Mamba-1's selective scan (S6) without its skip term, one ``lax.scan`` step per position:
     ``h_t = exp(dt_t A) * h_{t-1} + (dt_t u_t) B_t``, ``y_t = h_t C_t``, keeping only the
