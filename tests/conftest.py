@@ -312,12 +312,14 @@ def pytest_collection_modifyitems(config, items):
 
 def xdist_group(item, families) -> str:
     """The ``--dist loadgroup`` group of a test: ``family:<model_type>`` for a test
-    parametrized by a registered family (whatever its file), else its module's name, with
+    parametrized by a registered family (whatever its file), unless its module sets
+    ``ONE_WORKER = True`` (a module fixture that builds every kernel core, which a family group
+    would build a second time on another worker); else its module's name, with
     ``:<param>`` for each model fixture parameter. xdist reads a group from the node id
     (``<id>@<group>``) only when no ``]`` follows the ``@``, so a name holds no brackets:
     with them every test became its own group and each worker built every model again."""
     fam = family_param(item)
-    if fam in families:
+    if fam in families and not getattr(item.module, "ONE_WORKER", False):
         group = f"family:{fam}"
     else:
         group = item.module.__name__

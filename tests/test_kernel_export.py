@@ -36,6 +36,8 @@ HEAD_MATRIX_KERNELS = {"delta", "kda", "dplr", "dplr_before"}
 # (B, L): batch 2 with a single position, and with a ragged last tile (37 is no multiple
 # of 32 or 128).
 SHAPES = [(2, 1), (2, 37)]
+# conftest.xdist_group: `ops` builds every core once; the tests named after a family stay with the file
+ONE_WORKER = True
 
 
 @pytest.fixture(scope="module")

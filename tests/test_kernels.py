@@ -25,6 +25,10 @@ def rel(a, b):
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
 
 
+# conftest.xdist_group: `ops` builds every core once; the tests named after a family stay with the file
+ONE_WORKER = True
+
+
 @pytest.fixture(scope="module", autouse=True)
 def small_tile():
     old = pallas.DEFAULT_TILE

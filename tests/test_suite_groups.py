@@ -10,8 +10,8 @@ from conftest import xdist_group
 FAMILIES = {"mamba": object(), "rwkv": object()}
 
 
-def fake_item(module: str, nodeid: str, **params):
-    return SimpleNamespace(module=SimpleNamespace(__name__=module), nodeid=nodeid,
+def fake_item(module: str, nodeid: str, one_worker: bool = False, **params):
+    return SimpleNamespace(module=SimpleNamespace(__name__=module, ONE_WORKER=one_worker), nodeid=nodeid,
                            callspec=SimpleNamespace(params=params) if params else None)
 
 
@@ -40,6 +40,12 @@ def test_model_fixture_groups_and_plain_tests():
     assert xdist_group(pair, FAMILIES) == "test_rwkv:untied_R2"
     assert xdist_group(plain, FAMILIES) == "test_ops"
     assert group_xdist_reads(pair.nodeid, "test_rwkv:untied_R2") == "test_rwkv:untied_R2"
+
+
+def test_a_one_worker_file_keeps_its_family_named_tests():
+    named = fake_item("test_kernel_export", "tests/test_kernel_export.py::test_export[mamba-cuda]", True, name="mamba")
+    assert xdist_group(named, FAMILIES) == "test_kernel_export"
+    assert xdist_group(fake_item("test_x", "tests/test_x.py::t[mamba]", name="mamba"), FAMILIES) == "family:mamba"
 
 
 def test_a_group_name_xdist_cannot_read_is_refused():

@@ -31,6 +31,10 @@ def _build(mod, cfg):
     return mod.LM(cfg, mod.init_params(cfg, jax.random.PRNGKey(1)))
 
 
+# conftest.xdist_group: `models` builds three models once; the tests named after a family stay with the file
+ONE_WORKER = True
+
+
 @pytest.fixture(scope="module")
 def models():
     """Tiny Mamba, Mamba-2 and Griffin (a recurrent and an attention layer) and one input."""
