@@ -63,22 +63,30 @@ def peer_model(ckpt: str):
     return model
 
 
-def case_peer(ckpt: str, L: int, out: str) -> dict:
-    """mamba2-jax's forward (one jitted program: ``nnx.split`` once, ``nnx.merge`` inside
-    the jit) on ``benchmarks.forward``'s ids: first-call and steady-state seconds; the last
-    8 rows of logits saved to ``out``."""
+def peer_forward(ckpt: str):
+    """``(forward, vocab_size)``: mamba2-jax's forward on the checkpoint as one jitted program
+    (``nnx.split`` once, ``nnx.merge`` inside the jit), ``forward(ids (B, L) int) -> logits
+    (B, L, vocab)``. What the benchmark times and the tests check."""
     import jax
-    import mamba2_jax
-    import numpy as np
     from flax import nnx
 
-    no_persistent_cache()
     model = peer_model(ckpt)
     graph, state = nnx.split(model)
     fwd = jax.jit(lambda s, ids: nnx.merge(graph, s)(ids)["logits"])
-    ids = random_ids(model.cfg.vocab_size, L)
-    first, t = first_and_steady(lambda: fwd(state, ids))
-    np.save(out, np.asarray(fwd(state, ids))[0, -8:])
+    return (lambda ids: fwd(state, ids)), model.cfg.vocab_size
+
+
+def case_peer(ckpt: str, L: int, out: str) -> dict:
+    """mamba2-jax's jitted forward (``peer_forward``) on ``benchmarks.forward``'s ids:
+    first-call and steady-state seconds; the last 8 rows of logits saved to ``out``."""
+    import mamba2_jax
+    import numpy as np
+
+    no_persistent_cache()
+    fwd, vocab_size = peer_forward(ckpt)
+    ids = random_ids(vocab_size, L)
+    first, t = first_and_steady(lambda: fwd(ids))
+    np.save(out, np.asarray(fwd(ids))[0, -8:])
     return {"seconds": t, "first_s": first, "version": mamba2_jax.__version__}
 
 
