@@ -85,6 +85,21 @@ def test_rwkv7_matches_the_official_package(ids):
     assert np.abs(logits_of(model, ids) - ref).max() > 1e-2
 
 
+@needs_official
+def test_the_official_worker_reports_a_failure_and_serves_the_next_request(ids):
+    """The package runs in one long-lived subprocess per mode: a failing request raises
+    with the package's own error, the worker lives on, and its next answer is right."""
+    model = build(6)
+    weights = official_state_dict(model)
+    broken = {k: v for k, v in weights.items() if k != "blocks.1.att.key.weight"}
+    with pytest.raises(RuntimeError, match="(?s)official rwkv package failed.*blocks.1.att.key.weight"):
+        fla_rwkv.run_official(broken, ids.numpy(), 6)
+    worker = fla_rwkv.official_worker(False)
+    assert worker.alive()
+    assert np.abs(fla_rwkv.run_official(weights, ids.numpy(), 6) - logits_of(model, ids)).max() <= TOL
+    assert fla_rwkv.official_worker(False) is worker
+
+
 def test_official_state_dict_layout():
     sd6 = official_state_dict(build(6))
     C, R, G, H = 128, 8, 16, 2

@@ -24,6 +24,7 @@ This is a test reference: it is never imported by the library. Needs the ``test`
 """
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import json
 import math
@@ -31,6 +32,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -906,27 +908,114 @@ def official_state_dict(model) -> dict:
     return out
 
 
-_OFFICIAL_RUNNER = r"""
-import json, sys
+# One worker process per package mode (RWKV-7 or not) serves every request of this process:
+# importing torch and the package costs about 2 s, the tiny models' runs milliseconds. It reads
+# one JSON request per line on stdin and answers one JSON line on the pipe its stdout was when it
+# started; the package's own prints go to its stderr (a file, shown when a request fails).
+_OFFICIAL_WORKER = r"""
+import json, os, sys, traceback
+replies = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)
 import numpy as np
 import torch
 from rwkv.model import RWKV
-weights, tokens_path, out_path = sys.argv[1:4]
-with open(tokens_path) as f:
-    rows = json.load(f)
-model = RWKV(weights, "cpu fp32")
-logits = []
-for row in rows:
-    out, _ = model.forward(list(row), None, full_output=True)
-    logits.append(out.float().reshape(len(row), -1).numpy())
-np.save(out_path, np.stack(logits))
+for line in sys.stdin:
+    req = json.loads(line)
+    try:
+        os.environ["RWKV_RESCALE_LAYER"] = str(req["rescale_layer"])  # read when a model is built
+        with open(req["tokens"]) as f:
+            rows = json.load(f)
+        model = RWKV(req["weights"], "cpu fp32")
+        logits = []
+        for row in rows:
+            out, _ = model.forward(list(row), None, full_output=True)
+            logits.append(out.float().reshape(len(row), -1).numpy())
+        np.save(req["out"], np.stack(logits))
+        reply = {"ok": True}
+    except Exception:
+        reply = {"ok": False, "error": traceback.format_exc()}
+    replies.write(json.dumps(reply) + "\n")
+    replies.flush()
 """
+
+
+class OfficialWorker:
+    """A subprocess (``sys.executable``) running the official package for many requests; its
+    environment has ``RWKV_JIT_ON=0``, ``RWKV_CUDA_ON=0`` and, for ``v7``, ``RWKV_V7_ON=1``
+    (the package reads these when it is imported). ``close()`` ends it."""
+
+    def __init__(self, v7: bool):
+        env = dict(os.environ, RWKV_JIT_ON="0", RWKV_CUDA_ON="0", RWKV_RESCALE_LAYER="0")
+        for name in ("RWKV_V7_ON", "RWKV_DE_VERSION", "RWKV_DML_ON"):
+            env.pop(name, None)
+        if v7:
+            env["RWKV_V7_ON"] = "1"
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([sys.executable, "-c", _OFFICIAL_WORKER], env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True)
+
+    def log_tail(self, n: int = 4000) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()[-n:]
+
+    def run(self, request: dict, timeout: float) -> None:
+        """Send ``request``, wait up to ``timeout`` seconds for its reply. ``RuntimeError`` with
+        the package's traceback and output if it failed; the worker is closed if it died or
+        timed out."""
+        box = []
+        try:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+        except OSError:
+            pass  # it died: the read below finds no reply
+        reader = threading.Thread(target=lambda: box.append(self.proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if not box or not box[0]:
+            what = "timed out" if not box else f"exited ({self.proc.poll()})"
+            self.close()
+            raise RuntimeError(f"the official rwkv package {what}:\n{self.log_tail()}")
+        reply = json.loads(box[0])
+        if not reply["ok"]:
+            raise RuntimeError(f"the official rwkv package failed:\n{reply['error']}\n{self.log_tail()}")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            f.close()
+        self.log.close()
+
+
+_workers: dict[bool, OfficialWorker] = {}
+
+
+def official_worker(v7: bool) -> OfficialWorker:
+    """This process's running ``OfficialWorker`` for RWKV-7 (``v7``) or RWKV-4/5/6, started on
+    first use and closed at exit."""
+    w = _workers.get(v7)
+    if w is None or not w.alive():
+        if not _workers:
+            atexit.register(close_official_workers)
+        w = _workers[v7] = OfficialWorker(v7)
+    return w
+
+
+def close_official_workers() -> None:
+    """End the workers ``official_worker`` started."""
+    while _workers:
+        _workers.popitem()[1].close()
 
 
 def official_logits(model, ids, timeout: float = 600) -> np.ndarray:
     """Logits of the official ``rwkv`` package (``rwkv.model.RWKV``, strategy ``"cpu fp32"``, its
     pure-torch paths) on ``model``'s weights (``official_state_dict``), for ``ids`` (B, L) ints.
-    Returns numpy float32 (B, L, vocab). Runs ``run_official`` (one subprocess; see there).
+    Returns numpy float32 (B, L, vocab). Runs ``run_official`` (a subprocess; see there).
 
     Exact agreement with the reference (float32 rounding) needs the official constants: the
     output GroupNorm epsilon is ``64e-5`` in both versions, so RWKV-6 needs ``g_norm_eps=64e-5``
@@ -957,10 +1046,11 @@ def run_official(weights: dict, ids, version: int, rescale_layer: int = 0, timeo
     which detects the version from the weights' names and shapes. ``rescale_layer``: the
     package's ``RWKV_RESCALE_LAYER`` (``R > 0``: ``att.output`` / ``ffn.value`` weights of block
     ``i`` divided by ``2 ** (i // R)`` and the residual stream halved after every ``R``-th
-    block; 0: none, the fp32 default). One subprocess (``sys.executable``) with
+    block; 0: none, the fp32 default). The package runs in a subprocess (``official_worker``:
+    one per process for RWKV-7 and one for the others, kept for later calls) with
     ``RWKV_JIT_ON=0``, ``RWKV_CUDA_ON=0``: the package reads these at import time, and V7 mode
     switches it to TorchScript for the whole process, so nothing of it enters the calling
-    process. The weights go through a temporary ``.pth`` file (the package only loads from a
+    process. ``timeout``: seconds to wait for the result. The weights go through a temporary ``.pth`` file (the package only loads from a
     path; its RWKV-7 loader appends ``.pth`` itself). The package is unbatched: each row is one
     ``forward(row, None, full_output=True)``. Raises ``ImportError`` if the package is not
     installed, ``RuntimeError`` with the subprocess's output if it fails."""
@@ -970,22 +1060,14 @@ def run_official(weights: dict, ids, version: int, rescale_layer: int = 0, timeo
     ids = check_ids(ids)
     if isinstance(rescale_layer, bool) or not isinstance(rescale_layer, int) or rescale_layer < 0:
         raise ValueError(f"rescale_layer must be a non-negative int, got {rescale_layer!r}")
-    env = dict(os.environ, RWKV_JIT_ON="0", RWKV_CUDA_ON="0", RWKV_RESCALE_LAYER=str(rescale_layer))
-    for name in ("RWKV_V7_ON", "RWKV_DE_VERSION", "RWKV_DML_ON"):
-        env.pop(name, None)
-    if version == 7:
-        env["RWKV_V7_ON"] = "1"
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
         torch.save(weights, d / "model.pth")
         (d / "tokens.json").write_text(json.dumps(ids.tolist()))
         # the RWKV-7 loader appends ".pth"; the RWKV-4..6 loader accepts the full name
         path = d / "model" if version == 7 else d / "model.pth"
-        done = subprocess.run([sys.executable, "-c", _OFFICIAL_RUNNER, str(path), str(d / "tokens.json"),
-                               str(d / "logits.npy")], env=env, capture_output=True, text=True, timeout=timeout)
-        if done.returncode:
-            raise RuntimeError(f"the official rwkv package failed (exit {done.returncode}):\n"
-                               f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+        official_worker(version == 7).run({"weights": str(path), "tokens": str(d / "tokens.json"),
+                                           "out": str(d / "logits.npy"), "rescale_layer": rescale_layer}, timeout)
         return np.load(d / "logits.npy").astype(np.float32)
 
 
@@ -993,5 +1075,6 @@ __all__ = [
     "RWKV6Config", "RWKV6Attention", "RWKV6FeedForward", "RWKV6Block", "RWKV6Model", "RWKV6ForCausalLM",
     "RWKV7Config", "RWKV7Attention", "RWKV7FeedForward", "RWKV7Block", "RWKV7Model", "RWKV7ForCausalLM",
     "rwkv6_recurrence", "rwkv7_recurrence", "perturb_weights", "official_state_dict", "official_logits",
-    "run_official", "check_ids", "OFFICIAL_PACKAGE",
+    "run_official", "check_ids", "OFFICIAL_PACKAGE", "OfficialWorker", "official_worker",
+    "close_official_workers",
 ]
