@@ -17,6 +17,8 @@ Sec. 3.2 describe.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,12 +31,14 @@ from .methods import attribution_maps, raw_attention, rollout
 VISION_METHODS = ("raw", "rollout", "attribution")
 
 
+@functools.partial(jax.jit, static_argnames=("cfg", "variant", "how"))  # one compile when eager
 def layer_maps(params: dict, images, cfg: vim.Config, variant: str = "full", how: str = "abs_mean"):
     """``(layers, B, L, L)`` float32: each block's channel summary ``how`` of its operator."""
     check_how(how)
     return jnp.stack([operator_map(op, how) for op in vim.operators(params, images, cfg, variant)])
 
 
+@functools.partial(jax.jit, static_argnames=("cfg",))  # one compile when eager
 def gradient_means(params: dict, images, cfg: vim.Config, target):
     """``(layers, B, L)`` float32: the channel mean of ``d logits[b, target_b] / d y_l[b, :, i]``,
     ``y_l (B, C, L)`` each block's output before ``out_proj``. ``target (B,)`` int classes."""

@@ -251,11 +251,9 @@ class Mamba2Core(OperatorCore):
         return jnp.einsum("bgin,bgjn->bgij", jnp.take(self.q, groups, 1), jnp.take(self.k, groups, 1))
 
     def alpha(self, heads):
-        """``(B, len(heads), L, L)`` float32 matrices ``alpha_h`` (dt and D folded in)."""
-        K = decay_matrix(jnp.take(self.log_a, heads, axis=1), chunk=64)
-        K = K * self._qk(heads // self.heads_per_group) * jnp.take(self.dt, heads, axis=1)[..., None, :]
-        L = K.shape[-1]
-        return K + self.D[heads][:, None, None] * jnp.eye(L, dtype=f32)
+        """``(B, len(heads), L, L)`` float32 matrices ``alpha_h`` (dt and D folded in) of the
+        heads ``heads (k,)`` int array. Jitted at module level: one compile per shape when eager."""
+        return _alpha(self, heads)
 
     def _alpha_each(self, heads):
         """``alpha`` of each head in ``heads (k,)``, one head per loop step: ``(B, k, L, L)``.
@@ -308,6 +306,14 @@ class Mamba2Core(OperatorCore):
         """Mean of ``H_c`` over the channels ``c`` of head ``h`` (an int or a traced scalar)
         without forming any ``H_c``: ``(B, L, L)`` (``head_weighted_sum``)."""
         return head_weighted_sum(self, h)
+
+
+@jax.jit
+def _alpha(core: Mamba2Core, heads):
+    K = decay_matrix(jnp.take(core.log_a, heads, axis=1), chunk=64)
+    K = K * core._qk(heads // core.heads_per_group) * jnp.take(core.dt, heads, axis=1)[..., None, :]
+    L = K.shape[-1]
+    return K + core.D[heads][:, None, None] * jnp.eye(L, dtype=f32)
 
 
 @jax.jit

@@ -3,12 +3,15 @@ attention layers and RWKV-4's decayed softmax. Pure functions, float32, masked a
 max-shifted (no overflow), exact zeros where masked."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 f32 = jnp.float32
 
 
+@functools.partial(jax.jit, static_argnames=("window",))  # one compile when eager
 def attention_mask(seg, window: int):
     """Boolean ``(B, 1, L, L)`` mask: key ``j`` is visible to query ``i`` iff ``j <= i``,
     ``i - j < window`` and both lie in the same document (``seg`` ``(B, L)`` int ids)."""
@@ -20,6 +23,7 @@ def attention_mask(seg, window: int):
     return (band[None] & same)[:, None]
 
 
+@functools.partial(jax.jit, static_argnames=("window",))  # one compile when eager
 def attention_probs(q, k, seg, window: int):
     """Masked softmax probabilities in float32.
 
@@ -37,6 +41,7 @@ def attention_probs(q, k, seg, window: int):
     return jax.nn.softmax(logits, axis=-1)
 
 
+@jax.jit  # one compile when eager
 def softmax_decay_rows(k, w, u):
     """``softmax_rows(l)`` of each channel, masked and max-shifted (no overflow).
 

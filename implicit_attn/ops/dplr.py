@@ -190,6 +190,7 @@ def dplr_step(f: DplrChunks, S, vc):
     return O, S_next
 
 
+@functools.partial(jax.jit, static_argnames=("chunk", "after", "decay_floor"))  # one compile when eager
 def dplr_rule(q, k, v, log_w, a=None, b=None, bonus=None, chunk: int = 32, after: bool = True, decay_floor=None):
     """Outputs of the DPLR recurrence (float32, chunk by chunk; see the module docstring).
 
@@ -227,6 +228,7 @@ def dplr_rule(q, k, v, log_w, a=None, b=None, bonus=None, chunk: int = 32, after
     return jnp.moveaxis(O, 0, 2).reshape(B, H, Lp, dv)[:, :, :L]
 
 
+@functools.partial(jax.jit, static_argnames=("chunk", "after", "decay_floor"))  # one compile when eager
 def dplr_factors(q, k, log_w, a=None, b=None, bonus=None, chunk: int = 32, after: bool = True,
                  decay_floor=None) -> DplrChunks:
     """``dplr_parts`` of every chunk, chunk-major (``(n, B, H, ...)``), for a kernel that runs the
