@@ -8,7 +8,6 @@ import jax
 import numpy as np
 import pytest
 
-import implicit_attn as ia
 from implicit_attn.demo import induction as I
 from implicit_attn.families import mamba
 

@@ -60,7 +60,7 @@ def np_parts(p, h, cfg):
     """The mixer's intermediates in float64 numpy, written from the HF / mamba_ssm definitions."""
     p = {k: np.asarray(v, np.float64) for k, v in p.items()}
     h = np.asarray(h, np.float64)
-    m, C, G, N, H, K = cfg.d_mlp, cfg.d_ssm, cfg.n_groups, cfg.state_size, cfg.num_heads, cfg.conv_kernel
+    m, C, G, N, K = cfg.d_mlp, cfg.d_ssm, cfg.n_groups, cfg.state_size, cfg.conv_kernel
     proj = h @ p["in_proj.weight"].T + p.get("in_proj.bias", 0.0)
     z0, x0, z = proj[..., :m], proj[..., m:2 * m], proj[..., 2 * m:2 * m + C]
     xbc = proj[..., 2 * m + C:2 * m + C + cfg.conv_dim]

@@ -17,7 +17,6 @@ import implicit_attn as ia
 from implicit_attn import cli
 from implicit_attn.explain import (circuitsvis_kwargs, curves_plot, explain, heatmap_grid, metrics,
                                    operator_grid, relevance_strip, render_html, to_circuitsvis)
-from implicit_attn.explain import cli as explain_cli
 from implicit_attn.explain.report import explanation_html
 from implicit_attn.explain.viz import METRIC_INFO, color_norm, heatmap
 from implicit_attn.families import griffin, mamba, mamba2
