@@ -1050,10 +1050,11 @@ def run_official(weights: dict, ids, version: int, rescale_layer: int = 0, timeo
     one per process for RWKV-7 and one for the others, kept for later calls) with
     ``RWKV_JIT_ON=0``, ``RWKV_CUDA_ON=0``: the package reads these at import time, and V7 mode
     switches it to TorchScript for the whole process, so nothing of it enters the calling
-    process. ``timeout``: seconds to wait for the result. The weights go through a temporary ``.pth`` file (the package only loads from a
-    path; its RWKV-7 loader appends ``.pth`` itself). The package is unbatched: each row is one
-    ``forward(row, None, full_output=True)``. Raises ``ImportError`` if the package is not
-    installed, ``RuntimeError`` with the subprocess's output if it fails."""
+    process. ``timeout``: seconds to wait for the result. The weights go through a temporary
+    ``.pth`` file (the package only loads from a path; its RWKV-7 loader appends ``.pth``
+    itself). The package is unbatched: each row is one ``forward(row, None, full_output=True)``.
+    Raises ``ImportError`` if the package is not installed, ``RuntimeError`` with the package's
+    error and output if it fails or does not answer within ``timeout``."""
     if importlib.util.find_spec("rwkv") is None:
         raise ImportError(f"the official RWKV package is needed: pip install {OFFICIAL_PACKAGE} "
                           "(part of implicit-attn's test extra)")
