@@ -1,6 +1,7 @@
-"""Matplotlib figures (Agg backend, PNG files): heatmap grids of per-layer / per-channel /
-per-head maps, single heatmaps, token-relevance strips and faithfulness curves. Inputs are
-plain arrays; nothing here computes H.
+"""Matplotlib figures (PNG files): heatmap grids of per-layer / per-channel / per-head maps,
+single heatmaps, token-relevance strips and faithfulness curves. Inputs are plain arrays;
+nothing here computes H. Figures are drawn by Agg outside pyplot, so the user's pyplot
+backend and open figures are left as they were.
 
 Heatmaps show ``M[i, j]`` with query ``i`` on rows and key ``j`` on columns; the strict
 upper triangle (causally impossible) is left blank.
@@ -18,8 +19,10 @@ colour-bar labels stay inside the saved image.
 """
 from __future__ import annotations
 
+import io
 import os
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -62,13 +65,56 @@ def metric_label(key: str) -> tuple[str, str | None]:
     return (key, None) if info is None else (info[0], info[1])
 
 
-def _plt():
-    import matplotlib
+_warm_up: threading.Thread | None = None
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    return plt
+def _draw_a_tiny_figure() -> None:
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(1.5, 1.5), dpi=40, layout="constrained")
+        FigureCanvasAgg(fig)
+        ax = fig.subplots()
+        im = ax.imshow([[1.0, np.nan], [0.1, 2.0]], norm="log")
+        ax.set_title("t")
+        ax.set_xticks([0, 1], ["a", "b"], rotation=90)
+        fig.colorbar(im, ax=ax).set_label("c")
+        fig.savefig(io.BytesIO(), format="png")
+    except Exception:  # noqa: BLE001 - only a head start: the real figure raises any such error
+        pass
+
+
+def warm_up() -> threading.Thread:
+    """Import matplotlib and draw one tiny off-screen figure in a background thread, so the
+    first real figure does not wait for matplotlib's import, fonts and mathtext parser
+    (about 0.5 s on a 2-core CPU). The command line starts it before computing: XLA compiles
+    without holding Python's interpreter lock, so the two overlap. Every function here that
+    draws waits for it to finish, so no two threads draw at once; an error in it is left for
+    the real figure to raise. Calling it again while one runs returns the running thread.
+
+    Returns:
+      the (daemon) thread.
+    """
+    global _warm_up
+    if _warm_up is None or not _warm_up.is_alive():
+        _warm_up = threading.Thread(target=_draw_a_tiny_figure, name="implicit_attn.viz.warm_up", daemon=True)
+        _warm_up.start()
+    return _warm_up
+
+
+def _figure(figsize, dpi: int = 100):
+    """A constrained-layout ``matplotlib.figure.Figure`` that belongs to no pyplot state, so
+    drawing never switches the user's backend nor leaves open figures behind. Waits for a
+    running ``warm_up`` first."""
+    if _warm_up is not None:
+        _warm_up.join()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
+    FigureCanvasAgg(fig)  # the figure's own Agg canvas: saving and measuring text need no backend switch
+    return fig
 
 
 def _wrap(text: str, width_in: float, fontsize: float) -> str:
@@ -78,13 +124,9 @@ def _wrap(text: str, width_in: float, fontsize: float) -> str:
 
 
 def _save(fig, path):
-    """Save ``fig`` as PNG to a path or a binary file object, close it, return ``path``."""
-    plt = _plt()
+    """Save ``fig`` as PNG (Agg) to a path or a binary file object, return ``path``."""
     target = Path(path) if isinstance(path, (str, os.PathLike)) else path
-    try:
-        fig.savefig(target, format="png")
-    finally:
-        plt.close(fig)
+    fig.savefig(target, format="png")
     return target
 
 
@@ -159,12 +201,11 @@ def _as_maps(mats, causal: bool) -> np.ndarray:
 def _heatmaps(m, titles, tokens, ncols, cmap, scale, shared_scale, suptitle, colorbar_label,
               panel=(3.6, 3.2), title_size=8.0, label_size=7.0):
     """A figure of the ``(N, L, L)`` maps ``m`` (NaN = blank), one colour bar per panel."""
-    plt = _plt()
     N, L, _ = m.shape
     ncols = max(1, min(ncols, N))
     nrows = -(-N // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(panel[0] * ncols, panel[1] * nrows + (0.4 if suptitle else 0)),
-                             dpi=100, squeeze=False, layout="constrained")
+    fig = _figure((panel[0] * ncols, panel[1] * nrows + (0.4 if suptitle else 0)))
+    axes = fig.subplots(nrows, ncols, squeeze=False)
     shared = color_norm(m, scale) if shared_scale else None
     for k, ax in enumerate(axes.flat):
         if k >= N:
@@ -252,7 +293,6 @@ def relevance_strip(relevance, path, tokens=None, names=None, title: str | None 
       path: output PNG path (or a binary file object).
       names: M row labels.
     """
-    plt = _plt()
     r = np.asarray(relevance, np.float64)
     if r.ndim == 1:
         r = r[None]
@@ -265,7 +305,8 @@ def relevance_strip(relevance, path, tokens=None, names=None, title: str | None 
     labelled = tokens is not None and L <= 80
     width = max(5.0, 0.3 * L + 2.5) if labelled else 12.0
     # room for the rotated token labels, the title and a colour bar tall enough for its label
-    fig, ax = plt.subplots(figsize=(width, 0.4 * M + 2.6), dpi=100, layout="constrained")
+    fig = _figure((width, 0.4 * M + 2.6))
+    ax = fig.subplots()
     im = ax.imshow(rn, cmap=cmap, vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
     ax.set_yticks(range(M), names, fontsize=7)
     if labelled:
@@ -307,10 +348,10 @@ def curves_plot(curves: dict, path, score: str = "prob") -> Path:
       path: output PNG path (or a binary file object).
       score: the score the curves measured (``"prob"``, ``"logit"``, ``"top1"``).
     """
-    plt = _plt()
     n = len(curves)
     word = _SCORE_WORDS.get(score, score)
-    fig, axes = plt.subplots(1, n, figsize=(3.4 * n, 3.2), dpi=100, squeeze=False, layout="constrained")
+    fig = _figure((3.4 * n, 3.2))
+    axes = fig.subplots(1, n, squeeze=False)
     for ax, (key, c) in zip(axes.flat, curves.items()):
         k = key if key in METRIC_INFO else _CURVE_NAMES.get(c.name, key)
         info = METRIC_INFO.get(k)
@@ -337,10 +378,10 @@ def smoothing_plot(summaries: dict, path, title: str | None = None) -> Path:
       summaries: ``{label: summary dict}`` with ``depth``, ``mean``, ``std``, ``layers``.
       path: output PNG path (or a binary file object).
     """
-    plt = _plt()
     if not summaries:
         raise ValueError("summaries is empty: give {label: smoothing_summary(...)}")
-    fig, ax = plt.subplots(figsize=(5.0, 3.6), dpi=100, layout="constrained")
+    fig = _figure((5.0, 3.6))
+    ax = fig.subplots()
     for label, s in summaries.items():
         x, m, sd = (np.asarray(s[k], np.float64) for k in ("depth", "mean", "std"))
         k = s.get("num_layers", len(x))
@@ -357,5 +398,5 @@ def smoothing_plot(summaries: dict, path, title: str | None = None) -> Path:
 
 
 __all__ = ["heatmap_grid", "heatmap", "relevance_strip", "operator_grid", "curves_plot", "smoothing_plot",
-           "color_norm",
+           "color_norm", "warm_up",
            "metric_label", "METRIC_INFO", "SCALES"]
