@@ -17,7 +17,7 @@ from .convert import FAMILY_CHOICES, convert_checkpoint
 from .demo import induction
 from .explain import cli as explain_cli
 from .explain import explain, relevance_strip
-from .explain.viz import SCALES, heatmap, warm_up
+from .explain.viz import SCALES, heatmap
 from .io import CheckpointError, load, tokenize, weight_bytes
 
 
@@ -43,7 +43,6 @@ def _operator_map(model, ids, layer: int, variant: str, how: str):
 
 
 def cmd_operator(args) -> int:
-    warm_up()  # matplotlib loads while the operator compiles
     model = load(args.ckpt)
     ids, tokens = tokenize(args.ckpt, args.text) if args.text is not None else (_parse_ids(args.ids), None)
     out = Path(args.out)
@@ -70,7 +69,6 @@ def cmd_operator(args) -> int:
 
 def cmd_demo(args) -> int:
     """The shipped induction-head Mamba: load, check exactness, explain one random sequence."""
-    warm_up()  # matplotlib loads while the model compiles
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model, meta = induction.load_default()

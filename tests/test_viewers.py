@@ -8,7 +8,6 @@ import base64
 import io
 import json
 import re
-import threading
 
 import jax
 import numpy as np
@@ -19,7 +18,7 @@ from implicit_attn import cli
 from implicit_attn.explain import (circuitsvis_kwargs, curves_plot, explain, heatmap_grid, metrics,
                                    operator_grid, relevance_strip, render_html, to_circuitsvis)
 from implicit_attn.explain.report import explanation_html
-from implicit_attn.explain.viz import METRIC_INFO, color_norm, heatmap, warm_up
+from implicit_attn.explain.viz import METRIC_INFO, color_norm, heatmap
 from implicit_attn.families import griffin, mamba, mamba2
 from implicit_attn.operator import html as ophtml
 
@@ -63,9 +62,6 @@ def figures(monkeypatch):
     extent, as saved (layout done, before the figure is closed), leaves the figure."""
     from matplotlib.figure import Figure
 
-    for t in threading.enumerate():  # a command line's warm-up (viz.warm_up) must not be counted here
-        if t.name == "implicit_attn.viz.warm_up":
-            t.join()
     seen, orig = [], Figure.savefig
 
     def save(self, *a, **k):
@@ -213,10 +209,9 @@ def test_curves_plot_labels_and_directions(tmp_path, figures):
     assert figures[0].outside == []
 
 
-def test_figures_leave_pyplot_alone_and_the_warm_up_is_waited_for(tmp_path):
+def test_figures_leave_pyplot_alone(tmp_path):
     """Drawing switches no pyplot backend and opens no pyplot figure (a notebook's inline
-    backend stays); the command line's background warm-up has finished before a figure is
-    drawn, so no two threads draw at once."""
+    backend stays)."""
     import matplotlib
     import matplotlib.pyplot as plt
 
@@ -224,10 +219,7 @@ def test_figures_leave_pyplot_alone_and_the_warm_up_is_waited_for(tmp_path):
     plt.switch_backend("svg")
     try:
         before = plt.get_fignums()
-        thread = warm_up()
-        assert thread.daemon and warm_up() is thread or not thread.is_alive()
         heatmap_grid(np.ones((2, 4, 4)), tmp_path / "g.png", tokens=list("abcd"))
-        assert not thread.is_alive()
         relevance_strip(np.arange(4.0), tmp_path / "s.png", list("abcd"))
         assert matplotlib.get_backend() == "svg" and plt.get_fignums() == before
     finally:

@@ -25,7 +25,7 @@ from ..registry import FAMILIES
 from .maps import HOWS
 from .methods import METHODS, explain
 from .report import write_html
-from .viz import curves_plot, heatmap_grid, relevance_strip, warm_up
+from .viz import curves_plot, heatmap_grid, relevance_strip
 
 
 INT_ARG_LIMIT = 2**31 - 1  # bound of every integer in a list option (token ids, layers, positions)
@@ -177,7 +177,6 @@ def _attention_note(model, layers, variant: str) -> str | None:
 
 def run(args) -> int:
     """Run ``explain``; returns the exit code (0)."""
-    warm_up()  # matplotlib loads while the explanation compiles
     model = load(args.ckpt)
     tok = load_tokenizer(args.ckpt)
     ids, tokens = _inputs(args, tok)

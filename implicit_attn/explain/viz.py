@@ -19,10 +19,8 @@ colour-bar labels stay inside the saved image.
 """
 from __future__ import annotations
 
-import io
 import os
 import textwrap
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -65,50 +63,9 @@ def metric_label(key: str) -> tuple[str, str | None]:
     return (key, None) if info is None else (info[0], info[1])
 
 
-_warm_up: threading.Thread | None = None
-
-
-def _draw_a_tiny_figure() -> None:
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-
-        fig = Figure(figsize=(1.5, 1.5), dpi=40, layout="constrained")
-        FigureCanvasAgg(fig)
-        ax = fig.subplots()
-        im = ax.imshow([[1.0, np.nan], [0.1, 2.0]], norm="log")
-        ax.set_title("t")
-        ax.set_xticks([0, 1], ["a", "b"], rotation=90)
-        fig.colorbar(im, ax=ax).set_label("c")
-        fig.savefig(io.BytesIO(), format="png")
-    except Exception:  # noqa: BLE001 - only a head start: the real figure raises any such error
-        pass
-
-
-def warm_up() -> threading.Thread:
-    """Import matplotlib and draw one tiny off-screen figure in a background thread, so the
-    first real figure does not wait for matplotlib's import, fonts and mathtext parser
-    (about 0.5 s on a 2-core CPU). The command line starts it before computing: XLA compiles
-    without holding Python's interpreter lock, so the two overlap. Every function here that
-    draws waits for it to finish, so no two threads draw at once; an error in it is left for
-    the real figure to raise. Calling it again while one runs returns the running thread.
-
-    Returns:
-      the (daemon) thread.
-    """
-    global _warm_up
-    if _warm_up is None or not _warm_up.is_alive():
-        _warm_up = threading.Thread(target=_draw_a_tiny_figure, name="implicit_attn.viz.warm_up", daemon=True)
-        _warm_up.start()
-    return _warm_up
-
-
 def _figure(figsize, dpi: int = 100):
     """A constrained-layout ``matplotlib.figure.Figure`` that belongs to no pyplot state, so
-    drawing never switches the user's backend nor leaves open figures behind. Waits for a
-    running ``warm_up`` first."""
-    if _warm_up is not None:
-        _warm_up.join()
+    drawing never switches the user's backend nor leaves open figures behind."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -398,5 +355,5 @@ def smoothing_plot(summaries: dict, path, title: str | None = None) -> Path:
 
 
 __all__ = ["heatmap_grid", "heatmap", "relevance_strip", "operator_grid", "curves_plot", "smoothing_plot",
-           "color_norm", "warm_up",
+           "color_norm",
            "metric_label", "METRIC_INFO", "SCALES"]
