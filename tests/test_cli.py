@@ -132,3 +132,29 @@ def test_second_cli_run_compiles_nothing(tmp_path):
     requests, hits = run(modes, "--compile", "quick", xla_flags="")  # hits: programs asked for twice
     assert run(modes, "--compile", "optimized", xla_flags="") == (requests, hits)  # as in an empty cache
     assert run(modes, "--compile", "auto", xla_flags="") == (requests, requests)  # 1 KB of weights: quick
+
+
+IMPORT_KEEPS_GC = """
+import gc, weakref
+
+class Node:
+    pass
+
+a = Node(); a.loop = a; made_before = weakref.ref(a); del a  # cyclic garbage older than the import
+import implicit_attn
+assert gc.isenabled() and gc.get_freeze_count() == 0, (gc.isenabled(), gc.get_freeze_count())
+gc.collect()
+assert made_before() is None, "the import kept an object from the garbage collector"
+print("GC OK")
+"""
+
+
+def test_the_import_pauses_the_garbage_collector_and_keeps_nothing_from_it():
+    """``import implicit_attn`` pauses Python's cyclic collector and moves what exists to its
+    oldest generation (a speed measure, implicit_attn/__init__.py): afterwards the collector
+    is on, nothing is frozen, and garbage made before the import is still collected."""
+    repo = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run([sys.executable, "-c", IMPORT_KEEPS_GC], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0 and "GC OK" in p.stdout, p.stdout + p.stderr
