@@ -12,11 +12,17 @@ is a fresh temporary directory (so the CPU-kernel library and the JAX cache star
 and nothing of the user's cache is read); ``JAX_COMPILATION_CACHE_DIR`` and ``XLA_FLAGS``
 are removed from its environment. The package is byte-compiled first, as ``pip install``
 leaves it (an editable checkout under ``$PYTHONDONTWRITEBYTECODE`` would otherwise compile
-its sources in every process: about 0.35 s of the import on a 2-core CPU). ``new_cache_files`` counts the files a run added to the JAX cache directory
-(0 on the second run: it compiled nothing new), ``new_kernel_files`` those it added beside
-it (the CPU-kernel library, built on first use).
+its sources in every process: about 0.35 s of the import on a 2-core CPU).
+``new_cache_files`` counts the files a run added to the JAX cache directory (0 on the
+second run: it compiled nothing new), ``new_kernel_files`` those it added beside it (the
+CPU-kernel library, built on first use).
 
-    python -m benchmarks.cli_startup [--repeat 3]
+``--baseline DIR`` times another checkout of the project (say ``git worktree add DIR
+<commit>``) in the same run: its import and first ``explain`` (on its own copy of the model)
+alternate with ours, run for run, so a machine whose speed drifts over minutes slows both
+alike; the baseline rows give its medians and the ratio to ours.
+
+    python -m benchmarks.cli_startup [--repeat 3] [--baseline DIR]
 """
 from __future__ import annotations
 
@@ -41,13 +47,13 @@ def cache_files(d: Path) -> int:
     return sum(1 for p in d.rglob("*") if p.is_file()) if d.exists() else 0
 
 
-def timed_run(argv: list[str], cache: Path, compile_cache: str | None = None) -> dict:
+def timed_run(argv: list[str], cache: Path, compile_cache: str | None = None, root: Path = ROOT) -> dict:
     """Run ``python <argv>`` in a fresh process with ``$IMPLICIT_ATTN_CACHE=cache`` (and
-    ``$IMPLICIT_ATTN_COMPILE_CACHE=compile_cache`` if given); wall seconds and the files it
-    added to ``cache/jax`` and to the rest of ``cache``. ``RuntimeError`` with its stderr if
-    it fails."""
+    ``$IMPLICIT_ATTN_COMPILE_CACHE=compile_cache`` if given), importing the project at
+    ``root``; wall seconds and the files it added to ``cache/jax`` and to the rest of
+    ``cache``. ``RuntimeError`` with its stderr if it fails."""
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", "IMPLICIT_ATTN_COMPILE_CACHE", "XLA_FLAGS")}
-    env.update(IMPLICIT_ATTN_CACHE=str(cache), PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
+    env.update(IMPLICIT_ATTN_CACHE=str(cache), PYTHONPATH=str(root) + os.pathsep + env.get("PYTHONPATH", ""))
     if compile_cache is not None:
         env["IMPLICIT_ATTN_COMPILE_CACHE"] = compile_cache
     jax_before, all_before = cache_files(cache / "jax"), cache_files(cache)
@@ -62,25 +68,42 @@ def timed_run(argv: list[str], cache: Path, compile_cache: str | None = None) ->
     return {"seconds": seconds, "new_cache_files": new_jax, "new_kernel_files": cache_files(cache) - all_before - new_jax}
 
 
-def median_run(argv: list[str], caches: list[Path]) -> tuple[dict, str]:
-    """``timed_run`` of ``argv`` once per cache directory (each fresh): the median run and
-    every run's seconds as text. A shared 2-core machine's timings vary by tens of percent
-    from one run to the next."""
-    runs = [timed_run(argv, c) for c in caches]
+def median(runs: list[dict]) -> tuple[dict, str]:
+    """The median of ``timed_run`` results and every run's seconds as text. A shared 2-core
+    machine's timings vary by tens of percent from one run to the next."""
     return sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2], ", ".join(f"{r['seconds']:.2f}" for r in runs)
 
 
-def byte_compile() -> None:
-    """Write the ``.pyc`` files of our packages (``compileall``), as ``pip install`` does."""
+def median_run(argv: list[str], caches: list[Path]) -> tuple[dict, str]:
+    """``timed_run`` of ``argv`` once per cache directory (each fresh): ``median``."""
+    return median([timed_run(argv, c) for c in caches])
+
+
+def byte_compile(root: Path = ROOT) -> None:
+    """Write the ``.pyc`` files of the packages under ``root`` (``compileall``), as
+    ``pip install`` does."""
     for pkg in ("implicit_attn", "weights_convert"):
-        if not compileall.compile_dir(ROOT / pkg, quiet=1):
-            raise RuntimeError(f"byte-compiling {ROOT / pkg} failed")
+        if (root / pkg).is_dir() and not compileall.compile_dir(root / pkg, quiet=1):
+            raise RuntimeError(f"byte-compiling {root / pkg} failed")
 
 
-def main(quick: bool = False, repeat: int = 3) -> list[dict]:
+def explain_argv(root: Path = ROOT) -> list[str]:
+    """``python`` arguments of the timed ``explain`` on the shipped model under ``root``."""
+    model = root / "implicit_attn" / "demo" / "assets" / "induction"
+    return ["-m", "implicit_attn.cli", *EXPLAIN[:1], str(model), *EXPLAIN[2:], "--out", "out"]
+
+
+def main(quick: bool = False, repeat: int = 3, baseline: Path | None = None) -> list[dict]:
+    if repeat < 1:
+        raise ValueError(f"--repeat must be at least 1, got {repeat}")
+    if baseline is not None:
+        baseline = Path(baseline).resolve()
+        if not (baseline / "implicit_attn" / "cli.py").is_file():
+            raise ValueError(f"--baseline {baseline}: not a checkout of this project (no implicit_attn/cli.py)")
+        byte_compile(baseline)
     byte_compile()
     cli = ["-m", "implicit_attn.cli"]
-    explain = [*cli, *EXPLAIN, "--out", "out"]
+    explain = explain_argv()
     optimized = [*cli, "--compile", "optimized", *EXPLAIN, "--out", "out"]
     shown = "implicit-attn " + " ".join(a if " " not in a else repr(a) for a in EXPLAIN).replace(str(ROOT) + "/", "")
     rows = []
@@ -88,7 +111,13 @@ def main(quick: bool = False, repeat: int = 3) -> list[dict]:
         imp = timed_run(["-c", "import implicit_attn"], Path(d) / "import")
         rows.append({"case": "python -c 'import implicit_attn'", "seconds": imp["seconds"],
                      "note": "the floor under every command"})
-        cold, every = median_run(explain, [Path(d) / f"cold{k}" for k in range(repeat)])
+        runs, base_runs, base_imports = [], [], []
+        for k in range(repeat):  # with a baseline: its runs alternate with ours
+            runs.append(timed_run(explain, Path(d) / f"cold{k}"))
+            if baseline is not None:
+                base_runs.append(timed_run(explain_argv(baseline), Path(d) / f"base{k}", root=baseline))
+                base_imports.append(timed_run(["-c", "import implicit_attn"], Path(d) / f"bimp{k}", root=baseline))
+        cold, every = median(runs)
         rows.append({"case": f"{shown}: first run, empty caches (median of {repeat})", "seconds": cold["seconds"],
                      "new_cache_files": cold["new_cache_files"], "new_kernel_files": cold["new_kernel_files"],
                      "target": "< 5 s", "note": f"every XLA program compiled (--compile auto: quick for this "
@@ -109,6 +138,16 @@ def main(quick: bool = False, repeat: int = 3) -> list[dict]:
                      "seconds": opt["seconds"], "new_cache_files": opt["new_cache_files"],
                      "new_kernel_files": opt["new_kernel_files"],
                      "note": f"XLA's default compile settings; runs: {opt_every} s"})
+        if baseline is not None:
+            b_cold, b_every = median(base_runs)
+            b_imp, b_imp_every = median(base_imports)
+            rows.append({"case": f"baseline {baseline}: python -c 'import implicit_attn' (median of {repeat})",
+                         "seconds": b_imp["seconds"], "note": f"runs: {b_imp_every} s"})
+            rows.append({"case": f"baseline {baseline}: the first explain, empty caches (median of {repeat})",
+                         "seconds": b_cold["seconds"], "new_cache_files": b_cold["new_cache_files"],
+                         "new_kernel_files": b_cold["new_kernel_files"],
+                         "note": f"{b_cold['seconds'] / cold['seconds']:.2f}x ours, its runs alternating with "
+                                 f"ours; runs: {b_every} s"})
     write_results("cli_startup", rows, columns=["case", "seconds", "new_cache_files", "new_kernel_files", "target",
                                                "note"])
     return rows
@@ -117,4 +156,7 @@ def main(quick: bool = False, repeat: int = 3) -> list[dict]:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=3, help="fresh-cache runs per first-run case (median reported)")
-    main(repeat=ap.parse_args().repeat)
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="another checkout of the project, timed in the same run (import, first explain)")
+    a = ap.parse_args()
+    main(repeat=a.repeat, baseline=a.baseline)
