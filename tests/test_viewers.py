@@ -144,6 +144,20 @@ def test_log_scale_uses_the_colour_range_at_L255(tmp_path, figures):
     assert (tmp_path / "log.png").read_bytes()[:8] == PNG
 
 
+def test_log_colour_bars_mark_decades_and_keep_minor_ticks_only_for_narrow_ranges(tmp_path, figures):
+    """Over two or more decades the colour bar labels each power of ten and draws no minor
+    ticks (they cost a third of a figure's drawing); a narrower range keeps them."""
+    heatmap(skewed_map(40), tmp_path / "wide.png", "wide")
+    narrow = np.tril(np.linspace(1.0, 5.0, 36).reshape(6, 6))
+    heatmap(narrow, tmp_path / "narrow.png", "narrow")
+    (wide_fig, narrow_fig) = figures
+    wide_bar, narrow_bar = wide_fig.axes[1], narrow_fig.axes[1]
+    assert wide_bar.yaxis.get_minorticklocs().size == 0
+    majors = [t for t in wide_bar.get_yticks() if wide_bar.get_ylim()[0] <= t <= wide_bar.get_ylim()[1]]
+    assert len(majors) >= 2 and np.allclose(np.log10(majors), np.round(np.log10(majors)))
+    assert narrow_bar.yaxis.get_minorticklocs().size > 0
+
+
 def test_demo_heatmap_title_fits_and_is_log_scaled(tmp_path, figures):
     """The CLI's heatmap (demo, operator): the issue's clipped title, at L = 255."""
     from matplotlib import colors
