@@ -124,11 +124,11 @@ def main(quick: bool = False, repeat: int = 3, baseline: Path | None = None) -> 
                      "target": "< 5 s", "note": f"every XLA program compiled (--compile auto: quick for this "
                                                 f"model), the CPU-kernel library built if used; runs: {every} s"})
         # second runs, each on the caches one first run filled: nothing compiles (0 new files in all)
-        seconds = [timed_run(explain, Path(d) / f"cold{k}") for k in range(repeat)]
-        warm, warm_every = median(seconds)
+        second_runs = [timed_run(explain, Path(d) / f"cold{k}") for k in range(repeat)]
+        warm, warm_every = median(second_runs)
         rows.append({"case": f"the same: second run, caches from a first (median of {repeat})",
-                     "seconds": warm["seconds"], "new_cache_files": sum(r["new_cache_files"] for r in seconds),
-                     "new_kernel_files": sum(r["new_kernel_files"] for r in seconds),
+                     "seconds": warm["seconds"], "new_cache_files": sum(r["new_cache_files"] for r in second_runs),
+                     "new_kernel_files": sum(r["new_kernel_files"] for r in second_runs),
                      "target": "0 new cache files",
                      "note": f"{warm['seconds'] / cold['seconds']:.2f}x the first run's time; new files summed "
                              f"over the runs; runs: {warm_every} s"})
@@ -159,7 +159,7 @@ def main(quick: bool = False, repeat: int = 3, baseline: Path | None = None) -> 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeat", type=int, default=3, help="fresh-cache runs per first-run case (median reported)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per case but the import (median reported)")
     ap.add_argument("--baseline", type=Path, default=None,
                     help="another checkout of the project, timed in the same run (import, first explain)")
     a = ap.parse_args()
