@@ -15,6 +15,7 @@ types, cores, dispatch) <- ``kernels``, ``nn`` (shared model parts) <- ``familie
 from __future__ import annotations
 
 import gc
+import sys
 
 # Importing jax, flax and our modules creates about 200,000 long-lived objects and no garbage;
 # the cyclic collector's passes over them during the import cost 0.3-0.5 s of a 2-3 s import
@@ -24,6 +25,14 @@ import gc
 # Nothing is kept from the collector: objects alive before the import just age faster.
 _collecting = gc.isenabled()
 gc.disable()
+# flax asks IPython, at import, whether it runs in a notebook shell. Where IPython is not
+# imported yet no shell exists, so the answer is no; importing IPython and prompt_toolkit to
+# hear it took 0.3-0.6 s of a 3-4 s import on a 2-core CPU. While our imports run, an
+# `import IPython` fails as if IPython were absent (flax then answers no itself); the block
+# is lifted afterwards.
+_block_ipython = "IPython" not in sys.modules
+if _block_ipython:
+    sys.modules["IPython"] = None
 try:
     from .version import __version__
     from . import kernels  # registers the Pallas and CPU kernels with operator.dispatch
@@ -35,6 +44,8 @@ try:
                            StateDecayCore)
     from .registry import FAMILIES, family, model_types
 finally:
+    if _block_ipython and "IPython" in sys.modules and sys.modules["IPython"] is None:
+        del sys.modules["IPython"]
     gc.freeze()
     gc.unfreeze()
     if _collecting:

@@ -141,10 +141,19 @@ class Node:
     pass
 
 a = Node(); a.loop = a; made_before = weakref.ref(a); del a  # cyclic garbage older than the import
+import importlib.util, sys
+assert "IPython" not in sys.modules
 import implicit_attn
 assert gc.isenabled() and gc.get_freeze_count() == 0, (gc.isenabled(), gc.get_freeze_count())
 gc.collect()
 assert made_before() is None, "the import kept an object from the garbage collector"
+# IPython stays unimported and importable, and flax's answer is the one IPython gives
+assert "IPython" not in sys.modules, sys.modules.get("IPython", "no entry")
+from flax.nnx import summary, visualization
+assert summary.in_ipython is False and visualization.in_ipython is False
+if importlib.util.find_spec("IPython") is not None:
+    import IPython
+    assert IPython.get_ipython() is None
 print("GC OK")
 """
 
@@ -152,7 +161,9 @@ print("GC OK")
 def test_the_import_pauses_the_garbage_collector_and_keeps_nothing_from_it():
     """``import implicit_attn`` pauses Python's cyclic collector and moves what exists to its
     oldest generation (a speed measure, implicit_attn/__init__.py): afterwards the collector
-    is on, nothing is frozen, and garbage made before the import is still collected."""
+    is on, nothing is frozen, and garbage made before the import is still collected. It also
+    keeps flax from importing IPython (another speed measure): IPython is not imported
+    afterwards, can still be, and says what flax concluded (no notebook shell)."""
     repo = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}
     p = subprocess.run([sys.executable, "-c", IMPORT_KEEPS_GC], env=env, capture_output=True, text=True,
