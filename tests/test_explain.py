@@ -20,7 +20,7 @@ from implicit_attn.explain import (METHODS, activation, attribution_maps, compre
                                    operator_map, output_gradients, positive_perturbation, pruning,
                                    random_relevance, raw_attention, relevance_strip, render_html,
                                    rollout, sufficiency, to_bertviz, to_circuitsvis, channel_maps,
-                                   model_maps, position_mean)
+                                   model_maps, position_mean, iter_operators)
 from implicit_attn.explain.maps import channel_tuple
 from implicit_attn.explain.metrics import ordering, perturbed_ids, score_of, token_counts
 from implicit_attn.families import mamba
@@ -305,6 +305,31 @@ def test_logit_gradients_match_grad_through_tapped_logits(mm):
             np.testing.assert_allclose(np.asarray(g[l]), np.asarray(ref[l]), rtol=1e-5, atol=1e-7)
     with pytest.raises(ValueError, match="shape"):
         model.logit_gradients(ids, {0: np.zeros((1, 1, 1), np.float32)}, q)
+
+
+def test_logit_gradients_return_the_mixer_inputs_of_their_forward_pass(mm):
+    """``logit_gradients(..., mixer_inputs=layers)`` also returns those layers' mixer inputs
+    from its own forward pass (``explain`` builds its operators from them): they equal
+    ``model.mixer_inputs``, and the gradients and targets are those without them.
+    ``iter_operators`` refuses given inputs that miss a selected layer."""
+    model, ids = mm
+    B, L = ids.shape
+    q = np.array([L - 1, 3])
+    n = len(model.layers)
+    taps = {l: np.zeros(model.tap_shape(l, B, L)[0], np.float32) for l in range(n)}
+    g, t = model.logit_gradients(ids, taps, q)
+    layers = list(range(n))[::-1]
+    g2, t2, xs = model.logit_gradients(ids, taps, q, mixer_inputs=layers)
+    ref = model.mixer_inputs(ids)
+    assert sorted(xs) == sorted(ref) == list(range(n))
+    for l in range(n):
+        np.testing.assert_allclose(np.asarray(xs[l]), np.asarray(ref[l]), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(g2[l]), np.asarray(g[l]), rtol=1e-6, atol=1e-8)
+    assert np.asarray(t2).tolist() == np.asarray(t).tolist()
+    with pytest.raises(ValueError, match="layer"):
+        model.logit_gradients(ids, taps, q, mixer_inputs=[n])
+    with pytest.raises(ValueError, match=r"no input for layer\(s\) \[0\]"):
+        list(iter_operators(model, ids, [0], mixer_inputs={}))
 
 
 # ----------------------------------------------------------------------------- contributions vs jvp

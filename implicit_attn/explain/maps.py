@@ -224,20 +224,28 @@ def model_kwargs(model, ids, segment_pos=None) -> dict:
     return {"segment_pos": pos}
 
 
-def iter_operators(model, ids, layers=None, variant: str = "full",
-                   segment_pos=None) -> Iterator[tuple[int, object]]:
+def iter_operators(model, ids, layers=None, variant: str = "full", segment_pos=None,
+                   mixer_inputs=None) -> Iterator[tuple[int, object]]:
     """Yield ``(layer, operator)`` one layer at a time (so only one layer's factors are
     alive). Uses one forward pass for all mixer inputs (``model.mixer_inputs``), then
     ``model.layers[i].mixer.as_operator`` layer by layer; a model without ``mixer_inputs``
     is asked for ``model.operators`` one layer at a time.
-    ``segment_pos``: ``(B, L)`` document positions (Griffin only, see module doc)."""
+    ``segment_pos``: ``(B, L)`` document positions (Griffin only, see module doc).
+    ``mixer_inputs``: ``{layer: (B, L, d_model)}`` for every selected layer, from a forward
+    pass of ``ids`` already run (``logit_gradients(..., mixer_inputs=)``); None runs one."""
     sel = check_layers(layers, len(model.layers))
     kw = model_kwargs(model, ids, segment_pos)
-    if not hasattr(model, "mixer_inputs"):
+    if mixer_inputs is not None:
+        missing = sorted(set(sel) - set(mixer_inputs))
+        if missing:
+            raise ValueError(f"mixer_inputs has no input for layer(s) {missing}")
+        xs = mixer_inputs
+    elif not hasattr(model, "mixer_inputs"):
         for l in sel:
             yield l, model.operators(ids, [l], variant, **kw)[0]
         return
-    xs = model.mixer_inputs(ids, sel, **kw)
+    else:
+        xs = model.mixer_inputs(ids, sel, **kw)
     for l in sel:
         yield l, model.layers[l].mixer.as_operator(xs[l], variant, **kw)
 

@@ -23,7 +23,8 @@ contributions      R_l[i, j] = sum_c g_l[c, i] H_l[c, i, j] v_l[c, j],  g_l = d 
 
 ``y_l`` is the operator's ``output`` (the block's own token-mixing output); gradients come
 from ``model.tapped_logits(ids, taps)`` with zero taps (through ``model.logit_gradients``,
-forward and backward in one compiled program, where the model has it). The target is ``logits[b, q, t_b]``
+forward and backward in one compiled program, where the model has it; its forward pass also
+gives the mixer inputs the operators are built from). The target is ``logits[b, q, t_b]``
 with ``t_b`` the argmax at ``q`` unless given. Every method takes ``variant=`` (the
 operator ablations); gradients are always those of the real model. ``heads=`` restricts the
 maps (and the contributions sum) to the channels of those heads (``maps.head_channels``);
@@ -217,29 +218,40 @@ def output_gradients(model, ids, layers=None, query: int = -1, target=None, segm
     Returns:
       ``({layer: array shaped like op.output}, q, t)`` with ``q`` normalised and ``t (B,)``.
     """
+    grads, q, t, _ = _output_gradients(model, ids, layers, query, target, segment_pos, False)
+    return grads, q, t
+
+
+def _output_gradients(model, ids, layers, query, target, segment_pos, with_inputs: bool):
+    # output_gradients, plus (with_inputs) the selected layers' mixer inputs from the same
+    # forward pass where the model returns them (None otherwise)
     ids = as_ids(ids)
     B, L = ids.shape
     q = check_query(query, L)
     kw = model_kwargs(model, ids, segment_pos)
     t = None if target is None else resolve_target(model, ids, q, target, **kw)
-    grads, t = _query_gradients(model, ids, np.full(B, q), t, layers, segment_pos)
-    return grads, q, (t if isinstance(t, jax.core.Tracer) else np.asarray(t).astype(np.int64))
+    grads, t, xs = _query_gradients(model, ids, np.full(B, q), t, layers, segment_pos, with_inputs)
+    return grads, q, (t if isinstance(t, jax.core.Tracer) else np.asarray(t).astype(np.int64)), xs
 
 
-def _query_gradients(model, ids, queries, targets, layers, segment_pos):
-    """``({layer: gradient}, targets)``: ``model.logit_gradients`` (one compiled program) where
-    the model has it; otherwise ``jax.grad`` through ``model.tapped_logits``."""
+def _query_gradients(model, ids, queries, targets, layers, segment_pos, with_inputs: bool = False):
+    """``({layer: gradient}, targets, mixer inputs or None)``: ``model.logit_gradients`` (one
+    compiled program; with ``with_inputs`` it also returns the selected layers' mixer inputs)
+    where the model has it; otherwise ``jax.grad`` through ``model.tapped_logits``."""
     ids = as_ids(ids)
     B, L = ids.shape
     uniq = sorted(set(check_layers(layers, len(model.layers))))
     kw = model_kwargs(model, ids, segment_pos)
     if hasattr(model, "logit_gradients"):
         taps = {l: np.zeros(model.tap_shape(l, B, L)[0], np.float32) for l in uniq}
-        return model.logit_gradients(ids, taps, queries, targets, **kw)
+        if with_inputs:
+            return model.logit_gradients(ids, taps, queries, targets, mixer_inputs=uniq, **kw)
+        return (*model.logit_gradients(ids, taps, queries, targets, **kw), None)
     shapes = jax.eval_shape(lambda: [op.output for _, op in iter_operators(model, ids, uniq, **kw)])
     taps = {l: jnp.zeros(s.shape, jnp.float32) for l, s in zip(uniq, shapes)}
-    return jax.grad(lambda taps: query_logit_sum(model.tapped_logits(ids, taps, **kw), queries, targets),
-                    has_aux=True)(taps)
+    grads, t = jax.grad(lambda taps: query_logit_sum(model.tapped_logits(ids, taps, **kw), queries, targets),
+                        has_aux=True)(taps)
+    return grads, t, None
 
 
 def query_gradients(model, ids, queries, targets, layers=None, segment_pos=None) -> dict:
@@ -358,12 +370,12 @@ def explain(model, ids, method: str = "rollout", variant: str = "full", layers=N
     keep = _keep_mask_np(L, exclude)
     if not 0 <= start_layer < len(sel):
         raise ValueError(f"start_layer must be in [0, {len(sel)}) for {len(sel)} layers, got {start_layer}")
-    grads = None
-    if method in ("attribution", "contributions"):
-        grads, q, t = output_gradients(model, ids, sel, q, target, **kw)
+    grads = xs = None
+    if method in ("attribution", "contributions"):  # the mixer inputs come from the gradients' forward pass
+        grads, q, t, xs = _output_gradients(model, ids, sel, q, target, segment_pos, True)
     else:
         t = resolve_target(model, ids, q, target, **kw)
-    it = iter_operators(model, ids, sel, variant, **kw)
+    it = iter_operators(model, ids, sel, variant, mixer_inputs=xs, **kw)
     if progress is not None:
         it = progress(it)
     per_layer = []

@@ -31,8 +31,9 @@ def query_logit_sum(logits, queries, targets=None):
     return jnp.sum(picked[rows, t]), jnp.asarray(t).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("forward_fn", "cfg"))
-def tapped_gradients(forward_fn, cfg, params, ids, extra: tuple, adds: dict, queries, targets=None):
+@functools.partial(jax.jit, static_argnames=("forward_fn", "cfg", "capture"))
+def tapped_gradients(forward_fn, cfg, params, ids, extra: tuple, adds: dict, queries, targets=None,
+                     capture: tuple = ()):
     """Gradients of ``query_logit_sum`` w.r.t. the activations added at hook points,
     forward and backward in one compiled program.
 
@@ -41,13 +42,18 @@ def tapped_gradients(forward_fn, cfg, params, ids, extra: tuple, adds: dict, que
       params, ids ``(B, L)``, extra: its ``forward_fn`` inputs.
       adds: ``{hook name: array}`` added to those activations (zeros for plain gradients).
       queries, targets: as ``query_logit_sum``.
+      capture: hook names whose activations the same forward pass returns (static).
     Returns:
-      ``({hook name: gradient shaped like its add}, targets (B,) int32)``.
+      ``({hook name: gradient shaped like its add}, targets (B,) int32, {captured name:
+      activation})``.
     """
     def picked(adds):
-        return query_logit_sum(forward_fn(params, ids, *extra, cfg=cfg, adds=adds)[0], queries, targets)
+        logits, captured = forward_fn(params, ids, *extra, cfg=cfg, capture=capture, adds=adds)
+        total, t = query_logit_sum(logits, queries, targets)
+        return total, (t, captured)
 
-    return jax.grad(picked, has_aux=True)(adds)
+    grads, (t, captured) = jax.grad(picked, has_aux=True)(adds)
+    return grads, t, captured
 
 
 class LanguageModel(nnx.Module):
@@ -127,7 +133,7 @@ class LanguageModel(nnx.Module):
                           lambda i: self.tap_shape(i, B, L)[1])
         return ids, extra, {block_name(i, "mixer.hook_out"): t for i, t in taps.items()}
 
-    def logit_gradients(self, input_ids, taps: dict, queries, targets=None, segment_pos=None):
+    def logit_gradients(self, input_ids, taps: dict, queries, targets=None, segment_pos=None, mixer_inputs=None):
         """Gradients of ``sum_b logits[b, queries[b], targets[b]]`` w.r.t. ``taps`` (as in
         ``tapped_logits``: ``{layer: array}`` added to those layers' operator outputs, zeros
         for plain gradients), in one compiled program (``tapped_gradients``).
@@ -136,13 +142,21 @@ class LanguageModel(nnx.Module):
           input_ids: ``(B, L)`` token ids; queries: ``(B,)`` positions (not range-checked:
             may be traced); targets: ``(B,)`` token ids, or None for each example's argmax
             at its query.
+          mixer_inputs: layers whose mixer inputs the same forward pass returns as well
+            (what ``mixer_inputs`` gives), so operators need no second forward pass.
         Returns:
-          ``({layer: gradient shaped like its tap}, targets (B,) int32)``.
+          ``({layer: gradient shaped like its tap}, targets (B,) int32)``; with
+          ``mixer_inputs``, ``(gradients, targets, {layer: (B, L, d_model)})``.
         """
         ids, extra, adds = self.tap_inputs(input_ids, taps, segment_pos)
-        grads, t = tapped_gradients(type(self).forward_fn, self.config, self.params(), ids, extra, adds, queries,
-                                    targets)
-        return {parse_name(n)[0]: g for n, g in grads.items()}, t
+        sel = () if mixer_inputs is None else sorted(set(check_layers(mixer_inputs, len(self.layers))))
+        capture = tuple(block_name(i, "mixer.hook_in") for i in sel)
+        grads, t, cap = tapped_gradients(type(self).forward_fn, self.config, self.params(), ids, extra, adds, queries,
+                                         targets, capture)
+        grads = {parse_name(n)[0]: g for n, g in grads.items()}
+        if mixer_inputs is None:
+            return grads, t
+        return grads, t, {i: cap[block_name(i, "mixer.hook_in")] for i in sel}
 
     def forward(self, ids, extra: tuple = (), capture=(), adds=None, sets=None):
         """The jitted forward on checked inputs: ``(logits (B, L, vocab), {name: activation})``."""
