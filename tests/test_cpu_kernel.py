@@ -393,19 +393,31 @@ def test_selective_scan_kernel_matches_float64_and_xla(shape):
     assert rel(got, selective_scan_sequential(*map(jnp.asarray, args))) <= 1e-5
 
 
+def check_forward_kernel(kernel, reference, args, in_axes, monkeypatch):
+    """A forward kernel's gradients and forward-mode derivatives against its XLA ``reference``;
+    under ``vmap`` (``in_axes``: the unbatched operands None) each example as alone; the same
+    bits with 1 and 3 threads."""
+    loss = lambda f: (lambda *a: jnp.sum(jnp.sin(f(*a))))
+    argnums = tuple(range(len(args)))
+    for a, b in zip(jax.grad(loss(kernel), argnums)(*args), jax.grad(loss(reference), argnums)(*args)):
+        assert rel(a, b) <= 1e-5
+    tangents = tuple(jnp.ones_like(a) * 0.1 for a in args)
+    fwd, ref = jax.jvp(kernel, args, tangents), jax.jvp(reference, args, tangents)
+    assert rel(fwd[0], ref[0]) <= 1e-5 and rel(fwd[1], ref[1]) <= 1e-5
+    stacked = jax.vmap(kernel, in_axes=in_axes)(*(x if ax is None else jnp.stack([x, 2 * x])
+                                                  for x, ax in zip(args, in_axes)))
+    assert rel(stacked[0], kernel(*args)) == 0.0
+    monkeypatch.setattr(cpu, "num_threads", lambda: 1)
+    one = np.asarray(jax.jit(kernel)(*args))
+    monkeypatch.setattr(cpu, "num_threads", lambda: 3)
+    np.testing.assert_array_equal(one, np.asarray(jax.jit(kernel)(*args)))
+
+
 def test_selective_scan_kernel_gradients_nan_vmap_and_threads(monkeypatch):
     from implicit_attn.ops import selective_scan_sequential
 
     args = tuple(map(jnp.asarray, scan_inputs(2, 23, 19, 4, seed=1)))
-    loss = lambda f: (lambda *a: jnp.sum(jnp.sin(f(*a))))
-    g = jax.grad(loss(cpu.selective_scan), argnums=(0, 1, 2, 3, 4))(*args)
-    want = jax.grad(loss(selective_scan_sequential), argnums=(0, 1, 2, 3, 4))(*args)
-    for a, b in zip(g, want):
-        assert rel(a, b) <= 1e-5
-    tangents = tuple(jnp.ones_like(a) * 0.1 for a in args)
-    fwd = jax.jvp(cpu.selective_scan, args, tangents)
-    ref = jax.jvp(selective_scan_sequential, args, tangents)
-    assert rel(fwd[0], ref[0]) <= 1e-5 and rel(fwd[1], ref[1]) <= 1e-5
+    check_forward_kernel(cpu.selective_scan, selective_scan_sequential, args, (0, 0, None, 0, 0), monkeypatch)
     # a NaN input at t = 7 of channel 3: rows before it untouched, that channel NaN from t on,
     # the same pattern as XLA's scan (other channels do not see it)
     u = args[0].at[0, 7, 3].set(jnp.nan)
@@ -413,13 +425,6 @@ def test_selective_scan_kernel_gradients_nan_vmap_and_threads(monkeypatch):
     ref = np.asarray(selective_scan_sequential(u, *args[1:]))
     np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
     assert np.isnan(got[0, 7:, 3]).all() and not np.isnan(got[0, :7]).any() and not np.isnan(got[1]).any()
-    stacked = jax.vmap(cpu.selective_scan, in_axes=(0, 0, None, 0, 0))(*(jnp.stack([x, x]) if x.ndim == 3 else x
-                                                                         for x in args))
-    assert rel(stacked[1], cpu.selective_scan(*args)) == 0.0
-    monkeypatch.setattr(cpu, "num_threads", lambda: 1)
-    one = np.asarray(jax.jit(cpu.selective_scan)(*args))
-    monkeypatch.setattr(cpu, "num_threads", lambda: 3)
-    np.testing.assert_array_equal(one, np.asarray(jax.jit(cpu.selective_scan)(*args)))
     with pytest.raises(ValueError, match="at most 64 states per channel, got 65"):
         cpu.selective_scan(*scan_inputs(1, 3, 2, 65))
 
@@ -446,3 +451,71 @@ def test_the_mamba_forward_takes_the_scan_kernel_where_it_pays_off(monkeypatch):
     big = tuple(map(jnp.asarray, scan_inputs(1, 4, 2, 65)))
     assert not cpu.scan_pays_off(big[0], big[2])
     assert "implicit_attn_selective_scan" not in lowered(*big)
+
+
+# Mamba-2's SSD (the forward, kernels.cpu.ssd_scan) against a float64 recurrence written out here
+# and the chunked XLA form (ops.ssd_chunked).
+def ssd_inputs(B_, L, H, P, G, N, seed=0):
+    r = np.random.default_rng(seed)
+    f = lambda *s: r.standard_normal(s).astype(np.float32)
+    dt = np.log1p(np.exp(f(B_, L, H) - 2.0)).astype(np.float32)  # softplus: positive step sizes
+    return f(B_, L, H, P), dt, -np.exp(f(H)), f(B_, L, G, N), f(B_, L, G, N)
+
+
+def ssd64(x, dt, A, Bm, Cm):
+    x, dt, A, Bm, Cm = (np.asarray(a, np.float64) for a in (x, dt, A, Bm, Cm))
+    hg = x.shape[2] // Bm.shape[2]
+    S = np.zeros(x.shape[:1] + x.shape[2:] + Bm.shape[3:])  # (B, H, P, N)
+    y = np.zeros(x.shape)
+    for t in range(x.shape[1]):
+        Bt, Ct = np.repeat(Bm[:, t], hg, axis=1), np.repeat(Cm[:, t], hg, axis=1)  # (B, H, N)
+        S = np.exp(dt[:, t] * A)[..., None, None] * S + (dt[:, t, :, None] * x[:, t])[..., None] * Bt[:, :, None]
+        y[:, t] = np.einsum("bhpn,bhn->bhp", S, Ct)
+    return y
+
+
+# P = 5 and 70: a partial vector and more than one pass of four vectors; G = 3 groups of 2 heads
+# and one group of all heads; L = 1 and lengths that are not a multiple of the chunk
+@pytest.mark.parametrize("shape", [(2, 37, 6, 5, 3, 7), (1, 70, 4, 19, 1, 16), (1, 9, 2, 70, 2, 3), (1, 1, 3, 8, 1, 4)])
+def test_ssd_kernel_matches_float64_and_xla(shape):
+    from implicit_attn.ops import ssd_chunked
+
+    args = ssd_inputs(*shape)
+    got = np.asarray(jax.jit(cpu.ssd_scan)(*args))
+    assert rel(got, ssd64(*args)) <= 1e-5
+    assert rel(got, ssd_chunked(*map(jnp.asarray, args), chunk=16)) <= 1e-5
+
+
+def test_ssd_kernel_gradients_vmap_threads_and_bad_shapes(monkeypatch):
+    from implicit_attn.ops import ssd_chunked
+
+    args = tuple(map(jnp.asarray, ssd_inputs(2, 23, 4, 6, 2, 5, seed=1)))
+    check_forward_kernel(cpu.ssd_scan, ssd_chunked, args, (0, 0, None, 0, 0), monkeypatch)
+    with pytest.raises(ValueError, match="H a multiple of G"):
+        cpu.ssd_scan(args[0], args[1], args[2], args[3][:, :, :1].repeat(3, 2), args[4][:, :, :1].repeat(3, 2))
+
+
+def test_the_mamba2_forward_takes_the_ssd_kernel_where_it_pays_off(monkeypatch):
+    """``mamba2.block.ssd`` lowers the kernel's call on CPU from ``SCAN_AUTO_MIN_FACTOR *
+    AUTO_MIN_FACTOR_ELEMENTS`` state updates on (the chunked XLA form below it, and in an export
+    for an accelerator), with the same numbers, NaN kept causal as before."""
+    from implicit_attn.families import mamba2
+
+    x, dt, A, Bm, Cm = map(jnp.asarray, ssd_inputs(1, 12, 4, 3, 2, 5, seed=2))
+    D = jnp.arange(4.0)
+    run = lambda *a: mamba2.block.ssd(*a, chunk=4, D=D)
+    lowered = lambda *a: jax.jit(lambda *x: run(*x)).lower(*a).as_text()  # traced anew: the choice is made then
+    monkeypatch.setattr(cpu, "SCAN_AUTO_MIN_FACTOR", 2)
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 12 * 4 * 3 * 5 // 2)
+    assert "implicit_attn_ssd_scan" in lowered(x, dt, A, Bm, Cm)
+    exported = jax.export.export(jax.jit(run), platforms=["cuda"])(x, dt, A, Bm, Cm).mlir_module()
+    assert "implicit_attn_ssd_scan" not in exported
+    x = x.at[0, 7, 1, 2].set(jnp.nan)  # a NaN input of head 1 at t = 7: that head NaN from t = 7 on
+    fast = np.asarray(jax.jit(lambda *a: run(*a))(x, dt, A, Bm, Cm))
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 12 * 4 * 3 * 5 // 2 + 1)
+    assert "implicit_attn_ssd_scan" not in lowered(x, dt, A, Bm, Cm)
+    slow = np.asarray(jax.jit(lambda *a: run(*a))(x, dt, A, Bm, Cm))
+    np.testing.assert_array_equal(np.isnan(fast), np.isnan(slow))
+    assert np.isnan(fast[0, 7:, 1]).all() and not np.isnan(fast[0, :7]).any() and not np.isnan(fast[0, :, 0]).any()
+    assert rel(np.nan_to_num(fast), np.nan_to_num(slow)) <= 1e-6
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 0)

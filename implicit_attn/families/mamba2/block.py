@@ -18,12 +18,16 @@ Operator of SSM channel ``c`` in head ``h``:
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
+from ...kernels import cpu as cpu_kernels
+from ...nn import run_scan
 from ...nn.hooks import apply_out_hook, layer_tap
 from ...operator import Mamba2Core, Mamba2Operator
-from ...ops import causal_conv, from_first, full_precision, linear, linear_scan, mark_nan, segment_sum, zero_nan
+from ...ops import causal_conv, from_first, full_precision, linear, mark_nan, ssd_chunked, zero_nan
 from ..mamba.block import residual_block, residual_lm, rms_norm
 from .config import Config
 
@@ -32,7 +36,6 @@ f32 = jnp.float32
 # SSD chunk length: the config's, at most CHUNK (a performance knob: HF's chunk_size does not change the
 # numbers, and past 64 the in-chunk decay matrices cost more than the chunk states they save)
 CHUNK = 64
-SEGSUM_CHUNK = 16  # the split of the in-chunk segment sums (a performance knob)
 
 
 def split_heads(x, n: int):
@@ -77,53 +80,31 @@ def mixer_parts(p: dict, h, cfg: Config) -> dict:
 
 
 def ssd(x, dt, A, Bm, Cm, chunk: int, D=None):
-    """Chunked SSD: ``y_h = alpha_h x_h`` for every head, without forming ``alpha``.
+    """Mamba-2's SSD: ``y_h = alpha_h x_h`` for every head, without forming ``alpha``.
 
-    Intra-chunk blocks are masked matmuls; chunk states are passed on by a scan over
-    chunks. Any ``L`` (the tail chunk is zero-padded with ``dt = 0``).
+    On CPU the fused kernel's recurrence (``kernels.cpu.ssd_scan``) where it pays off
+    (``kernels.cpu.ssd_pays_off``), else the chunked form (``ops.ssd_chunked``: masked matmuls
+    inside chunks, a scan over chunks); the platform lowered for picks (``nn.run_scan``), so an
+    export for an accelerator gets the chunked form. Same numbers to float32 rounding. Any ``L``.
 
     Args:
       x: ``(B, L, H, P)`` head inputs; dt: ``(B, L, H)`` float32 step sizes; A: ``(H,)``
         float32 (negative); Bm, Cm: ``(B, L, G, N)`` with ``H % G == 0`` (head h reads
-        group ``h // (H / G)``); chunk: chunk length; D: optional ``(H,)`` skip.
+        group ``h // (H / G)``); chunk: chunk length of the chunked form; D: optional ``(H,)`` skip.
     Returns:
       ``(B, L, H, P)`` float32.
     """
-    Bn, L, H, P = x.shape
-    G, N = Bm.shape[2:]
-    hg = H // G
+    hg = x.shape[2] // Bm.shape[2]
     # NaN stays causal (ops.nan): x, dt, B feed the state (NaN from there on), C only its row.
     per_head = lambda g: jnp.repeat(jnp.isnan(g).any(-1), hg, axis=2)  # (B, L, G, N) -> (B, L, H)
     state_bad = from_first(jnp.isnan(x).any(-1) | jnp.isnan(dt) | per_head(Bm), axis=1)
     bad = (state_bad | per_head(Cm))[..., None]
     x, dt, Bm, Cm = (zero_nan(a) for a in (x, dt, Bm, Cm))
-    Q = min(chunk, L)
-    nc = -(-L // Q)
-    pad = nc * Q - L
-    padt = lambda a: jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2))
-    xf = x.astype(f32)
-    # Heads leading, then positions: every product below is a plain batched matmul over (b, c, g[, h]).
-    xs = padt(xf * dt[..., None]).reshape(Bn, nc, Q, G, hg, P).transpose(0, 1, 3, 4, 2, 5)  # (b, c, g, h, j, p)
-    Bc = padt(Bm).reshape(Bn, nc, Q, G, N).transpose(0, 1, 3, 2, 4)  # (b, c, g, j, n)
-    Cc = padt(Cm).reshape(Bn, nc, Q, G, N).transpose(0, 1, 3, 2, 4)
-    la = padt(dt * A).reshape(Bn, nc, Q, G, hg).transpose(0, 1, 3, 4, 2)  # (b, c, g, h, j)
-
-    # Diagonal blocks: (C_i . B_j) exp(segment sum) masked.
-    dec = jnp.exp(segment_sum(la, SEGSUM_CHUNK))  # (b, c, g, h, i, j)
-    y = ((Cc @ jnp.swapaxes(Bc, -1, -2))[:, :, :, None] * dec) @ xs  # (b, c, g, h, i, p)
-
-    # State at the end of each chunk, then passed from chunk to chunk.
-    cs = jnp.cumsum(la, axis=-1)
-    tot = cs[..., -1]  # (b, c, g, h)
-    states = jnp.einsum("bcghjp,bcgjn->bcghpn", xs * jnp.exp(tot[..., None] - cs)[..., None], Bc)
-    h = linear_scan(jnp.exp(tot)[..., None, None], states, axis=1)
-    prev = jnp.pad(h, ((0, 0), (1, 0)) + ((0, 0),) * 4)[:, :nc]  # state entering each chunk
-    y = y + jnp.einsum("bcgin,bcghpn->bcghip", Cc, prev) * jnp.exp(cs)[..., None]
-
-    y = y.transpose(0, 1, 4, 2, 3, 5)
-    y = y.reshape(Bn, nc * Q, H, P)[:, :L]
+    chunked = functools.partial(ssd_chunked, chunk=chunk)
+    cpu = cpu_kernels.ssd_scan if cpu_kernels.ssd_pays_off(x, Bm) else chunked
+    y = run_scan("auto", cpu, chunked, x, dt, A, Bm, Cm)
     if D is not None:
-        y = y + xf * D.astype(f32)[:, None]
+        y = y + x.astype(f32) * D.astype(f32)[:, None]
     return mark_nan(y, bad)
 
 

@@ -24,9 +24,10 @@ blocks); ``ParallelCore`` (its parts' kernels). ``cpu_dense`` writes ``(B, n, L,
 Gradients: a ``custom_vjp`` whose backward pass is the XLA path (``jax.vjp`` of
 ``core.dense`` / of the blocked XLA reduce).
 
-The same library holds one forward computation: Mamba-1's selective scan (``selective_scan``,
-taken by ``mamba.block.selective_scan`` where ``scan_pays_off``), differentiated in both modes
-through XLA's scan (a ``custom_jvp``).
+The same library holds two forward computations: Mamba-1's selective scan (``selective_scan``,
+taken by ``mamba.block.selective_scan`` where ``scan_pays_off``) and Mamba-2's SSD (``ssd_scan``,
+taken by ``mamba2.block.ssd`` where ``ssd_pays_off``), differentiated in both modes through
+their XLA forms (a ``custom_jvp``).
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ from ...operator import (MODES, AttentionCore, DeltaRuleCore, DocumentMaskedCore
                          StateDecayCore,
                          apply_mode, block_size, register_backend, register_core, with_xla_backward)
 from ...operator.dispatch import blocked_reduce, blocked_reduce_jit
-from ...ops import full_precision, selective_scan_sequential
+from ...ops import full_precision, selective_scan_sequential, ssd_chunked
 from . import cache
 from .cache import CpuKernelUnavailable, cache_dir
 
@@ -60,11 +61,12 @@ _CONV_TARGET = "implicit_attn_short_conv_dense"
 _PLACE_TARGET = "implicit_attn_place_channels"
 _ATTENTION_TARGET = "implicit_attn_attention_dense"
 _SCAN_TARGET = "implicit_attn_selective_scan"
+_SSD_TARGET = "implicit_attn_ssd_scan"
 _TARGETS = {"IaStateDecayDense": _TARGET, "IaStateDecayReduce": _REDUCE_TARGET, "IaHeadMatrixDense": _HEAD_TARGET,
             "IaHeadMatrixReduce": _HEAD_REDUCE_TARGET, "IaRwkvDense": _RWKV_TARGET,
             "IaRwkvReduce": _RWKV_REDUCE_TARGET, "IaShortConvDense": _CONV_TARGET,
             "IaPlaceChannels": _PLACE_TARGET, "IaAttentionDense": _ATTENTION_TARGET,
-            "IaSelectiveScan": _SCAN_TARGET}
+            "IaSelectiveScan": _SCAN_TARGET, "IaSsdScan": _SSD_TARGET}
 _SYMBOLS = tuple(_TARGETS)
 ARCH_ENV = "IMPLICIT_ATTN_CPU_ARCH"
 
@@ -610,22 +612,29 @@ def pays_off(core) -> bool:
     return sum(int(x.size) for x in jax.tree.leaves(core) if hasattr(x, "size")) >= AUTO_MIN_FACTOR_ELEMENTS
 
 
-def _scan_call(u, dt, A, Bm, Cm):
-    load()
-    call = jax.ffi.ffi_call(_SCAN_TARGET, jax.ShapeDtypeStruct(u.shape, jnp.float32), vmap_method="sequential")
-    return call(u, dt, jnp.swapaxes(A, 0, 1), Bm, Cm, threads=np.int64(num_threads()))
+def _forward_kernel(target: str, reference, prepare=lambda *a: a):
+    """A forward computation by the library's FFI handler ``target`` (its output float32, shaped
+    like the first operand; the operands ``prepare(*args)``), differentiated in both modes through
+    ``reference(*args)``, XLA's form of the same numbers.
+
+    A custom JVP (not VJP): forward-mode derivatives of a model (``jax.jvp`` through its taps)
+    need one, and reverse mode transposes the reference's linear tangent map.
+    """
+    def call(*args):
+        load()
+        out = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(args[0].shape, jnp.float32), vmap_method="sequential")
+        return out(*prepare(*args), threads=np.int64(num_threads()))
+
+    @jax.custom_jvp
+    def run(*args):
+        return call(*args)
+
+    run.defjvp(lambda primals, tangents: (call(*primals), jax.jvp(reference, primals, tangents)[1]))
+    return run
 
 
-# A custom JVP (not VJP): forward-mode derivatives of a model (jax.jvp through its taps) need
-# one, and reverse mode transposes the XLA scan's linear tangent map.
-@jax.custom_jvp
-def _scan(u, dt, A, Bm, Cm):
-    return _scan_call(u, dt, A, Bm, Cm)
-
-
-@_scan.defjvp
-def _scan_jvp(primals, tangents):
-    return _scan_call(*primals), jax.jvp(selective_scan_sequential, primals, tangents)[1]
+_scan = _forward_kernel(_SCAN_TARGET, selective_scan_sequential,
+                       lambda u, dt, A, Bm, Cm: (u, dt, jnp.swapaxes(A, 0, 1), Bm, Cm))
 
 
 def selective_scan(u, dt, A, Bm, Cm):
@@ -663,6 +672,37 @@ def scan_pays_off(u, A) -> bool:
             and int(np.prod(u.shape)) * N >= SCAN_AUTO_MIN_FACTOR * AUTO_MIN_FACTOR_ELEMENTS and available())
 
 
+_ssd = _forward_kernel(_SSD_TARGET, ssd_chunked)
+
+
+def ssd_scan(x, dt, A, Bm, Cm):
+    """Mamba-2's SSD by the fused CPU kernel, one step per position: per head ``S_t =
+    exp(dt_t A_h) S_{t-1} + (dt_t x_t) B_t^T``, ``y_t = S_t C_t`` (``ops.ssd_chunked``'s numbers to
+    float32 rounding), a head's channels in vectors, the heads spread over ``num_threads()``
+    threads. Derivatives (forward and reverse mode) go through ``ops.ssd_chunked``.
+
+    Args:
+      x: ``(B, L, H, P)``; dt: ``(B, L, H)``; A: ``(H,)``; Bm, Cm: ``(B, L, G, N)`` with ``H % G
+        == 0`` (cast to float32).
+    Returns:
+      ``(B, L, H, P)`` float32.
+    """
+    if x.ndim != 4 or Bm.ndim != 4 or Bm.shape[2] < 1 or x.shape[2] % Bm.shape[2]:
+        raise ValueError(f"ssd_scan: x must be (B, L, H, P) and Bm (B, L, G, N) with H a multiple of G, "
+                         f"got {x.shape} and {Bm.shape}")
+    return _ssd(*(jnp.asarray(a, jnp.float32) for a in (x, dt, A, Bm, Cm)))
+
+
+def ssd_pays_off(x, Bm) -> bool:
+    """Whether a CPU forward runs Mamba-2's SSD of ``x (B, L, H, P)`` with ``Bm (B, L, G, N)`` by
+    the kernel: JAX's default backend is the CPU, the recurrence updates at least
+    ``SCAN_AUTO_MIN_FACTOR * AUTO_MIN_FACTOR_ELEMENTS`` state entries (``B L H P N``), and the
+    kernel builds here."""
+    return (jax.default_backend() == "cpu"
+            and int(np.prod(x.shape)) * Bm.shape[-1] >= SCAN_AUTO_MIN_FACTOR * AUTO_MIN_FACTOR_ELEMENTS
+            and available())
+
+
 BACKEND = register_backend(KernelBackend(
     name="cpu", dense=cpu_dense, reduce=cpu_reduce, auto=lambda: jax.default_backend() == "cpu",
     require=_require, ready=available, pays_off=lambda core: pays_off(core)))
@@ -670,6 +710,6 @@ for _type in (*_KERNELS, ParallelCore):
     register_core("cpu", _type, _problem)
 
 
-__all__ = ["cpu_dense", "cpu_reduce", "selective_scan", "scan_pays_off", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
+__all__ = ["cpu_dense", "cpu_reduce", "selective_scan", "scan_pays_off", "ssd_scan", "ssd_pays_off", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
            "pays_off", "AUTO_MIN_FACTOR_ELEMENTS", "AUTO_MIN_ENV", "SCAN_AUTO_MIN_FACTOR",
            "library_path", "cache_dir", "num_threads", "CpuKernelUnavailable"]

@@ -1652,6 +1652,79 @@ ffi::Error SelectiveScanImpl(ffi::Buffer<ffi::F32> u, ffi::Buffer<ffi::F32> dt, 
   return ffi::Error::Success();
 }
 
+// One step of Mamba-2's SSD for NV vectors of a head's channels (a compile-time count, so
+// the outputs stay in registers): rows S[n, :] = a S[n, :] + b[n] u, y = sum_n c[n] S[n, :].
+template <int NV>
+inline void ssd_step(float* state, int64_t stride, int64_t N, vw a, const float* u, const float* b,
+                     const float* c, float* y) {
+  vw acc[NV], uv[NV];
+  for (int v = 0; v < NV; ++v) {
+    acc[v] = splat<vw>(0.0f);
+    uv[v] = load<vw>(u + v * kW);
+  }
+  for (int64_t n = 0; n < N; ++n) {
+    float* row = state + n * stride;
+    const vw bv = splat<vw>(b[n]), cv = splat<vw>(c[n]);
+    for (int v = 0; v < NV; ++v) {
+      const vw s = a * load<vw>(row + v * kW) + bv * uv[v];
+      store(row + v * kW, s);
+      acc[v] += cv * s;
+    }
+  }
+  for (int v = 0; v < NV; ++v) store(y + v * kW, acc[v]);
+}
+
+// Mamba-2's SSD (the block's forward): per batch b and head h, the (N, P) state
+//   S = exp(dt[t,h] A[h]) S + B[t,g]^T (dt[t,h] x[t,h,:]),   y[t,h,:] = C[t,g] S,
+// with g = h / (H / G), one step per position. A head's P channels share vectors (a row
+// S[n, :] is P floats), so y accumulates in registers with no lane sums; heads are spread
+// over the threads. P is padded to whole vectors in scratch; padded lanes are never written.
+ffi::Error SsdScanImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> dt, ffi::Buffer<ffi::F32> A,
+                       ffi::Buffer<ffi::F32> Bm, ffi::Buffer<ffi::F32> Cm,
+                       ffi::ResultBuffer<ffi::F32> y, int64_t threads) {
+  auto xd = x.dimensions(), dd = dt.dimensions(), ad = A.dimensions(), bd = Bm.dimensions(), cd = Cm.dimensions();
+  if (xd.size() != 4 || dd.size() != 3 || ad.size() != 1 || bd.size() != 4 || cd.size() != 4 ||
+      !std::equal(bd.begin(), bd.end(), cd.begin()) || dd[0] != xd[0] || dd[1] != xd[1] || dd[2] != xd[2] ||
+      ad[0] != xd[2] || bd[0] != xd[0] || bd[1] != xd[1] || bd[2] < 1 || xd[2] % bd[2] != 0)
+    return ffi::Error::InvalidArgument("ssd_scan: inconsistent shapes (x (B, L, H, P); dt (B, L, H); A (H,); "
+                                       "Bm, Cm (B, L, G, N) with H a multiple of G)");
+  const int64_t B = xd[0], L = xd[1], H = xd[2], P = xd[3], G = bd[2], N = bd[3];
+  if (B == 0 || L == 0 || H == 0 || P == 0) return ffi::Error::Success();
+  constexpr int64_t kBlock = 4;  // vectors of channels per pass over the state
+  const int64_t pv = (P + kW - 1) / kW, Pp = pv * kW, items = B * H;
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  const float *px = x.typed_data(), *pd = dt.typed_data(), *pa = A.typed_data();
+  const float *pb = Bm.typed_data(), *pc = Cm.typed_data();
+  float* py = y->typed_data();
+  run_threads(nt, [&](int64_t t0) {
+    std::vector<float> state(static_cast<size_t>(N) * Pp), dx(Pp, 0.0f), out(Pp);
+    for (int64_t item = t0; item < items; item += nt) {
+      const int64_t b = item / H, h = item % H, g = h / (H / G);
+      std::fill(state.begin(), state.end(), 0.0f);
+      for (int64_t t = 0; t < L; ++t) {
+        const size_t bt = static_cast<size_t>(b) * L + t;
+        const float d = pd[bt * H + h];
+        const vw a = splat<vw>(std::exp(d * pa[h]));
+        const float* xt = px + (bt * H + h) * P;
+        const float* bn = pb + (bt * G + g) * N;
+        const float* cn = pc + (bt * G + g) * N;
+        for (int64_t p = 0; p < P; ++p) dx[p] = d * xt[p];
+        for (int64_t v0 = 0; v0 < pv; v0 += kBlock) {
+          float *s = state.data() + v0 * kW, *u = dx.data() + v0 * kW, *o = out.data() + v0 * kW;
+          switch (std::min<int64_t>(kBlock, pv - v0)) {
+            case 1: ssd_step<1>(s, Pp, N, a, u, bn, cn, o); break;
+            case 2: ssd_step<2>(s, Pp, N, a, u, bn, cn, o); break;
+            case 3: ssd_step<3>(s, Pp, N, a, u, bn, cn, o); break;
+            default: ssd_step<4>(s, Pp, N, a, u, bn, cn, o); break;
+          }
+        }
+        std::memcpy(py + (bt * H + h) * P, out.data(), sizeof(float) * P);
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
 // The operands both handlers share, in order: the factors of H.
 template <typename Binding>
 auto bind_factors(Binding b) {
@@ -1795,4 +1868,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::Buffer<ffi::F32>>()   // Bm (B, L, N)
         .Arg<ffi::Buffer<ffi::F32>>()   // Cm (B, L, N)
         .Ret<ffi::Buffer<ffi::F32>>()   // y (B, L, C)
+        .Attr<int64_t>("threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaSsdScan, SsdScanImpl,
+    ffi::Ffi::Bind()
+        .Arg<ffi::Buffer<ffi::F32>>()   // x (B, L, H, P)
+        .Arg<ffi::Buffer<ffi::F32>>()   // dt (B, L, H)
+        .Arg<ffi::Buffer<ffi::F32>>()   // A (H,)
+        .Arg<ffi::Buffer<ffi::F32>>()   // Bm (B, L, G, N)
+        .Arg<ffi::Buffer<ffi::F32>>()   // Cm (B, L, G, N)
+        .Ret<ffi::Buffer<ffi::F32>>()   // y (B, L, H, P)
         .Attr<int64_t>("threads"));
