@@ -1652,33 +1652,73 @@ ffi::Error SelectiveScanImpl(ffi::Buffer<ffi::F32> u, ffi::Buffer<ffi::F32> dt, 
   return ffi::Error::Success();
 }
 
-// One step of Mamba-2's SSD for NV vectors of a head's channels (a compile-time count, so
-// the outputs stay in registers): rows S[n, :] = a S[n, :] + b[n] u, y = sum_n c[n] S[n, :].
-template <int NV>
-inline void ssd_step(float* state, int64_t stride, int64_t N, vw a, const float* u, const float* b,
-                     const float* c, float* y) {
-  vw acc[NV], uv[NV];
-  for (int v = 0; v < NV; ++v) {
-    acc[v] = splat<vw>(0.0f);
-    uv[v] = load<vw>(u + v * kW);
-  }
+// Mamba-2's SSD recurrence, K positions per pass over the state (K <= kSsdSteps): with the state
+// S entering the block, A_m = a_0 ... a_m and D_j = a_{j+1} ... a_{K-1},
+//   S' = A_{K-1} S + sum_j D_j B_j^T dx_j,   y_m = A_m C_m S + sum_{j <= m} (a_{j+1} ... a_m) (C_m . B_j) dx_j,
+// so each row S[n, :] is read and written once per K positions and costs 2K + 1 products instead
+// of 3K. This pass does the part that reads the state: the rows' update and C_m S for NV vectors
+// of channels (compile-time counts, so everything stays in registers).
+#ifdef __AVX512F__
+constexpr int kSsdSteps = 4;
+#else
+constexpr int kSsdSteps = 2;  // 16 registers: K outputs and K inputs per vector, two vectors
+#endif
+constexpr int kSsdVectors = 2;
+
+// sum_n a[n] b[n], in vectors (a scalar loop would wait on each add).
+inline float dot(const float* a, const float* b, int64_t n) {
+  vw acc = splat<vw>(0.0f);
+  int64_t i = 0;
+  for (; i + kW <= n; i += kW) acc += load<vw>(a + i) * load<vw>(b + i);
+  float lanes[kW], sum = 0.0f;
+  store(lanes, acc);
+  for (int l = 0; l < kW; ++l) sum += lanes[l];
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+template <int K, int NV>
+void ssd_pass(float* state, int64_t stride, int64_t N, float decay, const float* wb, const float* const* c,
+              const float* dx, int64_t dx_stride, float* out, int64_t out_stride) {
+  vw acc[K][NV], u[K][NV];
+  for (int j = 0; j < K; ++j)
+    for (int v = 0; v < NV; ++v) {
+      acc[j][v] = splat<vw>(0.0f);
+      u[j][v] = load<vw>(dx + j * dx_stride + v * kW);
+    }
+  const vw dk = splat<vw>(decay);
   for (int64_t n = 0; n < N; ++n) {
     float* row = state + n * stride;
-    const vw bv = splat<vw>(b[n]), cv = splat<vw>(c[n]);
+    vw bw[K], cw[K];
+    for (int j = 0; j < K; ++j) {
+      bw[j] = splat<vw>(wb[j * N + n]);
+      cw[j] = splat<vw>(c[j][n]);
+    }
     for (int v = 0; v < NV; ++v) {
-      const vw s = a * load<vw>(row + v * kW) + bv * uv[v];
-      store(row + v * kW, s);
-      acc[v] += cv * s;
+      const vw s = load<vw>(row + v * kW);
+      vw e = bw[0] * u[0][v];
+      for (int j = 1; j < K; ++j) e += bw[j] * u[j][v];
+      for (int m = 0; m < K; ++m) acc[m][v] += cw[m] * s;
+      store(row + v * kW, dk * s + e);
     }
   }
-  for (int v = 0; v < NV; ++v) store(y + v * kW, acc[v]);
+  for (int m = 0; m < K; ++m)
+    for (int v = 0; v < NV; ++v) store(out + m * out_stride + v * kW, acc[m][v]);
+}
+
+template <int K>
+void ssd_pass_vectors(int nv, float* state, int64_t stride, int64_t N, float decay, const float* wb,
+                      const float* const* c, const float* dx, int64_t dx_stride, float* out, int64_t out_stride) {
+  if (nv == 2) ssd_pass<K, 2>(state, stride, N, decay, wb, c, dx, dx_stride, out, out_stride);
+  else ssd_pass<K, 1>(state, stride, N, decay, wb, c, dx, dx_stride, out, out_stride);
 }
 
 // Mamba-2's SSD (the block's forward): per batch b and head h, the (N, P) state
 //   S = exp(dt[t,h] A[h]) S + B[t,g]^T (dt[t,h] x[t,h,:]),   y[t,h,:] = C[t,g] S,
-// with g = h / (H / G), one step per position. A head's P channels share vectors (a row
-// S[n, :] is P floats), so y accumulates in registers with no lane sums; heads are spread
-// over the threads. P is padded to whole vectors in scratch; padded lanes are never written.
+// with g = h / (H / G), in blocks of kSsdSteps positions (ssd_pass). A head's P channels share
+// vectors (a row S[n, :] is P floats), so y accumulates in registers with no lane sums; heads
+// are spread over the threads. P is padded to whole vectors in scratch; padded lanes are never
+// written out.
 ffi::Error SsdScanImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> dt, ffi::Buffer<ffi::F32> A,
                        ffi::Buffer<ffi::F32> Bm, ffi::Buffer<ffi::F32> Cm,
                        ffi::ResultBuffer<ffi::F32> y, int64_t threads) {
@@ -1690,35 +1730,65 @@ ffi::Error SsdScanImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> dt, ffi::B
                                        "Bm, Cm (B, L, G, N) with H a multiple of G)");
   const int64_t B = xd[0], L = xd[1], H = xd[2], P = xd[3], G = bd[2], N = bd[3];
   if (B == 0 || L == 0 || H == 0 || P == 0) return ffi::Error::Success();
-  constexpr int64_t kBlock = 4;  // vectors of channels per pass over the state
+  constexpr int K = kSsdSteps;
   const int64_t pv = (P + kW - 1) / kW, Pp = pv * kW, items = B * H;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
   const float *px = x.typed_data(), *pd = dt.typed_data(), *pa = A.typed_data();
   const float *pb = Bm.typed_data(), *pc = Cm.typed_data();
   float* py = y->typed_data();
   run_threads(nt, [&](int64_t t0) {
-    std::vector<float> state(static_cast<size_t>(N) * Pp), dx(Pp, 0.0f), out(Pp);
+    std::vector<float> state(static_cast<size_t>(N) * Pp), dx(K * Pp, 0.0f), out(K * Pp), wb(K * N);
     for (int64_t item = t0; item < items; item += nt) {
       const int64_t b = item / H, h = item % H, g = h / (H / G);
       std::fill(state.begin(), state.end(), 0.0f);
-      for (int64_t t = 0; t < L; ++t) {
-        const size_t bt = static_cast<size_t>(b) * L + t;
-        const float d = pd[bt * H + h];
-        const vw a = splat<vw>(std::exp(d * pa[h]));
-        const float* xt = px + (bt * H + h) * P;
-        const float* bn = pb + (bt * G + g) * N;
-        const float* cn = pc + (bt * G + g) * N;
-        for (int64_t p = 0; p < P; ++p) dx[p] = d * xt[p];
-        for (int64_t v0 = 0; v0 < pv; v0 += kBlock) {
+      for (int64_t t = 0; t < L; t += K) {
+        const int k = static_cast<int>(std::min<int64_t>(K, L - t));
+        float a[K], run[K + 1];
+        const float* c[K];
+        const float* bs[K];
+        for (int j = 0; j < k; ++j) {
+          const size_t bt = static_cast<size_t>(b) * L + t + j;
+          const float d = pd[bt * H + h];
+          a[j] = std::exp(d * pa[h]);
+          const float* xt = px + (bt * H + h) * P;
+          for (int64_t p = 0; p < P; ++p) dx[j * Pp + p] = d * xt[p];
+          bs[j] = pb + (bt * G + g) * N;
+          c[j] = pc + (bt * G + g) * N;
+        }
+        run[k] = 1.0f;  // run[j] = a_j ... a_{k-1}
+        for (int j = k - 1; j >= 0; --j) run[j] = run[j + 1] * a[j];
+        for (int j = 0; j < k; ++j) {  // D_j B_j
+          const float w = run[j + 1];
+          for (int64_t n = 0; n < N; ++n) wb[j * N + n] = w * bs[j][n];
+        }
+        for (int64_t v0 = 0; v0 < pv; v0 += kSsdVectors) {
+          const int nv = static_cast<int>(std::min<int64_t>(kSsdVectors, pv - v0));
           float *s = state.data() + v0 * kW, *u = dx.data() + v0 * kW, *o = out.data() + v0 * kW;
-          switch (std::min<int64_t>(kBlock, pv - v0)) {
-            case 1: ssd_step<1>(s, Pp, N, a, u, bn, cn, o); break;
-            case 2: ssd_step<2>(s, Pp, N, a, u, bn, cn, o); break;
-            case 3: ssd_step<3>(s, Pp, N, a, u, bn, cn, o); break;
-            default: ssd_step<4>(s, Pp, N, a, u, bn, cn, o); break;
+          switch (k) {  // k <= K: the last block may be shorter
+            case 1: ssd_pass_vectors<1>(nv, s, Pp, N, run[0], wb.data(), c, u, Pp, o, Pp); break;
+            case 2: ssd_pass_vectors<2>(nv, s, Pp, N, run[0], wb.data(), c, u, Pp, o, Pp); break;
+            case 3: ssd_pass_vectors<3>(nv, s, Pp, N, run[0], wb.data(), c, u, Pp, o, Pp); break;
+            default: ssd_pass_vectors<4>(nv, s, Pp, N, run[0], wb.data(), c, u, Pp, o, Pp); break;
           }
         }
-        std::memcpy(py + (bt * H + h) * P, out.data(), sizeof(float) * P);
+        // y_m = A_m (C_m S) + sum_{j <= m} (a_{j+1} ... a_m) (C_m . B_j) dx_j
+        for (int m = 0; m < k; ++m) {
+          float* o = out.data() + m * Pp;
+          float decay = 1.0f;
+          for (int j = m; j >= 0; --j) {  // decay = a_{j+1} ... a_m
+            const float w = decay * dot(c[m], bs[j], N);
+            const float* u = dx.data() + j * Pp;
+            if (j == m) {
+              float am = 1.0f;
+              for (int i = 0; i <= m; ++i) am *= a[i];
+              for (int64_t p = 0; p < P; ++p) o[p] = am * o[p] + w * u[p];
+            } else {
+              for (int64_t p = 0; p < P; ++p) o[p] += w * u[p];
+            }
+            decay *= a[j];
+          }
+          std::memcpy(py + ((static_cast<size_t>(b) * L + t + m) * H + h) * P, o, sizeof(float) * P);
+        }
       }
     }
   });
