@@ -519,3 +519,83 @@ def test_the_mamba2_forward_takes_the_ssd_kernel_where_it_pays_off(monkeypatch):
     assert np.isnan(fast[0, 7:, 1]).all() and not np.isnan(fast[0, :7]).any() and not np.isnan(fast[0, :, 0]).any()
     assert rel(np.nan_to_num(fast), np.nan_to_num(slow)) <= 1e-6
     monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 0)
+
+
+# The gated delta rule (the forward, kernels.cpu.delta_scan) against a float64 recurrence written out
+# here and the chunked XLA form (ops.delta_rule).
+def delta_inputs(B_, H, L, dk, dv, per_dim, seed=0):
+    r = np.random.default_rng(seed)
+    unit = lambda x: (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
+    q, k = unit(r.standard_normal((B_, H, L, dk))), unit(r.standard_normal((B_, H, L, dk)))
+    log_a = -r.uniform(0, 1, (B_, H, L) + ((dk,) if per_dim else ())).astype(np.float32)
+    return q, k, r.standard_normal((B_, H, L, dv)).astype(np.float32), log_a, r.uniform(0, 1.5, (B_, H, L)).astype(np.float32)
+
+
+def delta64(q, k, v, log_a, beta, erase=True):
+    q, k, v, log_a, beta = (np.asarray(x, np.float64) for x in (q, k, v, log_a, beta))
+    S = np.zeros(v.shape[:2] + v.shape[3:] + k.shape[3:])  # (B, H, d_v, d_k)
+    o = np.zeros(v.shape)
+    for t in range(k.shape[2]):
+        a = np.exp(log_a[:, :, t])
+        S = S * (a[..., None, None] if a.ndim == 2 else a[:, :, None, :])  # S Diag(a_t)
+        kt, bt = k[:, :, t], beta[:, :, t, None, None]
+        if erase:
+            S = S - bt * np.einsum("bhvd,bhd->bhv", S, kt)[..., None] * kt[:, :, None, :]
+        S = S + bt * v[:, :, t, :, None] * kt[:, :, None, :]
+        o[:, :, t] = np.einsum("bhvd,bhd->bhv", S, q[:, :, t])
+    return o
+
+
+# d_v = 7 and 70: a partial vector and more than one block of four vectors; a decay per head and
+# per key dimension; with and without the erasure; L = 1
+@pytest.mark.parametrize("shape", [(2, 3, 37, 5, 7, False), (1, 2, 29, 19, 70, True), (1, 1, 1, 4, 3, True),
+                                   (1, 2, 40, 16, 16, False)])
+@pytest.mark.parametrize("erase", [True, False])
+def test_delta_kernel_matches_float64_and_xla(shape, erase):
+    from implicit_attn.ops import delta_rule
+
+    args = delta_inputs(*shape)
+    got = np.asarray(jax.jit(cpu.delta_scan, static_argnames="erase")(*args, erase=erase))
+    assert rel(got, delta64(*args, erase=erase)) <= 1e-5
+    assert rel(got, delta_rule(*map(jnp.asarray, args), erase=erase)) <= 1e-5
+
+
+@pytest.mark.parametrize("per_dim", [False, True])
+def test_delta_kernel_gradients_vmap_threads_and_bad_shapes(per_dim, monkeypatch):
+    from implicit_attn.ops import delta_rule
+
+    args = tuple(map(jnp.asarray, delta_inputs(2, 3, 21, 6, 10, per_dim, seed=1)))
+    check_forward_kernel(cpu.delta_scan, delta_rule, args, (0, 0, 0, 0, 0), monkeypatch)
+    with pytest.raises(ValueError, match="log_a"):
+        cpu.delta_scan(*args[:3], args[3][..., :1, None], args[4])
+
+
+def test_the_delta_rule_forward_takes_the_kernel_where_it_pays_off(monkeypatch):
+    """``qwen3_next.block.delta_inner`` (every DeltaNet family's forward) lowers the kernel's call on
+    CPU from ``SCAN_AUTO_MIN_FACTOR * AUTO_MIN_FACTOR_ELEMENTS`` state updates on (the chunked XLA form
+    below it, and in an export for an accelerator), with the same output, NaN marked as before."""
+    from implicit_attn.families import qwen3_next
+    from implicit_attn.registry import family
+
+    spec = family("qwen3_next")
+    cfg = spec.config.from_hf(spec.tiny)
+    kind = cfg.layer_types.index("delta")
+    p = spec.init_params(cfg, jax.random.PRNGKey(0))["layers"][kind]["mixer"]
+    h = jax.random.normal(jax.random.PRNGKey(1), (1, 12, cfg.hidden_size))
+    run = lambda p, h: qwen3_next.block.delta_inner(p, h, cfg)[0]
+    lowered = lambda *a: jax.jit(lambda *x: run(*x)).lower(*a).as_text()  # traced anew: the choice is made then
+    updates = 12 * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim
+    monkeypatch.setattr(cpu, "SCAN_AUTO_MIN_FACTOR", 1)
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", updates)
+    assert "implicit_attn_delta_scan" in lowered(p, h)
+    exported = jax.export.export(jax.jit(run), platforms=["cuda"])(p, h).mlir_module()
+    assert "implicit_attn_delta_scan" not in exported
+    h = h.at[0, 7, 0].set(jnp.nan)  # a NaN input at t = 7: every head NaN from there on, none before
+    fast = np.asarray(jax.jit(lambda *a: run(*a))(p, h))
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", updates + 1)
+    assert "implicit_attn_delta_scan" not in lowered(p, h)
+    slow = np.asarray(jax.jit(lambda *a: run(*a))(p, h))
+    np.testing.assert_array_equal(np.isnan(fast), np.isnan(slow))
+    assert np.isnan(fast[0, 7:]).all() and not np.isnan(fast[0, :7]).any()
+    assert rel(np.nan_to_num(fast), np.nan_to_num(slow)) <= 1e-5
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 0)

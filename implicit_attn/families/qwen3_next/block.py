@@ -25,6 +25,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ...kernels import cpu as cpu_kernels
+from ...nn import run_scan
 from ...nn.attention import attend, operator_of_parts, rotary, segment_ids
 from ...nn.hooks import ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
 from ...nn.moe import experts_forward, softmax_then_topk
@@ -109,7 +111,10 @@ def delta_inner(p: dict, h, cfg: Config, parts=None):
     B, L, _ = h.shape
     Hv, dv = cfg.linear_num_value_heads, cfg.linear_value_head_dim
     rep = Hv // cfg.linear_num_key_heads
-    o = delta_rule(jnp.repeat(q["q"], rep, axis=1), jnp.repeat(q["k"], rep, axis=1), q["v"], q["log_a"], q["beta"])
+    qk = jnp.repeat(q["q"], rep, axis=1), jnp.repeat(q["k"], rep, axis=1)
+    # on CPU the fused kernel's recurrence where it pays off; the chunked form elsewhere (nn.run_scan)
+    rule = cpu_kernels.delta_scan if cpu_kernels.delta_pays_off(qk[1], q["v"]) else delta_rule
+    o = run_scan("auto", rule, delta_rule, *qk, q["v"], q["log_a"], q["beta"])
     o = mark_nan(o, (q["state_bad"] | q["read_bad"])[..., None])  # (B, Hv, L, dv)
     inv = jax.lax.rsqrt(jnp.mean(o * o, axis=-1, keepdims=True) + cfg.delta_norm_eps)  # (B, Hv, L, 1)
     o = jnp.swapaxes(o, 1, 2).reshape(B, L, Hv * dv)

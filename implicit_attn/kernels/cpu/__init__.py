@@ -24,13 +24,15 @@ blocks); ``ParallelCore`` (its parts' kernels). ``cpu_dense`` writes ``(B, n, L,
 Gradients: a ``custom_vjp`` whose backward pass is the XLA path (``jax.vjp`` of
 ``core.dense`` / of the blocked XLA reduce).
 
-The same library holds two forward computations: Mamba-1's selective scan (``selective_scan``,
-taken by ``mamba.block.selective_scan`` where ``scan_pays_off``) and Mamba-2's SSD (``ssd_scan``,
-taken by ``mamba2.block.ssd`` where ``ssd_pays_off``), differentiated in both modes through
-their XLA forms (a ``custom_jvp``).
+The same library holds three forward computations: Mamba-1's selective scan (``selective_scan``,
+taken by ``mamba.block.selective_scan`` where ``scan_pays_off``), Mamba-2's SSD (``ssd_scan``,
+taken by ``mamba2.block.ssd`` where ``ssd_pays_off``) and the gated delta rule (``delta_scan``,
+taken by ``qwen3_next.block.delta_inner`` where ``delta_pays_off``), differentiated in both modes
+through their XLA forms (a ``custom_jvp``).
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import threading
@@ -46,7 +48,7 @@ from ...operator import (MODES, AttentionCore, DeltaRuleCore, DocumentMaskedCore
                          StateDecayCore,
                          apply_mode, block_size, register_backend, register_core, with_xla_backward)
 from ...operator.dispatch import blocked_reduce, blocked_reduce_jit
-from ...ops import full_precision, selective_scan_sequential, ssd_chunked
+from ...ops import delta_rule, full_precision, selective_scan_sequential, ssd_chunked
 from . import cache
 from .cache import CpuKernelUnavailable, cache_dir
 
@@ -62,11 +64,13 @@ _PLACE_TARGET = "implicit_attn_place_channels"
 _ATTENTION_TARGET = "implicit_attn_attention_dense"
 _SCAN_TARGET = "implicit_attn_selective_scan"
 _SSD_TARGET = "implicit_attn_ssd_scan"
+_DELTA_TARGET = "implicit_attn_delta_scan"
 _TARGETS = {"IaStateDecayDense": _TARGET, "IaStateDecayReduce": _REDUCE_TARGET, "IaHeadMatrixDense": _HEAD_TARGET,
             "IaHeadMatrixReduce": _HEAD_REDUCE_TARGET, "IaRwkvDense": _RWKV_TARGET,
             "IaRwkvReduce": _RWKV_REDUCE_TARGET, "IaShortConvDense": _CONV_TARGET,
             "IaPlaceChannels": _PLACE_TARGET, "IaAttentionDense": _ATTENTION_TARGET,
-            "IaSelectiveScan": _SCAN_TARGET, "IaSsdScan": _SSD_TARGET}
+            "IaSelectiveScan": _SCAN_TARGET, "IaSsdScan": _SSD_TARGET,
+            "IaDeltaScan": _DELTA_TARGET}
 _SYMBOLS = tuple(_TARGETS)
 ARCH_ENV = "IMPLICIT_ATTN_CPU_ARCH"
 
@@ -612,9 +616,10 @@ def pays_off(core) -> bool:
     return sum(int(x.size) for x in jax.tree.leaves(core) if hasattr(x, "size")) >= AUTO_MIN_FACTOR_ELEMENTS
 
 
-def _forward_kernel(target: str, reference, prepare=lambda *a: a):
-    """A forward computation by the library's FFI handler ``target`` (its output float32, shaped
-    like the first operand; the operands ``prepare(*args)``), differentiated in both modes through
+def _forward_kernel(target: str, reference, prepare=lambda *a: a, out=lambda *a: a[0].shape, **attrs):
+    """A forward computation by the library's FFI handler ``target`` (its output float32 of shape
+    ``out(*args)``, by default the first operand's; the operands ``prepare(*args)``; ``attrs`` its
+    integer attributes besides ``threads``), differentiated in both modes through
     ``reference(*args)``, XLA's form of the same numbers.
 
     A custom JVP (not VJP): forward-mode derivatives of a model (``jax.jvp`` through its taps)
@@ -622,8 +627,8 @@ def _forward_kernel(target: str, reference, prepare=lambda *a: a):
     """
     def call(*args):
         load()
-        out = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(args[0].shape, jnp.float32), vmap_method="sequential")
-        return out(*prepare(*args), threads=np.int64(num_threads()))
+        run = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(out(*args), jnp.float32), vmap_method="sequential")
+        return run(*prepare(*args), threads=np.int64(num_threads()), **{k: np.int64(v) for k, v in attrs.items()})
 
     @jax.custom_jvp
     def run(*args):
@@ -703,6 +708,43 @@ def ssd_pays_off(x, Bm) -> bool:
             and available())
 
 
+_delta = {erase: _forward_kernel(_DELTA_TARGET, functools.partial(delta_rule, erase=erase),
+                                 out=lambda q, k, v, log_a, beta: v.shape, erase=int(erase))
+          for erase in (True, False)}
+
+
+def delta_scan(q, k, v, log_a, beta, erase: bool = True):
+    """The gated delta rule's outputs by the fused CPU kernel, one step per position: per head
+    ``S_t = S_{t-1} Diag(a_t) (I - b_t k_t k_t^T) + b_t v_t k_t^T``, ``o_t = S_t q_t``
+    (``ops.delta_rule``'s numbers to float32 rounding), the state's ``d_v`` values per key
+    dimension in vectors, the heads spread over ``num_threads()`` threads. Derivatives (forward
+    and reverse mode) go through ``ops.delta_rule``.
+
+    Args:
+      q, k: ``(B, H, L, d_k)``; v: ``(B, H, L, d_v)``; log_a: ``(B, H, L)`` (one decay per head) or
+        ``(B, H, L, d_k)`` (one per key dimension); beta: ``(B, H, L)``; erase: as ``ops.delta_rule``
+        (cast to float32).
+    Returns:
+      ``(B, H, L, d_v)`` float32.
+    """
+    if (q.ndim != 4 or k.shape != q.shape or v.ndim != 4 or v.shape[:3] != q.shape[:3] or beta.shape != q.shape[:3]
+            or log_a.shape not in (q.shape[:3], q.shape)):
+        raise ValueError(f"delta_scan: q, k must be (B, H, L, d_k), v (B, H, L, d_v), log_a (B, H, L) or "
+                         f"(B, H, L, d_k), beta (B, H, L); got q {q.shape}, k {k.shape}, v {v.shape}, "
+                         f"log_a {log_a.shape}, beta {beta.shape}")
+    return _delta[bool(erase)](*(jnp.asarray(a, jnp.float32) for a in (q, k, v, log_a, beta)))
+
+
+def delta_pays_off(k, v) -> bool:
+    """Whether a CPU forward runs the delta rule of keys ``k (B, H, L, d_k)`` and values ``v (B, H, L,
+    d_v)`` by the kernel: JAX's default backend is the CPU, the recurrence updates at least
+    ``SCAN_AUTO_MIN_FACTOR * AUTO_MIN_FACTOR_ELEMENTS`` state entries (``B H L d_k d_v``), and the
+    kernel builds here."""
+    return (jax.default_backend() == "cpu"
+            and int(np.prod(v.shape)) * k.shape[-1] >= SCAN_AUTO_MIN_FACTOR * AUTO_MIN_FACTOR_ELEMENTS
+            and available())
+
+
 BACKEND = register_backend(KernelBackend(
     name="cpu", dense=cpu_dense, reduce=cpu_reduce, auto=lambda: jax.default_backend() == "cpu",
     require=_require, ready=available, pays_off=lambda core: pays_off(core)))
@@ -710,6 +752,6 @@ for _type in (*_KERNELS, ParallelCore):
     register_core("cpu", _type, _problem)
 
 
-__all__ = ["cpu_dense", "cpu_reduce", "selective_scan", "scan_pays_off", "ssd_scan", "ssd_pays_off", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
+__all__ = ["cpu_dense", "cpu_reduce", "selective_scan", "scan_pays_off", "ssd_scan", "ssd_pays_off", "delta_scan", "delta_pays_off", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
            "pays_off", "AUTO_MIN_FACTOR_ELEMENTS", "AUTO_MIN_ENV", "SCAN_AUTO_MIN_FACTOR",
            "library_path", "cache_dir", "num_threads", "CpuKernelUnavailable"]

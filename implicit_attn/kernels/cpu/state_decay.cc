@@ -1795,6 +1795,120 @@ ffi::Error SsdScanImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> dt, ffi::B
   return ffi::Error::Success();
 }
 
+// The gated delta rule over a whole sequence for NV vectors of value channels (a compile-time
+// count). Value channels evolve independently, so these columns of the state (its rows Z[d, :] =
+// S[:, d] restricted to them, dk x NV vectors) stay in L1 for the whole sequence, and each step is
+// one pass over them: with u_t = b_t (v_t - Sk_t) (without the erasure: b_t v_t),
+//   Z[d, :] = a_t[d] Z[d, :] + k_t[d] u_t,  o_t = sum_d q_t[d] Z[d, :],
+//   Sk_{t+1} = sum_d a_{t+1}[d] k_{t+1}[d] Z[d, :]   (the next step's read, from the same pass).
+// a, ka: (L, a_stride) decays and decayed keys; q, k (L, dk); v, o: rows of dv floats from this
+// block's first column, of which `cols` remain.
+template <int NV>
+void delta_columns(float* state, int64_t L, int64_t dk, int64_t dv, int64_t cols, const float* a, const float* ka,
+                   int64_t a_stride, const float* q, const float* k, const float* v, const float* beta,
+                   bool erase, float* o) {
+  constexpr int64_t W = NV * kW;
+  const int64_t valid = std::min<int64_t>(W, cols);  // the block's columns inside d_v
+  std::fill(state, state + dk * W, 0.0f);
+  vw sk[NV];
+  for (int j = 0; j < NV; ++j) sk[j] = splat<vw>(0.0f);
+  float lane[W];
+  for (int64_t t = 0; t < L; ++t) {
+    const float *at = a + t * a_stride, *qt = q + t * dk, *kt = k + t * dk;
+    const float* kan = (erase && t + 1 < L) ? ka + (t + 1) * a_stride : nullptr;
+    const vw bv = splat<vw>(beta[t]);
+    vw u[NV], acc[NV], next[NV];
+    if (valid == W) {
+      for (int j = 0; j < NV; ++j) u[j] = load<vw>(v + t * dv + j * kW);
+    } else {
+      std::fill(lane, lane + W, 0.0f);
+      std::memcpy(lane, v + t * dv, sizeof(float) * valid);
+      for (int j = 0; j < NV; ++j) u[j] = load<vw>(lane + j * kW);
+    }
+    for (int j = 0; j < NV; ++j) {
+      u[j] = bv * (u[j] - sk[j]);
+      acc[j] = splat<vw>(0.0f);
+      next[j] = splat<vw>(0.0f);
+    }
+    for (int64_t d = 0; d < dk; ++d) {
+      float* row = state + d * W;
+      const vw ad = splat<vw>(at[d]), kd = splat<vw>(kt[d]), qd = splat<vw>(qt[d]);
+      const vw nd = splat<vw>(kan ? kan[d] : 0.0f);
+      for (int j = 0; j < NV; ++j) {
+        const vw z = ad * load<vw>(row + j * kW) + kd * u[j];
+        store(row + j * kW, z);
+        acc[j] += qd * z;
+        next[j] += nd * z;
+      }
+    }
+    for (int j = 0; j < NV; ++j) sk[j] = next[j];
+    if (valid == W) {
+      for (int j = 0; j < NV; ++j) store(o + t * dv + j * kW, acc[j]);
+    } else {
+      for (int j = 0; j < NV; ++j) store(lane + j * kW, acc[j]);
+      std::memcpy(o + t * dv, lane, sizeof(float) * valid);
+    }
+  }
+}
+
+// The gated delta rule (the DeltaNet blocks' forward), one step per position: per batch b and
+// head h, S_t = S_{t-1} Diag(a_t) (I - b_t k_t k_t^T) + b_t v_t k_t^T and o_t = S_t q_t, with one
+// decay per head (log_a (B, H, L)) or one per key dimension (log_a (B, H, L, dk)); `erase` = 0
+// leaves (I - b k k^T) out. The state is kept as its transpose, a row of d_v values per key
+// dimension, in vectors (no lane sums), blocks of value channels one after another
+// (delta_columns); heads are spread over the threads.
+ffi::Error DeltaScanImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
+                         ffi::Buffer<ffi::F32> log_a, ffi::Buffer<ffi::F32> beta,
+                         ffi::ResultBuffer<ffi::F32> out, int64_t threads, int64_t erase) {
+  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), ld = log_a.dimensions(),
+       bd = beta.dimensions();
+  const bool per_dim = ld.size() == 4;
+  if (qd.size() != 4 || !std::equal(qd.begin(), qd.end(), kd.begin()) || vd.size() != 4 || bd.size() != 3 ||
+      (ld.size() != 3 && !per_dim) || vd[0] != qd[0] || vd[1] != qd[1] || vd[2] != qd[2] ||
+      !std::equal(bd.begin(), bd.end(), qd.begin()) || !std::equal(ld.begin(), ld.begin() + 3, qd.begin()) ||
+      (per_dim && ld[3] != qd[3]))
+    return ffi::Error::InvalidArgument("delta_scan: inconsistent shapes (q, k (B, H, L, dk); v (B, H, L, dv); "
+                                       "log_a (B, H, L) or (B, H, L, dk); beta (B, H, L))");
+  const int64_t B = qd[0], H = qd[1], L = qd[2], dk = qd[3], dv = vd[3];
+  if (B == 0 || H == 0 || L == 0 || dv == 0) return ffi::Error::Success();
+  constexpr int kBlock = 4;  // vectors of value channels per block
+  const int64_t pv = (dv + kW - 1) / kW, items = B * H;
+  const int64_t dkp = (dk + kW - 1) / kW * kW;
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  const float *pq = q.typed_data(), *pk = k.typed_data(), *pv_ = v.typed_data(), *pl = log_a.typed_data(),
+              *pb = beta.typed_data();
+  float* po = out->typed_data();
+  run_threads(nt, [&](int64_t t0) {
+    std::vector<float> state(static_cast<size_t>(dk) * kBlock * kW + kW), a(L * dkp + kW, 0.0f), ka(L * dkp, 0.0f);
+    for (int64_t item = t0; item < items; item += nt) {
+      const size_t base = static_cast<size_t>(item) * L;  // (b, h, t = 0)
+      const float *qi = pq + base * dk, *ki = pk + base * dk;
+      for (int64_t t = 0; t < L; ++t) {  // every step's decays and decayed keys
+        float* at = a.data() + t * dkp;
+        if (per_dim) {
+          std::memcpy(at, pl + (base + t) * dk, sizeof(float) * dk);
+          for (int64_t d = 0; d < dkp; d += kW) store(at + d, vexp_lanes<vw, vwi>(load<vw>(at + d)));
+        } else {
+          std::fill(at, at + dk, std::exp(pl[base + t]));
+        }
+        for (int64_t d = 0; d < dk; ++d) ka[t * dkp + d] = at[d] * ki[t * dk + d];
+      }
+      for (int64_t v0 = 0; v0 < pv; v0 += kBlock) {
+        const int64_t c0 = v0 * kW, cols = dv - c0;
+        const float *vv = pv_ + base * dv + c0, *bi = pb + base;
+        float *sv = state.data(), *ov = po + base * dv + c0;
+        switch (std::min<int64_t>(kBlock, pv - v0)) {
+          case 1: delta_columns<1>(sv, L, dk, dv, cols, a.data(), ka.data(), dkp, qi, ki, vv, bi, erase, ov); break;
+          case 2: delta_columns<2>(sv, L, dk, dv, cols, a.data(), ka.data(), dkp, qi, ki, vv, bi, erase, ov); break;
+          case 3: delta_columns<3>(sv, L, dk, dv, cols, a.data(), ka.data(), dkp, qi, ki, vv, bi, erase, ov); break;
+          default: delta_columns<4>(sv, L, dk, dv, cols, a.data(), ka.data(), dkp, qi, ki, vv, bi, erase, ov); break;
+        }
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
 // The operands both handlers share, in order: the factors of H.
 template <typename Binding>
 auto bind_factors(Binding b) {
@@ -1950,3 +2064,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::Buffer<ffi::F32>>()   // Cm (B, L, G, N)
         .Ret<ffi::Buffer<ffi::F32>>()   // y (B, L, H, P)
         .Attr<int64_t>("threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaDeltaScan, DeltaScanImpl,
+    ffi::Ffi::Bind()
+        .Arg<ffi::Buffer<ffi::F32>>()   // q (B, H, L, dk)
+        .Arg<ffi::Buffer<ffi::F32>>()   // k (B, H, L, dk)
+        .Arg<ffi::Buffer<ffi::F32>>()   // v (B, H, L, dv)
+        .Arg<ffi::Buffer<ffi::F32>>()   // log decays (B, H, L) or (B, H, L, dk)
+        .Arg<ffi::Buffer<ffi::F32>>()   // beta (B, H, L)
+        .Ret<ffi::Buffer<ffi::F32>>()   // o (B, H, L, dv)
+        .Attr<int64_t>("threads")
+        .Attr<int64_t>("erase"));
