@@ -587,13 +587,13 @@ def test_the_delta_rule_forward_takes_the_kernel_where_it_pays_off(monkeypatch):
     updates = 12 * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim
     monkeypatch.setattr(cpu, "SCAN_AUTO_MIN_FACTOR", 1)
     monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", updates)
-    assert "implicit_attn_delta_scan" in lowered(p, h)
+    assert "implicit_attn_dplr_scan" in lowered(p, h)
     exported = jax.export.export(jax.jit(run), platforms=["cuda"])(p, h).mlir_module()
-    assert "implicit_attn_delta_scan" not in exported
+    assert "implicit_attn_dplr_scan" not in exported
     h = h.at[0, 7, 0].set(jnp.nan)  # a NaN input at t = 7: every head NaN from there on, none before
     fast = np.asarray(jax.jit(lambda *a: run(*a))(p, h))
     monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", updates + 1)
-    assert "implicit_attn_delta_scan" not in lowered(p, h)
+    assert "implicit_attn_dplr_scan" not in lowered(p, h)
     slow = np.asarray(jax.jit(lambda *a: run(*a))(p, h))
     np.testing.assert_array_equal(np.isnan(fast), np.isnan(slow))
     assert np.isnan(fast[0, 7:]).all() and not np.isnan(fast[0, :7]).any()

@@ -229,3 +229,54 @@ def test_matches_fla_rwkv6_recurrence(fla_naive):
     assert rel(np.einsum("bhij,bhjv->bhiv", M, v), ref.numpy()) <= 1e-5
     assert rel(dplr_rule(*f32(q, k, v, log_w), bonus=jnp.asarray(bonus, jnp.float32), chunk=16, after=False),
                ref.numpy()) <= 1e-5
+
+
+# The fused CPU kernel's recurrence (kernels.cpu.dplr_scan: RWKV-5/6/7's forward) against the
+# float64 recurrence above and the chunked form: both readings, with and without the low-rank
+# term, RWKV-5/6's bonus; d_v = 7 (a partial vector) and 70 (more than one block of vectors).
+@pytest.mark.parametrize("low_rank, after, bonus, dv", [(True, True, False, 7), (False, False, True, 70),
+                                                        (True, False, True, 21), (False, True, False, 16)])
+def test_cpu_kernel_equals_the_float64_recurrence(low_rank, after, bonus, dv):
+    from implicit_attn.kernels import cpu
+
+    q, k, v, log_w, a, b = rwkv7_inputs(2, 3, 29, 6, dv, seed=3, decay=2.0)
+    a, b = (a, b) if low_rank else (None, None)
+    u = np.random.default_rng(4).standard_normal((2, 3, 29)) if bonus else None
+    want = recurrence(q, k, v, log_w, a, b, after=after) + (0.0 if u is None else u[..., None] * v)
+    got = jax.jit(cpu.dplr_scan, static_argnames="after")(*f32(q, k, v, log_w, a, b, u), after=after)
+    assert rel(got, want) <= 1e-5
+    assert rel(got, np.asarray(dplr_rule(*f32(q, k, v, log_w, a, b, u), after=after), np.float64)) <= 1e-5
+
+
+def test_cpu_kernel_derivatives_vmap_and_bad_arguments(monkeypatch):
+    from implicit_attn.kernels import cpu
+    from test_cpu_kernel import check_forward_kernel
+
+    args = f32(*rwkv7_inputs(2, 2, 13, 5, 6, seed=5))
+    ref = lambda *x: dplr_rule(*x, after=True)
+    check_forward_kernel(lambda *x: cpu.dplr_scan(*x, after=True), ref, args, (0,) * 6, monkeypatch)
+    with pytest.raises(ValueError, match="both low-rank vectors"):
+        cpu.dplr_scan(*args[:5])
+    with pytest.raises(ValueError, match="bonus"):
+        cpu.dplr_scan(*args[:4], bonus=args[0])
+
+
+def test_rwkv_forwards_take_the_cpu_kernel_where_it_pays_off(monkeypatch):
+    """``rwkv6.block.dplr_outputs`` (RWKV-5/6/7's recurrence) lowers the kernel's call on CPU from
+    ``SCAN_AUTO_MIN_FACTOR * AUTO_MIN_FACTOR_ELEMENTS`` state updates on, the chunked form below it and
+    in an export for an accelerator, with the same numbers."""
+    from implicit_attn.families.rwkv6.block import dplr_outputs
+    from implicit_attn.kernels import cpu
+
+    args = f32(*rwkv7_inputs(1, 2, 12, 4, 5, seed=6))
+    run = lambda *x: dplr_outputs(*x, after=True, chunk=4)
+    lowered = lambda *a: jax.jit(lambda *x: run(*x)).lower(*a).as_text()  # traced anew: the choice is made then
+    monkeypatch.setattr(cpu, "SCAN_AUTO_MIN_FACTOR", 1)
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 2 * 12 * 4 * 5)
+    assert "implicit_attn_dplr_scan" in lowered(*args)
+    assert "implicit_attn_dplr_scan" not in jax.export.export(jax.jit(run), platforms=["cuda"])(*args).mlir_module()
+    fast = jax.jit(lambda *x: run(*x))(*args)
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 2 * 12 * 4 * 5 + 1)
+    assert "implicit_attn_dplr_scan" not in lowered(*args)
+    assert rel(fast, np.asarray(jax.jit(lambda *x: run(*x))(*args), np.float64)) <= 1e-5
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 0)

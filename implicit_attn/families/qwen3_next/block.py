@@ -113,7 +113,7 @@ def delta_inner(p: dict, h, cfg: Config, parts=None):
     rep = Hv // cfg.linear_num_key_heads
     qk = jnp.repeat(q["q"], rep, axis=1), jnp.repeat(q["k"], rep, axis=1)
     # on CPU the fused kernel's recurrence where it pays off; the chunked form elsewhere (nn.run_scan)
-    rule = cpu_kernels.delta_scan if cpu_kernels.delta_pays_off(qk[1], q["v"]) else delta_rule
+    rule = cpu_kernels.delta_scan if cpu_kernels.recurrence_pays_off(qk[1], q["v"]) else delta_rule
     o = run_scan("auto", rule, delta_rule, *qk, q["v"], q["log_a"], q["beta"])
     o = mark_nan(o, (q["state_bad"] | q["read_bad"])[..., None])  # (B, Hv, L, dv)
     inv = jax.lax.rsqrt(jnp.mean(o * o, axis=-1, keepdims=True) + cfg.delta_norm_eps)  # (B, Hv, L, 1)

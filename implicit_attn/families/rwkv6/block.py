@@ -24,6 +24,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ...kernels import cpu as cpu_kernels
+from ...nn import run_scan
 from ...nn.hooks import ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
 from ...operator import DplrCore, Mamba2Operator
 from ...ops import dplr_rule, embed, from_first, full_precision, linear, mark_nan, zero_nan
@@ -104,10 +106,22 @@ def time_mix_parts(p: dict, x, cfg: Config) -> dict:
                 gate=gate, bad=bad)
 
 
+def dplr_outputs(q, k, v, log_w, a=None, b=None, bonus=None, after: bool = True, **knobs):
+    """``ops.dplr_rule``'s outputs ``(B, H, L, d_v)`` (arguments as there; ``knobs``: its ``chunk`` and
+    ``decay_floor``): on CPU by the fused kernel's recurrence (``kernels.cpu.dplr_scan``) where it
+    pays off (``kernels.cpu.recurrence_pays_off``), else, and in an export for an accelerator, by
+    the chunked form (``nn.run_scan`` picks by the platform lowered for)."""
+    given = {n: x for n, x in dict(a=a, b=b, bonus=bonus).items() if x is not None}
+    chunked = lambda q, k, v, log_w, *xs: dplr_rule(q, k, v, log_w, **dict(zip(given, xs)), after=after, **knobs)
+    kernel = lambda q, k, v, log_w, *xs: cpu_kernels.dplr_scan(q, k, v, log_w, **dict(zip(given, xs)), after=after)
+    fast = kernel if cpu_kernels.recurrence_pays_off(k, v) else chunked
+    return run_scan("auto", fast, chunked, q, k, v, log_w, *given.values())
+
+
 def recurrence(q: dict, cfg: Config):
     """The per-head recurrence of ``time_mix_parts`` ``q``: ``o (B, H, L, V)`` float32 (NaN rows
     where ``q["bad"]``)."""
-    o = dplr_rule(q["r"], q["k"], q["v"], q["log_w"], bonus=q["bonus"], after=False)
+    o = dplr_outputs(q["r"], q["k"], q["v"], q["log_w"], bonus=q["bonus"], after=False)
     return mark_nan(o, q["bad"][..., None])
 
 
@@ -254,7 +268,7 @@ channel_mix_forward_jit = jax.jit(full_precision(channel_mix_forward), static_ar
 block_forward_jit = jax.jit(full_precision(block_forward), static_argnames=("cfg",))
 
 __all__ = ["VARIANTS", "EXACT_VARIANTS", "MIX_ORDER", "norm", "shift_delta", "lora", "heads", "group_stats",
-           "head_centred", "flat", "time_mix_parts", "recurrence", "normed", "time_mix_inner", "time_mix_forward",
+           "head_centred", "flat", "time_mix_parts", "dplr_outputs", "recurrence", "normed", "time_mix_inner", "time_mix_forward",
            "channel_mix_forward", "head_operator", "time_mix_operator", "LAYER_KEYS", "rwkv6_block", "first_norm",
            "head_logits", "block_forward", "lm_forward", "lm_forward_jit", "time_mix_forward_jit",
            "time_mix_operator_jit", "channel_mix_forward_jit", "block_forward_jit"]

@@ -26,8 +26,8 @@ import jax.numpy as jnp
 
 from ...nn.hooks import ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
 from ...operator import Mamba2Operator
-from ...ops import dplr_rule, embed, from_first, full_precision, linear, mark_nan, zero_nan
-from ..rwkv6.block import (LAYER_KEYS, first_norm, head_logits, head_operator, heads, lora, norm, normed,
+from ...ops import embed, from_first, full_precision, linear, mark_nan, zero_nan
+from ..rwkv6.block import (LAYER_KEYS, dplr_outputs, first_norm, head_logits, head_operator, heads, lora, norm, normed,
                            shift_delta)
 from .config import Config
 
@@ -97,7 +97,7 @@ def recurrence(q: dict, low_rank: bool = True):
     """``o (B, H, L, V)`` float32 of the DPLR recurrence of ``time_mix_parts`` ``q`` (NaN rows where
     ``q["bad"]``); ``low_rank=False`` leaves out the ``-kk (kk a)^T`` term."""
     a, b = (-q["kk"], q["kk"] * q["a"]) if low_rank else (None, None)
-    o = dplr_rule(q["r"], q["k"], q["v"], q["log_w"], a, b, chunk=CHUNK, after=True, decay_floor=-LOG_DECAY_SCALE)
+    o = dplr_outputs(q["r"], q["k"], q["v"], q["log_w"], a, b, after=True, chunk=CHUNK, decay_floor=-LOG_DECAY_SCALE)
     return mark_nan(o, q["bad"][..., None])
 
 

@@ -26,13 +26,15 @@ Gradients: a ``custom_vjp`` whose backward pass is the XLA path (``jax.vjp`` of
 
 The same library holds three forward computations: Mamba-1's selective scan (``selective_scan``,
 taken by ``mamba.block.selective_scan`` where ``scan_pays_off``), Mamba-2's SSD (``ssd_scan``,
-taken by ``mamba2.block.ssd`` where ``ssd_pays_off``) and the gated delta rule (``delta_scan``,
-taken by ``qwen3_next.block.delta_inner`` where ``delta_pays_off``), differentiated in both modes
+taken by ``mamba2.block.ssd`` where ``ssd_pays_off``) and the DPLR recurrence (``dplr_scan``, taken by
+RWKV-5/6/7's blocks, and ``delta_scan``, the gated delta rule written as one, taken by
+``qwen3_next.block.delta_inner``, where ``recurrence_pays_off``), differentiated in both modes
 through their XLA forms (a ``custom_jvp``).
 """
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import re
 import threading
@@ -48,7 +50,7 @@ from ...operator import (MODES, AttentionCore, DeltaRuleCore, DocumentMaskedCore
                          StateDecayCore,
                          apply_mode, block_size, register_backend, register_core, with_xla_backward)
 from ...operator.dispatch import blocked_reduce, blocked_reduce_jit
-from ...ops import delta_rule, full_precision, selective_scan_sequential, ssd_chunked
+from ...ops import delta_rule, dplr_rule, full_precision, selective_scan_sequential, ssd_chunked
 from . import cache
 from .cache import CpuKernelUnavailable, cache_dir
 
@@ -64,13 +66,13 @@ _PLACE_TARGET = "implicit_attn_place_channels"
 _ATTENTION_TARGET = "implicit_attn_attention_dense"
 _SCAN_TARGET = "implicit_attn_selective_scan"
 _SSD_TARGET = "implicit_attn_ssd_scan"
-_DELTA_TARGET = "implicit_attn_delta_scan"
+_DPLR_TARGET = "implicit_attn_dplr_scan"
 _TARGETS = {"IaStateDecayDense": _TARGET, "IaStateDecayReduce": _REDUCE_TARGET, "IaHeadMatrixDense": _HEAD_TARGET,
             "IaHeadMatrixReduce": _HEAD_REDUCE_TARGET, "IaRwkvDense": _RWKV_TARGET,
             "IaRwkvReduce": _RWKV_REDUCE_TARGET, "IaShortConvDense": _CONV_TARGET,
             "IaPlaceChannels": _PLACE_TARGET, "IaAttentionDense": _ATTENTION_TARGET,
             "IaSelectiveScan": _SCAN_TARGET, "IaSsdScan": _SSD_TARGET,
-            "IaDeltaScan": _DELTA_TARGET}
+            "IaDplrScan": _DPLR_TARGET}
 _SYMBOLS = tuple(_TARGETS)
 ARCH_ENV = "IMPLICIT_ATTN_CPU_ARCH"
 
@@ -708,17 +710,78 @@ def ssd_pays_off(x, Bm) -> bool:
             and available())
 
 
-_delta = {erase: _forward_kernel(_DELTA_TARGET, functools.partial(delta_rule, erase=erase),
-                                 out=lambda q, k, v, log_a, beta: v.shape, erase=int(erase))
+def _dplr_kernel(low_rank: bool, bonus: bool, after: bool):
+    """The DPLR kernel for one combination of optional terms, its operands ``(q, k, v, log_w[, a,
+    b][, bonus])`` (the absent ones passed to the handler as empty arrays)."""
+    def split(extra):
+        ab = tuple(extra[:2]) if low_rank else (None, None)
+        return ab, (extra[-1] if bonus else None)
+
+    def reference(q, k, v, log_w, *extra):
+        (a, b), bo = split(extra)
+        return dplr_rule(q, k, v, log_w, a, b, bo, after=after)
+
+    def prepare(q, k, v, log_w, *extra):
+        empty = jnp.zeros((0,), jnp.float32)
+        (a, b), bo = split(extra)
+        return q, k, v, log_w, *(empty if x is None else x for x in (a, b, bo))
+
+    return _forward_kernel(_DPLR_TARGET, reference, prepare, out=lambda q, k, v, *rest: v.shape,
+                           has_ab=int(low_rank), has_bonus=int(bonus), after=int(after))
+
+
+_dplr = {key: _dplr_kernel(*key) for key in itertools.product((False, True), repeat=3)}
+
+
+def dplr_scan(q, k, v, log_w, a=None, b=None, bonus=None, after: bool = True):
+    """The DPLR recurrence's outputs by the fused CPU kernel, one step per position: per head
+    ``S_t = S_{t-1} (Diag(w_t) + a_t b_t^T) + v_t k_t^T``, read ``o_t = S_t q_t`` (``after``) or
+    ``S_{t-1} q_t + bonus_t v_t`` (``ops.dplr_rule``'s numbers to float32 rounding), the state's
+    ``d_v`` values per key dimension in vectors, the heads spread over ``num_threads()`` threads.
+    Derivatives (forward and reverse mode) go through ``ops.dplr_rule``.
+
+    Args:
+      q, k: ``(B, H, L, d_k)``; v: ``(B, H, L, d_v)``; log_w: ``(B, H, L, d_k)``; a, b: ``(B, H, L,
+        d_k)`` or None (both or neither); bonus: ``(B, H, L)`` or None; after: as
+        ``ops.dplr_rule`` (cast to float32).
+    Returns:
+      ``(B, H, L, d_v)`` float32.
+    """
+    if (a is None) != (b is None):
+        raise ValueError("dplr_scan: give both low-rank vectors a and b, or neither")
+    per_key = [x for x in (k, log_w, a, b) if x is not None]
+    if (q.ndim != 4 or any(x.shape != q.shape for x in per_key) or v.ndim != 4 or v.shape[:3] != q.shape[:3]
+            or (bonus is not None and bonus.shape != q.shape[:3])):
+        raise ValueError(f"dplr_scan: q, k, log_w, a, b must be (B, H, L, d_k), v (B, H, L, d_v) and bonus "
+                         f"(B, H, L); got q {q.shape}, k {k.shape}, v {v.shape}, log_w {log_w.shape}"
+                         + ("" if a is None else f", a {a.shape}, b {b.shape}")
+                         + ("" if bonus is None else f", bonus {bonus.shape}"))
+    extra = ((a, b) if a is not None else ()) + ((bonus,) if bonus is not None else ())
+    run = _dplr[(a is not None, bonus is not None, bool(after))]
+    return run(*(jnp.asarray(x, jnp.float32) for x in (q, k, v, log_w, *extra)))
+
+
+def _delta_as_dplr(q, k, v, log_a, beta, erase: bool):
+    """The gated delta rule's operands as the DPLR kernel's: ``S_{t-1} Diag(a_t) (I - b_t k_t k_t^T)
+    + b_t v_t k_t^T`` is ``S_{t-1} (Diag(a_t) - (a_t k_t) (b_t k_t)^T) + v_t (b_t k_t)^T``."""
+    log_w = log_a if log_a.ndim == 4 else jnp.broadcast_to(log_a[..., None], k.shape)
+    bk = beta[..., None] * k
+    empty = jnp.zeros((0,), jnp.float32)
+    a, b = (-(jnp.exp(log_w) * k), bk) if erase else (empty, empty)
+    return q, bk, v, log_w, a, b, empty
+
+
+_delta = {erase: _forward_kernel(_DPLR_TARGET, functools.partial(delta_rule, erase=erase),
+                                 functools.partial(_delta_as_dplr, erase=erase),
+                                 out=lambda q, k, v, log_a, beta: v.shape, has_ab=int(erase), has_bonus=0, after=1)
           for erase in (True, False)}
 
 
 def delta_scan(q, k, v, log_a, beta, erase: bool = True):
-    """The gated delta rule's outputs by the fused CPU kernel, one step per position: per head
-    ``S_t = S_{t-1} Diag(a_t) (I - b_t k_t k_t^T) + b_t v_t k_t^T``, ``o_t = S_t q_t``
-    (``ops.delta_rule``'s numbers to float32 rounding), the state's ``d_v`` values per key
-    dimension in vectors, the heads spread over ``num_threads()`` threads. Derivatives (forward
-    and reverse mode) go through ``ops.delta_rule``.
+    """The gated delta rule's outputs by the fused CPU kernel (``dplr_scan``'s, the rule written as
+    a DPLR recurrence), one step per position: per head ``S_t = S_{t-1} Diag(a_t) (I - b_t k_t
+    k_t^T) + b_t v_t k_t^T``, ``o_t = S_t q_t`` (``ops.delta_rule``'s numbers to float32 rounding).
+    Derivatives (forward and reverse mode) go through ``ops.delta_rule``.
 
     Args:
       q, k: ``(B, H, L, d_k)``; v: ``(B, H, L, d_v)``; log_a: ``(B, H, L)`` (one decay per head) or
@@ -735,11 +798,11 @@ def delta_scan(q, k, v, log_a, beta, erase: bool = True):
     return _delta[bool(erase)](*(jnp.asarray(a, jnp.float32) for a in (q, k, v, log_a, beta)))
 
 
-def delta_pays_off(k, v) -> bool:
-    """Whether a CPU forward runs the delta rule of keys ``k (B, H, L, d_k)`` and values ``v (B, H, L,
-    d_v)`` by the kernel: JAX's default backend is the CPU, the recurrence updates at least
-    ``SCAN_AUTO_MIN_FACTOR * AUTO_MIN_FACTOR_ELEMENTS`` state entries (``B H L d_k d_v``), and the
-    kernel builds here."""
+def recurrence_pays_off(k, v) -> bool:
+    """Whether a CPU forward runs a recurrence with a ``(d_v, d_k)`` state per head (the delta rule,
+    the DPLR recurrence) of keys ``k (B, H, L, d_k)`` and values ``v (B, H, L, d_v)`` by the kernel:
+    JAX's default backend is the CPU, it updates at least ``SCAN_AUTO_MIN_FACTOR *
+    AUTO_MIN_FACTOR_ELEMENTS`` state entries (``B H L d_k d_v``), and the kernel builds here."""
     return (jax.default_backend() == "cpu"
             and int(np.prod(v.shape)) * k.shape[-1] >= SCAN_AUTO_MIN_FACTOR * AUTO_MIN_FACTOR_ELEMENTS
             and available())
@@ -752,6 +815,6 @@ for _type in (*_KERNELS, ParallelCore):
     register_core("cpu", _type, _problem)
 
 
-__all__ = ["cpu_dense", "cpu_reduce", "selective_scan", "scan_pays_off", "ssd_scan", "ssd_pays_off", "delta_scan", "delta_pays_off", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
+__all__ = ["cpu_dense", "cpu_reduce", "selective_scan", "scan_pays_off", "ssd_scan", "ssd_pays_off", "delta_scan", "dplr_scan", "recurrence_pays_off", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
            "pays_off", "AUTO_MIN_FACTOR_ELEMENTS", "AUTO_MIN_ENV", "SCAN_AUTO_MIN_FACTOR",
            "library_path", "cache_dir", "num_threads", "CpuKernelUnavailable"]

@@ -1795,28 +1795,29 @@ ffi::Error SsdScanImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> dt, ffi::B
   return ffi::Error::Success();
 }
 
-// The gated delta rule over a whole sequence for NV vectors of value channels (a compile-time
+// The DPLR recurrence over a whole sequence for NV vectors of value channels (a compile-time
 // count). Value channels evolve independently, so these columns of the state (its rows Z[d, :] =
 // S[:, d] restricted to them, dk x NV vectors) stay in L1 for the whole sequence, and each step is
-// one pass over them: with u_t = b_t (v_t - Sk_t) (without the erasure: b_t v_t),
-//   Z[d, :] = a_t[d] Z[d, :] + k_t[d] u_t,  o_t = sum_d q_t[d] Z[d, :],
-//   Sk_{t+1} = sum_d a_{t+1}[d] k_{t+1}[d] Z[d, :]   (the next step's read, from the same pass).
-// a, ka: (L, a_stride) decays and decayed keys; q, k (L, dk); v, o: rows of dv floats from this
-// block's first column, of which `cols` remain.
-template <int NV>
-void delta_columns(float* state, int64_t L, int64_t dk, int64_t dv, int64_t cols, const float* a, const float* ka,
-                   int64_t a_stride, const float* q, const float* k, const float* v, const float* beta,
-                   bool erase, float* o) {
+// one pass over them: with x_t = S_{t-1} a_t (LOW_RANK),
+//   Z[d, :] = w_t[d] Z[d, :] + b_t[d] x_t + k_t[d] v_t,
+//   o_t = sum_d q_t[d] Z[d, :] after the update (AFTER) or before it, plus bonus_t v_t,
+//   x_{t+1} = sum_d a_{t+1}[d] Z[d, :]   (the next step's read, from the same pass).
+// w: (L, w_stride) decays; q, k, a, b (L, dk); v, o: rows of dv floats from this block's first
+// column, of which `cols` remain; bonus (L,) or null.
+template <int NV, bool AFTER, bool LOW_RANK>
+void dplr_columns(float* state, int64_t L, int64_t dk, int64_t dv, int64_t cols, const float* w, int64_t w_stride,
+                  const float* q, const float* k, const float* a, const float* b, const float* bonus,
+                  const float* v, float* o) {
   constexpr int64_t W = NV * kW;
   const int64_t valid = std::min<int64_t>(W, cols);  // the block's columns inside d_v
   std::fill(state, state + dk * W, 0.0f);
-  vw sk[NV];
-  for (int j = 0; j < NV; ++j) sk[j] = splat<vw>(0.0f);
+  vw x[NV];
+  for (int j = 0; j < NV; ++j) x[j] = splat<vw>(0.0f);
   float lane[W];
   for (int64_t t = 0; t < L; ++t) {
-    const float *at = a + t * a_stride, *qt = q + t * dk, *kt = k + t * dk;
-    const float* kan = (erase && t + 1 < L) ? ka + (t + 1) * a_stride : nullptr;
-    const vw bv = splat<vw>(beta[t]);
+    const float *wt = w + t * w_stride, *qt = q + t * dk, *kt = k + t * dk;
+    const float* bt = LOW_RANK ? b + t * dk : nullptr;
+    const float* an = (LOW_RANK && t + 1 < L) ? a + (t + 1) * dk : nullptr;
     vw u[NV], acc[NV], next[NV];
     if (valid == W) {
       for (int j = 0; j < NV; ++j) u[j] = load<vw>(v + t * dv + j * kW);
@@ -1826,22 +1827,23 @@ void delta_columns(float* state, int64_t L, int64_t dk, int64_t dv, int64_t cols
       for (int j = 0; j < NV; ++j) u[j] = load<vw>(lane + j * kW);
     }
     for (int j = 0; j < NV; ++j) {
-      u[j] = bv * (u[j] - sk[j]);
-      acc[j] = splat<vw>(0.0f);
+      acc[j] = bonus ? splat<vw>(bonus[t]) * u[j] : splat<vw>(0.0f);
       next[j] = splat<vw>(0.0f);
     }
     for (int64_t d = 0; d < dk; ++d) {
       float* row = state + d * W;
-      const vw ad = splat<vw>(at[d]), kd = splat<vw>(kt[d]), qd = splat<vw>(qt[d]);
-      const vw nd = splat<vw>(kan ? kan[d] : 0.0f);
+      const vw wd = splat<vw>(wt[d]), kd = splat<vw>(kt[d]), qd = splat<vw>(qt[d]);
+      const vw bd = splat<vw>(LOW_RANK ? bt[d] : 0.0f), nd = splat<vw>(an ? an[d] : 0.0f);
       for (int j = 0; j < NV; ++j) {
-        const vw z = ad * load<vw>(row + j * kW) + kd * u[j];
+        const vw old = load<vw>(row + j * kW);
+        vw z = wd * old + kd * u[j];
+        if (LOW_RANK) z += bd * x[j];
         store(row + j * kW, z);
-        acc[j] += qd * z;
-        next[j] += nd * z;
+        acc[j] += qd * (AFTER ? z : old);
+        if (LOW_RANK) next[j] += nd * z;
       }
     }
-    for (int j = 0; j < NV; ++j) sk[j] = next[j];
+    for (int j = 0; j < NV; ++j) x[j] = next[j];
     if (valid == W) {
       for (int j = 0; j < NV; ++j) store(o + t * dv + j * kW, acc[j]);
     } else {
@@ -1851,57 +1853,67 @@ void delta_columns(float* state, int64_t L, int64_t dk, int64_t dv, int64_t cols
   }
 }
 
-// The gated delta rule (the DeltaNet blocks' forward), one step per position: per batch b and
-// head h, S_t = S_{t-1} Diag(a_t) (I - b_t k_t k_t^T) + b_t v_t k_t^T and o_t = S_t q_t, with one
-// decay per head (log_a (B, H, L)) or one per key dimension (log_a (B, H, L, dk)); `erase` = 0
-// leaves (I - b k k^T) out. The state is kept as its transpose, a row of d_v values per key
-// dimension, in vectors (no lane sums), blocks of value channels one after another
-// (delta_columns); heads are spread over the threads.
-ffi::Error DeltaScanImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
-                         ffi::Buffer<ffi::F32> log_a, ffi::Buffer<ffi::F32> beta,
-                         ffi::ResultBuffer<ffi::F32> out, int64_t threads, int64_t erase) {
-  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), ld = log_a.dimensions(),
-       bd = beta.dimensions();
-  const bool per_dim = ld.size() == 4;
-  if (qd.size() != 4 || !std::equal(qd.begin(), qd.end(), kd.begin()) || vd.size() != 4 || bd.size() != 3 ||
-      (ld.size() != 3 && !per_dim) || vd[0] != qd[0] || vd[1] != qd[1] || vd[2] != qd[2] ||
-      !std::equal(bd.begin(), bd.end(), qd.begin()) || !std::equal(ld.begin(), ld.begin() + 3, qd.begin()) ||
-      (per_dim && ld[3] != qd[3]))
-    return ffi::Error::InvalidArgument("delta_scan: inconsistent shapes (q, k (B, H, L, dk); v (B, H, L, dv); "
-                                       "log_a (B, H, L) or (B, H, L, dk); beta (B, H, L))");
+template <int NV>
+void dplr_columns_of(bool after, bool low_rank, float* state, int64_t L, int64_t dk, int64_t dv, int64_t cols,
+                     const float* w, int64_t w_stride, const float* q, const float* k, const float* a,
+                     const float* b, const float* bonus, const float* v, float* o) {
+  if (after && low_rank) dplr_columns<NV, true, true>(state, L, dk, dv, cols, w, w_stride, q, k, a, b, bonus, v, o);
+  else if (after) dplr_columns<NV, true, false>(state, L, dk, dv, cols, w, w_stride, q, k, a, b, bonus, v, o);
+  else if (low_rank) dplr_columns<NV, false, true>(state, L, dk, dv, cols, w, w_stride, q, k, a, b, bonus, v, o);
+  else dplr_columns<NV, false, false>(state, L, dk, dv, cols, w, w_stride, q, k, a, b, bonus, v, o);
+}
+
+// The DPLR recurrence (RWKV-5/6/7's and, rewritten, the gated delta rule's forward), one step per
+// position: per batch b and head h, S_t = S_{t-1} (Diag(w_t) + a_t b_t^T) + v_t k_t^T with w_t =
+// exp(log_w_t), read o_t = S_t q_t (after = 1) or S_{t-1} q_t + bonus_t v_t (after = 0). The
+// low-rank term is present if has_ab, the bonus if has_bonus (absent operands may be any shape).
+// The state is kept as its transpose, a row of d_v values per key dimension, in vectors (no lane
+// sums), blocks of value channels one after another (dplr_columns); heads over the threads.
+ffi::Error DplrScanImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
+                        ffi::Buffer<ffi::F32> log_w, ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
+                        ffi::Buffer<ffi::F32> bonus, ffi::ResultBuffer<ffi::F32> out, int64_t threads,
+                        int64_t has_ab, int64_t has_bonus, int64_t after) {
+  auto qd = q.dimensions(), vd = v.dimensions();
+  const auto same = [&](const ffi::Buffer<ffi::F32>& x) {
+    auto xd = x.dimensions();
+    return xd.size() == qd.size() && std::equal(xd.begin(), xd.end(), qd.begin());
+  };
+  auto bnd = bonus.dimensions();
+  if (qd.size() != 4 || !same(k) || !same(log_w) || (has_ab && (!same(a) || !same(b))) || vd.size() != 4 ||
+      vd[0] != qd[0] || vd[1] != qd[1] || vd[2] != qd[2] ||
+      (has_bonus && (bnd.size() != 3 || !std::equal(bnd.begin(), bnd.end(), qd.begin()))))
+    return ffi::Error::InvalidArgument("dplr_scan: inconsistent shapes (q, k, log_w, a, b (B, H, L, dk); "
+                                       "v (B, H, L, dv); bonus (B, H, L))");
   const int64_t B = qd[0], H = qd[1], L = qd[2], dk = qd[3], dv = vd[3];
   if (B == 0 || H == 0 || L == 0 || dv == 0) return ffi::Error::Success();
   constexpr int kBlock = 4;  // vectors of value channels per block
   const int64_t pv = (dv + kW - 1) / kW, items = B * H;
   const int64_t dkp = (dk + kW - 1) / kW * kW;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
-  const float *pq = q.typed_data(), *pk = k.typed_data(), *pv_ = v.typed_data(), *pl = log_a.typed_data(),
-              *pb = beta.typed_data();
+  const float *pq = q.typed_data(), *pk = k.typed_data(), *pv_ = v.typed_data(), *pl = log_w.typed_data();
+  const float *pa = a.typed_data(), *pb = b.typed_data(), *pbo = bonus.typed_data();
   float* po = out->typed_data();
   run_threads(nt, [&](int64_t t0) {
-    std::vector<float> state(static_cast<size_t>(dk) * kBlock * kW + kW), a(L * dkp + kW, 0.0f), ka(L * dkp, 0.0f);
+    std::vector<float> state(static_cast<size_t>(dk) * kBlock * kW + kW), w(L * dkp + kW, 0.0f);
     for (int64_t item = t0; item < items; item += nt) {
       const size_t base = static_cast<size_t>(item) * L;  // (b, h, t = 0)
-      const float *qi = pq + base * dk, *ki = pk + base * dk;
-      for (int64_t t = 0; t < L; ++t) {  // every step's decays and decayed keys
-        float* at = a.data() + t * dkp;
-        if (per_dim) {
-          std::memcpy(at, pl + (base + t) * dk, sizeof(float) * dk);
-          for (int64_t d = 0; d < dkp; d += kW) store(at + d, vexp_lanes<vw, vwi>(load<vw>(at + d)));
-        } else {
-          std::fill(at, at + dk, std::exp(pl[base + t]));
-        }
-        for (int64_t d = 0; d < dk; ++d) ka[t * dkp + d] = at[d] * ki[t * dk + d];
+      for (int64_t t = 0; t < L; ++t) {  // every step's decays
+        float* wt = w.data() + t * dkp;
+        std::memcpy(wt, pl + (base + t) * dk, sizeof(float) * dk);
+        for (int64_t d = 0; d < dkp; d += kW) store(wt + d, vexp_lanes<vw, vwi>(load<vw>(wt + d)));
       }
+      const float *qi = pq + base * dk, *ki = pk + base * dk;
+      const float *ai = has_ab ? pa + base * dk : nullptr, *bi = has_ab ? pb + base * dk : nullptr;
+      const float* boi = has_bonus ? pbo + base : nullptr;
       for (int64_t v0 = 0; v0 < pv; v0 += kBlock) {
         const int64_t c0 = v0 * kW, cols = dv - c0;
-        const float *vv = pv_ + base * dv + c0, *bi = pb + base;
+        const float* vv = pv_ + base * dv + c0;
         float *sv = state.data(), *ov = po + base * dv + c0;
         switch (std::min<int64_t>(kBlock, pv - v0)) {
-          case 1: delta_columns<1>(sv, L, dk, dv, cols, a.data(), ka.data(), dkp, qi, ki, vv, bi, erase, ov); break;
-          case 2: delta_columns<2>(sv, L, dk, dv, cols, a.data(), ka.data(), dkp, qi, ki, vv, bi, erase, ov); break;
-          case 3: delta_columns<3>(sv, L, dk, dv, cols, a.data(), ka.data(), dkp, qi, ki, vv, bi, erase, ov); break;
-          default: delta_columns<4>(sv, L, dk, dv, cols, a.data(), ka.data(), dkp, qi, ki, vv, bi, erase, ov); break;
+          case 1: dplr_columns_of<1>(after, has_ab, sv, L, dk, dv, cols, w.data(), dkp, qi, ki, ai, bi, boi, vv, ov); break;
+          case 2: dplr_columns_of<2>(after, has_ab, sv, L, dk, dv, cols, w.data(), dkp, qi, ki, ai, bi, boi, vv, ov); break;
+          case 3: dplr_columns_of<3>(after, has_ab, sv, L, dk, dv, cols, w.data(), dkp, qi, ki, ai, bi, boi, vv, ov); break;
+          default: dplr_columns_of<4>(after, has_ab, sv, L, dk, dv, cols, w.data(), dkp, qi, ki, ai, bi, boi, vv, ov); break;
         }
       }
     }
@@ -2066,13 +2078,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int64_t>("threads"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    IaDeltaScan, DeltaScanImpl,
+    IaDplrScan, DplrScanImpl,
     ffi::Ffi::Bind()
         .Arg<ffi::Buffer<ffi::F32>>()   // q (B, H, L, dk)
         .Arg<ffi::Buffer<ffi::F32>>()   // k (B, H, L, dk)
         .Arg<ffi::Buffer<ffi::F32>>()   // v (B, H, L, dv)
-        .Arg<ffi::Buffer<ffi::F32>>()   // log decays (B, H, L) or (B, H, L, dk)
-        .Arg<ffi::Buffer<ffi::F32>>()   // beta (B, H, L)
+        .Arg<ffi::Buffer<ffi::F32>>()   // log decays (B, H, L, dk)
+        .Arg<ffi::Buffer<ffi::F32>>()   // a (B, H, L, dk), if has_ab
+        .Arg<ffi::Buffer<ffi::F32>>()   // b (B, H, L, dk), if has_ab
+        .Arg<ffi::Buffer<ffi::F32>>()   // bonus (B, H, L), if has_bonus
         .Ret<ffi::Buffer<ffi::F32>>()   // o (B, H, L, dv)
         .Attr<int64_t>("threads")
-        .Attr<int64_t>("erase"));
+        .Attr<int64_t>("has_ab")
+        .Attr<int64_t>("has_bonus")
+        .Attr<int64_t>("after"));
