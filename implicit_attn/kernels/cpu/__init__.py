@@ -674,9 +674,14 @@ def scan_pays_off(u, A) -> bool:
     JAX's default backend is the CPU, ``N <= MAX_STATE``, the scan updates at least
     ``SCAN_AUTO_MIN_FACTOR * AUTO_MIN_FACTOR_ELEMENTS`` state entries (``B L C N``), and the
     kernel builds here."""
-    N = A.shape[-1]
-    return (jax.default_backend() == "cpu" and N <= MAX_STATE
-            and int(np.prod(u.shape)) * N >= SCAN_AUTO_MIN_FACTOR * AUTO_MIN_FACTOR_ELEMENTS and available())
+    return A.shape[-1] <= MAX_STATE and _updates_pay_off(int(np.prod(u.shape)) * A.shape[-1])
+
+
+def _updates_pay_off(updates: int) -> bool:
+    """The forward kernels' rule: JAX's default backend is the CPU, the recurrence updates at least
+    ``SCAN_AUTO_MIN_FACTOR * AUTO_MIN_FACTOR_ELEMENTS`` state entries, and the kernel builds here."""
+    return (jax.default_backend() == "cpu" and updates >= SCAN_AUTO_MIN_FACTOR * AUTO_MIN_FACTOR_ELEMENTS
+            and available())
 
 
 _ssd = _forward_kernel(_SSD_TARGET, ssd_chunked)
@@ -705,9 +710,7 @@ def ssd_pays_off(x, Bm) -> bool:
     the kernel: JAX's default backend is the CPU, the recurrence updates at least
     ``SCAN_AUTO_MIN_FACTOR * AUTO_MIN_FACTOR_ELEMENTS`` state entries (``B L H P N``), and the
     kernel builds here."""
-    return (jax.default_backend() == "cpu"
-            and int(np.prod(x.shape)) * Bm.shape[-1] >= SCAN_AUTO_MIN_FACTOR * AUTO_MIN_FACTOR_ELEMENTS
-            and available())
+    return _updates_pay_off(int(np.prod(x.shape)) * Bm.shape[-1])
 
 
 def _dplr_kernel(low_rank: bool, bonus: bool, after: bool):
@@ -803,9 +806,7 @@ def recurrence_pays_off(k, v) -> bool:
     the DPLR recurrence) of keys ``k (B, H, L, d_k)`` and values ``v (B, H, L, d_v)`` by the kernel:
     JAX's default backend is the CPU, it updates at least ``SCAN_AUTO_MIN_FACTOR *
     AUTO_MIN_FACTOR_ELEMENTS`` state entries (``B H L d_k d_v``), and the kernel builds here."""
-    return (jax.default_backend() == "cpu"
-            and int(np.prod(v.shape)) * k.shape[-1] >= SCAN_AUTO_MIN_FACTOR * AUTO_MIN_FACTOR_ELEMENTS
-            and available())
+    return _updates_pay_off(int(np.prod(v.shape)) * k.shape[-1])
 
 
 BACKEND = register_backend(KernelBackend(

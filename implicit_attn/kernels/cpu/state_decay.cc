@@ -1772,15 +1772,15 @@ ffi::Error SsdScanImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> dt, ffi::B
           }
         }
         // y_m = A_m (C_m S) + sum_{j <= m} (a_{j+1} ... a_m) (C_m . B_j) dx_j
+        float am = 1.0f;  // A_m = a_0 ... a_m
         for (int m = 0; m < k; ++m) {
           float* o = out.data() + m * Pp;
+          am *= a[m];
           float decay = 1.0f;
           for (int j = m; j >= 0; --j) {  // decay = a_{j+1} ... a_m
             const float w = decay * dot(c[m], bs[j], N);
             const float* u = dx.data() + j * Pp;
             if (j == m) {
-              float am = 1.0f;
-              for (int i = 0; i <= m; ++i) am *= a[i];
               for (int64_t p = 0; p < P; ++p) o[p] = am * o[p] + w * u[p];
             } else {
               for (int64_t p = 0; p < P; ++p) o[p] += w * u[p];
