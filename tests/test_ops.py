@@ -4,8 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from implicit_attn.ops import (causal_conv, conv_matrix, conv_right, decay_matrix, decayed_scores, linear_scan,
-                               scalar_decay_kernel, segment_sum, state_decay_kernel)
+from implicit_attn.ops import (attention_output, causal_conv, conv_matrix, conv_right, decay_matrix, decayed_scores,
+                               linear_scan, query_blocks, scalar_decay_kernel, segment_sum, state_decay_kernel)
 
 
 def brute_segsum(t):
@@ -108,10 +108,11 @@ def test_decayed_scores_match_float64(L, chunk):
         assert np.all(np.abs(got - want) <= tol)
 
 
-@pytest.mark.parametrize("K", [1, 2, 4])
-def test_causal_conv_matches_torch_and_matrix(rng, K):
+@pytest.mark.parametrize("K, L", [(1, 9), (2, 9), (4, 9), (4, 2), (4, 1)])
+def test_causal_conv_matches_torch_and_matrix(rng, K, L):
+    """Also shorter than the filter (L < K - 1: some taps see only the zeros before the start)."""
     torch = pytest.importorskip("torch")
-    B, L, C = 2, 9, 5
+    B, C = 2, 5
     x = rng.normal(size=(B, L, C)).astype(np.float32)
     w = rng.normal(size=(C, K)).astype(np.float32)
     b = rng.normal(size=(C,)).astype(np.float32)
@@ -125,6 +126,52 @@ def test_causal_conv_matches_torch_and_matrix(rng, K):
     np.testing.assert_allclose(np.einsum("cij,bjc->bic", M, x) + b, ref, rtol=1e-5, atol=1e-5)
     H = rng.normal(size=(B, C, L, L)).astype(np.float32)
     np.testing.assert_allclose(np.asarray(conv_right(H, w)), H @ M[None], rtol=1e-5, atol=1e-5)
+
+
+def attention64(q, k, v, seg, window):
+    """Float64 masked softmax attention from the definition, query head h reading key/value
+    head h // (H / KV): key j visible to query i iff j <= i, i - j < window, same document."""
+    q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))
+    B, H, L, _ = q.shape
+    rep = H // k.shape[1]
+    k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+    i, j = np.arange(L)[:, None], np.arange(L)[None, :]
+    mask = ((j <= i) & (i - j < window))[None, None] & (seg[:, None, :, None] == seg[:, None, None, :])
+    s = np.where(mask, q @ np.swapaxes(k, -1, -2), -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v
+
+
+@pytest.mark.parametrize("L, window, H, KV", [(300, 2 ** 31 - 1, 4, 2), (300, 50, 2, 2), (129, 7, 3, 1),
+                                              (5, 3, 2, 1)])
+def test_attention_output_matches_float64_softmax(rng, L, window, H, KV):
+    """Blocks of queries (several of them for L > 128, a last short one), windows shorter than
+    a block, grouped keys, two documents in one row, values wider than keys."""
+    B, d, e = 2, 8, 12
+    q = rng.normal(size=(B, H, L, d)).astype(np.float32)
+    k = rng.normal(size=(B, KV, L, d)).astype(np.float32)
+    v = rng.normal(size=(B, KV, L, e)).astype(np.float32)
+    seg = np.zeros((B, L), np.int32)
+    seg[1, L // 3:] = 1
+    got = np.asarray(attention_output(q, k, v, seg, window))
+    assert got.shape == (B, H, L, e) and got.dtype == np.float32
+    np.testing.assert_allclose(got, attention64(q, k, v, seg, window), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("L, window", [(1, 4), (128, 2 ** 31 - 1), (300, 2 ** 31 - 1), (300, 50), (5000, 1000)])
+def test_query_blocks_cover_every_query_and_visible_key(L, window):
+    blocks = query_blocks(L, window)
+    assert [s for s, _, _ in blocks] == [0] + [e for _, e, _ in blocks[:-1]] and blocks[-1][1] == L
+    assert len(blocks) <= 16
+    for s, e, lo in blocks:
+        assert s < e and lo == max(0, s - window + 1)  # the block's first query's earliest visible key
+
+
+def test_attention_output_rejects_mismatched_heads(rng):
+    q = rng.normal(size=(1, 3, 4, 2)).astype(np.float32)
+    k = rng.normal(size=(1, 2, 4, 2)).astype(np.float32)
+    with pytest.raises(ValueError, match="do not match"):
+        attention_output(q, k, k, np.zeros((1, 4), np.int32), 8)
 
 
 def test_linear_scan_matches_loop(rng):

@@ -15,7 +15,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from ..operator import AttentionCore, AttentionOperator
-from ..ops import attention_probs, from_first, linear, mark_nan, zero_nan
+from ..ops import attention_output, from_first, linear, mark_nan, zero_nan
 
 f32 = jnp.float32
 FULL_WINDOW = 2 ** 31 - 1  # no key is ever this far back: full causal attention
@@ -147,11 +147,10 @@ def repeat_kv(t, cfg):
 def attend(a: dict, cfg):
     """Per-head attention output ``(B, H, L, d)`` of the parts ``a`` (``attention_parts``' keys:
     ``q`` scaled and rotated, ``k``, ``v``, ``seg``), in the values' dtype."""
-    k, v = repeat_kv(a["k"], cfg), repeat_kv(a["v"], cfg)
+    k, v = a["k"], a["v"]
     # NaN stays causal (ops.nan): a NaN key or value reaches every later row, a NaN query its own.
-    bad = from_first(jnp.isnan(k).any(-1) | jnp.isnan(v).any(-1), axis=2) | jnp.isnan(a["q"]).any(-1)
-    probs = attention_probs(zero_nan(a["q"]), zero_nan(k), a["seg"], cfg.attention_window_size)
-    o = jnp.einsum("bhij,bhjd->bhid", probs.astype(v.dtype), zero_nan(v))
+    bad = repeat_kv(from_first(jnp.isnan(k).any(-1) | jnp.isnan(v).any(-1), axis=2), cfg) | jnp.isnan(a["q"]).any(-1)
+    o = attention_output(zero_nan(a["q"]), zero_nan(k), zero_nan(v), a["seg"], cfg.attention_window_size)
     return mark_nan(o, bad[..., None])
 
 

@@ -1,6 +1,6 @@
 """Pure functions shared by all blocks: arrays in, arrays out. Imports nothing else of
 the library."""
-from .attention import attention_mask, attention_probs, softmax_decay_rows
+from .attention import attention_mask, attention_output, attention_probs, query_blocks, softmax_decay_rows
 from .conv import causal_conv, conv_matrix, conv_right
 from .delta import (DeltaChunks, chunk_factors, delta_rule, delta_rule_matrix, grouped_transfer_matrix, segment_sums,
                     transfer_matrix, unit_lower_inverse)
@@ -18,7 +18,7 @@ from .nan import from_first, mark_nan, zero_nan
 from .segsum import causal_mask, chunk_sums, decay_matrix, decayed_scores, keep_causal, rate_times_time, segment_sum
 
 __all__ = [
-    "attention_mask", "attention_probs", "softmax_decay_rows", "DeltaChunks", "chunk_factors", "delta_rule", "delta_rule_matrix", "segment_sums", "transfer_matrix", "grouped_transfer_matrix", "unit_lower_inverse", "DplrChunks", "blocked_pairs", "dplr_parts", "dplr_step", "dplr_rule", "dplr_factors", "dplr_matrix", "factorizable", "full_precision", "linear", "causal_conv", "conv_matrix", "conv_right", "embed",
+    "attention_mask", "attention_probs", "query_blocks", "attention_output", "softmax_decay_rows", "DeltaChunks", "chunk_factors", "delta_rule", "delta_rule_matrix", "segment_sums", "transfer_matrix", "grouped_transfer_matrix", "unit_lower_inverse", "DplrChunks", "blocked_pairs", "dplr_parts", "dplr_step", "dplr_rule", "dplr_factors", "dplr_matrix", "factorizable", "full_precision", "linear", "causal_conv", "conv_matrix", "conv_right", "embed",
     "scalar_decay_kernel", "state_decay_kernel", "mlstm_matrix", "mlstm_rule", "mlstm_stabiliser", "linear_scan", "selective_scan_sequential", "ssd_chunked", "causal_mask", "chunk_sums", "decay_matrix", "decayed_scores",
     "segment_sum", "keep_causal", "rate_times_time", "zero_nan", "from_first", "mark_nan",
     "POOL_ALIGNS", "las_alphas", "alibi_slopes", "check_pool", "check_chunk", "causal_distance", "block_start", "las_scores",

@@ -1,5 +1,6 @@
 """Row-normalised (softmax) attention matrices: the explicit attention of hybrid models'
-attention layers and RWKV-4's decayed softmax. Pure functions, float32, masked and
+attention layers and RWKV-4's decayed softmax; and those layers' forward output, computed
+per block of queries without the whole matrix. Pure functions, float32, masked and
 max-shifted (no overflow), exact zeros where masked."""
 from __future__ import annotations
 
@@ -41,6 +42,53 @@ def attention_probs(q, k, seg, window: int):
     return jax.nn.softmax(logits, axis=-1)
 
 
+def query_blocks(L: int, window: int, rows: int = 128, most: int = 16) -> list[tuple[int, int, int]]:
+    """The query blocks ``attention_output`` computes one at a time: ``(start, end, first
+    key)`` triples covering ``[0, L)``, at most ``most`` blocks of about ``L / most`` rows
+    but no fewer than ``rows`` (one block for ``L <= rows``); each block's keys run from
+    the first one its earliest query can see (``start - window + 1``, at least 0) to
+    ``end``: keys after a block's last query or before its first query's window are never
+    multiplied (inside that range the mask removes the rest)."""
+    size = max(rows, -(-L // most))
+    return [(s, min(L, s + size), max(0, s - window + 1)) for s in range(0, L, size)]
+
+
+@functools.partial(jax.jit, static_argnames=("window",))  # one compile when eager
+def attention_output(q, k, v, seg, window: int):
+    """Masked softmax attention applied to the values, ``softmax(q kᵀ) v`` per head, with
+    keys shared by groups of query heads (GQA) and without forming the whole ``(L, L)``
+    matrix: each block of queries (``query_blocks``) meets only the keys it can see.
+
+    Args:
+      q: ``(B, H, L, d)`` queries, already scaled and rotated.
+      k: ``(B, KV, L, d)`` keys, ``H`` a multiple of ``KV``; query head ``h`` uses key and
+        value head ``h // (H // KV)``.
+      v: ``(B, KV, L, e)`` values.
+      seg: ``(B, L)`` int document ids.
+      window: keys at distance ``>= window`` are masked.
+    Returns:
+      ``(B, H, L, e)`` in ``v``'s dtype: row ``i`` is ``attention_probs``' row ``i`` (float32,
+      then cast to ``v``'s dtype) times the values.
+    """
+    B, H, L, d = q.shape
+    KV = k.shape[1]
+    if H % KV or k.shape[2] != L or v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"attention_output: queries {q.shape}, keys {k.shape} and values {v.shape} do not match")
+    qg = q.astype(f32).reshape(B, KV, H // KV, L, d)
+    k = k.astype(f32)
+    out = []
+    for s, e, lo in query_blocks(L, window):
+        logits = jnp.einsum("bkgid,bkjd->bkgij", qg[:, :, :, s:e], k[:, :, lo:e])
+        i = jnp.arange(s, e)[:, None]
+        j = jnp.arange(lo, e)[None, :]
+        same = seg[:, s:e, None] == seg[:, None, lo:e]
+        mask = (((j <= i) & (i - j < window))[None] & same)[:, None, None]
+        # The diagonal is always visible, so no row is all -inf.
+        probs = jax.nn.softmax(jnp.where(mask, logits, -jnp.inf), axis=-1)
+        out.append(jnp.einsum("bkgij,bkje->bkgie", probs.astype(v.dtype), v[:, :, lo:e]))
+    return jnp.concatenate(out, axis=3).reshape(B, H, L, v.shape[-1])
+
+
 @jax.jit  # one compile when eager
 def softmax_decay_rows(k, w, u):
     """``softmax_rows(l)`` of each channel, masked and max-shifted (no overflow).
@@ -64,4 +112,4 @@ def softmax_decay_rows(k, w, u):
     return e / jnp.sum(e, axis=-1, keepdims=True)
 
 
-__all__ = ["attention_mask", "attention_probs", "softmax_decay_rows"]
+__all__ = ["attention_mask", "attention_probs", "query_blocks", "attention_output", "softmax_decay_rows"]
