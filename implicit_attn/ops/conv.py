@@ -9,17 +9,6 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 
-def delayed(x, s: int):
-    """``x (B, L, C)`` delayed by ``s >= 0`` positions along ``L``, zeros first: ``out[:, t] =
-    x[:, t - s]`` (0 for ``t < s``). A concatenation, which XLA fuses into its consumer, where
-    a padded copy of ``x`` would be a buffer of its own."""
-    L = x.shape[1]
-    if s == 0:
-        return x
-    zeros = jnp.zeros((x.shape[0], min(s, L)) + x.shape[2:], x.dtype)
-    return jnp.concatenate([zeros, x[:, :L - s]], axis=1) if s < L else zeros
-
-
 def causal_conv(x, w, b=None):
     """Causal depthwise conv.
 
@@ -31,7 +20,9 @@ def causal_conv(x, w, b=None):
       ``(B, L, C)``, same dtype promotion as ``x * w``.
     """
     K = w.shape[-1]
-    out = sum(delayed(x, K - 1 - k) * w[:, k] for k in range(K))
+    L = x.shape[1]
+    xp = jnp.pad(x, ((0, 0), (K - 1, 0), (0, 0)))
+    out = sum(xp[:, k:k + L, :] * w[:, k] for k in range(K))
     if b is not None:
         out = out + b
     return out
