@@ -599,3 +599,76 @@ def test_the_delta_rule_forward_takes_the_kernel_where_it_pays_off(monkeypatch):
     assert np.isnan(fast[0, 7:]).all() and not np.isnan(fast[0, :7]).any()
     assert rel(np.nan_to_num(fast), np.nan_to_num(slow)) <= 1e-5
     monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 0)
+
+
+# RWKV-4's WKV (the forward, kernels.cpu.wkv_scan) against the float64 softmax-weighted sum of its
+# definition and the chunked XLA form (ops.wkv_chunked).
+def wkv_inputs(B_, L, A, seed=0, strong=False):
+    r = np.random.default_rng(seed)
+    # strong: decays down to e^-400 a step and keys up to +-30, far outside exp's float32 range
+    w = -np.exp(r.uniform(-3, 6 if strong else 1, A)).astype(np.float32)
+    u = r.normal(size=A).astype(np.float32)
+    scale = 10.0 if strong else 1.0
+    k, v = (r.normal(size=(B_, L, A)).astype(np.float32) * s for s in (scale, 1.0))
+    return w, u, k, v
+
+
+def wkv64(w, u, k, v):
+    """``wkv_i = sum_{j<=i} e^{l[i,j]} v_j / sum_{j<=i} e^{l[i,j]}``, ``l[i,j] = (i-1-j) w + k_j``
+    (``j < i``), ``l[i,i] = u + k_i``, in float64, max-shifted per row."""
+    w, u, k, v = (np.asarray(x, np.float64) for x in (w, u, k, v))
+    out = np.zeros_like(k)
+    for i in range(k.shape[1]):
+        l = (i - 1 - np.arange(i))[None, :, None] * w + k[:, :i]
+        l = np.concatenate([l, (u + k[:, i])[:, None]], axis=1)  # (B, i + 1, A)
+        e = np.exp(l - l.max(1, keepdims=True))
+        out[:, i] = (e * v[:, :i + 1]).sum(1) / e.sum(1)
+    return out
+
+
+@pytest.mark.parametrize("shape, strong", [((2, 37, 19), False), ((1, 1, 16), False), ((1, 70, 40), True)])
+def test_wkv_kernel_matches_float64_and_xla(shape, strong):
+    """A last block of fewer than 16 channels, L = 1, and decays and keys whose exponentials
+    over- or underflow float32 without the running max."""
+    from implicit_attn.ops import wkv_chunked
+
+    args = wkv_inputs(*shape, strong=strong)
+    got = np.asarray(jax.jit(cpu.wkv_scan)(*args))
+    assert rel(got, wkv64(*args)) <= 1e-5
+    assert rel(got, wkv_chunked(*map(jnp.asarray, args), chunk=8)) <= 1e-5
+
+
+def test_wkv_kernel_gradients_vmap_threads_and_bad_shapes(monkeypatch):
+    from implicit_attn.ops import wkv_chunked
+
+    args = tuple(map(jnp.asarray, wkv_inputs(2, 23, 21, seed=1)))
+    check_forward_kernel(cpu.wkv_scan, wkv_chunked, args, (None, None, 0, 0), monkeypatch)
+    with pytest.raises(ValueError, match=r"wkv_scan: w, u must be \(A,\)"):
+        cpu.wkv_scan(args[0][:-1], *args[1:])
+
+
+def test_the_rwkv4_forward_takes_the_wkv_kernel_where_it_pays_off(monkeypatch):
+    """``rwkv.block.wkv`` lowers the kernel's call on CPU from ``SCAN_AUTO_MIN_FACTOR *
+    AUTO_MIN_FACTOR_ELEMENTS`` units of the chunked form's work on (``B L A`` times
+    ``WKV_CHUNK_WORK``; the chunked XLA form below it, and in an export for an accelerator), with
+    the same numbers, NaN kept causal as before."""
+    from implicit_attn.families import rwkv
+
+    w, u, k, v = map(jnp.asarray, wkv_inputs(1, 12, 5, seed=2))
+    run = lambda *a: rwkv.block.wkv(*a)
+    lowered = lambda *a: jax.jit(lambda *x: run(*x)).lower(*a).as_text()  # traced anew: the choice is made then
+    work = 12 * 5 * cpu.WKV_CHUNK_WORK
+    monkeypatch.setattr(cpu, "SCAN_AUTO_MIN_FACTOR", 1)
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", work)
+    assert "implicit_attn_wkv_scan" in lowered(w, u, k, v)
+    exported = jax.export.export(jax.jit(run), platforms=["cuda"])(w, u, k, v).mlir_module()
+    assert "implicit_attn_wkv_scan" not in exported
+    k = k.at[0, 7, 2].set(jnp.nan)  # a NaN key of channel 2 at t = 7: that channel NaN from t = 7 on
+    fast = np.asarray(jax.jit(lambda *a: run(*a))(w, u, k, v))
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", work + 1)
+    assert "implicit_attn_wkv_scan" not in lowered(w, u, k, v)
+    slow = np.asarray(jax.jit(lambda *a: run(*a))(w, u, k, v))
+    np.testing.assert_array_equal(np.isnan(fast), np.isnan(slow))
+    assert np.isnan(fast[0, 7:, 2]).all() and not np.isnan(fast[0, :7]).any() and not np.isnan(fast[0, :, 3]).any()
+    assert rel(np.nan_to_num(fast), np.nan_to_num(slow)) <= 1e-6
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 0)

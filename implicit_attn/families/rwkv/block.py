@@ -17,18 +17,21 @@ the division happens here at run time (exact: powers of two).
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
+from ...kernels import cpu as cpu_kernels
+from ...nn import run_scan
 from ...nn.hooks import ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
-from ...ops import embed, from_first, full_precision, mark_nan, zero_nan
+from ...ops import embed, from_first, full_precision, mark_nan, wkv_chunked, zero_nan
 from ...operator import ImplicitOperator, RwkvCore
 from .config import Config
 
 VARIANTS = ("full", "no_gate")
 f32 = jnp.float32
 FINAL_LN_EPS = 1e-5  # HF builds ln_out with nn.LayerNorm's default eps, not layer_norm_epsilon
-EMPTY_LOG_MAX = -1e38  # "empty state" log-max, as the HF CPU path (finite: no inf - inf)
 
 
 def layer_norm(x, w, b, eps: float):
@@ -66,65 +69,24 @@ def time_mix_parts(p: dict, h, cfg: Config) -> dict:
     return dict(k=k, v=v, r=r, w=w, u=p["time_first"].astype(f32))
 
 
-def past_decay(n, w):
-    """``n * w`` for integer steps ``n >= 0``; exactly 0 at ``n = 0`` (even for ``w = -inf``)."""
-    return jnp.where(n > 0, n * w, 0.0)
-
-
 def wkv(w, u, k, v, chunk: int = 32):
-    """The WKV recurrence, max-shifted like HF's running-max state, by chunks.
-
-    Within a chunk of ``T`` positions all outputs are computed at once (a masked
-    ``T x T`` softmax-weighted sum); a ``lax.scan`` over the ``L / T`` chunks carries the
-    state ``S = e^m (num, den)`` of everything before the chunk. No Python loop over
-    positions, every exponent ``<= 0``.
+    """The WKV recurrence ``wkv_i = sum_j e^{l[i,j]} v_j / sum_j e^{l[i,j]}`` (``ops.wkv_chunked``),
+    NaN kept causal (``ops.nan``). On CPU the fused kernel (``kernels.cpu.wkv_scan``, HF's
+    running-max recurrence) where it pays off (``kernels.cpu.wkv_pays_off``), the chunked form
+    elsewhere and in exports for accelerators (``nn.run_scan``).
 
     Args:
       w: ``(A,)`` log decay (``-exp(time_decay)``); u: ``(A,)`` bonus (``time_first``).
       k, v: ``(B, L, A)`` keys and values.
-      chunk: positions per chunk ``T``.
+      chunk: positions per chunk of the chunked form.
     Returns:
-      ``(B, L, A)`` float32 ``wkv_i = sum_j e^{l[i,j]} v_j / sum_j e^{l[i,j]}``.
+      ``(B, L, A)`` float32.
     """
-    B, L, A = k.shape
-    bad = from_first(jnp.isnan(k) | jnp.isnan(v), axis=1)  # NaN stays causal (ops.nan)
-    k, v = zero_nan(k), zero_nan(v)
-    T = max(1, min(chunk, L))
-    nc = -(-L // T)
-    pad = nc * T - L
-    # End padding is never seen by earlier (causal) outputs; it is dropped.
-    prep = lambda a: jnp.pad(a.astype(f32), ((0, 0), (0, pad), (0, 0))).reshape(B, nc, T, A).swapaxes(0, 1)
-    kc, vc = prep(k), prep(v)  # (nc, B, T, A)
-    w, u = w.astype(f32), u.astype(f32)
-    s = jnp.arange(T, dtype=f32)
-    si, sj = s[:, None], s[None, :]
-    # Intra-chunk log weights without k: (s-1-s') w below the diagonal, u on it.
-    rel = jnp.where(sj < si, past_decay(si - 1 - sj, w[:, None, None]), u[:, None, None])  # (A, T, T)
-    rel = jnp.where(sj <= si, rel, -jnp.inf)
-    into = past_decay(s[:, None], w)  # (T, A): decay from the chunk start to position s
-    out_of = past_decay(T - 1 - s[:, None], w)  # (T, A): from position s to the chunk end
-
-    def step(state, kv):
-        m, n, d = state  # (B, A)
-        kk, vv = kv  # (B, T, A)
-        l = rel[None] + jnp.swapaxes(kk, 1, 2)[:, :, None, :]  # (B, A, T, T)
-        ms = m[:, None, :] + into[None]  # (B, T, A) log weight of the carried state
-        top = jnp.maximum(ms, jnp.swapaxes(jnp.max(l, axis=-1), 1, 2))
-        e = jnp.exp(l - jnp.swapaxes(top, 1, 2)[..., None])  # (B, A, T, T)
-        es = jnp.exp(ms - top)
-        num = es * n[:, None, :] + jnp.swapaxes(jnp.einsum("bast,bta->bas", e, vv), 1, 2)
-        den = es * d[:, None, :] + jnp.swapaxes(jnp.sum(e, axis=-1), 1, 2)
-        # State after the chunk: e^{T w} S + sum_s e^{(T-1-s) w + k_s} (v_s, 1).
-        g = out_of[None] + kk  # (B, T, A)
-        mc = m + past_decay(jnp.float32(T), w)
-        m2 = jnp.maximum(mc, jnp.max(g, axis=1))
-        eg, ec = jnp.exp(g - m2[:, None]), jnp.exp(mc - m2)
-        state = (m2, ec * n + jnp.sum(eg * vv, axis=1), ec * d + jnp.sum(eg, axis=1))
-        return state, num / den
-
-    init = (jnp.full((B, A), EMPTY_LOG_MAX, f32), jnp.zeros((B, A), f32), jnp.zeros((B, A), f32))
-    _, out = jax.lax.scan(step, init, (kc, vc))  # (nc, B, T, A)
-    return mark_nan(out.swapaxes(0, 1).reshape(B, nc * T, A)[:, :L], bad)
+    bad = from_first(jnp.isnan(k) | jnp.isnan(v), axis=1)
+    args = (w.astype(f32), u.astype(f32), zero_nan(k).astype(f32), zero_nan(v).astype(f32))
+    chunked = functools.partial(wkv_chunked, chunk=chunk)
+    out = run_scan("auto", cpu_kernels.wkv_scan if cpu_kernels.wkv_pays_off(k) else chunked, chunked, *args)
+    return mark_nan(out, bad)
 
 
 def time_mix_inner(p: dict, h, cfg: Config):
@@ -246,7 +208,7 @@ channel_mix_forward_jit = jax.jit(full_precision(channel_mix_forward), static_ar
 block_forward_jit = jax.jit(full_precision(block_forward), static_argnames=("cfg",))
 
 
-__all__ = ["VARIANTS", "layer_norm", "token_shift", "mix", "time_mix_parts", "past_decay", "wkv", "time_mix_inner",
+__all__ = ["VARIANTS", "layer_norm", "token_shift", "mix", "time_mix_parts", "wkv", "time_mix_inner",
            "time_mix_forward", "channel_mix_forward", "time_mix_operator", "LAYER_KEYS", "rwkv_block", "block_forward",
            "lm_forward", "lm_forward_jit", "time_mix_operator_jit", "time_mix_forward_jit",
            "channel_mix_forward_jit", "block_forward_jit"]

@@ -50,7 +50,7 @@ from ...operator import (MODES, AttentionCore, DeltaRuleCore, DocumentMaskedCore
                          StateDecayCore,
                          apply_mode, block_size, register_backend, register_core, with_xla_backward)
 from ...operator.dispatch import blocked_reduce, blocked_reduce_jit
-from ...ops import delta_rule, dplr_rule, full_precision, selective_scan_sequential, ssd_chunked
+from ...ops import delta_rule, dplr_rule, full_precision, selective_scan_sequential, ssd_chunked, wkv_chunked
 from . import cache
 from .cache import CpuKernelUnavailable, cache_dir
 
@@ -67,12 +67,13 @@ _ATTENTION_TARGET = "implicit_attn_attention_dense"
 _SCAN_TARGET = "implicit_attn_selective_scan"
 _SSD_TARGET = "implicit_attn_ssd_scan"
 _DPLR_TARGET = "implicit_attn_dplr_scan"
+_WKV_TARGET = "implicit_attn_wkv_scan"
 _TARGETS = {"IaStateDecayDense": _TARGET, "IaStateDecayReduce": _REDUCE_TARGET, "IaHeadMatrixDense": _HEAD_TARGET,
             "IaHeadMatrixReduce": _HEAD_REDUCE_TARGET, "IaRwkvDense": _RWKV_TARGET,
             "IaRwkvReduce": _RWKV_REDUCE_TARGET, "IaShortConvDense": _CONV_TARGET,
             "IaPlaceChannels": _PLACE_TARGET, "IaAttentionDense": _ATTENTION_TARGET,
             "IaSelectiveScan": _SCAN_TARGET, "IaSsdScan": _SSD_TARGET,
-            "IaDplrScan": _DPLR_TARGET}
+            "IaDplrScan": _DPLR_TARGET, "IaWkvScan": _WKV_TARGET}
 _SYMBOLS = tuple(_TARGETS)
 ARCH_ENV = "IMPLICIT_ATTN_CPU_ARCH"
 
@@ -809,6 +810,38 @@ def recurrence_pays_off(k, v) -> bool:
     return _updates_pay_off(int(np.prod(v.shape)) * k.shape[-1])
 
 
+_wkv = _forward_kernel(_WKV_TARGET, wkv_chunked, out=lambda w, u, k, v: k.shape)
+
+
+def wkv_scan(w, u, k, v):
+    """RWKV-4's WKV recurrence by the fused CPU kernel, one step per position: per channel HF's
+    running-max recurrence (``ops.wkv_chunked``'s numbers to float32 rounding: the kernel's ``exp``
+    is its own), sixteen channels per item, the items spread over ``num_threads()`` threads.
+    Derivatives (forward and reverse mode) go through ``ops.wkv_chunked``.
+
+    Args:
+      w: ``(A,)`` log decay; u: ``(A,)`` bonus; k, v: ``(B, L, A)`` (cast to float32).
+    Returns:
+      ``(B, L, A)`` float32.
+    """
+    if k.ndim != 3 or v.shape != k.shape or w.shape != k.shape[-1:] or u.shape != k.shape[-1:]:
+        raise ValueError(f"wkv_scan: w, u must be (A,) and k, v (B, L, A); got w {w.shape}, u {u.shape}, "
+                         f"k {k.shape}, v {v.shape}")
+    return _wkv(*(jnp.asarray(x, jnp.float32) for x in (w, u, k, v)))
+
+
+# The chunked WKV form computes a (T, T) block per chunk of T = 32 positions and channel: its work,
+# not the recurrence's B L A steps, is what the forward kernels' size rule compares.
+WKV_CHUNK_WORK = 32
+
+
+def wkv_pays_off(k) -> bool:
+    """Whether a CPU forward runs RWKV-4's WKV of keys ``k (B, L, A)`` by the kernel: JAX's default
+    backend is the CPU, the chunked form's in-chunk work (``B L A`` times ``WKV_CHUNK_WORK``) is at
+    least ``SCAN_AUTO_MIN_FACTOR * AUTO_MIN_FACTOR_ELEMENTS``, and the kernel builds here."""
+    return _updates_pay_off(int(np.prod(k.shape)) * WKV_CHUNK_WORK)
+
+
 BACKEND = register_backend(KernelBackend(
     name="cpu", dense=cpu_dense, reduce=cpu_reduce, auto=lambda: jax.default_backend() == "cpu",
     require=_require, ready=available, pays_off=lambda core: pays_off(core)))
@@ -816,6 +849,6 @@ for _type in (*_KERNELS, ParallelCore):
     register_core("cpu", _type, _problem)
 
 
-__all__ = ["cpu_dense", "cpu_reduce", "selective_scan", "scan_pays_off", "ssd_scan", "ssd_pays_off", "delta_scan", "dplr_scan", "recurrence_pays_off", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
+__all__ = ["cpu_dense", "cpu_reduce", "selective_scan", "scan_pays_off", "ssd_scan", "ssd_pays_off", "delta_scan", "dplr_scan", "recurrence_pays_off", "wkv_scan", "wkv_pays_off", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
            "pays_off", "AUTO_MIN_FACTOR_ELEMENTS", "AUTO_MIN_ENV", "SCAN_AUTO_MIN_FACTOR",
            "library_path", "cache_dir", "num_threads", "CpuKernelUnavailable"]
