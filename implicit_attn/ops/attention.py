@@ -42,7 +42,7 @@ def attention_probs(q, k, seg, window: int):
     return jax.nn.softmax(logits, axis=-1)
 
 
-def query_blocks(L: int, window: int, rows: int = 128, most: int = 16) -> list[tuple[int, int, int]]:
+def query_blocks(L: int, window: int, rows: int = 128, most: int = 8) -> list[tuple[int, int, int]]:
     """The query blocks ``attention_output`` computes one at a time: ``(start, end, first
     key)`` triples covering ``[0, L)``, at most ``most`` blocks of about ``L / most`` rows
     but no fewer than ``rows`` (one block for ``L <= rows``); each block's keys run from
