@@ -12,16 +12,22 @@ import jax.numpy as jnp
 f32 = jnp.float32
 
 
+def visible(seg, window: int, rows: tuple[int, int], keys: tuple[int, int]):
+    """Boolean ``(B, end - start, stop - first)``: key ``j`` in ``keys = (first, stop)`` is visible
+    to query ``i`` in ``rows = (start, end)`` iff ``j <= i``, ``i - j < window`` and both lie in
+    the same document (``seg`` ``(B, L)`` int ids)."""
+    i = jnp.arange(*rows)[:, None]
+    j = jnp.arange(*keys)[None, :]
+    band = (j <= i) & (i - j < window)
+    return band[None] & (seg[:, rows[0]:rows[1], None] == seg[:, None, keys[0]:keys[1]])
+
+
 @functools.partial(jax.jit, static_argnames=("window",))  # one compile when eager
 def attention_mask(seg, window: int):
     """Boolean ``(B, 1, L, L)`` mask: key ``j`` is visible to query ``i`` iff ``j <= i``,
     ``i - j < window`` and both lie in the same document (``seg`` ``(B, L)`` int ids)."""
     L = seg.shape[-1]
-    i = jnp.arange(L)[:, None]
-    j = jnp.arange(L)[None, :]
-    band = (j <= i) & (i - j < window)
-    same = seg[:, :, None] == seg[:, None, :]
-    return (band[None] & same)[:, None]
+    return visible(seg, window, (0, L), (0, L))[:, None]
 
 
 @functools.partial(jax.jit, static_argnames=("window",))  # one compile when eager
@@ -79,10 +85,7 @@ def attention_output(q, k, v, seg, window: int):
     out = []
     for s, e, lo in query_blocks(L, window):
         logits = jnp.einsum("bkgid,bkjd->bkgij", qg[:, :, :, s:e], k[:, :, lo:e])
-        i = jnp.arange(s, e)[:, None]
-        j = jnp.arange(lo, e)[None, :]
-        same = seg[:, s:e, None] == seg[:, None, lo:e]
-        mask = (((j <= i) & (i - j < window))[None] & same)[:, None, None]
+        mask = visible(seg, window, (s, e), (lo, e))[:, None, None]
         # The diagonal is always visible, so no row is all -inf.
         probs = jax.nn.softmax(jnp.where(mask, logits, -jnp.inf), axis=-1)
         out.append(jnp.einsum("bkgij,bkje->bkgie", probs.astype(v.dtype), v[:, :, lo:e]))
@@ -112,4 +115,4 @@ def softmax_decay_rows(k, w, u):
     return e / jnp.sum(e, axis=-1, keepdims=True)
 
 
-__all__ = ["attention_mask", "attention_probs", "query_blocks", "attention_output", "softmax_decay_rows"]
+__all__ = ["visible", "attention_mask", "attention_probs", "query_blocks", "attention_output", "softmax_decay_rows"]

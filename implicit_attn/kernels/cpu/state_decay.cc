@@ -1941,9 +1941,9 @@ inline vh wkv_exp(vd x) { return vexp_lanes<vh, vhi>(__builtin_convertvector(x, 
 
 ffi::Error WkvScanImpl(ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> u, ffi::Buffer<ffi::F32> k,
                        ffi::Buffer<ffi::F32> v, ffi::ResultBuffer<ffi::F32> y, int64_t threads) {
-  auto wd = w.dimensions(), ud = u.dimensions(), kd = k.dimensions(), vd_ = v.dimensions();
-  if (wd.size() != 1 || ud.size() != 1 || kd.size() != 3 || vd_.size() != 3 ||
-      !std::equal(kd.begin(), kd.end(), vd_.begin()) || wd[0] != kd[2] || ud[0] != kd[2])
+  auto wd = w.dimensions(), ud = u.dimensions(), kd = k.dimensions(), vdims = v.dimensions();
+  if (wd.size() != 1 || ud.size() != 1 || kd.size() != 3 || vdims.size() != 3 ||
+      !std::equal(kd.begin(), kd.end(), vdims.begin()) || wd[0] != kd[2] || ud[0] != kd[2])
     return ffi::Error::InvalidArgument("wkv_scan: inconsistent shapes (w, u (A,); k, v (B, L, A))");
   constexpr int64_t nv = kQ / kD;
   const int64_t B = kd[0], L = kd[1], A = kd[2];
