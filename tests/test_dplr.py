@@ -7,6 +7,8 @@ or imported as a package: it would replace Hugging Face's CPU paths). Strong dec
 low-rank term of RWKV-7's shape, ragged chunks, long inputs."""
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -102,6 +104,26 @@ def test_long_input_is_finite_and_exact():
     assert rel(np.einsum("bhij,bhjv->bhiv", M, v)[:, :, -64:], ref[:, :, -64:]) <= 1e-5
 
 
+def decay_matrix64(q, k, log_w, after, bonus=None):
+    """Float64 ``(M, size)`` of the recurrence without low-rank terms, entry by entry: ``M[i, j] =
+    sum_d q_id k_jd exp(F_ijd)`` with ``F_ijd`` the log decays summed over ``j < u <= i`` (``after``)
+    or ``j < u < i``, plus ``bonus_i`` on the diagonal; ``size`` the sum of the terms' magnitudes
+    (a ``-inf`` log decay is a reset)."""
+    L = q.shape[2]
+    F = np.cumsum(np.where(np.isinf(log_w), -1e4, log_w), axis=2)  # -1e4: exp underflows to 0 in float64
+    i, j = np.arange(L)[:, None], np.arange(L)[None, :]
+    expo = F[:, :, :, None] - F[:, :, None, :]  # [i, j]: sum over j < u <= i
+    if not after:
+        expo = np.concatenate([np.zeros_like(expo[:, :, :1]), expo[:, :, :-1]], axis=2)  # through i - 1
+    keep = (i >= j) if after else (i > j)
+    w = np.where(keep[..., None], np.exp(np.where(keep[..., None], expo, 0.0)), 0.0)
+    terms = q[:, :, :, None] * k[:, :, None] * w  # (B, H, i, j, d)
+    ref, size = terms.sum(-1), np.abs(terms).sum(-1)
+    if bonus is not None:
+        ref, size = ref + bonus[..., None] * np.eye(L), size + np.abs(bonus)[..., None] * np.eye(L)
+    return ref, size
+
+
 @pytest.mark.parametrize("after", [False, True], ids=["rwkv6", "after"])
 def test_unbounded_decays_are_exact_entry_by_entry(after):
     """Without a decay floor the chunk pairs come in sub-blocks (``ops.blocked_pairs``: three
@@ -116,15 +138,7 @@ def test_unbounded_decays_are_exact_entry_by_entry(after):
     log_w = np.where(strong, -g.uniform(5.0, 20.0, (B, H, L, dk)), -g.uniform(0.0, 0.1, (B, H, L, dk)))
     log_w[0, 1, 33, 2] = -np.inf
     M = np.asarray(dplr_matrix(*f32(q, k, log_w), chunk=16, after=after), np.float64)
-    F = np.cumsum(np.where(np.isinf(log_w), -1e4, log_w), axis=2)  # -1e4: exp underflows to 0 in float64
-    i, j = np.arange(L)[:, None], np.arange(L)[None, :]
-    expo = F[:, :, :, None] - F[:, :, None, :]  # [i, j]: sum over j < u <= i
-    if not after:
-        expo = np.concatenate([np.zeros_like(expo[:, :, :1]), expo[:, :, :-1]], axis=2)  # through i - 1
-    keep = (i >= j) if after else (i > j)
-    w = np.where(keep[..., None], np.exp(np.where(keep[..., None], expo, 0.0)), 0.0)
-    terms = q[:, :, :, None] * k[:, :, None] * w  # (B, H, i, j, d)
-    ref, size = terms.sum(-1), np.abs(terms).sum(-1)
+    ref, size = decay_matrix64(q, k, log_w, after)
     assert not np.triu(M, 0 if not after else 1).any()
     assert (np.abs(M - ref) <= 1e-5 * size + 1e-37).all()
     assert (np.abs(ref) > 1e-30).sum() > L * L / 4  # a range of weights, not just zeros
@@ -280,3 +294,65 @@ def test_rwkv_forwards_take_the_cpu_kernel_where_it_pays_off(monkeypatch):
     assert "implicit_attn_dplr_scan" not in lowered(*args)
     assert rel(fast, np.asarray(jax.jit(lambda *x: run(*x))(*args), np.float64)) <= 1e-5
     monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 0)
+
+
+# The CPU kernel of the head matrices without low-rank terms (kernels.cpu.head_matrices: RWKV-5/6's
+# DplrCore in materialize and reduce), entry by entry against the float64 definition.
+@pytest.mark.parametrize("L, dk, after, bonus", [(37, 6, False, True), (70, 20, True, False), (16, 64, False, False),
+                                                 (17, 3, True, True), (1, 5, False, True), (1, 5, True, False)])
+def test_cpu_decay_matrix_is_exact_entry_by_entry(L, dk, after, bonus, monkeypatch):
+    """Strong decays (e^-5 to e^-20) in some dimensions and weak ones in the others, a reset (-inf),
+    ragged last chunks, ``d_k`` from 3 to 64 (partial vectors), both readings, with and without
+    the bonus; a head subset in a new order, and the same bits from one thread and three."""
+    from implicit_attn.kernels import cpu
+
+    g = np.random.default_rng(L + dk)
+    B, H = 2, 3
+    q, k = g.standard_normal((B, H, L, dk)), g.standard_normal((B, H, L, dk))
+    strong = g.uniform(size=(B, H, 1, dk)) < 0.5
+    log_w = np.where(strong, -g.uniform(5.0, 20.0, (B, H, L, dk)), -g.uniform(0.0, 0.1, (B, H, L, dk)))
+    log_w[0, 1, L // 2, 0] = -np.inf
+    u = g.standard_normal((B, H, L)) if bonus else None
+    core = DplrCore(*f32(q, k, log_w), head=jnp.arange(H), bonus=None if u is None else jnp.asarray(u, jnp.float32),
+                    after=after)
+    assert cpu.decay_kernel_applies(core)
+    heads = jnp.asarray([2, 0, 1])
+    run = jax.jit(cpu.head_matrices)
+    M = np.asarray(run(core, heads), np.float64)
+    ref, size = decay_matrix64(q, k, log_w, after, u)
+    ref, size = ref[:, [2, 0, 1]], size[:, [2, 0, 1]]
+    assert not np.triu(M, 1 if after or bonus else 0).any()
+    assert (np.abs(M - ref) <= 1e-5 * size + 1e-37).all()
+    lowered = run.lower(core, heads).as_text()
+    assert "implicit_attn_decay_matrix" in lowered
+    threads = {}
+    for n in (1, 3):
+        monkeypatch.setattr(cpu, "num_threads", lambda n=n: n)
+        threads[n] = np.asarray(jax.jit(lambda c, h: cpu.head_matrices(c, h))(core, heads))  # traced anew
+    assert np.array_equal(threads[1], threads[3])
+
+
+def test_cpu_decay_matrix_nan_rows_like_xla_and_where_it_applies():
+    """A NaN key at position 21: the kernel's matrix has NaN exactly where XLA's ``dplr_matrix`` has
+    (rows from 22 on), and equals it elsewhere. The kernel takes only cores without low-rank
+    terms, without given matrices and with ``d_k <= MAX_STATE``; the others go to XLA."""
+    from implicit_attn.kernels import cpu
+
+    g = np.random.default_rng(0)
+    q, k = (g.standard_normal((1, 2, 40, 4)) for _ in range(2))
+    log_w = -g.uniform(0.0, 8.0, (1, 2, 40, 4))
+    k[0, 0, 21] = np.nan
+    core = DplrCore(*f32(q, k, log_w), head=jnp.arange(2), after=False)
+    M = np.asarray(cpu.head_matrices(core, jnp.arange(2)))
+    X = np.asarray(dplr_matrix(*f32(q, k, log_w), chunk=16, after=False))
+    assert np.array_equal(np.isnan(M), np.isnan(X)) and np.isnan(M[0, 0, 22:, 21]).all()
+    assert np.isfinite(M[0, 0, :22]).all() and np.isfinite(M[0, 1]).all()
+    ok = ~np.isnan(X)
+    assert rel(M[ok], X[ok]) <= 1e-5
+    _, _, _, lw, a, b = rwkv7_inputs(1, 1, 5, 4, 1)
+    small = DplrCore(*f32(q[:, :1, :5], k[:, :1, :5], lw), head=jnp.arange(1))
+    assert cpu.decay_kernel_applies(small)
+    assert not cpu.decay_kernel_applies(dataclasses.replace(small, a=f32(a)[0], b=f32(b)[0]))
+    assert not cpu.decay_kernel_applies(small.precompute())
+    wide = DplrCore(*f32(*(g.standard_normal((1, 1, 5, cpu.MAX_STATE + 1)) for _ in range(3))), head=jnp.arange(1))
+    assert not cpu.decay_kernel_applies(wide)

@@ -68,12 +68,13 @@ _SCAN_TARGET = "implicit_attn_selective_scan"
 _SSD_TARGET = "implicit_attn_ssd_scan"
 _DPLR_TARGET = "implicit_attn_dplr_scan"
 _WKV_TARGET = "implicit_attn_wkv_scan"
+_DECAY_TARGET = "implicit_attn_decay_matrix"
 _TARGETS = {"IaStateDecayDense": _TARGET, "IaStateDecayReduce": _REDUCE_TARGET, "IaHeadMatrixDense": _HEAD_TARGET,
             "IaHeadMatrixReduce": _HEAD_REDUCE_TARGET, "IaRwkvDense": _RWKV_TARGET,
             "IaRwkvReduce": _RWKV_REDUCE_TARGET, "IaShortConvDense": _CONV_TARGET,
             "IaPlaceChannels": _PLACE_TARGET, "IaAttentionDense": _ATTENTION_TARGET,
             "IaSelectiveScan": _SCAN_TARGET, "IaSsdScan": _SSD_TARGET,
-            "IaDplrScan": _DPLR_TARGET, "IaWkvScan": _WKV_TARGET}
+            "IaDplrScan": _DPLR_TARGET, "IaWkvScan": _WKV_TARGET, "IaDecayMatrix": _DECAY_TARGET}
 _SYMBOLS = tuple(_TARGETS)
 ARCH_ENV = "IMPLICIT_ATTN_CPU_ARCH"
 
@@ -326,6 +327,31 @@ def _head_factors(core, idx):
     return left, right, diag, w, attrs
 
 
+def decay_kernel_applies(core) -> bool:
+    """Whether ``head_matrices`` forms ``core``'s head matrices by the decay-matrix kernel: a
+    ``DplrCore`` without low-rank terms (RWKV-5/6) whose matrices are not given, ``d_k <= MAX_STATE``."""
+    return (type(core) is DplrCore and core.a is None and core.matrices is None
+            and core.q.shape[-1] <= MAX_STATE)
+
+
+def head_matrices(core, heads):
+    """``core.alpha(heads)``: ``(B, len(heads), L, L)`` float32. A ``DplrCore`` without low-rank
+    terms (``decay_kernel_applies``) runs the library's decay-matrix kernel (Mamba-1's chunked
+    product with a decay per key dimension; each element written once), every other core XLA.
+    ``heads (k,)`` int, may be traced."""
+    if not decay_kernel_applies(core):
+        return core.alpha(heads)
+    load()
+    pick = lambda x: jnp.take(x, heads, axis=1).astype(jnp.float32)
+    q, k, log_w = pick(core.q), pick(core.k), pick(core.log_w)
+    bonus = jnp.zeros((1, 1, 1), jnp.float32) if core.bonus is None else pick(core.bonus)
+    B, n, L, _ = q.shape
+    call = jax.ffi.ffi_call(_DECAY_TARGET, jax.ShapeDtypeStruct((B, n, L, L), jnp.float32),
+                            vmap_method="sequential")
+    return call(q, k, log_w, bonus, threads=np.int64(num_threads()), has_bonus=np.int64(core.bonus is not None),
+                after=np.int64(core.after), huge_pages=np.int64(huge_pages()))
+
+
 def _head_call(core, idx, total=None):
     """``(B, n, L, L)`` of a head-matrix core's channels ``idx``: each distinct head's matrix
     once (``core.alpha``, XLA; all heads if ``idx`` is traced), then the kernel sandwiches and
@@ -333,10 +359,10 @@ def _head_call(core, idx, total=None):
     channels, the first ``n`` written (a ``ParallelCore``'s other parts go after them)."""
     heads = jnp.take(core.head, idx)
     if isinstance(heads, jax.core.Tracer):
-        M, hmap = core.alpha(jnp.arange(core.num_heads)), heads
+        M, hmap = head_matrices(core, jnp.arange(core.num_heads)), heads
     else:
         uniq, inv = np.unique(np.asarray(heads), return_inverse=True)
-        M, hmap = core.alpha(jnp.asarray(uniq)), jnp.asarray(inv.reshape(-1))
+        M, hmap = head_matrices(core, jnp.asarray(uniq)), jnp.asarray(inv.reshape(-1))
     left, right, diag, w, attrs = _head_factors(core, idx)
     B, _, L, _ = M.shape
     call = jax.ffi.ffi_call(_HEAD_TARGET, jax.ShapeDtypeStruct((B, total or idx.shape[0], L, L), jnp.float32),
@@ -374,7 +400,7 @@ def _head_reduce_call(core, idx, mode, qw, kw):
     def step(acc, block):
         eq = heads[:, None] == block[None, :]  # a padded repeat matches only its first copy
         hmap = jnp.where(eq.any(1), jnp.argmax(eq, 1), -1).astype(jnp.int32)
-        M = core.alpha(block).astype(jnp.float32)
+        M = head_matrices(core, block).astype(jnp.float32)
         return _by_mode(call, mode, (M, hmap, left, right, diag, w, qw, kw, acc), attrs), None
 
     out, _ = jax.lax.scan(step, jnp.zeros((B, L, L), jnp.float32), _head_blocks(core, heads, B, L))
@@ -849,6 +875,6 @@ for _type in (*_KERNELS, ParallelCore):
     register_core("cpu", _type, _problem)
 
 
-__all__ = ["cpu_dense", "cpu_reduce", "selective_scan", "scan_pays_off", "ssd_scan", "ssd_pays_off", "delta_scan", "dplr_scan", "recurrence_pays_off", "wkv_scan", "wkv_pays_off", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
+__all__ = ["cpu_dense", "cpu_reduce", "selective_scan", "scan_pays_off", "ssd_scan", "ssd_pays_off", "delta_scan", "dplr_scan", "recurrence_pays_off", "wkv_scan", "wkv_pays_off", "head_matrices", "decay_kernel_applies", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
            "pays_off", "AUTO_MIN_FACTOR_ELEMENTS", "AUTO_MIN_ENV", "SCAN_AUTO_MIN_FACTOR",
            "library_path", "cache_dir", "num_threads", "CpuKernelUnavailable"]

@@ -1921,6 +1921,134 @@ ffi::Error DplrScanImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::B
   return ffi::Error::Success();
 }
 
+// The matrix of a recurrence with a decay per key dimension (ops.dplr_matrix without a, b:
+// RWKV-5/6), w = exp(log_w), one (batch, head) item at a time, each element written once:
+//   after:  M[i,j] = sum_n q[i,n] k[j,n] prod_{t=j+1..i} w[t,n]     (j <= i),
+//   else:   M[i,j] = sum_n q[i,n] k[j,n] prod_{t=j+1..i-1} w[t,n]   (j < i),
+// plus bonus[i] on the diagonal. The "else" rows are "after" rows one step back: row i is row
+// i - 1 with the query q[i]. Both run the Mamba-1 kernel's chunked product (prepare's layout,
+// diagonal_block, chunk_rows); the decay between two chunks is a product of whole-chunk decays,
+// each <= 1 (no differences of exponents: a NaN reaches only the chunks after it).
+
+// The per-step decays and the chunk factors of one item into s (the layout prepare writes),
+// and each chunk's whole decay into tot ([J][n], n padded to Np with 1). Rows past L: decay 1,
+// q = k = 0; e holds Lp * Np floats.
+void prepare_decays(const float* q, const float* k, const float* lw, bool after, const Dims& d, Scratch& s,
+                    float* e, float* tot) {
+  const int64_t L = d.L, N = d.N, nc = (L + kQ - 1) / kQ, Lp = nc * kQ, Np = (N + kQ - 1) / kQ * kQ;
+  float *dAT = s.dAT.data(), *qd = s.qd.data(), *qp = s.qp.data(), *kp = s.kp.data(), *kdT = s.kdT.data();
+  for (int64_t t = 0; t < Lp; ++t) {
+    float* et = e + t * Np;
+    std::fill(et, et + Np, 0.0f);
+    if (t < L) std::memcpy(et, lw + t * N, sizeof(float) * N);
+    for (int64_t n = 0; n < Np; n += kW) store(et + n, vexp_lanes<vw, vwi>(load<vw>(et + n)));
+    const int64_t tq = after ? t : t + 1;  // the query this row reads
+    for (int64_t n = 0; n < N; ++n) {
+      qp[t * N + n] = tq < L ? q[tq * N + n] : 0.0f;
+      kp[t * N + n] = t < L ? k[t * N + n] : 0.0f;
+    }
+  }
+  for (int64_t J = 0; J < nc; ++J) {
+    const int64_t J0 = J * kQ;
+    for (int64_t n = 0; n < Np; ++n) {
+      if (n >= N) {
+        tot[J * Np + n] = 1.0f;
+        continue;
+      }
+      float* a = dAT + (J * N + n) * kQ;
+      float p = 1.0f;
+      for (int64_t jj = 0; jj < kQ; ++jj) {
+        a[jj] = e[(J0 + jj) * Np + n];
+        p *= a[jj];
+        qd[(J0 + jj) * N + n] = qp[(J0 + jj) * N + n] * p;
+      }
+      tot[J * Np + n] = p;
+      p = 1.0f;
+      for (int64_t jj = kQ - 1; jj >= 0; --jj) {
+        kdT[(J * N + n) * kQ + jj] = kp[(J0 + jj) * N + n] * p;
+        p *= a[jj];
+      }
+    }
+  }
+}
+
+// The decays over the chunks strictly between J and row chunk I, for every J < I, into c.mid.
+void between_decays(int64_t I, const Dims& d, const float* tot, ChunkState& c) {
+  const int64_t Np = (d.N + kQ - 1) / kQ * kQ;
+  for (int64_t n = 0; n < Np; n += kQ) {
+    v16 run = splat(1.0f);
+    for (int64_t J = I - 1; J >= 0; --J) {
+      store(c.mid.data() + J * Np + n, run);
+      run *= load(tot + J * Np + n);
+    }
+  }
+}
+
+// One item's L x L matrix into out (row-major). t holds kQ rows of Lp + kQ floats.
+void decay_matrix_item(const float* q, const float* k, const float* lw, const float* bonus, bool after,
+                       const Dims& d, Scratch& s, ChunkState& c, float* e, float* tot, float* t, float* out) {
+  const int64_t L = d.L, nc = (L + kQ - 1) / kQ, ts = nc * kQ + kQ, shift = after ? 0 : 1;
+  prepare_decays(q, k, lw, after, d, s, e, tot);
+  const Channel none{};  // diagonal_block: no per-channel diagonal (the bonus is added below)
+  if (!after) {  // row 0 holds only the diagonal
+    std::memset(out, 0, sizeof(float) * L);
+    out[0] = bonus ? bonus[0] : 0.0f;
+  }
+  for (int64_t I = 0; I < nc; ++I) {
+    const int64_t I0 = I * kQ, r0 = I0 + shift, rows = std::min(kQ, L - r0);
+    if (rows <= 0) break;
+    between_decays(I, d, tot, c);
+    diagonal_block(none, I, d, s, c);
+    // Whole chunks go straight into the output; what they write right of the diagonal is
+    // cleared below, in the same rows.
+    const bool direct = r0 + kQ <= L && I0 + kQ <= L;
+    chunk_rows(I, 0, I + 1, d, s, c, direct ? out + r0 * L : t, direct ? L : ts);
+    for (int64_t ii = 0; ii < rows; ++ii) {
+      const int64_t i = r0 + ii, keep = I0 + ii + 1;  // columns j <= i (after) or j < i
+      float* o = out + i * L;
+      if (!direct) std::memcpy(o, t + ii * ts, sizeof(float) * keep);
+      std::memset(o + keep, 0, sizeof(float) * (L - keep));
+      if (!after) o[i] = bonus ? bonus[i] : 0.0f;
+      else if (bonus) o[i] += bonus[i];
+    }
+  }
+}
+
+ffi::Error DecayMatrixImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> log_w,
+                           ffi::Buffer<ffi::F32> bonus, ffi::ResultBuffer<ffi::F32> out, int64_t threads,
+                           int64_t has_bonus, int64_t after, int64_t huge_pages) {
+  auto qd = q.dimensions(), bnd = bonus.dimensions();
+  const auto same = [&](const ffi::Buffer<ffi::F32>& x) {
+    auto xd = x.dimensions();
+    return xd.size() == qd.size() && std::equal(xd.begin(), xd.end(), qd.begin());
+  };
+  if (qd.size() != 4 || !same(k) || !same(log_w) ||
+      (has_bonus && (bnd.size() != 3 || !std::equal(bnd.begin(), bnd.end(), qd.begin()))))
+    return ffi::Error::InvalidArgument("decay_matrix: inconsistent shapes (q, k, log_w (B, H, L, dk); "
+                                       "bonus (B, H, L))");
+  const int64_t B = qd[0], H = qd[1], L = qd[2], N = qd[3];
+  if (N > kMaxState) return ffi::Error::InvalidArgument("decay_matrix: needs dk <= 64");
+  if (B == 0 || H == 0 || L == 0) return ffi::Error::Success();
+  const Dims d{B, H, L, N, 1};
+  const int64_t items = B * H, nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  const int64_t nc = (L + kQ - 1) / kQ, Lp = nc * kQ, Np = (N + kQ - 1) / kQ * kQ;
+  const size_t LL = static_cast<size_t>(L) * L;
+  float* po = out->typed_data();
+  if (huge_pages) advise_huge(po, LL * items * sizeof(float));
+  const float *pq = q.typed_data(), *pk = k.typed_data(), *pl = log_w.typed_data(), *pb = bonus.typed_data();
+  run_threads(nt, [&](int64_t t0) {
+    Scratch s(d);
+    ChunkState c(d, nc);
+    std::vector<float> e(Lp * Np), tot(nc * Np), t(kQ * (Lp + kQ));
+    for (int64_t item = t0; item < items; item += nt) {
+      const size_t base = static_cast<size_t>(item) * L * N;
+      decay_matrix_item(pq + base, pk + base, pl + base, has_bonus ? pb + static_cast<size_t>(item) * L : nullptr,
+                        after, d, s, c, e.data(), tot.data(), t.data(), po + item * LL);
+    }
+  });
+  return ffi::Error::Success();
+}
+
 // RWKV-4's WKV recurrence (the time mix's forward, not its operator): per channel, HF's CPU path
 // in the same order, with the state num, den scaled by e^{-m} (m the running max of the exponents):
 //   p = max(m, u + k_t),  y_t = (e^{m-p} num + e^{u+k_t-p} v_t) / (e^{m-p} den + e^{u+k_t-p}),
@@ -2181,3 +2309,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::Buffer<ffi::F32>>()   // v (B, L, A)
         .Ret<ffi::Buffer<ffi::F32>>()   // y (B, L, A)
         .Attr<int64_t>("threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaDecayMatrix, DecayMatrixImpl,
+    ffi::Ffi::Bind()
+        .Arg<ffi::Buffer<ffi::F32>>()   // q (B, H, L, dk)
+        .Arg<ffi::Buffer<ffi::F32>>()   // k (B, H, L, dk)
+        .Arg<ffi::Buffer<ffi::F32>>()   // log decays (B, H, L, dk)
+        .Arg<ffi::Buffer<ffi::F32>>()   // bonus (B, H, L), if has_bonus
+        .Ret<ffi::Buffer<ffi::F32>>()   // M (B, H, L, L)
+        .Attr<int64_t>("threads")
+        .Attr<int64_t>("has_bonus")
+        .Attr<int64_t>("after")
+        .Attr<int64_t>("huge_pages"));
