@@ -16,8 +16,9 @@ one warning); ``impl="cpu"`` raises ``CpuKernelUnavailable``.
 
 Supported cores: ``StateDecayCore`` (Mamba-1) and rank-one ``ScalarDecayCore`` (Griffin's
 RG-LRU), also inside Griffin's ``DocumentMaskedCore`` (packed documents); the cores whose channels
-share a head matrix (``HEAD_CORES``: XLA forms each head's matrix, the kernel the channels; their
-linear reductions as one product over a head's channels per conv tap); ``RwkvCore`` (RWKV-4); ``ShortConvCore`` (LFM2; its reduce is XLA,
+share a head matrix (``HEAD_CORES``: each head's matrix formed once, by the decay-matrix kernel for
+RWKV-5/6's ``DplrCore`` and by XLA for the others, the kernel the channels; their linear
+reductions as one product over a head's channels per conv tap); ``RwkvCore`` (RWKV-4); ``ShortConvCore`` (LFM2; its reduce is XLA,
 band by band); ``AttentionCore`` (local softmax attention: materialize only, its reduce is the XLA
 blocks); ``ParallelCore`` (its parts' kernels). ``cpu_dense`` writes ``(B, n, L, L)``;
 ``cpu_reduce`` sums over channels and writes only ``(B, L, L)``.
@@ -184,7 +185,7 @@ def _problem(core) -> str | None:
     if type(inner) in (RwkvCore, ShortConvCore, ParallelCore, AttentionCore):
         return None  # (a ParallelCore: its parts with kernels use them, the others XLA)
     if type(inner) in HEAD_CORES:
-        pass  # any head matrix: XLA forms it once per head, the kernel each channel
+        pass  # any head matrix: formed once per head (head_matrices), the kernel each channel
     elif type(inner) is StateDecayCore:
         N = inner.q.shape[-1]
         if N > MAX_STATE:
@@ -354,7 +355,7 @@ def head_matrices(core, heads):
 
 def _head_call(core, idx, total=None):
     """``(B, n, L, L)`` of a head-matrix core's channels ``idx``: each distinct head's matrix
-    once (``core.alpha``, XLA; all heads if ``idx`` is traced), then the kernel sandwiches and
+    once (``head_matrices``; all heads if ``idx`` is traced), then the kernel sandwiches and
     convolves every channel, writing each element once. ``total``: an output of ``total >= n``
     channels, the first ``n`` written (a ``ParallelCore``'s other parts go after them)."""
     heads = jnp.take(core.head, idx)
@@ -388,7 +389,7 @@ def _head_blocks(core, heads, B: int, L: int):
 
 
 def _head_reduce_call(core, idx, mode, qw, kw):
-    """``(B, L, L)``: a scan over blocks of heads, each block's matrices formed once (XLA),
+    """``(B, L, L)``: a scan over blocks of heads, each block's matrices formed once (``head_matrices``),
     the kernel adding its channels' weighted terms into the running sum (in place)."""
     heads = jnp.take(core.head, idx)
     left, right, diag, w, attrs = _head_factors(core, idx)
