@@ -115,8 +115,9 @@ def test_reduce_in_head_blocks(monkeypatch, family, how):
     assert rel(op.reduce(how, impl="cpu"), op.reduce(how, impl="xla")) <= 1e-5
 
 
-def test_gradients_match_xla():
-    op = op_of("mamba2", 17)
+@pytest.mark.parametrize("family", ["mamba2", "rwkv6"])  # RWKV-6: its head matrices from the decay-matrix kernel
+def test_gradients_match_xla(family):
+    op = op_of(family, 17)
     R = jax.random.normal(jax.random.PRNGKey(5), op.shape)
     Rr = jax.random.normal(jax.random.PRNGKey(6), (B, 17, 17))
     w = jax.random.normal(jax.random.PRNGKey(3), op.values.shape)

@@ -323,8 +323,11 @@ def test_cpu_decay_matrix_is_exact_entry_by_entry(L, dk, after, bonus, monkeypat
     ref, size = ref[:, [2, 0, 1]], size[:, [2, 0, 1]]
     assert not np.triu(M, 1 if after or bonus else 0).any()
     assert (np.abs(M - ref) <= 1e-5 * size + 1e-37).all()
-    lowered = run.lower(core, heads).as_text()
-    assert "implicit_attn_decay_matrix" in lowered
+    assert "implicit_attn_decay_matrix" in run.lower(core, heads).as_text()
+    qs = jnp.stack([core.q, -2 * core.q])  # under vmap: each example as alone
+    stacked = jax.vmap(lambda x: cpu.head_matrices(dataclasses.replace(core, q=x), heads))(qs)
+    for n in range(2):
+        assert np.array_equal(stacked[n], run(dataclasses.replace(core, q=qs[n]), heads))
     threads = {}
     for n in (1, 3):
         monkeypatch.setattr(cpu, "num_threads", lambda n=n: n)
