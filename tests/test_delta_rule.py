@@ -273,3 +273,27 @@ def test_grouped_transfer_matrix_equals_the_float64_chunk_products(dense, n, gro
             want[:, :, I * C:(I + 1) * C, K * C:(K + 1) * C] = R[I] @ T @ J[K]
     got = grouped_transfer_matrix(*(jnp.asarray(x, jnp.float32) for x in (R, P, J, D)), group)
     assert float(np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max()) <= 1e-6
+
+
+@pytest.mark.parametrize("per_dim, erase", [(False, True), (True, True), (True, False), (False, False)])
+def test_cpu_head_matrices_equal_the_float64_recurrence(per_dim, erase):
+    """``kernels.cpu.head_matrices`` of a ``DeltaRuleCore`` (two value heads per key head, per-head or
+    per-dimension decays, with and without the erasure: the low-rank and the decay kernel) equals
+    the float64 recurrence with the identity as values, and XLA's ``delta_rule_matrix``."""
+    from implicit_attn.kernels import cpu
+
+    B, G, L, dk = 2, 2, 37, 8
+    q, k, _, _, _ = inputs(B, G, L, dk, 1, (0.0, 2.0), seed=31)
+    _, _, _, log_a, beta = inputs(B, 2 * G, L, dk, 1, (0.0, 2.0), seed=32, decay=2.0)
+    if per_dim:
+        log_a = -np.random.default_rng(33).uniform(0.0, 2.0, (B, 2 * G, L, dk))
+    core = DeltaRuleCore(*f32(q, k, log_a, beta), head=jnp.arange(2 * G), heads_per_group=2, delta=erase)
+    assert cpu.head_matrix_kernel(core) == ("lowrank" if erase else "decay")
+    heads = jnp.asarray([3, 0, 2])
+    M = np.asarray(jax.jit(cpu.head_matrices)(core, heads), np.float64)
+    g = np.asarray(heads) // 2
+    eye = np.broadcast_to(np.eye(L), (B, 3, L, L))
+    want = recurrence(q[:, g], k[:, g], eye, log_a[:, np.asarray(heads)], beta[:, np.asarray(heads)], erase)
+    assert not np.triu(M, 1).any()
+    assert rel(M, want) <= 1e-5
+    assert rel(M, np.asarray(core.alpha(heads), np.float64)) <= 1e-5

@@ -296,6 +296,24 @@ def test_rwkv_forwards_take_the_cpu_kernel_where_it_pays_off(monkeypatch):
     monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 0)
 
 
+def check_head_kernel_call(core, heads, target, monkeypatch):
+    """``kernels.cpu.head_matrices(core, heads)`` lowers the kernel ``target``; under vmap each example
+    equals its call alone; one thread and three give the same bits."""
+    from implicit_attn.kernels import cpu
+
+    run = jax.jit(cpu.head_matrices)
+    assert target in run.lower(core, heads).as_text()
+    qs = jnp.stack([core.q, -2 * core.q])
+    stacked = jax.vmap(lambda x: cpu.head_matrices(dataclasses.replace(core, q=x), heads))(qs)
+    for n in range(2):
+        assert np.array_equal(stacked[n], run(dataclasses.replace(core, q=qs[n]), heads))
+    threads = {}
+    for n in (1, 3):
+        monkeypatch.setattr(cpu, "num_threads", lambda n=n: n)
+        threads[n] = np.asarray(jax.jit(lambda c, h: cpu.head_matrices(c, h))(core, heads))  # traced anew
+    assert np.array_equal(threads[1], threads[3])
+
+
 # The CPU kernel of the head matrices without low-rank terms (kernels.cpu.head_matrices: RWKV-5/6's
 # DplrCore in materialize and reduce), entry by entry against the float64 definition.
 @pytest.mark.parametrize("L, dk, after, bonus", [(37, 6, False, True), (70, 20, True, False), (16, 64, False, False),
@@ -315,7 +333,7 @@ def test_cpu_decay_matrix_is_exact_entry_by_entry(L, dk, after, bonus, monkeypat
     u = g.standard_normal((B, H, L)) if bonus else None
     core = DplrCore(*f32(q, k, log_w), head=jnp.arange(H), bonus=None if u is None else jnp.asarray(u, jnp.float32),
                     after=after)
-    assert cpu.decay_kernel_applies(core)
+    assert cpu.head_matrix_kernel(core) == "decay"
     heads = jnp.asarray([2, 0, 1])
     run = jax.jit(cpu.head_matrices)
     M = np.asarray(run(core, heads), np.float64)
@@ -323,16 +341,7 @@ def test_cpu_decay_matrix_is_exact_entry_by_entry(L, dk, after, bonus, monkeypat
     ref, size = ref[:, [2, 0, 1]], size[:, [2, 0, 1]]
     assert not np.triu(M, 1 if after or bonus else 0).any()
     assert (np.abs(M - ref) <= 1e-5 * size + 1e-37).all()
-    assert "implicit_attn_decay_matrix" in run.lower(core, heads).as_text()
-    qs = jnp.stack([core.q, -2 * core.q])  # under vmap: each example as alone
-    stacked = jax.vmap(lambda x: cpu.head_matrices(dataclasses.replace(core, q=x), heads))(qs)
-    for n in range(2):
-        assert np.array_equal(stacked[n], run(dataclasses.replace(core, q=qs[n]), heads))
-    threads = {}
-    for n in (1, 3):
-        monkeypatch.setattr(cpu, "num_threads", lambda n=n: n)
-        threads[n] = np.asarray(jax.jit(lambda c, h: cpu.head_matrices(c, h))(core, heads))  # traced anew
-    assert np.array_equal(threads[1], threads[3])
+    check_head_kernel_call(core, heads, "implicit_attn_decay_matrix", monkeypatch)
 
 
 def test_cpu_decay_matrix_nan_rows_like_xla_and_where_it_applies():
@@ -354,8 +363,56 @@ def test_cpu_decay_matrix_nan_rows_like_xla_and_where_it_applies():
     assert rel(M[ok], X[ok]) <= 1e-5
     _, _, _, lw, a, b = rwkv7_inputs(1, 1, 5, 4, 1)
     small = DplrCore(*f32(q[:, :1, :5], k[:, :1, :5], lw), head=jnp.arange(1))
-    assert cpu.decay_kernel_applies(small)
-    assert not cpu.decay_kernel_applies(dataclasses.replace(small, a=f32(a)[0], b=f32(b)[0]))
-    assert not cpu.decay_kernel_applies(small.precompute())
+    assert cpu.head_matrix_kernel(small) == "decay"
+    assert cpu.head_matrix_kernel(dataclasses.replace(small, a=f32(a)[0], b=f32(b)[0])) == "lowrank"
+    assert cpu.head_matrix_kernel(small.precompute()) is None
     wide = DplrCore(*f32(*(g.standard_normal((1, 1, 5, cpu.MAX_STATE + 1)) for _ in range(3))), head=jnp.arange(1))
-    assert not cpu.decay_kernel_applies(wide)
+    assert cpu.head_matrix_kernel(wide) == "lowrank"
+
+
+# The CPU kernel of the head matrices with the low-rank term (RWKV-7; any d_k): each row's query
+# taken back through the steps, sixteen rows at a time.
+@pytest.mark.parametrize("L, dk, after, bonus, low_rank", [(37, 6, True, False, True), (29, 5, False, True, True),
+                                                           (70, 20, True, True, True), (29, 70, False, True, False),
+                                                           (1, 4, True, False, True), (16, 3, False, False, True)])
+def test_cpu_lowrank_matrix_equals_the_float64_recurrence(L, dk, after, bonus, low_rank, monkeypatch):
+    """RWKV-7's shape (decays down to e^-2 a step, the low-rank term of unit-norm keys), both
+    readings, with and without the bonus, ragged and whole blocks of sixteen rows, L = 1, and
+    ``d_k = 70`` without a low-rank term (above the decay kernel's limit); a head subset in a new
+    order, under vmap each example as alone, the same bits from one thread and three."""
+    from implicit_attn.kernels import cpu
+
+    q, k, _, log_w, a, b = rwkv7_inputs(2, 3, L, dk, 1, seed=L + dk, decay=2.0)
+    a, b = (a, b) if low_rank else (None, None)
+    u = np.random.default_rng(L).standard_normal((2, 3, L)) if bonus else None
+    core = DplrCore(*f32(q, k, log_w), head=jnp.arange(3), a=None if a is None else f32(a)[0],
+                    b=None if b is None else f32(b)[0], bonus=None if u is None else f32(u)[0], after=after)
+    assert cpu.head_matrix_kernel(core) == "lowrank"
+    heads = jnp.asarray([1, 2, 0])
+    run = jax.jit(cpu.head_matrices)
+    M = np.asarray(run(core, heads), np.float64)
+    want = recurrence(q, k, np.broadcast_to(np.eye(L), (2, 3, L, L)), log_w, a, b, after)
+    if u is not None:
+        want = want + u[..., None] * np.eye(L)
+    want = want[:, [1, 2, 0]]
+    assert not np.triu(M, 1 if after or bonus else 0).any()
+    assert rel(M, want) <= 1e-5
+    check_head_kernel_call(core, heads, "implicit_attn_lowrank_matrix", monkeypatch)
+
+
+def test_cpu_lowrank_matrix_nan_rows_like_xla():
+    """A NaN key at position 21: the kernel's NaN entries are XLA's ``dplr_matrix``'s (none before row
+    21), and the other entries equal it. A reset (log decay -inf) at position 30 of the other head:
+    equal to XLA's there too."""
+    from implicit_attn.kernels import cpu
+
+    q, k, _, log_w, a, b = rwkv7_inputs(1, 2, 40, 4, 1, seed=9)
+    k[0, 0, 21] = np.nan
+    log_w[0, 1, 30, 2] = -np.inf
+    core = DplrCore(*f32(q, k, log_w), head=jnp.arange(2), a=f32(a)[0], b=f32(b)[0])
+    M = np.asarray(cpu.head_matrices(core, jnp.arange(2)))
+    X = np.asarray(dplr_matrix(*f32(q, k, log_w, a, b), chunk=16))
+    assert np.array_equal(np.isnan(M[0, 0]), np.isnan(X[0, 0])) and np.isnan(M[0, 0, 21:, 21]).all()
+    assert np.isfinite(M[0, 0, :21]).all() and np.isfinite(M[0, 1]).all()
+    ok = ~np.isnan(X[0, 0])
+    assert rel(M[0, 0][ok], X[0, 0][ok]) <= 1e-5 and rel(M[0, 1], X[0, 1]) <= 1e-5

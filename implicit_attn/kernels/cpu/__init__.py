@@ -70,12 +70,14 @@ _SSD_TARGET = "implicit_attn_ssd_scan"
 _DPLR_TARGET = "implicit_attn_dplr_scan"
 _WKV_TARGET = "implicit_attn_wkv_scan"
 _DECAY_TARGET = "implicit_attn_decay_matrix"
+_LOWRANK_TARGET = "implicit_attn_lowrank_matrix"
 _TARGETS = {"IaStateDecayDense": _TARGET, "IaStateDecayReduce": _REDUCE_TARGET, "IaHeadMatrixDense": _HEAD_TARGET,
             "IaHeadMatrixReduce": _HEAD_REDUCE_TARGET, "IaRwkvDense": _RWKV_TARGET,
             "IaRwkvReduce": _RWKV_REDUCE_TARGET, "IaShortConvDense": _CONV_TARGET,
             "IaPlaceChannels": _PLACE_TARGET, "IaAttentionDense": _ATTENTION_TARGET,
             "IaSelectiveScan": _SCAN_TARGET, "IaSsdScan": _SSD_TARGET,
-            "IaDplrScan": _DPLR_TARGET, "IaWkvScan": _WKV_TARGET, "IaDecayMatrix": _DECAY_TARGET}
+            "IaDplrScan": _DPLR_TARGET, "IaWkvScan": _WKV_TARGET, "IaDecayMatrix": _DECAY_TARGET,
+            "IaLowRankMatrix": _LOWRANK_TARGET}
 _SYMBOLS = tuple(_TARGETS)
 ARCH_ENV = "IMPLICIT_ATTN_CPU_ARCH"
 
@@ -328,29 +330,49 @@ def _head_factors(core, idx):
     return left, right, diag, w, attrs
 
 
-def decay_kernel_applies(core) -> bool:
-    """Whether ``head_matrices`` forms ``core``'s head matrices by the decay-matrix kernel: a
-    ``DplrCore`` without low-rank terms (RWKV-5/6) whose matrices are not given, ``d_k <= MAX_STATE``."""
-    return (type(core) is DplrCore and core.a is None and core.matrices is None
-            and core.q.shape[-1] <= MAX_STATE)
+def head_matrix_kernel(core) -> str | None:
+    """The library kernel ``head_matrices`` forms ``core``'s head matrices with, for cores whose
+    matrices are not given: ``"decay"`` for a diagonal transition (RWKV-5/6's ``DplrCore``, the delta
+    rule without its erasure) with ``d_k <= MAX_STATE`` (Mamba-1's chunked product, a decay per key
+    dimension), ``"lowrank"`` for the other ``DplrCore``s and ``DeltaRuleCore``s (RWKV-7, the gated
+    delta rule: the recurrence run back from each row's query, sixteen rows at a time), else None
+    (XLA, ``core.alpha``)."""
+    if type(core) not in (DplrCore, DeltaRuleCore) or core.matrices is not None:
+        return None
+    diagonal = core.a is None if type(core) is DplrCore else not core.delta
+    return "decay" if diagonal and core.q.shape[-1] <= MAX_STATE else "lowrank"
 
 
 def head_matrices(core, heads):
-    """``core.alpha(heads)``: ``(B, len(heads), L, L)`` float32. A ``DplrCore`` without low-rank
-    terms (``decay_kernel_applies``) runs the library's decay-matrix kernel (Mamba-1's chunked
-    product with a decay per key dimension; each element written once), every other core XLA.
-    ``heads (k,)`` int, may be traced."""
-    if not decay_kernel_applies(core):
+    """``core.alpha(heads)``: ``(B, len(heads), L, L)`` float32, by the library's kernel
+    ``head_matrix_kernel(core)`` names (XLA where it names none). ``heads (k,)`` int, may be traced.
+    The delta rule goes in as the DPLR recurrence it is (``S_{t-1} Diag(a_t) (I - b_t k_t k_t^T) + b_t v_t
+    k_t^T`` with the keys ``b_t k_t`` and the low-rank term ``-(a_t k_t) (b_t k_t)^T``)."""
+    kind = head_matrix_kernel(core)
+    if kind is None:
         return core.alpha(heads)
     load()
-    pick = lambda x: jnp.take(x, heads, axis=1).astype(jnp.float32)
-    q, k, log_w = pick(core.q), pick(core.k), pick(core.log_w)
-    bonus = jnp.zeros((1, 1, 1), jnp.float32) if core.bonus is None else pick(core.bonus)
-    B, n, L, _ = q.shape
-    call = jax.ffi.ffi_call(_DECAY_TARGET, jax.ShapeDtypeStruct((B, n, L, L), jnp.float32),
-                            vmap_method="sequential")
-    return call(q, k, log_w, bonus, threads=np.int64(num_threads()), has_bonus=np.int64(core.bonus is not None),
-                after=np.int64(core.after), huge_pages=np.int64(huge_pages()))
+    take = lambda x, idx: jnp.take(x, idx, axis=1).astype(jnp.float32)
+    if type(core) is DeltaRuleCore:
+        groups = heads // core.heads_per_group
+        q, k, _, log_w, a, b, _ = _delta_as_dplr(take(core.q, groups), take(core.k, groups), None,
+                                                 take(core.log_a, heads), take(core.beta, heads), core.delta)
+        a, b = (a, b) if core.delta else (None, None)
+        bonus, after = None, True
+    else:
+        q, k, log_w = take(core.q, heads), take(core.k, heads), take(core.log_w, heads)
+        a, b = (None, None) if core.a is None else (take(core.a, heads), take(core.b, heads))
+        bonus, after = None if core.bonus is None else take(core.bonus, heads), core.after
+    dummy = jnp.zeros((1, 1, 1), jnp.float32)
+    attrs = dict(threads=np.int64(num_threads()), has_bonus=np.int64(bonus is not None), after=np.int64(after),
+                 huge_pages=np.int64(huge_pages()))
+    out = jax.ShapeDtypeStruct(q.shape[:3] + (q.shape[2],), jnp.float32)
+    bonus = dummy if bonus is None else bonus
+    if kind == "decay":
+        return jax.ffi.ffi_call(_DECAY_TARGET, out, vmap_method="sequential")(q, k, log_w, bonus, **attrs)
+    call = jax.ffi.ffi_call(_LOWRANK_TARGET, out, vmap_method="sequential")
+    a, b = (dummy, dummy) if a is None else (a, b)
+    return call(q, k, log_w, a, b, bonus, has_ab=np.int64(a is not dummy), **attrs)
 
 
 def _head_call(core, idx, total=None):
@@ -876,6 +898,6 @@ for _type in (*_KERNELS, ParallelCore):
     register_core("cpu", _type, _problem)
 
 
-__all__ = ["cpu_dense", "cpu_reduce", "selective_scan", "scan_pays_off", "ssd_scan", "ssd_pays_off", "delta_scan", "dplr_scan", "recurrence_pays_off", "wkv_scan", "wkv_pays_off", "head_matrices", "decay_kernel_applies", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
+__all__ = ["cpu_dense", "cpu_reduce", "selective_scan", "scan_pays_off", "ssd_scan", "ssd_pays_off", "delta_scan", "dplr_scan", "recurrence_pays_off", "wkv_scan", "wkv_pays_off", "head_matrices", "head_matrix_kernel", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
            "pays_off", "AUTO_MIN_FACTOR_ELEMENTS", "AUTO_MIN_ENV", "SCAN_AUTO_MIN_FACTOR",
            "library_path", "cache_dir", "num_threads", "CpuKernelUnavailable"]

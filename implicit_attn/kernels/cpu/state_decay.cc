@@ -2049,6 +2049,146 @@ ffi::Error DecayMatrixImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi
   return ffi::Error::Success();
 }
 
+// The matrix of the DPLR recurrence with its low-rank term (ops.dplr_matrix with a, b: RWKV-7; the
+// gated delta rule written as one), w = exp(log_w), P_t = Diag(w_t) + a_t b_t^T:
+//   M[i,j] = k_j^T P_{j+1} ... P_i q_i      (after; j <= i),
+//   M[i,j] = k_j^T P_{j+1} ... P_{i-1} q_i  (else; j < i),
+// plus bonus[i] on the diagonal. kLowRankRows rows at a time, one per lane, each row's vector taken
+// back through the steps: r = q_i from step i (else i - 1) on, then at each step t down to 0,
+// M[i,t] = k_t . r and r <- P_t r = w_t r + a_t (b_t . r). A lane before its row starts holds 0,
+// and its start is a select, so a NaN or inf of a later step never reaches it. The recurrence is
+// the forward's (dplr_scan) run on query vectors: no chunk solves, O(L^2 dk) per head.
+
+// Rows per block of lowrank_rows: two 16-float vectors of lanes, whose dependent chains (each
+// step's dot products, then its update) interleave, and kAcc partial sums per dot product.
+constexpr int64_t kLowRankRows = 2 * kQ;
+constexpr int64_t kAcc = 2;
+
+// The kLowRankRows x L block of rows whose vectors start at steps T0 .. T0 + kLowRankRows - 1, as
+// columns into col ([t][lane]); R holds dk * kLowRankRows floats ([d][lane]). One pass over R per
+// step: the update by step t + 1 and the dot products with step t's k and b.
+template <bool LOW_RANK>
+void lowrank_rows(int64_t T0, int64_t L, int64_t dk, int64_t shift, const float* q, const float* k,
+                  const float* w, const float* a, const float* b, float* R, float* col) {
+  constexpr int64_t NV = kLowRankRows / kW, S = kLowRankRows;
+  vw lane[NV], s[NV];
+  for (int64_t v = 0; v < NV; ++v) {
+    for (int64_t l = 0; l < kW; ++l) lane[v][l] = static_cast<float>(v * kW + l);
+    s[v] = splat<vw>(0.0f);
+  }
+  std::fill(R, R + dk * S, 0.0f);
+  const int64_t top = std::min(L - 1, T0 + S - 1);
+  for (int64_t t = top; t >= 0; --t) {
+    const float *kt = k + t * dk, *bt = LOW_RANK ? b + t * dk : nullptr;
+    // The previous step's transition (none before the first): r <- w r + a s.
+    const bool update = t < top;
+    const float *wn = update ? w + (t + 1) * dk : w, *an = LOW_RANK && update ? a + (t + 1) * dk : nullptr;
+    const int64_t row = t + shift;  // the row whose vector starts here, if in this block
+    const bool starts = t >= T0 && row < L;
+    const float* qr = starts ? q + row * dk : nullptr;
+    const vw start = splat<vw>(static_cast<float>(t - T0));
+    vw c[kAcc][NV], sn[kAcc][NV];
+#pragma GCC unroll 4
+    for (int64_t u = 0; u < kAcc; ++u)
+#pragma GCC unroll 4
+      for (int64_t v = 0; v < NV; ++v) c[u][v] = sn[u][v] = splat<vw>(0.0f);
+    const auto pass = [&](int64_t d, int64_t u) {
+#pragma GCC unroll 4
+      for (int64_t v = 0; v < NV; ++v) {
+        float* p = R + d * S + v * kW;
+        vw r = load<vw>(p);
+        if (update) {
+          r = splat<vw>(wn[d]) * r;
+          if (LOW_RANK) r += splat<vw>(an[d]) * s[v];
+        }
+        if (starts) r = lane[v] == start ? splat<vw>(qr[d]) : r;
+        store(p, r);
+        c[u][v] += splat<vw>(kt[d]) * r;
+        if (LOW_RANK) sn[u][v] += splat<vw>(bt[d]) * r;
+      }
+    };
+    int64_t d = 0;
+    for (; d + kAcc <= dk; d += kAcc)
+#pragma GCC unroll 4
+      for (int64_t u = 0; u < kAcc; ++u) pass(d + u, u);
+    for (; d < dk; ++d) pass(d, 0);
+#pragma GCC unroll 4
+    for (int64_t v = 0; v < NV; ++v) {
+#pragma GCC unroll 4
+      for (int64_t u = 1; u < kAcc; ++u) {
+        c[0][v] += c[u][v];
+        sn[0][v] += sn[u][v];
+      }
+      store(col + t * S + v * kW, c[0][v]);
+      s[v] = sn[0][v];
+    }
+  }
+}
+
+ffi::Error LowRankMatrixImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> log_w,
+                             ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b, ffi::Buffer<ffi::F32> bonus,
+                             ffi::ResultBuffer<ffi::F32> out, int64_t threads, int64_t has_ab, int64_t has_bonus,
+                             int64_t after, int64_t huge_pages) {
+  auto qd = q.dimensions(), bnd = bonus.dimensions();
+  const auto same = [&](const ffi::Buffer<ffi::F32>& x) {
+    auto xd = x.dimensions();
+    return xd.size() == qd.size() && std::equal(xd.begin(), xd.end(), qd.begin());
+  };
+  if (qd.size() != 4 || !same(k) || !same(log_w) || (has_ab && (!same(a) || !same(b))) ||
+      (has_bonus && (bnd.size() != 3 || !std::equal(bnd.begin(), bnd.end(), qd.begin()))))
+    return ffi::Error::InvalidArgument("lowrank_matrix: inconsistent shapes (q, k, log_w, a, b (B, H, L, dk); "
+                                       "bonus (B, H, L))");
+  const int64_t B = qd[0], H = qd[1], L = qd[2], dk = qd[3];
+  if (B == 0 || H == 0 || L == 0) return ffi::Error::Success();
+  const int64_t items = B * H, nb = (L + kLowRankRows - 1) / kLowRankRows, shift = after ? 0 : 1;
+  const size_t LL = static_cast<size_t>(L) * L, per = static_cast<size_t>(L) * dk;
+  float* po = out->typed_data();
+  if (huge_pages) advise_huge(po, LL * items * sizeof(float));
+  const float *pq = q.typed_data(), *pk = k.typed_data(), *pl = log_w.typed_data(), *pa = a.typed_data(),
+              *pb = b.typed_data(), *pbo = bonus.typed_data();
+  std::vector<float> w(per * items);
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items * nb));
+  run_threads(nt, [&](int64_t t0) {  // every step's decays, dk padded to a whole vector per row
+    std::vector<float> row(dk + kW);
+    for (int64_t p = t0; p < items * L; p += nt) {
+      std::fill(row.begin(), row.end(), 0.0f);
+      std::memcpy(row.data(), pl + p * dk, sizeof(float) * dk);
+      for (int64_t d = 0; d < dk; d += kW) store(row.data() + d, vexp_lanes<vw, vwi>(load<vw>(row.data() + d)));
+      std::memcpy(w.data() + p * dk, row.data(), sizeof(float) * dk);
+    }
+  });
+  run_threads(nt, [&](int64_t t0) {
+    std::vector<float> R(dk * kLowRankRows), col(nb * kLowRankRows * kLowRankRows);
+    for (int64_t p = t0; p < items * nb; p += nt) {
+      // The last blocks first (the costliest: their rows reach back the furthest), so the
+      // threads finish together.
+      const int64_t item = p % items, blk = nb - 1 - p / items, T0 = blk * kLowRankRows;
+      const size_t base = static_cast<size_t>(item) * per;
+      const float *qi = pq + base, *ki = pk + base, *wi = w.data() + base;
+      float* oi = po + item * LL;
+      if (has_ab)
+        lowrank_rows<true>(T0, L, dk, shift, qi, ki, wi, pa + base, pb + base, R.data(), col.data());
+      else
+        lowrank_rows<false>(T0, L, dk, shift, qi, ki, wi, nullptr, nullptr, R.data(), col.data());
+      const float* boi = has_bonus ? pbo + static_cast<size_t>(item) * L : nullptr;
+      for (int64_t l = 0; l < kLowRankRows; ++l) {
+        const int64_t i = T0 + l + shift, keep = T0 + l + 1;  // columns j <= i (after) or j < i
+        if (i >= L) break;
+        float* o = oi + i * L;
+        for (int64_t j = 0; j < keep; ++j) o[j] = col[j * kLowRankRows + l];
+        std::memset(o + keep, 0, sizeof(float) * (L - keep));
+        if (!after) o[i] = boi ? boi[i] : 0.0f;
+        else if (boi) o[i] += boi[i];
+      }
+      if (!after && blk == 0) {  // row 0 holds only the diagonal
+        std::memset(oi, 0, sizeof(float) * L);
+        oi[0] = boi ? boi[0] : 0.0f;
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
 // RWKV-4's WKV recurrence (the time mix's forward, not its operator): per channel, HF's CPU path
 // in the same order, with the state num, den scaled by e^{-m} (m the running max of the exponents):
 //   p = max(m, u + k_t),  y_t = (e^{m-p} num + e^{u+k_t-p} v_t) / (e^{m-p} den + e^{u+k_t-p}),
@@ -2319,6 +2459,22 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::Buffer<ffi::F32>>()   // bonus (B, H, L), if has_bonus
         .Ret<ffi::Buffer<ffi::F32>>()   // M (B, H, L, L)
         .Attr<int64_t>("threads")
+        .Attr<int64_t>("has_bonus")
+        .Attr<int64_t>("after")
+        .Attr<int64_t>("huge_pages"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaLowRankMatrix, LowRankMatrixImpl,
+    ffi::Ffi::Bind()
+        .Arg<ffi::Buffer<ffi::F32>>()   // q (B, H, L, dk)
+        .Arg<ffi::Buffer<ffi::F32>>()   // k (B, H, L, dk)
+        .Arg<ffi::Buffer<ffi::F32>>()   // log decays (B, H, L, dk)
+        .Arg<ffi::Buffer<ffi::F32>>()   // a (B, H, L, dk), if has_ab
+        .Arg<ffi::Buffer<ffi::F32>>()   // b (B, H, L, dk), if has_ab
+        .Arg<ffi::Buffer<ffi::F32>>()   // bonus (B, H, L), if has_bonus
+        .Ret<ffi::Buffer<ffi::F32>>()   // M (B, H, L, L)
+        .Attr<int64_t>("threads")
+        .Attr<int64_t>("has_ab")
         .Attr<int64_t>("has_bonus")
         .Attr<int64_t>("after")
         .Attr<int64_t>("huge_pages"));
