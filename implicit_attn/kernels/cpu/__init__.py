@@ -16,9 +16,10 @@ one warning); ``impl="cpu"`` raises ``CpuKernelUnavailable``.
 
 Supported cores: ``StateDecayCore`` (Mamba-1) and rank-one ``ScalarDecayCore`` (Griffin's
 RG-LRU), also inside Griffin's ``DocumentMaskedCore`` (packed documents); the cores whose channels
-share a head matrix (``HEAD_CORES``: each head's matrix formed once, by the decay-matrix kernel for
-RWKV-5/6's ``DplrCore`` and by XLA for the others, the kernel the channels; their linear
-reductions as one product over a head's channels per conv tap); ``RwkvCore`` (RWKV-4); ``ShortConvCore`` (LFM2; its reduce is XLA,
+share a head matrix (``HEAD_CORES``: each head's matrix formed once, by this library for the DPLR
+and delta-rule cores (``head_matrices``: RWKV-5/6/7, the gated delta rule) and by XLA for Mamba-2
+and the mLSTM, the kernel the channels; their linear reductions as one product over a head's
+channels per conv tap); ``RwkvCore`` (RWKV-4); ``ShortConvCore`` (LFM2; its reduce is XLA,
 band by band); ``AttentionCore`` (local softmax attention: materialize only, its reduce is the XLA
 blocks); ``ParallelCore`` (its parts' kernels). ``cpu_dense`` writes ``(B, n, L, L)``;
 ``cpu_reduce`` sums over channels and writes only ``(B, L, L)``.
