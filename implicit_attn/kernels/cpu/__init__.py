@@ -336,7 +336,7 @@ def head_matrix_kernel(core) -> str | None:
     matrices are not given: ``"decay"`` for a diagonal transition (RWKV-5/6's ``DplrCore``, the delta
     rule without its erasure) with ``d_k <= MAX_STATE`` (Mamba-1's chunked product, a decay per key
     dimension), ``"lowrank"`` for the other ``DplrCore``s and ``DeltaRuleCore``s (RWKV-7, the gated
-    delta rule: the recurrence run back from each row's query, sixteen rows at a time), else None
+    delta rule: the recurrence run back from each row's query, 32 rows at a time), else None
     (XLA, ``core.alpha``)."""
     if type(core) not in (DplrCore, DeltaRuleCore) or core.matrices is not None:
         return None
@@ -372,8 +372,9 @@ def head_matrices(core, heads):
     if kind == "decay":
         return jax.ffi.ffi_call(_DECAY_TARGET, out, vmap_method="sequential")(q, k, log_w, bonus, **attrs)
     call = jax.ffi.ffi_call(_LOWRANK_TARGET, out, vmap_method="sequential")
-    a, b = (dummy, dummy) if a is None else (a, b)
-    return call(q, k, log_w, a, b, bonus, has_ab=np.int64(a is not dummy), **attrs)
+    has_ab = a is not None
+    a, b = (a, b) if has_ab else (dummy, dummy)
+    return call(q, k, log_w, a, b, bonus, has_ab=np.int64(has_ab), **attrs)
 
 
 def _head_call(core, idx, total=None):
