@@ -1869,19 +1869,27 @@ void dplr_columns_of(bool after, bool low_rank, float* state, int64_t L, int64_t
 // low-rank term is present if has_ab, the bonus if has_bonus (absent operands may be any shape).
 // The state is kept as its transpose, a row of d_v values per key dimension, in vectors (no lane
 // sums), blocks of value channels one after another (dplr_columns); heads over the threads.
+// The DPLR handlers' shared operands: q (B, H, L, dk), and k, log_w (and a, b if has_ab) of the
+// same shape, bonus (B, H, L) if has_bonus.
+bool dplr_operands(const ffi::Buffer<ffi::F32>& q, const ffi::Buffer<ffi::F32>& k, const ffi::Buffer<ffi::F32>& log_w,
+                   const ffi::Buffer<ffi::F32>& a, const ffi::Buffer<ffi::F32>& b, const ffi::Buffer<ffi::F32>& bonus,
+                   bool has_ab, bool has_bonus) {
+  auto qd = q.dimensions(), bnd = bonus.dimensions();
+  const auto same = [&](const ffi::Buffer<ffi::F32>& x) {
+    auto xd = x.dimensions();
+    return xd.size() == qd.size() && std::equal(xd.begin(), xd.end(), qd.begin());
+  };
+  return qd.size() == 4 && same(k) && same(log_w) && (!has_ab || (same(a) && same(b))) &&
+         (!has_bonus || (bnd.size() == 3 && std::equal(bnd.begin(), bnd.end(), qd.begin())));
+}
+
 ffi::Error DplrScanImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
                         ffi::Buffer<ffi::F32> log_w, ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
                         ffi::Buffer<ffi::F32> bonus, ffi::ResultBuffer<ffi::F32> out, int64_t threads,
                         int64_t has_ab, int64_t has_bonus, int64_t after) {
   auto qd = q.dimensions(), vd = v.dimensions();
-  const auto same = [&](const ffi::Buffer<ffi::F32>& x) {
-    auto xd = x.dimensions();
-    return xd.size() == qd.size() && std::equal(xd.begin(), xd.end(), qd.begin());
-  };
-  auto bnd = bonus.dimensions();
-  if (qd.size() != 4 || !same(k) || !same(log_w) || (has_ab && (!same(a) || !same(b))) || vd.size() != 4 ||
-      vd[0] != qd[0] || vd[1] != qd[1] || vd[2] != qd[2] ||
-      (has_bonus && (bnd.size() != 3 || !std::equal(bnd.begin(), bnd.end(), qd.begin()))))
+  if (!dplr_operands(q, k, log_w, a, b, bonus, has_ab, has_bonus) || vd.size() != 4 || vd[0] != qd[0] ||
+      vd[1] != qd[1] || vd[2] != qd[2])
     return ffi::Error::InvalidArgument("dplr_scan: inconsistent shapes (q, k, log_w, a, b (B, H, L, dk); "
                                        "v (B, H, L, dv); bonus (B, H, L))");
   const int64_t B = qd[0], H = qd[1], L = qd[2], dk = qd[3], dv = vd[3];
@@ -2017,13 +2025,8 @@ void decay_matrix_item(const float* q, const float* k, const float* lw, const fl
 ffi::Error DecayMatrixImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> log_w,
                            ffi::Buffer<ffi::F32> bonus, ffi::ResultBuffer<ffi::F32> out, int64_t threads,
                            int64_t has_bonus, int64_t after, int64_t huge_pages) {
-  auto qd = q.dimensions(), bnd = bonus.dimensions();
-  const auto same = [&](const ffi::Buffer<ffi::F32>& x) {
-    auto xd = x.dimensions();
-    return xd.size() == qd.size() && std::equal(xd.begin(), xd.end(), qd.begin());
-  };
-  if (qd.size() != 4 || !same(k) || !same(log_w) ||
-      (has_bonus && (bnd.size() != 3 || !std::equal(bnd.begin(), bnd.end(), qd.begin()))))
+  auto qd = q.dimensions();
+  if (!dplr_operands(q, k, log_w, q, q, bonus, false, has_bonus))
     return ffi::Error::InvalidArgument("decay_matrix: inconsistent shapes (q, k, log_w (B, H, L, dk); "
                                        "bonus (B, H, L))");
   const int64_t B = qd[0], H = qd[1], L = qd[2], N = qd[3];
@@ -2129,13 +2132,8 @@ ffi::Error LowRankMatrixImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, f
                              ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b, ffi::Buffer<ffi::F32> bonus,
                              ffi::ResultBuffer<ffi::F32> out, int64_t threads, int64_t has_ab, int64_t has_bonus,
                              int64_t after, int64_t huge_pages) {
-  auto qd = q.dimensions(), bnd = bonus.dimensions();
-  const auto same = [&](const ffi::Buffer<ffi::F32>& x) {
-    auto xd = x.dimensions();
-    return xd.size() == qd.size() && std::equal(xd.begin(), xd.end(), qd.begin());
-  };
-  if (qd.size() != 4 || !same(k) || !same(log_w) || (has_ab && (!same(a) || !same(b))) ||
-      (has_bonus && (bnd.size() != 3 || !std::equal(bnd.begin(), bnd.end(), qd.begin()))))
+  auto qd = q.dimensions();
+  if (!dplr_operands(q, k, log_w, a, b, bonus, has_ab, has_bonus))
     return ffi::Error::InvalidArgument("lowrank_matrix: inconsistent shapes (q, k, log_w, a, b (B, H, L, dk); "
                                        "bonus (B, H, L))");
   const int64_t B = qd[0], H = qd[1], L = qd[2], dk = qd[3];
