@@ -14,6 +14,10 @@
 // [suffix of J after j], each a product of factors <= 1 (no growth, no overflow).
 // Inside a chunk the decay is a running product down each column.
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -422,15 +426,54 @@ struct Factors {
   }
 };
 
+// work(t) for t = 0 .. nt-1, side by side: work(0) in the calling thread, the others offered to
+// XLA's intra-op pool. Its workers are awake after the XLA operations before the call (they spin
+// a while), so a thread of our own would compete with them for the cores: at 2 ms calls on two
+// cores, half the calls ran as if on one. A part no worker has started when the caller is free
+// runs in the caller (claimed once, by whoever comes first), so a busy pool costs time, never
+// a deadlock, and a late task touches only the shared claims. Without a pool, threads of our own.
 template <typename Fn>
-void run_threads(int64_t nt, Fn work) {
-  std::vector<std::thread> pool;
-  for (int64_t t = 1; t < nt; ++t) pool.emplace_back(work, t);
+void run_threads(ffi::ThreadPool& xla, int64_t nt, Fn work) {
+  if (nt <= 1) return work(0);
+  if (xla.num_threads() <= 0) {
+    std::vector<std::thread> own;
+    for (int64_t t = 1; t < nt; ++t) own.emplace_back(work, t);
+    work(0);
+    for (auto& th : own) th.join();
+    return;
+  }
+  struct Shared {
+    explicit Shared(int64_t n, Fn* f) : claimed(new std::atomic<bool>[n]), fn(f) {
+      for (int64_t t = 0; t < n; ++t) claimed[t] = false;
+    }
+    std::unique_ptr<std::atomic<bool>[]> claimed;
+    Fn* fn;  // read only by a task that claimed its part: the caller waits for those
+    std::mutex m;
+    std::condition_variable cv;
+    int64_t finished = 0;
+  };
+  auto s = std::make_shared<Shared>(nt, &work);
+  for (int64_t t = 1; t < nt; ++t)
+    xla.Schedule([s, t] {
+      if (s->claimed[t].exchange(true)) return;
+      (*s->fn)(t);
+      std::lock_guard<std::mutex> lock(s->m);
+      ++s->finished;
+      s->cv.notify_one();
+    });
   work(0);
-  for (auto& th : pool) th.join();
+  int64_t by_pool = 0;
+  for (int64_t t = 1; t < nt; ++t) {
+    if (s->claimed[t].exchange(true))
+      ++by_pool;
+    else
+      work(t);
+  }
+  std::unique_lock<std::mutex> lock(s->m);
+  s->cv.wait(lock, [&] { return s->finished == by_pool; });
 }
 
-ffi::Error StateDecayDenseImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+ffi::Error StateDecayDenseImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                                ffi::Buffer<ffi::F32> A, ffi::Buffer<ffi::F32> dt,
                                ffi::Buffer<ffi::F32> left, ffi::Buffer<ffi::F32> right,
                                ffi::Buffer<ffi::F32> diag, ffi::Buffer<ffi::F32> w,
@@ -447,7 +490,7 @@ ffi::Error StateDecayDenseImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
   if (huge_pages) advise_huge(o, LL * d.B * d.C * sizeof(float));
   const int64_t pairs = d.B * d.C;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, pairs));
-  run_threads(nt, [&](int64_t t0) {
+  run_threads(xla, nt, [&](int64_t t0) {
     Scratch s(d);
     const int64_t nc = (d.L + kQ - 1) / kQ, Lp = nc * kQ;
     ChunkState c(d, nc);
@@ -657,7 +700,7 @@ void scalar_band(const Factors& f, const Dims& d, int64_t b, int64_t c0, int64_t
 // sums and a channel's weights stay in L1, the block's factors over the tile's columns in L2
 // for all the row chunks, and the output is read and written once per block. The linear reduce
 // of a rank-one decay without documents goes band by band instead (scalar_band).
-ffi::Error StateDecayReduceImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+ffi::Error StateDecayReduceImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                                 ffi::Buffer<ffi::F32> A, ffi::Buffer<ffi::F32> dt,
                                 ffi::Buffer<ffi::F32> left, ffi::Buffer<ffi::F32> right,
                                 ffi::Buffer<ffi::F32> diag, ffi::Buffer<ffi::F32> w,
@@ -692,7 +735,7 @@ ffi::Error StateDecayReduceImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k
     std::memset(ob, 0, sizeof(float) * L * L);
     for (int64_t c0 = 0; c0 < d.C; c0 += cb) {
       const int64_t nb = std::min(cb, d.C - c0);
-      run_threads(std::min(nt, nb), [&](int64_t t0) {
+      run_threads(xla, std::min(nt, nb), [&](int64_t t0) {
         for (int64_t c = t0; c < nb; c += std::min(nt, nb)) {
           prepare(f.at(d, b, c0 + c), d, s[c]);
           if (banded)
@@ -702,7 +745,7 @@ ffi::Error StateDecayReduceImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k
       });
       if (banded) {
         const int64_t bands = (nc + kBand - 1) / kBand, nbt = std::min(nt, bands);
-        run_threads(nbt, [&](int64_t t0) {
+        run_threads(xla, nbt, [&](int64_t t0) {
           BandBuffers u(d, nc, nb);
           for (int64_t p = t0; p < bands; p += nbt)
             scalar_band(f, d, b, c0, nb, s, qw.typed_data(), kw.typed_data(), full.data(), trunc.data(),
@@ -710,7 +753,7 @@ ffi::Error StateDecayReduceImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k
         });
         continue;
       }
-      run_threads(nt, [&](int64_t t0) {
+      run_threads(xla, nt, [&](int64_t t0) {
         ChunkState cs(d, kTile / kQ + 1);
         std::vector<float> t(kQ * ts), y(kTile), sum(kQ * kTile), kwt(kTile);
         for (int64_t j0 = 0; j0 < L; j0 += kTile) {
@@ -827,7 +870,7 @@ std::string check_rows(ffi::Buffer<ffi::F32>& x, int64_t present, const HeadDims
   return "";
 }
 
-ffi::Error HeadMatrixDenseImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> head,
+ffi::Error HeadMatrixDenseImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> head,
                                ffi::Buffer<ffi::F32> left, ffi::Buffer<ffi::F32> right,
                                ffi::Buffer<ffi::F32> diag, ffi::Buffer<ffi::F32> w,
                                ffi::ResultBuffer<ffi::F32> out, int64_t has_left,
@@ -861,7 +904,7 @@ ffi::Error HeadMatrixDenseImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> he
   const int64_t nc = (d.L + kQ - 1) / kQ, items = d.B * d.H * nc;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
   const int64_t Lp = nc * kQ;
-  run_threads(nt, [&](int64_t t0) {
+  run_threads(xla, nt, [&](int64_t t0) {
     std::vector<float> t(Lp + 2 * kQ), y(Lp + kQ);
     for (int64_t p = t0; p < items; p += nt) {
       const int64_t I = p % nc, h = (p / nc) % d.H, b = p / (nc * d.H);
@@ -901,7 +944,8 @@ ffi::Error HeadMatrixDenseImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> he
 // forming each channel's rows. A diagonal term d_c (before the conv) adds, at (i, i-s),
 //   E_s[i] = sum_c qw_c[i] d_c[i] w_c[K-1-s] kw_c[i-s],
 // one value per row and tap. Work items (batch, chunk of kQ rows), kProdTile columns per step.
-void head_reduce_linear(const HeadFactors& f, const HeadDims& d, const std::vector<int64_t>& order,
+void head_reduce_linear(ffi::ThreadPool& xla, const HeadFactors& f, const HeadDims& d,
+                        const std::vector<int64_t>& order,
                         const std::vector<int64_t>& start, const float* qw, const float* kw, const float* acc,
                         float* o, int64_t nt) {
   const int64_t L = d.L, K = d.K, nc = (L + kQ - 1) / kQ, Lp = nc * kQ, m = start[d.H];
@@ -911,7 +955,7 @@ void head_reduce_linear(const HeadFactors& f, const HeadDims& d, const std::vect
   // The diagonal term's E_s[i] ([b][s][L]), summed over the channels in head order.
   std::vector<float> ediag(f.has_diag ? static_cast<size_t>(d.B) * K * L : 0, 0.0f);
   if (f.has_diag)
-    run_threads(std::min<int64_t>(nt, d.B), [&](int64_t t0) {
+    run_threads(xla, std::min<int64_t>(nt, d.B), [&](int64_t t0) {
       for (int64_t b = t0; b < d.B; b += std::min<int64_t>(nt, d.B))
         for (int64_t k = 0; k < m; ++k) {
           const int64_t c = order[k];
@@ -923,7 +967,7 @@ void head_reduce_linear(const HeadFactors& f, const HeadDims& d, const std::vect
           }
         }
     });
-  run_threads(nt, [&](int64_t t0) {
+  run_threads(xla, nt, [&](int64_t t0) {
     for (int64_t p = t0; p < d.B * m; p += nt) {
       const int64_t b = p / m, c = order[p % m];
       const size_t cl = (static_cast<size_t>(b) * d.n + c) * L;
@@ -936,7 +980,7 @@ void head_reduce_linear(const HeadFactors& f, const HeadDims& d, const std::vect
       }
     }
   });
-  run_threads(nt, [&](int64_t t0) {
+  run_threads(xla, nt, [&](int64_t t0) {
     std::vector<float> X(kQ * kProdTile), S(kQ * kProdTile);
     for (int64_t p = t0; p < d.B * nc; p += nt) {
       const int64_t I = p % nc, b = p / nc, I0 = I * kQ, rows = std::min(kQ, L - I0);
@@ -992,7 +1036,7 @@ void head_reduce_linear(const HeadFactors& f, const HeadDims& d, const std::vect
   });
 }
 
-ffi::Error HeadMatrixReduceImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> head,
+ffi::Error HeadMatrixReduceImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> head,
                                 ffi::Buffer<ffi::F32> left, ffi::Buffer<ffi::F32> right,
                                 ffi::Buffer<ffi::F32> diag, ffi::Buffer<ffi::F32> w,
                                 ffi::Buffer<ffi::F32> qw, ffi::Buffer<ffi::F32> kw,
@@ -1022,10 +1066,10 @@ ffi::Error HeadMatrixReduceImpl(ffi::Buffer<ffi::F32> M, ffi::Buffer<ffi::S32> h
   const int64_t items = d.B * nc;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
   if (mode == 0) {
-    head_reduce_linear(f, d, order, start, qw.typed_data(), kw.typed_data(), a, o, nt);
+    head_reduce_linear(xla, f, d, order, start, qw.typed_data(), kw.typed_data(), a, o, nt);
     return ffi::Error::Success();
   }
-  run_threads(nt, [&](int64_t t0) {
+  run_threads(xla, nt, [&](int64_t t0) {
     std::vector<float> t(kTile + 2 * kQ), y(kTile + kQ), sum(kQ * kTile), kwt(kTile);
     for (int64_t p = t0; p < items; p += nt) {
       const int64_t I = p % nc, b = p / nc, I0 = I * kQ, rows = std::min(kQ, L - I0);
@@ -1175,7 +1219,8 @@ std::string read_rwkv_dims(ffi::Buffer<ffi::F32>& k, ffi::Buffer<ffi::F32>& w,
   return "";
 }
 
-ffi::Error RwkvDenseImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> u,
+ffi::Error RwkvDenseImpl(ffi::ThreadPool xla,
+                         ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> u,
                          ffi::Buffer<ffi::F32> gate, ffi::ResultBuffer<ffi::F32> out,
                          int64_t has_gate, int64_t threads, int64_t huge_pages) {
   RwkvDims d;
@@ -1187,7 +1232,7 @@ ffi::Error RwkvDenseImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi::
   if (huge_pages) advise_huge(o, LL * d.B * d.C * sizeof(float));
   const int64_t pairs = d.B * d.C, Lp = (d.L + kQ - 1) / kQ * kQ;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, pairs));
-  run_threads(nt, [&](int64_t t0) {
+  run_threads(xla, nt, [&](int64_t t0) {
     std::vector<float> kp(Lp, 0.0f), lse(d.L), y(Lp);
     for (int64_t p = t0; p < pairs; p += nt) {
       const int64_t c = p % d.C;
@@ -1227,7 +1272,8 @@ ffi::Error RwkvDenseImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi::
 // its diagonal (the bonus u) is formed with the row factors. No logarithm: exp(x - lse[i]) is
 // exp(x - mx[i]) inv[i] (rwkv_lse8).
 // sum_c qw[b,c,i] f(H_c[i,j]) kw[b,c,j] into out (B, L, L), f as in the other reduces.
-ffi::Error RwkvReduceImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> u,
+ffi::Error RwkvReduceImpl(ffi::ThreadPool xla,
+                          ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> u,
                           ffi::Buffer<ffi::F32> gate, ffi::Buffer<ffi::F32> qw,
                           ffi::Buffer<ffi::F32> kw, ffi::ResultBuffer<ffi::F32> out,
                           int64_t has_gate, int64_t threads, int64_t mode) {
@@ -1262,7 +1308,7 @@ ffi::Error RwkvReduceImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi:
   if (!rec || !rowf || !colf) return ffi::Error(ffi::ErrorCode::kResourceExhausted, "rwkv_reduce: out of memory");
   std::vector<float> past(BC * nc + kQ);
   const int64_t groups = d.B * ((C + 7) / 8);  // 8 channels of one batch at a time
-  run_threads(std::max<int64_t>(1, std::min<int64_t>(threads, groups)), [&](int64_t t0) {
+  run_threads(xla, std::max<int64_t>(1, std::min<int64_t>(threads, groups)), [&](int64_t t0) {
     const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, groups));
     // The group's padded rows (kQ zeros before the keys and kw), then its records chunk by chunk:
     // the 8 channels' records of a chunk lie side by side.
@@ -1324,7 +1370,7 @@ ffi::Error RwkvReduceImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi:
   });
   const int64_t items = d.B * nc;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
-  run_threads(nt, [&](int64_t t0) {
+  run_threads(xla, nt, [&](int64_t t0) {
     std::vector<float> diag(kQ * kQ), sv(C * kTileChunks), left(kQ * kProdTile);
     for (int64_t p = t0; p < items; p += nt) {
       const int64_t I = p % nc, b = p / nc, I0 = I * kQ, rows = std::min(kQ, L - I0);
@@ -1426,7 +1472,7 @@ ffi::Error RwkvReduceImpl(ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> w, ffi:
 
 // LFM2's gated short conv (ShortConvCore): H_c[i, j] = left[i] w[K-1-(i-j)] right[j] on the band
 // 0 <= i-j < K, exact zeros elsewhere; each row written once.
-ffi::Error ShortConvDenseImpl(ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> left,
+ffi::Error ShortConvDenseImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> left,
                               ffi::Buffer<ffi::F32> right, ffi::ResultBuffer<ffi::F32> out,
                               int64_t has_right, int64_t threads, int64_t huge_pages) {
   auto wd = w.dimensions(), ld = left.dimensions(), rd = right.dimensions();
@@ -1440,7 +1486,7 @@ ffi::Error ShortConvDenseImpl(ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> lef
   if (huge_pages) advise_huge(o, LL * B * C * sizeof(float));
   const int64_t pairs = B * C;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, pairs));
-  run_threads(nt, [&](int64_t t0) {
+  run_threads(xla, nt, [&](int64_t t0) {
     for (int64_t p = t0; p < pairs; p += nt) {
       const int64_t c = p % C;
       const float* l = left.typed_data() + static_cast<size_t>(p) * L;
@@ -1463,7 +1509,8 @@ ffi::Error ShortConvDenseImpl(ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> lef
 // items are (batch, head, chunk of kQ rows): the chunk's logits are formed block by block (kQ rows
 // times one vector of keys, the kQ accumulators in registers; only blocks the window reaches), then
 // each row is max-shifted, exponentiated, normalised and written once.
-ffi::Error AttentionDenseImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::S32> kv,
+ffi::Error AttentionDenseImpl(ffi::ThreadPool xla,
+                              ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::S32> kv,
                               ffi::Buffer<ffi::S32> seg, ffi::ResultBuffer<ffi::F32> out, int64_t window,
                               int64_t threads, int64_t huge_pages) {
   auto qd = q.dimensions(), kd = k.dimensions(), md = kv.dimensions(), sd = seg.dimensions();
@@ -1491,7 +1538,7 @@ ffi::Error AttentionDenseImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, 
   const int32_t* sg = seg.typed_data();
   const int64_t items = B * n * nc;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
-  run_threads(nt, [&](int64_t t0) {
+  run_threads(xla, nt, [&](int64_t t0) {
     std::vector<float> qs(kQ * D), S(kQ * Lp);
     const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     const v16 ninf = splat(-__builtin_inff());
@@ -1567,7 +1614,7 @@ ffi::Error AttentionDenseImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, 
 
 // Copies channels into a larger output in place (a ParallelCore's other parts, a channel
 // repeated for each of its slots): out[b, offset + t] = src[b, map[t]].
-ffi::Error PlaceChannelsImpl(ffi::Buffer<ffi::F32> src, ffi::Buffer<ffi::S32> map,
+ffi::Error PlaceChannelsImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> src, ffi::Buffer<ffi::S32> map,
                              ffi::Buffer<ffi::F32> into, ffi::ResultBuffer<ffi::F32> out,
                              int64_t offset, int64_t threads) {
   auto sd = src.dimensions(), md = map.dimensions(), od = out->dimensions();
@@ -1584,7 +1631,7 @@ ffi::Error PlaceChannelsImpl(ffi::Buffer<ffi::F32> src, ffi::Buffer<ffi::S32> ma
     std::memcpy(o, into.typed_data(), sizeof(float) * LL * B * total);
   const int64_t items = B * k;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
-  run_threads(nt, [&](int64_t t0) {
+  run_threads(xla, nt, [&](int64_t t0) {
     for (int64_t p = t0; p < items; p += nt) {
       const int64_t b = p / k, t = p % k;
       std::memcpy(o + (static_cast<size_t>(b) * total + offset + t) * LL,
@@ -1600,7 +1647,8 @@ ffi::Error PlaceChannelsImpl(ffi::Buffer<ffi::F32> src, ffi::Buffer<ffi::S32> ma
 // the arithmetic of the XLA sequential scan in the same order. Sixteen channels share one
 // vector (the state of each n is one v16), so no lane sums are needed; a last block of fewer
 // channels runs on zero lanes that are not written back.
-ffi::Error SelectiveScanImpl(ffi::Buffer<ffi::F32> u, ffi::Buffer<ffi::F32> dt, ffi::Buffer<ffi::F32> At,
+ffi::Error SelectiveScanImpl(ffi::ThreadPool xla,
+                             ffi::Buffer<ffi::F32> u, ffi::Buffer<ffi::F32> dt, ffi::Buffer<ffi::F32> At,
                              ffi::Buffer<ffi::F32> Bm, ffi::Buffer<ffi::F32> Cm,
                              ffi::ResultBuffer<ffi::F32> y, int64_t threads) {
   auto ud = u.dimensions(), dd = dt.dimensions(), ad = At.dimensions(), bd = Bm.dimensions(), cd = Cm.dimensions();
@@ -1615,7 +1663,7 @@ ffi::Error SelectiveScanImpl(ffi::Buffer<ffi::F32> u, ffi::Buffer<ffi::F32> dt, 
   const float *pu = u.typed_data(), *pd = dt.typed_data(), *pa = At.typed_data();
   const float *pb = Bm.typed_data(), *pc = Cm.typed_data();
   float* py = y->typed_data();
-  run_threads(nt, [&](int64_t t0) {
+  run_threads(xla, nt, [&](int64_t t0) {
     v16 h[kMaxState], a[kMaxState];
     float lane[kQ];
     for (int64_t p = t0; p < items; p += nt) {
@@ -1719,7 +1767,8 @@ void ssd_pass_vectors(int nv, float* state, int64_t stride, int64_t N, float dec
 // vectors (a row S[n, :] is P floats), so y accumulates in registers with no lane sums; heads
 // are spread over the threads. P is padded to whole vectors in scratch; padded lanes are never
 // written out.
-ffi::Error SsdScanImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> dt, ffi::Buffer<ffi::F32> A,
+ffi::Error SsdScanImpl(ffi::ThreadPool xla,
+                       ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> dt, ffi::Buffer<ffi::F32> A,
                        ffi::Buffer<ffi::F32> Bm, ffi::Buffer<ffi::F32> Cm,
                        ffi::ResultBuffer<ffi::F32> y, int64_t threads) {
   auto xd = x.dimensions(), dd = dt.dimensions(), ad = A.dimensions(), bd = Bm.dimensions(), cd = Cm.dimensions();
@@ -1736,7 +1785,7 @@ ffi::Error SsdScanImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> dt, ffi::B
   const float *px = x.typed_data(), *pd = dt.typed_data(), *pa = A.typed_data();
   const float *pb = Bm.typed_data(), *pc = Cm.typed_data();
   float* py = y->typed_data();
-  run_threads(nt, [&](int64_t t0) {
+  run_threads(xla, nt, [&](int64_t t0) {
     std::vector<float> state(static_cast<size_t>(N) * Pp), dx(K * Pp, 0.0f), out(K * Pp), wb(K * N);
     for (int64_t item = t0; item < items; item += nt) {
       const int64_t b = item / H, h = item % H, g = h / (H / G);
@@ -1883,7 +1932,8 @@ bool dplr_operands(const ffi::Buffer<ffi::F32>& q, const ffi::Buffer<ffi::F32>& 
          (!has_bonus || (bnd.size() == 3 && std::equal(bnd.begin(), bnd.end(), qd.begin())));
 }
 
-ffi::Error DplrScanImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
+ffi::Error DplrScanImpl(ffi::ThreadPool xla,
+                        ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
                         ffi::Buffer<ffi::F32> log_w, ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
                         ffi::Buffer<ffi::F32> bonus, ffi::ResultBuffer<ffi::F32> out, int64_t threads,
                         int64_t has_ab, int64_t has_bonus, int64_t after) {
@@ -1901,7 +1951,7 @@ ffi::Error DplrScanImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::B
   const float *pq = q.typed_data(), *pk = k.typed_data(), *pv_ = v.typed_data(), *pl = log_w.typed_data();
   const float *pa = a.typed_data(), *pb = b.typed_data(), *pbo = bonus.typed_data();
   float* po = out->typed_data();
-  run_threads(nt, [&](int64_t t0) {
+  run_threads(xla, nt, [&](int64_t t0) {
     std::vector<float> state(static_cast<size_t>(dk) * kBlock * kW + kW), w(L * dkp + kW, 0.0f);
     for (int64_t item = t0; item < items; item += nt) {
       const size_t base = static_cast<size_t>(item) * L;  // (b, h, t = 0)
@@ -2022,7 +2072,8 @@ void decay_matrix_item(const float* q, const float* k, const float* lw, const fl
   }
 }
 
-ffi::Error DecayMatrixImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> log_w,
+ffi::Error DecayMatrixImpl(ffi::ThreadPool xla,
+                           ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> log_w,
                            ffi::Buffer<ffi::F32> bonus, ffi::ResultBuffer<ffi::F32> out, int64_t threads,
                            int64_t has_bonus, int64_t after, int64_t huge_pages) {
   auto qd = q.dimensions();
@@ -2039,7 +2090,7 @@ ffi::Error DecayMatrixImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi
   float* po = out->typed_data();
   if (huge_pages) advise_huge(po, LL * items * sizeof(float));
   const float *pq = q.typed_data(), *pk = k.typed_data(), *pl = log_w.typed_data(), *pb = bonus.typed_data();
-  run_threads(nt, [&](int64_t t0) {
+  run_threads(xla, nt, [&](int64_t t0) {
     Scratch s(d);
     ChunkState c(d, nc);
     std::vector<float> e(Lp * Np), tot(nc * Np), t(kQ * (Lp + kQ));
@@ -2128,7 +2179,8 @@ void lowrank_rows(int64_t T0, int64_t L, int64_t dk, int64_t shift, const float*
   }
 }
 
-ffi::Error LowRankMatrixImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> log_w,
+ffi::Error LowRankMatrixImpl(ffi::ThreadPool xla,
+                             ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> log_w,
                              ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b, ffi::Buffer<ffi::F32> bonus,
                              ffi::ResultBuffer<ffi::F32> out, int64_t threads, int64_t has_ab, int64_t has_bonus,
                              int64_t after, int64_t huge_pages) {
@@ -2146,7 +2198,7 @@ ffi::Error LowRankMatrixImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, f
               *pb = b.typed_data(), *pbo = bonus.typed_data();
   std::vector<float> w(per * items);
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items * nb));
-  run_threads(nt, [&](int64_t t0) {  // every step's decays, dk padded to a whole vector per row
+  run_threads(xla, nt, [&](int64_t t0) {  // every step's decays, dk padded to a whole vector per row
     std::vector<float> row(dk + kW);
     for (int64_t p = t0; p < items * L; p += nt) {
       std::fill(row.begin(), row.end(), 0.0f);
@@ -2155,7 +2207,7 @@ ffi::Error LowRankMatrixImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, f
       std::memcpy(w.data() + p * dk, row.data(), sizeof(float) * dk);
     }
   });
-  run_threads(nt, [&](int64_t t0) {
+  run_threads(xla, nt, [&](int64_t t0) {
     std::vector<float> R(dk * kLowRankRows), col(nb * kLowRankRows * kLowRankRows);
     for (int64_t p = t0; p < items * nb; p += nt) {
       // The last blocks first (the costliest: their rows reach back the furthest), so the
@@ -2205,7 +2257,8 @@ typedef int32_t vhi __attribute__((vector_size(kD * 4)));
 
 inline vh wkv_exp(vd x) { return vexp_lanes<vh, vhi>(__builtin_convertvector(x, vh)); }
 
-ffi::Error WkvScanImpl(ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> u, ffi::Buffer<ffi::F32> k,
+ffi::Error WkvScanImpl(ffi::ThreadPool xla,
+                       ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> u, ffi::Buffer<ffi::F32> k,
                        ffi::Buffer<ffi::F32> v, ffi::ResultBuffer<ffi::F32> y, int64_t threads) {
   auto wd = w.dimensions(), ud = u.dimensions(), kd = k.dimensions(), vdims = v.dimensions();
   if (wd.size() != 1 || ud.size() != 1 || kd.size() != 3 || vdims.size() != 3 ||
@@ -2217,7 +2270,7 @@ ffi::Error WkvScanImpl(ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> u, ffi::Bu
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
   const float *pw = w.typed_data(), *pu = u.typed_data(), *pk = k.typed_data(), *pv = v.typed_data();
   float* py = y->typed_data();
-  run_threads(nt, [&](int64_t t0) {
+  run_threads(xla, nt, [&](int64_t t0) {
     float kin[kQ], vin[kQ], out[kQ], win[kQ], uin[kQ];
     for (int64_t p = t0; p < items; p += nt) {
       const int64_t b = p / blocks, c0 = (p % blocks) * kQ, n = std::min<int64_t>(kQ, A - c0);
@@ -2294,12 +2347,13 @@ auto bind_flags(Binding b) {
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaStateDecayDense, StateDecayDenseImpl,
-    bind_flags(bind_factors(ffi::Ffi::Bind()).Ret<ffi::Buffer<ffi::F32>>())  // out (B, C, L, L)
+    bind_flags(bind_factors(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>())
+                   .Ret<ffi::Buffer<ffi::F32>>())  // out (B, C, L, L)
         .Attr<int64_t>("huge_pages"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaStateDecayReduce, StateDecayReduceImpl,
-    bind_flags(bind_factors(ffi::Ffi::Bind())
+    bind_flags(bind_factors(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>())
                    .Arg<ffi::Buffer<ffi::F32>>()    // query weights (B, C, L)
                    .Arg<ffi::Buffer<ffi::F32>>()    // key weights (B, C, L)
                    .Ret<ffi::Buffer<ffi::F32>>())   // out (B, L, L)
@@ -2307,7 +2361,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaHeadMatrixDense, HeadMatrixDenseImpl,
-    ffi::Ffi::Bind()
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
         .Arg<ffi::Buffer<ffi::F32>>()   // head matrices (B, H, L, L)
         .Arg<ffi::Buffer<ffi::S32>>()   // channel -> head matrix (n,)
         .Arg<ffi::Buffer<ffi::F32>>()   // left (B, n, L)
@@ -2324,7 +2378,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaHeadMatrixReduce, HeadMatrixReduceImpl,
-    ffi::Ffi::Bind()
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
         .Arg<ffi::Buffer<ffi::F32>>()   // head matrices (B, H, L, L)
         .Arg<ffi::Buffer<ffi::S32>>()   // channel -> head matrix (n,), -1: left out
         .Arg<ffi::Buffer<ffi::F32>>()   // left (B, n, L)
@@ -2343,7 +2397,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaRwkvDense, RwkvDenseImpl,
-    ffi::Ffi::Bind()
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
         .Arg<ffi::Buffer<ffi::F32>>()   // k (B, C, L)
         .Arg<ffi::Buffer<ffi::F32>>()   // w (C,)
         .Arg<ffi::Buffer<ffi::F32>>()   // u (C,)
@@ -2355,7 +2409,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaRwkvReduce, RwkvReduceImpl,
-    ffi::Ffi::Bind()
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
         .Arg<ffi::Buffer<ffi::F32>>()   // k (B, C, L)
         .Arg<ffi::Buffer<ffi::F32>>()   // w (C,)
         .Arg<ffi::Buffer<ffi::F32>>()   // u (C,)
@@ -2369,7 +2423,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaShortConvDense, ShortConvDenseImpl,
-    ffi::Ffi::Bind()
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
         .Arg<ffi::Buffer<ffi::F32>>()   // w (C, K)
         .Arg<ffi::Buffer<ffi::F32>>()   // left (B, C, L)
         .Arg<ffi::Buffer<ffi::F32>>()   // right (B, C, L)
@@ -2380,7 +2434,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaAttentionDense, AttentionDenseImpl,
-    ffi::Ffi::Bind()
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
         .Arg<ffi::Buffer<ffi::F32>>()   // q (B, n, L, d), scaled
         .Arg<ffi::Buffer<ffi::F32>>()   // k (B, KV, L, d)
         .Arg<ffi::Buffer<ffi::S32>>()   // query head -> key head (n,)
@@ -2392,7 +2446,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaPlaceChannels, PlaceChannelsImpl,
-    ffi::Ffi::Bind()
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
         .Arg<ffi::Buffer<ffi::F32>>()   // src (B, m, L, L)
         .Arg<ffi::Buffer<ffi::S32>>()   // source channel of each slot (k,)
         .Arg<ffi::Buffer<ffi::F32>>()   // into (B, total, L, L), aliased to out
@@ -2402,7 +2456,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaSelectiveScan, SelectiveScanImpl,
-    ffi::Ffi::Bind()
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
         .Arg<ffi::Buffer<ffi::F32>>()   // u (B, L, C)
         .Arg<ffi::Buffer<ffi::F32>>()   // dt (B, L, C)
         .Arg<ffi::Buffer<ffi::F32>>()   // A transposed (N, C)
@@ -2413,7 +2467,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaSsdScan, SsdScanImpl,
-    ffi::Ffi::Bind()
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
         .Arg<ffi::Buffer<ffi::F32>>()   // x (B, L, H, P)
         .Arg<ffi::Buffer<ffi::F32>>()   // dt (B, L, H)
         .Arg<ffi::Buffer<ffi::F32>>()   // A (H,)
@@ -2424,7 +2478,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaDplrScan, DplrScanImpl,
-    ffi::Ffi::Bind()
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
         .Arg<ffi::Buffer<ffi::F32>>()   // q (B, H, L, dk)
         .Arg<ffi::Buffer<ffi::F32>>()   // k (B, H, L, dk)
         .Arg<ffi::Buffer<ffi::F32>>()   // v (B, H, L, dv)
@@ -2440,7 +2494,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaWkvScan, WkvScanImpl,
-    ffi::Ffi::Bind()
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
         .Arg<ffi::Buffer<ffi::F32>>()   // w (A,)
         .Arg<ffi::Buffer<ffi::F32>>()   // u (A,)
         .Arg<ffi::Buffer<ffi::F32>>()   // k (B, L, A)
@@ -2450,7 +2504,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaDecayMatrix, DecayMatrixImpl,
-    ffi::Ffi::Bind()
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
         .Arg<ffi::Buffer<ffi::F32>>()   // q (B, H, L, dk)
         .Arg<ffi::Buffer<ffi::F32>>()   // k (B, H, L, dk)
         .Arg<ffi::Buffer<ffi::F32>>()   // log decays (B, H, L, dk)
@@ -2463,7 +2517,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaLowRankMatrix, LowRankMatrixImpl,
-    ffi::Ffi::Bind()
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
         .Arg<ffi::Buffer<ffi::F32>>()   // q (B, H, L, dk)
         .Arg<ffi::Buffer<ffi::F32>>()   // k (B, H, L, dk)
         .Arg<ffi::Buffer<ffi::F32>>()   // log decays (B, H, L, dk)
