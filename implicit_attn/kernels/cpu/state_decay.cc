@@ -15,6 +15,7 @@
 // Inside a chunk the decay is a running product down each column.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -426,12 +427,21 @@ struct Factors {
   }
 };
 
-// work(t) for t = 0 .. nt-1, side by side: work(0) in the calling thread, the others offered to
-// XLA's intra-op pool. Its workers are awake after the XLA operations before the call (they spin
-// a while), so a thread of our own would compete with them for the cores: at 2 ms calls on two
-// cores, half the calls ran as if on one. A part no worker has started when the caller is free
-// runs in the caller (claimed once, by whoever comes first), so a busy pool costs time, never
-// a deadlock, and a late task touches only the shared claims. Without a pool, threads of our own.
+// Whether this thread has run a part for XLA's intra-op pool, i.e. is one of its workers.
+thread_local bool t_pool_worker = false;
+
+// How long a caller outside the pool waits for the workers to start every part before it runs
+// the parts none has started itself.
+constexpr auto kPoolPatience = std::chrono::microseconds(500);
+
+// work(t) for t = 0 .. nt-1, side by side on XLA's intra-op pool. Its workers spin a while after
+// the XLA operations before the call, so a thread of our own (or a caller outside the pool)
+// competed with them for the cores: at 2 ms calls on two cores, a third of the calls ran as if on
+// one. A caller that is a pool worker runs part 0 and offers the rest; any other caller offers
+// every part and sleeps. A part no worker has started (the caller a worker: once the caller is
+// free; else after kPoolPatience) runs in the caller, claimed once by whoever comes first: a busy
+// pool costs time, never a deadlock, and a late task touches only the shared claims. Without a
+// pool, threads of our own.
 template <typename Fn>
 void run_threads(ffi::ThreadPool& xla, int64_t nt, Fn work) {
   if (nt <= 1) return work(0);
@@ -450,20 +460,34 @@ void run_threads(ffi::ThreadPool& xla, int64_t nt, Fn work) {
     Fn* fn;  // read only by a task that claimed its part: the caller waits for those
     std::mutex m;
     std::condition_variable cv;
-    int64_t finished = 0;
+    int64_t started = 0, finished = 0;
   };
   auto s = std::make_shared<Shared>(nt, &work);
-  for (int64_t t = 1; t < nt; ++t)
+  const int64_t first = t_pool_worker ? 1 : 0;
+  for (int64_t t = first; t < nt; ++t)
     xla.Schedule([s, t] {
+      t_pool_worker = true;
       if (s->claimed[t].exchange(true)) return;
+      {
+        std::lock_guard<std::mutex> lock(s->m);
+        ++s->started;
+      }
+      s->cv.notify_all();
       (*s->fn)(t);
-      std::lock_guard<std::mutex> lock(s->m);
-      ++s->finished;
-      s->cv.notify_one();
+      {
+        std::lock_guard<std::mutex> lock(s->m);
+        ++s->finished;
+      }
+      s->cv.notify_all();
     });
-  work(0);
+  if (first == 1) {
+    work(0);
+  } else {
+    std::unique_lock<std::mutex> lock(s->m);
+    s->cv.wait_for(lock, kPoolPatience, [&] { return s->started == nt; });
+  }
   int64_t by_pool = 0;
-  for (int64_t t = 1; t < nt; ++t) {
+  for (int64_t t = first; t < nt; ++t) {
     if (s->claimed[t].exchange(true))
       ++by_pool;
     else
