@@ -1,5 +1,6 @@
-"""``nn.moe.experts_forward``'s CPU path (chunks of at most ``block`` rows, row counts rounded
-up to ``granule``) against float64 loops over the chosen experts."""
+"""``nn.moe.experts_forward``'s CPU paths against float64 loops over the chosen experts: the XLA
+loop (chunks of at most ``block`` rows, row counts rounded up to ``granule``) and the grouped-product
+kernel (``kernels.cpu.grouped_matmul`` on ``ops.expert_packs``' layout)."""
 from __future__ import annotations
 
 import jax
@@ -7,7 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from implicit_attn.kernels import cpu
 from implicit_attn.nn.moe import experts_forward, gated_act
+from implicit_attn.ops import expert_packs, grouped_matmul_packs
 
 T, D, F, E, k = 23, 5, 3, 4, 2
 
@@ -48,7 +51,8 @@ def test_chunks_of_any_size_match_the_float64_loop(route, block, granule):
     """Groups shorter and longer than a chunk, chunks whose row count is not a multiple of
     the granule, a granule larger than the chunk, empty experts (also the last)."""
     a = case(0, route)
-    np.testing.assert_allclose(run(*a, block=block, granule=granule), reference(*a), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(run(*a, block=block, granule=granule, impl="xla"), reference(*a), rtol=1e-4,
+                               atol=1e-4)
 
 
 @pytest.mark.parametrize("block,granule", [(256, 32), (8, 3)])
@@ -59,13 +63,15 @@ def test_nan_token_stays_in_its_row(block, granule):
     for bad in (0, 7, T - 1):
         xb = x.copy()
         xb[bad, 1] = np.nan
-        nan_rows = np.isnan(run(xb, w, e, wi, wo, block=block, granule=granule)).any(-1)
+        nan_rows = np.isnan(run(xb, w, e, wi, wo, block=block, granule=granule, impl="xla")).any(-1)
         assert nan_rows[bad] and nan_rows.sum() == 1
 
 
-def test_gradients_match_a_dense_float64_formula():
-    """Reverse mode through the chunk loop: d(sum out * c)/d(x, w_in, w_out) equal to the
-    gradient of a dense float64 formula (every expert on every token, masked)."""
+@pytest.mark.parametrize("impl", ["xla", "cpu"])
+def test_gradients_match_a_dense_float64_formula(impl):
+    """Reverse mode through the chunk loop (the kernel's derivatives are the loop's):
+    d(sum out * c)/d(x, w_in, w_out) equal to the gradient of a dense float64 formula (every
+    expert on every token, masked)."""
     x, w, e, wi, wo = case(2, "skewed")
     c = np.random.default_rng(3).standard_normal((T, D))
     mask = np.zeros((T, E))
@@ -80,7 +86,7 @@ def test_gradients_match_a_dense_float64_formula():
 
     def ours(x, wi, wo):
         return jnp.sum(experts_forward(x, jnp.asarray(w, jnp.float32), jnp.asarray(e, jnp.int32), wi, wo,
-                                       gated_act(jax.nn.silu), block=8, granule=3) * c)
+                                       gated_act(jax.nn.silu), block=8, granule=3, impl=impl) * c)
 
     with jax.enable_x64():
         want = jax.grad(dense, argnums=(0, 1, 2))(x, wi, wo)
@@ -93,3 +99,135 @@ def test_gradients_match_a_dense_float64_formula():
 def test_bad_chunk_sizes_are_named(bad):
     with pytest.raises(ValueError, match="block and granule"):
         run(*case(0, "uniform"), **bad)
+
+
+@pytest.mark.parametrize("bad", [dict(impl="pallas"), dict(impl="gpu")])
+def test_bad_impl_is_named(bad):
+    with pytest.raises(ValueError, match="impl must be"):
+        run(*case(0, "uniform"), **bad)
+
+
+def test_kernel_path_needs_float32():
+    x, w, e, wi, wo = case(0, "uniform")
+    with pytest.raises(ValueError, match="float32"):
+        experts_forward(jnp.asarray(x, jnp.bfloat16), jnp.asarray(w, jnp.float32), jnp.asarray(e, jnp.int32),
+                        jnp.asarray(wi, jnp.bfloat16), jnp.asarray(wo, jnp.bfloat16), gated_act(jax.nn.silu),
+                        impl="cpu")
+
+
+@pytest.mark.parametrize("route", ["uniform", "one_expert", "skewed", "last_empty"])
+def test_kernel_path_matches_the_float64_loop(route):
+    """The packed layout and both grouped products: groups shorter than a pack and spanning
+    several, empty experts (also the last), one expert holding every copy."""
+    a = case(4, route)
+    np.testing.assert_allclose(run(*a, impl="cpu"), reference(*a), rtol=1e-5, atol=1e-5)
+    big = (np.repeat(a[0], 5, 0), np.repeat(a[1], 5, 0), np.repeat(a[2], 5, 0), *a[3:])  # 115 tokens
+    np.testing.assert_allclose(run(*big, impl="cpu"), reference(*big), rtol=1e-5, atol=1e-5)
+
+
+def test_kernel_path_keeps_a_nan_token_in_its_row():
+    x, w, e, wi, wo = case(1, "uniform")
+    for bad in (0, 7, T - 1):
+        xb = x.copy()
+        xb[bad, 1] = np.nan
+        nan_rows = np.isnan(run(xb, w, e, wi, wo, impl="cpu")).any(-1)
+        assert nan_rows[bad] and nan_rows.sum() == 1
+
+
+def test_kernel_path_forward_mode_matches_the_loop():
+    """``jax.jvp`` through the kernel path: its tangents are the loop's."""
+    x, w, e, wi, wo = (jnp.asarray(a, jnp.float32) if a.dtype.kind == "f" else jnp.asarray(a, jnp.int32)
+                       for a in case(5, "uniform"))
+    t = tuple(jnp.asarray(np.random.default_rng(6).standard_normal(a.shape), jnp.float32) for a in (x, wi, wo))
+    f = lambda impl: (lambda x, wi, wo: experts_forward(x, w, e, wi, wo, gated_act(jax.nn.silu), impl=impl))
+    (y1, d1), (y2, d2) = jax.jvp(f("cpu"), (x, wi, wo), t), jax.jvp(f("xla"), (x, wi, wo), t)
+    np.testing.assert_allclose(np.asarray(y1), np.asarray(y2), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(d1), np.asarray(d2), rtol=1e-5, atol=1e-5)
+
+
+def test_kernel_path_lowers_the_kernel_on_cpu_only():
+    """``auto`` takes the kernel here (the tests' size threshold is 0); an export for cuda or tpu
+    runs ``ragged_dot`` and holds no library call."""
+    from jax import export
+
+    x, w, e, wi, wo = (jnp.asarray(a, jnp.float32) if a.dtype.kind == "f" else jnp.asarray(a, jnp.int32)
+                       for a in case(0, "uniform"))
+    f = jax.jit(lambda x: experts_forward(x, w, e, wi, wo, gated_act(jax.nn.silu)))
+    assert f.lower(x).as_text().count("implicit_attn_grouped_matmul") == 2
+    for platform in ("cuda", "tpu"):
+        text = export.export(f, platforms=[platform])(x).mlir_module()
+        assert "implicit_attn_" not in text and "ragged_dot" in text, platform
+
+
+@pytest.mark.parametrize("route", ["uniform", "skewed", "last_empty"])
+def test_expert_packs_put_each_copy_in_its_experts_pack(route):
+    """Slots are distinct, each in a pack of its copy's expert, an expert's copies in order from the
+    start of its first pack; the packs after the copies belong to no expert."""
+    e = np.sort(case(7, route)[2].reshape(-1))
+    E_ = 4
+    sizes = np.bincount(e, minlength=E_)
+    for tile in (1, 3, 32):
+        slot, owner = (np.asarray(a) for a in expert_packs(jnp.asarray(sizes), e.size, tile))
+        assert owner.shape == (-(-(e.size + E_ * (tile - 1)) // tile),)
+        assert len(set(slot)) == e.size and np.array_equal(owner[slot // tile], e)
+        firsts = np.searchsorted(e, np.arange(E_))
+        assert np.array_equal(slot % tile, (np.arange(e.size) - firsts[e]) % tile)
+        used = -(-sizes // tile)
+        assert np.array_equal(owner, np.concatenate([np.repeat(np.arange(E_), used),
+                                                     np.full(owner.size - used.sum(), -1)]))
+
+
+def grouped64(x, owner, w):
+    x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    out = np.zeros((x.shape[0], w.shape[1], x.shape[2]))
+    for p, e in enumerate(np.asarray(owner)):
+        if e >= 0:
+            out[p] = w[e] @ x[p]
+    return out
+
+
+@pytest.mark.parametrize("K,R", [(70, 19), (1, 8), (128, 16), (33, 5)])
+def test_grouped_matmul_matches_float64(K, R):
+    """Row counts not a multiple of 8, any inner size, runs of one expert interleaved with other
+    experts' and with unowned packs; the XLA reference agrees."""
+    g = np.random.default_rng(K)
+    owner = jnp.asarray([2, 2, 0, -1, 2, 1, 1, 1, -1, -1], jnp.int32)
+    x = jnp.asarray(g.standard_normal((owner.size, K, cpu.GROUP_TILE)), jnp.float32)
+    w = jnp.asarray(g.standard_normal((3, R, K)), jnp.float32)
+    want = grouped64(x, owner, w)
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(np.asarray(cpu.grouped_matmul(x, owner, w)), want, atol=2e-6 * scale)
+    np.testing.assert_allclose(np.asarray(grouped_matmul_packs(x, owner, w)), want, atol=2e-6 * scale)
+
+
+def test_grouped_matmul_threads_vmap_and_nan(monkeypatch):
+    """One thread and three give the same bits; under vmap each example equals its call alone;
+    a NaN input column reaches only that column of its pack."""
+    g = np.random.default_rng(9)
+    owner = jnp.asarray([0, 0, 1, -1], jnp.int32)
+    x = jnp.asarray(g.standard_normal((4, 40, cpu.GROUP_TILE)), jnp.float32)
+    w = jnp.asarray(g.standard_normal((2, 24, 40)), jnp.float32)
+    bits = {}
+    for n in (1, 3):
+        monkeypatch.setattr(cpu, "num_threads", lambda n=n: n)
+        bits[n] = np.asarray(jax.jit(cpu.grouped_matmul)(x, owner, w))
+    assert np.array_equal(bits[1], bits[3])
+    xs = jnp.stack([x, -2 * x])
+    stacked = jax.vmap(lambda a: cpu.grouped_matmul(a, owner, w))(xs)
+    for n in range(2):
+        assert np.array_equal(stacked[n], cpu.grouped_matmul(xs[n], owner, w))
+    y = np.asarray(cpu.grouped_matmul(x.at[1, 5, 7].set(jnp.nan), owner, w))
+    assert np.isnan(y[1, :, 7]).all() and np.isnan(y).sum() == w.shape[1]
+
+
+def test_grouped_matmul_refuses_bad_operands():
+    x = jnp.zeros((3, 4, cpu.GROUP_TILE), jnp.float32)
+    w = jnp.zeros((2, 5, 4), jnp.float32)
+    with pytest.raises(ValueError, match="grouped_matmul: x must be"):
+        cpu.grouped_matmul(x[..., :16], jnp.zeros(3, jnp.int32), w)
+    with pytest.raises(ValueError, match="grouped_matmul: x must be"):
+        cpu.grouped_matmul(x, jnp.zeros(3, jnp.int32), w[..., :3])
+    with pytest.raises(ValueError, match="float32"):
+        cpu.grouped_matmul(x.astype(jnp.bfloat16), jnp.zeros(3, jnp.int32), w)
+    with pytest.raises(Exception, match="outside"):  # the handler checks the experts it is given
+        np.asarray(cpu.grouped_matmul(x, jnp.asarray([0, 2, -1], jnp.int32), w))

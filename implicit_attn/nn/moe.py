@@ -9,6 +9,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ..kernels import cpu as cpu_kernels
+from ..ops import expert_packs
+
 f32 = jnp.float32
 
 
@@ -91,12 +94,17 @@ def gated_act(act):
     return f
 
 
-def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, granule: int = 32):
+def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, granule: int = 32,
+                    impl: str = "auto"):
     """Weighted sum of the chosen experts' MLPs, ``sum_j weights[t, j] * E_{experts[t, j]}(x[t])``
     with ``E_e(x) = w_out[e] @ act(w_in[e] @ x)``; only the chosen experts run.
 
     The token copies are sorted by expert. On accelerators the experts run as one grouped
-    matmul (``jax.lax.ragged_dot``); on CPU, where that lowering is slow, a loop runs each
+    matmul (``jax.lax.ragged_dot``). On CPU, where that lowering is slow, a float32 layer with
+    enough work (``kernels.cpu.grouped_pays_off``) runs on the library's grouped-product kernel:
+    the copies laid out in packs of ``GROUP_TILE`` columns, each pack one expert's
+    (``ops.expert_packs``), both products by ``kernels.cpu.grouped_matmul`` and the activation
+    between them by XLA; its derivatives are the loop's below. Otherwise a loop runs each
     expert's group in chunks of at most ``block`` rows, each chunk's row count rounded up to
     a multiple of ``granule`` (one static matmul shape per multiple, picked by
     ``lax.switch``), so an expert's weights are read about once per ``block`` of its tokens
@@ -111,12 +119,16 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
         expert indices in ``[0, E)``;
       w_in: ``(E, F_in, D)``; w_out: ``(E, D, F)``; act: ``(..., F_in) -> (..., F)``;
       block: the most rows one CPU matmul takes (at most ``T k`` rounded up to the step are
-        used); granule: the step of its row counts (``min(granule, block)`` is used).
+        used); granule: the step of its row counts (``min(granule, block)`` is used);
+      impl: the CPU path: ``"auto"`` (the kernel where it pays off), ``"cpu"`` (the kernel:
+        float32 inputs, and it must build here), ``"xla"`` (the loop).
     Returns:
       ``(T, D)`` in ``x``'s dtype.
     """
     if block < 1 or granule < 1:
         raise ValueError(f"experts_forward: block and granule must be >= 1, got {block} and {granule}")
+    if impl not in ("auto", "cpu", "xla"):
+        raise ValueError(f"experts_forward: impl must be 'auto', 'cpu' or 'xla', got {impl!r}")
     w_in, w_out = jnp.asarray(w_in), jnp.asarray(w_out)
     T, k = experts.shape
     E = w_in.shape[0]
@@ -127,7 +139,7 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
     sizes = jnp.bincount(flat, length=E)
     starts = jnp.cumsum(sizes) - sizes
 
-    def grouped(x):
+    def grouped(x, w_in, w_out):
         xs = x[order // k]
         u = jax.lax.ragged_dot(xs, jnp.swapaxes(w_in, 1, 2), sizes)
         return jax.lax.ragged_dot(act(u), jnp.swapaxes(w_out, 1, 2), sizes)[rank]
@@ -136,7 +148,7 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
     g = min(granule, block)
     block = min(block, max(g, -(-n // g) * g))
 
-    def chunked(x):
+    def chunked(x, w_in, w_out):
         D = w_out.shape[1]
         dtype = jnp.result_type(x, w_in, w_out)
         padded = (sizes + block - 1) // block * block  # each group as whole chunks
@@ -165,7 +177,32 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
         out, _ = jax.lax.scan(one, jnp.zeros((n + block, D), dtype), (owner, at, filled))
         return out[rank]
 
-    o = jax.lax.platform_dependent(x, cpu=chunked, default=grouped).reshape(T, k, -1)
+    tile = cpu_kernels.GROUP_TILE
+
+    def packed(x, w_in, w_out):  # the kernel's layout: (packs, features, tile)
+        slot, owner = expert_packs(sizes, n, tile)
+        P, D = owner.shape[0], x.shape[1]
+        token = jnp.full((P * tile,), T, jnp.int32).at[slot].set((order // k).astype(jnp.int32))
+        xs = jnp.concatenate([x, jnp.zeros((1, D), x.dtype)])[token].reshape(P, tile, D)
+        u = cpu_kernels.grouped_matmul(jnp.swapaxes(xs, 1, 2), owner, w_in)
+        h = jnp.swapaxes(act(jnp.swapaxes(u, 1, 2)), 1, 2)
+        y = jnp.swapaxes(cpu_kernels.grouped_matmul(h, owner, w_out), 1, 2).reshape(P * tile, D)
+        return y[slot[rank]]
+
+    @jax.custom_jvp
+    def by_kernel(x, w_in, w_out):
+        return packed(x, w_in, w_out)
+
+    by_kernel.defjvp(lambda p, t: (by_kernel(*p), jax.jvp(chunked, p, t)[1]))
+    f32 = all(a.dtype == jnp.float32 for a in (x, w_in, w_out))
+    if impl == "cpu":
+        if not f32:
+            raise ValueError(f"experts_forward: impl='cpu' takes float32 tokens and weights, got {x.dtype}, "
+                             f"{w_in.dtype} and {w_out.dtype}")
+        cpu_kernels.load()
+    kernel = impl == "cpu" or (impl == "auto" and f32 and cpu_kernels.grouped_pays_off(n, x.shape[1], w_in.shape[1]))
+    o = jax.lax.platform_dependent(x, w_in, w_out, cpu=by_kernel if kernel else chunked,
+                                   default=grouped).reshape(T, k, -1)
     return jnp.einsum("tkd,tk->td", o, weights.astype(o.dtype)).astype(x.dtype)
 
 

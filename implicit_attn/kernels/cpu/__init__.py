@@ -52,7 +52,8 @@ from ...operator import (MODES, AttentionCore, DeltaRuleCore, DocumentMaskedCore
                          StateDecayCore,
                          apply_mode, block_size, register_backend, register_core, with_xla_backward)
 from ...operator.dispatch import blocked_reduce, blocked_reduce_jit
-from ...ops import delta_rule, dplr_rule, full_precision, selective_scan_sequential, ssd_chunked, wkv_chunked
+from ...ops import (delta_rule, dplr_rule, full_precision, grouped_matmul_packs, selective_scan_sequential, ssd_chunked,
+                   wkv_chunked)
 from . import cache
 from .cache import CpuKernelUnavailable, cache_dir
 
@@ -72,13 +73,14 @@ _DPLR_TARGET = "implicit_attn_dplr_scan"
 _WKV_TARGET = "implicit_attn_wkv_scan"
 _DECAY_TARGET = "implicit_attn_decay_matrix"
 _LOWRANK_TARGET = "implicit_attn_lowrank_matrix"
+_GROUPED_TARGET = "implicit_attn_grouped_matmul"
 _TARGETS = {"IaStateDecayDense": _TARGET, "IaStateDecayReduce": _REDUCE_TARGET, "IaHeadMatrixDense": _HEAD_TARGET,
             "IaHeadMatrixReduce": _HEAD_REDUCE_TARGET, "IaRwkvDense": _RWKV_TARGET,
             "IaRwkvReduce": _RWKV_REDUCE_TARGET, "IaShortConvDense": _CONV_TARGET,
             "IaPlaceChannels": _PLACE_TARGET, "IaAttentionDense": _ATTENTION_TARGET,
             "IaSelectiveScan": _SCAN_TARGET, "IaSsdScan": _SSD_TARGET,
             "IaDplrScan": _DPLR_TARGET, "IaWkvScan": _WKV_TARGET, "IaDecayMatrix": _DECAY_TARGET,
-            "IaLowRankMatrix": _LOWRANK_TARGET}
+            "IaLowRankMatrix": _LOWRANK_TARGET, "IaGroupedMatmul": _GROUPED_TARGET}
 _SYMBOLS = tuple(_TARGETS)
 ARCH_ENV = "IMPLICIT_ATTN_CPU_ARCH"
 
@@ -893,6 +895,43 @@ def wkv_pays_off(k) -> bool:
     return _updates_pay_off(int(np.prod(k.shape)) * WKV_CHUNK_WORK)
 
 
+# Columns per pack of the grouped product (the handler's kGroupTile): two vectors of 16 floats.
+GROUP_TILE = 32
+
+_grouped = _forward_kernel(_GROUPED_TARGET, grouped_matmul_packs,
+                           out=lambda x, owner, w: (x.shape[0], w.shape[1], x.shape[2]))
+
+
+def grouped_matmul(x, owner, w):
+    """A mixture-of-experts layer's products by the fused CPU kernel, ``ops.grouped_matmul_packs``'s
+    numbers (float32): ``out[p] = w[owner[p]] @ x[p]``, zeros where ``owner[p]`` is -1, each pack one
+    expert's ``GROUP_TILE`` token copies as columns (``ops.expert_packs`` lays them out). The weights
+    are read as stored, 8 rows at a time held while the expert's packs go by; the blocks spread over
+    ``num_threads()`` threads. Derivatives (forward and reverse mode) go through
+    ``ops.grouped_matmul_packs``, which forms each pack's weights: a model's derivatives take a
+    cheaper XLA form (``nn.moe.experts_forward``).
+
+    Args:
+      x: ``(P, K, GROUP_TILE)``; owner: ``(P,)`` int in ``[-1, E)``; w: ``(E, R, K)`` (float32).
+    Returns:
+      ``(P, R, GROUP_TILE)`` float32.
+    """
+    if x.ndim != 3 or x.shape[2] != GROUP_TILE or owner.shape != x.shape[:1] or w.ndim != 3 or w.shape[2] != x.shape[1]:
+        raise ValueError(f"grouped_matmul: x must be (P, K, {GROUP_TILE}), owner (P,) and w (E, R, K); got x {x.shape}, "
+                         f"owner {owner.shape}, w {w.shape}")
+    if any(a.dtype != jnp.float32 for a in (x, w)):
+        raise ValueError(f"grouped_matmul: x and w must be float32, got {x.dtype} and {w.dtype}")
+    return _grouped(x, jnp.asarray(owner, jnp.int32), w)
+
+
+def grouped_pays_off(copies: int, K: int, R: int) -> bool:
+    """Whether a CPU forward runs a mixture-of-experts product of ``copies`` token copies, ``K``
+    inputs and ``R`` outputs by the kernel: JAX's default backend is the CPU, the product has at
+    least ``SCAN_AUTO_MIN_FACTOR * AUTO_MIN_FACTOR_ELEMENTS`` multiply-adds, and the kernel builds
+    here (below that XLA's loop costs less than a first build)."""
+    return _updates_pay_off(copies * K * R)
+
+
 BACKEND = register_backend(KernelBackend(
     name="cpu", dense=cpu_dense, reduce=cpu_reduce, auto=lambda: jax.default_backend() == "cpu",
     require=_require, ready=available, pays_off=lambda core: pays_off(core)))
@@ -900,6 +939,6 @@ for _type in (*_KERNELS, ParallelCore):
     register_core("cpu", _type, _problem)
 
 
-__all__ = ["cpu_dense", "cpu_reduce", "selective_scan", "scan_pays_off", "ssd_scan", "ssd_pays_off", "delta_scan", "dplr_scan", "recurrence_pays_off", "wkv_scan", "wkv_pays_off", "head_matrices", "head_matrix_kernel", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
+__all__ = ["cpu_dense", "cpu_reduce", "selective_scan", "scan_pays_off", "ssd_scan", "ssd_pays_off", "delta_scan", "dplr_scan", "recurrence_pays_off", "wkv_scan", "wkv_pays_off", "grouped_matmul", "grouped_pays_off", "GROUP_TILE", "head_matrices", "head_matrix_kernel", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
            "pays_off", "AUTO_MIN_FACTOR_ELEMENTS", "AUTO_MIN_ENV", "SCAN_AUTO_MIN_FACTOR",
            "library_path", "cache_dir", "num_threads", "CpuKernelUnavailable"]

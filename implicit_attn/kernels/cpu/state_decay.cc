@@ -1636,6 +1636,66 @@ ffi::Error AttentionDenseImpl(ffi::ThreadPool xla,
   return ffi::Error::Success();
 }
 
+// Grouped matrix product (the mixture-of-experts layers), tokens in packs of kGroupTile, each pack
+// one expert's: out[p] = W[owner[p]] x[p] with x[p] (K, kGroupTile) a pack's inputs as columns and W
+// (E, R, K) as the checkpoint stores it; zeros where owner[p] is -1 (the packs past the routed
+// tokens). Work items (a run of one expert's packs, a block of 8 rows): the block's weights (8 K
+// floats) stay in L1 while the run's packs go by, product8 keeping 8 x kGroupTile sums in
+// registers. Every column is its own token's: a NaN stays in its column.
+constexpr int64_t kGroupTile = 32;
+
+ffi::Error GroupedMatmulImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> owner,
+                             ffi::Buffer<ffi::F32> w, ffi::ResultBuffer<ffi::F32> out, int64_t threads) {
+  auto xd = x.dimensions(), od = owner.dimensions(), wd = w.dimensions();
+  if (xd.size() != 3 || od.size() != 1 || wd.size() != 3 || xd[2] != kGroupTile || od[0] != xd[0] ||
+      wd[2] != xd[1])
+    return ffi::Error::InvalidArgument("grouped_matmul: expected x (P, K, 32), owner (P,), w (E, R, K)");
+  const int64_t P = xd[0], K = xd[1], E = wd[0], R = wd[1];
+  const int32_t* own = owner.typed_data();
+  std::vector<int64_t> runs;  // the first pack of each run of one owner, then P
+  for (int64_t p = 0; p < P; ++p) {
+    if (own[p] < -1 || own[p] >= E)
+      return ffi::Error::InvalidArgument("grouped_matmul: a pack's expert is outside [-1, E)");
+    if (p == 0 || own[p] != own[p - 1]) runs.push_back(p);
+  }
+  runs.push_back(P);
+  if (P == 0 || R == 0) return ffi::Error::Success();
+  const float* xs = x.typed_data();
+  const float* ws = w.typed_data();
+  float* o = out->typed_data();
+  const int64_t blocks = (R + 7) / 8, items = (static_cast<int64_t>(runs.size()) - 1) * blocks;
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  run_threads(xla, nt, [&](int64_t t0) {
+    std::vector<float> a8(8 * K, 0.0f), tile(8 * kGroupTile);
+    for (int64_t item = t0; item < items; item += nt) {
+      const int64_t run = item / blocks, r0 = item % blocks * 8, rows = std::min<int64_t>(8, R - r0);
+      const int64_t p0 = runs[run], p1 = runs[run + 1], e = own[p0];
+      if (e < 0) {
+        for (int64_t p = p0; p < p1; ++p)
+          std::memset(o + (p * R + r0) * kGroupTile, 0, sizeof(float) * rows * kGroupTile);
+        continue;
+      }
+      const float* a = ws + (e * R + r0) * K;
+      if (rows < 8) {  // the last block of a row count not a multiple of 8: zero rows after it
+        std::fill(a8.begin(), a8.end(), 0.0f);
+        std::copy(a, a + rows * K, a8.begin());
+        a = a8.data();
+      }
+      for (int64_t p = p0; p < p1; ++p) {
+        float* dst = rows < 8 ? tile.data() : o + (p * R + r0) * kGroupTile;
+#ifdef __AVX512F__
+        product8<2>(a, 1, K, xs + p * K * kGroupTile, kGroupTile, kQ, K, dst, kGroupTile);
+#else  // 8 rows of 2 machine vectors: 16 sums, as many as AVX2 has registers
+        for (int64_t h = 0; h < kGroupTile; h += kQ)
+          product8<1>(a, 1, K, xs + p * K * kGroupTile + h, kGroupTile, kQ, K, dst + h, kGroupTile);
+#endif
+        if (rows < 8) std::copy(tile.begin(), tile.begin() + rows * kGroupTile, o + (p * R + r0) * kGroupTile);
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
 // Copies channels into a larger output in place (a ParallelCore's other parts, a channel
 // repeated for each of its slots): out[b, offset + t] = src[b, map[t]].
 ffi::Error PlaceChannelsImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> src, ffi::Buffer<ffi::S32> map,
@@ -2467,6 +2527,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int64_t>("window")
         .Attr<int64_t>("threads")
         .Attr<int64_t>("huge_pages"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaGroupedMatmul, GroupedMatmulImpl,
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
+        .Arg<ffi::Buffer<ffi::F32>>()   // x (P, K, 32): packs of one expert's tokens, as columns
+        .Arg<ffi::Buffer<ffi::S32>>()   // the expert of each pack (P,), -1 for none
+        .Arg<ffi::Buffer<ffi::F32>>()   // w (E, R, K)
+        .Ret<ffi::Buffer<ffi::F32>>()   // out (P, R, 32)
+        .Attr<int64_t>("threads"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaPlaceChannels, PlaceChannelsImpl,
