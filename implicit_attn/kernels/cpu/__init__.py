@@ -26,12 +26,17 @@ blocks); ``ParallelCore`` (its parts' kernels). ``cpu_dense`` writes ``(B, n, L,
 Gradients: a ``custom_vjp`` whose backward pass is the XLA path (``jax.vjp`` of
 ``core.dense`` / of the blocked XLA reduce).
 
-The same library holds three forward computations: Mamba-1's selective scan (``selective_scan``,
+The same library holds the forward computations: Mamba-1's selective scan (``selective_scan``,
 taken by ``mamba.block.selective_scan`` where ``scan_pays_off``), Mamba-2's SSD (``ssd_scan``,
-taken by ``mamba2.block.ssd`` where ``ssd_pays_off``) and the DPLR recurrence (``dplr_scan``, taken by
+taken by ``mamba2.block.ssd`` where ``ssd_pays_off``), the DPLR recurrence (``dplr_scan``, taken by
 RWKV-5/6/7's blocks, and ``delta_scan``, the gated delta rule written as one, taken by
-``qwen3_next.block.delta_inner``, where ``recurrence_pays_off``), differentiated in both modes
-through their XLA forms (a ``custom_jvp``).
+``qwen3_next.block.delta_inner``, where ``recurrence_pays_off``), RWKV-4's WKV (``wkv_scan``) and the
+mixture-of-experts products (``grouped_matmul``, taken by ``nn.moe.experts_forward`` where
+``grouped_pays_off``), differentiated in both modes through their XLA forms (a ``custom_jvp``).
+
+A call's parts run on XLA's intra-op thread pool (the FFI's ``ThreadPool``; threads of their own
+where XLA gives none): its workers spin a while after the XLA operations before a call, and
+threads of our own competed with them for the cores.
 """
 from __future__ import annotations
 
