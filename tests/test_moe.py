@@ -231,3 +231,24 @@ def test_grouped_matmul_refuses_bad_operands():
         cpu.grouped_matmul(x.astype(jnp.bfloat16), jnp.zeros(3, jnp.int32), w)
     with pytest.raises(Exception, match="outside"):  # the handler checks the experts it is given
         np.asarray(cpu.grouped_matmul(x, jnp.asarray([0, 2, -1], jnp.int32), w))
+
+
+@pytest.mark.parametrize("impl", ["xla", "cpu"])
+def test_gradients_through_a_traced_router(impl):
+    """The routing computed inside the differentiated function (as a model's router does): the
+    kernel path's derivative rule takes it as operands, and its gradient is the loop's."""
+    g = np.random.default_rng(11)
+    x = jnp.asarray(g.standard_normal((T, D)), jnp.float32)
+    router = jnp.asarray(g.standard_normal((D, E)), jnp.float32)
+    _, _, _, wi, wo = case(12, "uniform")
+    wi, wo = jnp.asarray(wi, jnp.float32), jnp.asarray(wo, jnp.float32)
+
+    def loss(x, impl_):
+        weights, experts = jax.lax.top_k(jax.nn.softmax(x @ router), k)
+        return jnp.sum(jnp.sin(experts_forward(x, weights, experts, wi, wo, gated_act(jax.nn.silu), impl=impl_)))
+
+    got = jax.jit(jax.grad(loss), static_argnums=1)(x, impl)
+    want = jax.jit(jax.grad(loss), static_argnums=1)(x, "xla")
+    # the kernel's primal rounds differently from the loop's, and sin' carries it into the gradient
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
+    assert np.abs(np.asarray(got)).max() > 0

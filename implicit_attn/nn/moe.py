@@ -137,9 +137,10 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
     order = jnp.argsort(flat, stable=True)  # token copies grouped by expert
     rank = jnp.argsort(order)  # copy t * k + j's place in that order
     sizes = jnp.bincount(flat, length=E)
-    starts = jnp.cumsum(sizes) - sizes
 
-    def grouped(x, w_in, w_out):
+    # The routing (order, rank, sizes) is passed to each path, not closed over: a custom_jvp rule
+    # may not close over values traced outside it (a router's).
+    def grouped(x, w_in, w_out, order, rank, sizes):
         xs = x[order // k]
         u = jax.lax.ragged_dot(xs, jnp.swapaxes(w_in, 1, 2), sizes)
         return jax.lax.ragged_dot(act(u), jnp.swapaxes(w_out, 1, 2), sizes)[rank]
@@ -148,8 +149,9 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
     g = min(granule, block)
     block = min(block, max(g, -(-n // g) * g))
 
-    def chunked(x, w_in, w_out):
+    def chunked(x, w_in, w_out, order, rank, sizes):
         D = w_out.shape[1]
+        starts = jnp.cumsum(sizes) - sizes
         dtype = jnp.result_type(x, w_in, w_out)
         padded = (sizes + block - 1) // block * block  # each group as whole chunks
         end = jnp.cumsum(padded)
@@ -179,7 +181,7 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
 
     tile = cpu_kernels.GROUP_TILE
 
-    def packed(x, w_in, w_out):  # the kernel's layout: (packs, features, tile)
+    def packed(x, w_in, w_out, order, rank, sizes):  # the kernel's layout: (packs, features, tile)
         slot, owner = expert_packs(sizes, n, tile)
         P, D = owner.shape[0], x.shape[1]
         token = jnp.full((P * tile,), T, jnp.int32).at[slot].set((order // k).astype(jnp.int32))
@@ -190,8 +192,8 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
         return y[slot[rank]]
 
     @jax.custom_jvp
-    def by_kernel(x, w_in, w_out):
-        return packed(x, w_in, w_out)
+    def by_kernel(*args):
+        return packed(*args)
 
     by_kernel.defjvp(lambda p, t: (by_kernel(*p), jax.jvp(chunked, p, t)[1]))
     f32 = all(a.dtype == jnp.float32 for a in (x, w_in, w_out))
@@ -201,7 +203,7 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
                              f"{w_in.dtype} and {w_out.dtype}")
         cpu_kernels.load()
     kernel = impl == "cpu" or (impl == "auto" and f32 and cpu_kernels.grouped_pays_off(n, x.shape[1], w_in.shape[1]))
-    o = jax.lax.platform_dependent(x, w_in, w_out, cpu=by_kernel if kernel else chunked,
+    o = jax.lax.platform_dependent(x, w_in, w_out, order, rank, sizes, cpu=by_kernel if kernel else chunked,
                                    default=grouped).reshape(T, k, -1)
     return jnp.einsum("tkd,tk->td", o, weights.astype(o.dtype)).astype(x.dtype)
 
