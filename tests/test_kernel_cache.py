@@ -277,7 +277,8 @@ def test_the_target_arch_is_part_of_the_cache_key_and_checked(monkeypatch):
 @pytest.mark.deep
 def test_an_avx2_build_gives_the_same_numbers(tmp_path):
     """The kernel built for an AVX2 CPU without AVX-512 (``-march=haswell``), in a fresh
-    process with its own cache: the same operator as the XLA path."""
+    process with its own cache: the same operator as the XLA path, and the grouped products the
+    same numbers as float64."""
     code = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {str(HERE)!r})
         from test_kernel_cache import small_op, rel
@@ -287,6 +288,16 @@ def test_an_avx2_build_gives_the_same_numbers(tmp_path):
             op = small_op(L)
             err = rel(op.materialize(impl="cpu"), op.materialize(impl="xla"))
             assert err <= 1e-5, (L, err)
+        import numpy as np
+        from test_moe import from_tokens64, grouped_case, to_tokens64
+        for K, R in ((70, 19), (48, 40)):  # the grouped products' AVX2 paths (8-row blocks, transposes)
+            x, h, col, weights, owner, w = grouped_case(K, R, 1)
+            want = from_tokens64(x, np.asarray(col), np.asarray(owner), w)
+            got = np.asarray(cpu.grouped_matmul_from_tokens(x, col, owner, w))
+            assert np.abs(got - want).max() <= 2e-6 * np.abs(want).max(), (K, R)
+            want = to_tokens64(h, np.asarray(col), weights, np.asarray(owner), w)
+            got = np.asarray(cpu.grouped_matmul_to_tokens(h, col, weights, owner, w))
+            assert np.abs(got - want).max() <= 4e-6 * np.abs(want).max(), (K, R)
         print("ok", cpu.build())
     """)
     env = dict(os.environ, IMPLICIT_ATTN_CPU_ARCH="haswell", IMPLICIT_ATTN_CACHE=str(tmp_path / "cache"))

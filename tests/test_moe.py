@@ -1,6 +1,8 @@
 """``nn.moe.experts_forward``'s CPU paths against float64 loops over the chosen experts: the XLA
 loop (chunks of at most ``block`` rows, row counts rounded up to ``granule``) and the grouped-product
-kernel (``kernels.cpu.grouped_matmul`` on ``ops.expert_packs``' layout)."""
+kernels (``kernels.cpu.grouped_matmul_from_tokens`` and ``grouped_matmul_to_tokens`` on
+``ops.expert_columns``' layout); the layout (``ops.expert_order``, ``expert_packs``, ``expert_columns``)
+and both kernels against float64."""
 from __future__ import annotations
 
 import jax
@@ -10,7 +12,8 @@ import pytest
 
 from implicit_attn.kernels import cpu
 from implicit_attn.nn.moe import experts_forward, gated_act
-from implicit_attn.ops import expert_packs, grouped_matmul_packs
+from implicit_attn.ops import (expert_columns, expert_order, expert_packs, grouped, grouped_matmul_from_tokens,
+                               grouped_matmul_to_tokens)
 
 T, D, F, E, k = 23, 5, 3, 4, 2
 
@@ -153,7 +156,8 @@ def test_kernel_path_lowers_the_kernel_on_cpu_only():
     x, w, e, wi, wo = (jnp.asarray(a, jnp.float32) if a.dtype.kind == "f" else jnp.asarray(a, jnp.int32)
                        for a in case(0, "uniform"))
     f = jax.jit(lambda x: experts_forward(x, w, e, wi, wo, gated_act(jax.nn.silu)))
-    assert f.lower(x).as_text().count("implicit_attn_grouped_matmul") == 2
+    text = f.lower(x).as_text()
+    assert text.count("implicit_attn_grouped_from_tokens") == 1 and text.count("implicit_attn_grouped_to_tokens") == 1
     for platform in ("cuda", "tpu"):
         text = export.export(f, platforms=[platform])(x).mlir_module()
         assert "implicit_attn_" not in text and "ragged_dot" in text, platform
@@ -177,60 +181,134 @@ def test_expert_packs_put_each_copy_in_its_experts_pack(route):
                                                      np.full(owner.size - used.sum(), -1)]))
 
 
-def grouped64(x, owner, w):
-    x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
-    out = np.zeros((x.shape[0], w.shape[1], x.shape[2]))
-    for p, e in enumerate(np.asarray(owner)):
-        if e >= 0:
-            out[p] = w[e] @ x[p]
+@pytest.mark.parametrize("limit", [2 ** 31, 0])
+def test_expert_order_is_the_stable_argsort(monkeypatch, limit):
+    """The sort of integer keys (and the stable argsort where keys would not fit: ``limit`` 0)
+    gives numpy's stable order; ``rank`` is its inverse, ``sizes`` the counts; under jit too."""
+    monkeypatch.setattr(grouped, "SORT_KEY_LIMIT", limit)
+    g = np.random.default_rng(13)
+    for n, E_ in ((1, 1), (40, 3), (257, 16), (64, 64)):
+        e = g.integers(0, E_, n).astype(np.int32)
+        for f in (lambda e: expert_order(e, E_), jax.jit(lambda e: expert_order(e, E_))):
+            order, rank, sizes = (np.asarray(a) for a in f(jnp.asarray(e)))
+            assert np.array_equal(order, np.argsort(e, kind="stable"))
+            assert np.array_equal(rank[order], np.arange(n))
+            assert np.array_equal(sizes, np.bincount(e, minlength=E_)) and sizes.dtype == np.int32
+
+
+@pytest.mark.parametrize("route", ["uniform", "skewed", "last_empty"])
+def test_expert_columns_put_each_copy_in_its_experts_pack_in_copy_order(route):
+    e = case(8, route)[2].reshape(-1)
+    _, rank, sizes = expert_order(jnp.asarray(e, jnp.int32), 4)
+    for tile in (1, 5, 32):
+        col, owner = (np.asarray(a) for a in expert_columns(rank, sizes, tile))
+        assert len(set(col)) == e.size and np.array_equal(owner[col // tile], e)
+        for x in range(4):  # an expert's copies fill its packs from the start, in copy order
+            c = col[e == x]
+            assert np.array_equal(c, np.sort(c)) and (c.size == 0 or c[-1] - c[0] == c.size - 1)
+
+
+def grouped_case(K, R, seed):
+    """Packs owned by runs of one expert interleaved with other experts' and unowned packs; 29
+    tokens with 3 copies each in random distinct columns (some in unowned packs, some columns
+    empty)."""
+    g = np.random.default_rng(seed)
+    owner = jnp.asarray([2, 2, 0, -1, 2, 1, 1, 1, -1, -1], jnp.int32)
+    Tn, kn = 29, 3
+    col = g.permutation(owner.size * cpu.GROUP_TILE)[:Tn * kn].reshape(Tn, kn).astype(np.int32)
+    x = g.standard_normal((Tn, K)).astype(np.float32)
+    h = g.standard_normal((owner.size, K, cpu.GROUP_TILE)).astype(np.float32)
+    w = g.standard_normal((3, R, K)).astype(np.float32)
+    return x, h, jnp.asarray(col), g.random((Tn, kn)).astype(np.float32), owner, w
+
+
+def from_tokens64(x, col, owner, w):
+    out = np.zeros((owner.size, w.shape[1], cpu.GROUP_TILE))
+    for t, c in np.ndindex(*col.shape):
+        p, j = divmod(int(col[t, c]), cpu.GROUP_TILE)
+        if owner[p] >= 0:
+            out[p, :, j] = np.asarray(w[owner[p]], np.float64) @ np.asarray(x[t], np.float64)
     return out
 
 
-@pytest.mark.parametrize("K,R", [(70, 19), (1, 8), (128, 16), (33, 5)])
-def test_grouped_matmul_matches_float64(K, R):
-    """Row counts not a multiple of 8, any inner size, runs of one expert interleaved with other
-    experts' and with unowned packs; the XLA reference agrees."""
-    g = np.random.default_rng(K)
-    owner = jnp.asarray([2, 2, 0, -1, 2, 1, 1, 1, -1, -1], jnp.int32)
-    x = jnp.asarray(g.standard_normal((owner.size, K, cpu.GROUP_TILE)), jnp.float32)
-    w = jnp.asarray(g.standard_normal((3, R, K)), jnp.float32)
-    want = grouped64(x, owner, w)
+def to_tokens64(h, col, weights, owner, w):
+    out = np.zeros((col.shape[0], w.shape[1]))
+    for t, c in np.ndindex(*col.shape):
+        p, j = divmod(int(col[t, c]), cpu.GROUP_TILE)
+        if owner[p] >= 0:
+            out[t] += weights[t, c] * (np.asarray(w[owner[p]], np.float64) @ np.asarray(h[p, :, j], np.float64))
+    return out
+
+
+@pytest.mark.parametrize("K,R", [(70, 19), (1, 8), (128, 16), (33, 5), (16, 40), (48, 12)])
+def test_grouped_products_match_float64(K, R):
+    """Both kernels and their XLA forms: row counts not a multiple of the kernels' 8, 12 or 16-row
+    blocks, inner sizes below, at and past whole vectors of 16, copies in unowned packs."""
+    x, h, col, weights, owner, w = grouped_case(K, R, K + R)
+    want = from_tokens64(x, np.asarray(col), np.asarray(owner), w)
     scale = np.abs(want).max()
-    np.testing.assert_allclose(np.asarray(cpu.grouped_matmul(x, owner, w)), want, atol=2e-6 * scale)
-    np.testing.assert_allclose(np.asarray(grouped_matmul_packs(x, owner, w)), want, atol=2e-6 * scale)
+    np.testing.assert_allclose(np.asarray(cpu.grouped_matmul_from_tokens(x, col, owner, w)), want, atol=2e-6 * scale)
+    np.testing.assert_allclose(np.asarray(grouped_matmul_from_tokens(x, col, owner, w, cpu.GROUP_TILE)), want,
+                               atol=2e-6 * scale)
+    want = to_tokens64(h, np.asarray(col), weights, np.asarray(owner), w)
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(np.asarray(cpu.grouped_matmul_to_tokens(h, col, weights, owner, w)), want,
+                               atol=4e-6 * scale)
+    np.testing.assert_allclose(np.asarray(grouped_matmul_to_tokens(h, col, weights, owner, w)), want,
+                               atol=4e-6 * scale)
 
 
-def test_grouped_matmul_threads_vmap_and_nan(monkeypatch):
+def test_grouped_products_threads_vmap_and_nan(monkeypatch):
     """One thread and three give the same bits; under vmap each example equals its call alone;
-    a NaN input column reaches only that column of its pack."""
-    g = np.random.default_rng(9)
-    owner = jnp.asarray([0, 0, 1, -1], jnp.int32)
-    x = jnp.asarray(g.standard_normal((4, 40, cpu.GROUP_TILE)), jnp.float32)
-    w = jnp.asarray(g.standard_normal((2, 24, 40)), jnp.float32)
-    bits = {}
-    for n in (1, 3):
-        monkeypatch.setattr(cpu, "num_threads", lambda n=n: n)
-        bits[n] = np.asarray(jax.jit(cpu.grouped_matmul)(x, owner, w))
-    assert np.array_equal(bits[1], bits[3])
-    xs = jnp.stack([x, -2 * x])
-    stacked = jax.vmap(lambda a: cpu.grouped_matmul(a, owner, w))(xs)
-    for n in range(2):
-        assert np.array_equal(stacked[n], cpu.grouped_matmul(xs[n], owner, w))
-    y = np.asarray(cpu.grouped_matmul(x.at[1, 5, 7].set(jnp.nan), owner, w))
-    assert np.isnan(y[1, :, 7]).all() and np.isnan(y).sum() == w.shape[1]
+    a NaN token reaches only its copies' columns, a NaN pack column only its copy's token."""
+    x, h, col, weights, owner, w = grouped_case(40, 37, 9)
+    calls = {"from": (cpu.grouped_matmul_from_tokens, (x, col, owner, w)),
+             "to": (cpu.grouped_matmul_to_tokens, (h, col, weights, owner, w))}
+    for f, args in calls.values():
+        bits = {}
+        for n in (1, 3):
+            monkeypatch.setattr(cpu, "num_threads", lambda n=n: n)
+            bits[n] = np.asarray(jax.jit(f)(*args))
+        assert np.array_equal(bits[1], bits[3])
+        xs = jnp.stack([args[0], -2 * args[0]])
+        stacked = jax.vmap(lambda a: f(a, *args[1:]))(xs)
+        for n in range(2):
+            assert np.array_equal(stacked[n], f(xs[n], *args[1:]))
+    c = np.asarray(col)
+    live = np.asarray(owner)[c // cpu.GROUP_TILE] >= 0  # copies in owned packs
+    t = int(np.flatnonzero(live.all(1))[0])
+    y = np.asarray(cpu.grouped_matmul_from_tokens(jnp.asarray(x).at[t, 3].set(jnp.nan), col, owner, w))
+    nan_cols = np.flatnonzero(np.isnan(y).any(1).reshape(-1))
+    assert np.isnan(y).sum() == 3 * w.shape[1] and set(nan_cols) == set(c[t])
+    p, j = divmod(int(c[t, 1]), cpu.GROUP_TILE)
+    y = np.asarray(cpu.grouped_matmul_to_tokens(jnp.asarray(h).at[p, 5, j].set(jnp.nan), col, weights, owner, w))
+    assert np.array_equal(np.flatnonzero(np.isnan(y).any(1)), [t]) and np.isnan(y[t]).all()
 
 
-def test_grouped_matmul_refuses_bad_operands():
-    x = jnp.zeros((3, 4, cpu.GROUP_TILE), jnp.float32)
-    w = jnp.zeros((2, 5, 4), jnp.float32)
-    with pytest.raises(ValueError, match="grouped_matmul: x must be"):
-        cpu.grouped_matmul(x[..., :16], jnp.zeros(3, jnp.int32), w)
-    with pytest.raises(ValueError, match="grouped_matmul: x must be"):
-        cpu.grouped_matmul(x, jnp.zeros(3, jnp.int32), w[..., :3])
-    with pytest.raises(ValueError, match="float32"):
-        cpu.grouped_matmul(x.astype(jnp.bfloat16), jnp.zeros(3, jnp.int32), w)
-    with pytest.raises(Exception, match="outside"):  # the handler checks the experts it is given
-        np.asarray(cpu.grouped_matmul(x, jnp.asarray([0, 2, -1], jnp.int32), w))
+def test_grouped_products_refuse_bad_operands():
+    x, h, col, weights, owner, w = grouped_case(4, 5, 0)
+    with pytest.raises(ValueError, match="grouped_matmul_from_tokens: x must be"):
+        cpu.grouped_matmul_from_tokens(x[:, :3], col, owner, w)
+    with pytest.raises(ValueError, match="grouped_matmul_from_tokens: col must be"):
+        cpu.grouped_matmul_from_tokens(x, col.reshape(-1), owner, w)
+    with pytest.raises(ValueError, match="grouped_matmul_to_tokens: h must be"):
+        cpu.grouped_matmul_to_tokens(h[..., :16], col, weights, owner, w)
+    with pytest.raises(ValueError, match="grouped_matmul_to_tokens: h must be"):
+        cpu.grouped_matmul_to_tokens(h, col, weights[:, :2], owner, w)
+    with pytest.raises(ValueError, match="must be integers"):
+        cpu.grouped_matmul_from_tokens(x, col.astype(jnp.float32), owner, w)
+    with pytest.raises(ValueError, match="x must be float32"):
+        cpu.grouped_matmul_from_tokens(x.astype(jnp.bfloat16), col, owner, w)
+    with pytest.raises(ValueError, match="weights must be float32"):
+        cpu.grouped_matmul_to_tokens(h, col, weights.astype(jnp.float16), owner, w)
+    # the handlers check what they are given
+    for bad_col in (col.at[0, 0].set(owner.size * cpu.GROUP_TILE), col.at[0, 0].set(col[1, 1])):
+        with pytest.raises(Exception, match="outside the packs or taken twice"):
+            np.asarray(cpu.grouped_matmul_from_tokens(x, bad_col, owner, w))
+        with pytest.raises(Exception, match="outside the packs or taken twice"):
+            np.asarray(cpu.grouped_matmul_to_tokens(h, bad_col, weights, owner, w))
+    with pytest.raises(Exception, match="outside"):
+        np.asarray(cpu.grouped_matmul_from_tokens(x, col, owner.at[0].set(3), w))
 
 
 @pytest.mark.parametrize("impl", ["xla", "cpu"])

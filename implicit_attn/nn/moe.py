@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from ..kernels import cpu as cpu_kernels
-from ..ops import expert_packs
+from ..ops import expert_columns, expert_order
 
 f32 = jnp.float32
 
@@ -103,8 +103,10 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
     matmul (``jax.lax.ragged_dot``). On CPU, where that lowering is slow, a float32 layer with
     enough work (``kernels.cpu.grouped_pays_off``) runs on the library's grouped-product kernel:
     the copies laid out in packs of ``GROUP_TILE`` columns, each pack one expert's
-    (``ops.expert_packs``), both products by ``kernels.cpu.grouped_matmul`` and the activation
-    between them by XLA; its derivatives are the loop's below. Otherwise a loop runs each
+    (``ops.expert_columns``), the first product gathering each copy's token
+    (``kernels.cpu.grouped_matmul_from_tokens``), the second adding each copy's weighted output
+    into its token's (``kernels.cpu.grouped_matmul_to_tokens``), the activation between them by
+    XLA; its derivatives are the loop's below. Otherwise a loop runs each
     expert's group in chunks of at most ``block`` rows, each chunk's row count rounded up to
     a multiple of ``granule`` (one static matmul shape per multiple, picked by
     ``lax.switch``), so an expert's weights are read about once per ``block`` of its tokens
@@ -133,23 +135,23 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
     T, k = experts.shape
     E = w_in.shape[0]
     n = T * k
-    flat = experts.reshape(-1)
-    order = jnp.argsort(flat, stable=True)  # token copies grouped by expert
-    rank = jnp.argsort(order)  # copy t * k + j's place in that order
-    sizes = jnp.bincount(flat, length=E)
+    order, rank, sizes = expert_order(experts.reshape(-1), E)  # token copies grouped by expert
+
+    def combine(o, weights):  # (n, D) copies -> (T, D): each token's weighted sum
+        return jnp.einsum("tkd,tk->td", o.reshape(T, k, -1), weights.astype(o.dtype))
 
     # The routing (order, rank, sizes) is passed to each path, not closed over: a custom_jvp rule
     # may not close over values traced outside it (a router's).
-    def grouped(x, w_in, w_out, order, rank, sizes):
+    def grouped(x, weights, w_in, w_out, order, rank, sizes):
         xs = x[order // k]
         u = jax.lax.ragged_dot(xs, jnp.swapaxes(w_in, 1, 2), sizes)
-        return jax.lax.ragged_dot(act(u), jnp.swapaxes(w_out, 1, 2), sizes)[rank]
+        return combine(jax.lax.ragged_dot(act(u), jnp.swapaxes(w_out, 1, 2), sizes)[rank], weights)
 
     # No chunk holds more rows than there are copies: fewer branches to compile for short inputs.
     g = min(granule, block)
     block = min(block, max(g, -(-n // g) * g))
 
-    def chunked(x, w_in, w_out, order, rank, sizes):
+    def chunked(x, weights, w_in, w_out, order, rank, sizes):
         D = w_out.shape[1]
         starts = jnp.cumsum(sizes) - sizes
         dtype = jnp.result_type(x, w_in, w_out)
@@ -177,19 +179,14 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
             return jax.lax.dynamic_update_slice_in_dim(out, y, a, 0), None
 
         out, _ = jax.lax.scan(one, jnp.zeros((n + block, D), dtype), (owner, at, filled))
-        return out[rank]
+        return combine(out[rank], weights)
 
-    tile = cpu_kernels.GROUP_TILE
-
-    def packed(x, w_in, w_out, order, rank, sizes):  # the kernel's layout: (packs, features, tile)
-        slot, owner = expert_packs(sizes, n, tile)
-        P, D = owner.shape[0], x.shape[1]
-        token = jnp.full((P * tile,), T, jnp.int32).at[slot].set((order // k).astype(jnp.int32))
-        xs = jnp.concatenate([x, jnp.zeros((1, D), x.dtype)])[token].reshape(P, tile, D)
-        u = cpu_kernels.grouped_matmul(jnp.swapaxes(xs, 1, 2), owner, w_in)
+    def packed(x, weights, w_in, w_out, order, rank, sizes):  # the kernels' layout: (packs, features, tile)
+        col, owner = expert_columns(rank, sizes, cpu_kernels.GROUP_TILE)
+        col = col.reshape(T, k)
+        u = cpu_kernels.grouped_matmul_from_tokens(x, col, owner, w_in)
         h = jnp.swapaxes(act(jnp.swapaxes(u, 1, 2)), 1, 2)
-        y = jnp.swapaxes(cpu_kernels.grouped_matmul(h, owner, w_out), 1, 2).reshape(P * tile, D)
-        return y[slot[rank]]
+        return cpu_kernels.grouped_matmul_to_tokens(h, col, weights.astype(h.dtype), owner, w_out)
 
     @jax.custom_jvp
     def by_kernel(*args):
@@ -203,9 +200,9 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
                              f"{w_in.dtype} and {w_out.dtype}")
         cpu_kernels.load()
     kernel = impl == "cpu" or (impl == "auto" and f32 and cpu_kernels.grouped_pays_off(n, x.shape[1], w_in.shape[1]))
-    o = jax.lax.platform_dependent(x, w_in, w_out, order, rank, sizes, cpu=by_kernel if kernel else chunked,
-                                   default=grouped).reshape(T, k, -1)
-    return jnp.einsum("tkd,tk->td", o, weights.astype(o.dtype)).astype(x.dtype)
+    out = jax.lax.platform_dependent(x, weights, w_in, w_out, order, rank, sizes,
+                                     cpu=by_kernel if kernel else chunked, default=grouped)
+    return out.astype(x.dtype)
 
 
 __all__ = ["topk_then_softmax", "softmax_then_topk", "sigmoid_group_topk", "relu2", "gated_act", "experts_forward",

@@ -31,8 +31,8 @@ taken by ``mamba.block.selective_scan`` where ``scan_pays_off``), Mamba-2's SSD 
 taken by ``mamba2.block.ssd`` where ``ssd_pays_off``), the DPLR recurrence (``dplr_scan``, taken by
 RWKV-5/6/7's blocks, and ``delta_scan``, the gated delta rule written as one, taken by
 ``qwen3_next.block.delta_inner``, where ``recurrence_pays_off``), RWKV-4's WKV (``wkv_scan``) and the
-mixture-of-experts products (``grouped_matmul``, taken by ``nn.moe.experts_forward`` where
-``grouped_pays_off``), differentiated in both modes through their XLA forms (a ``custom_jvp``).
+mixture-of-experts products (``grouped_matmul_from_tokens`` and ``grouped_matmul_to_tokens``,
+taken by ``nn.moe.experts_forward`` where ``grouped_pays_off``), differentiated in both modes through their XLA forms (a ``custom_jvp``).
 
 A call's parts run on XLA's intra-op thread pool (the FFI's ``ThreadPool``; threads of their own
 where XLA gives none): its workers spin a while after the XLA operations before a call, and
@@ -57,8 +57,7 @@ from ...operator import (MODES, AttentionCore, DeltaRuleCore, DocumentMaskedCore
                          StateDecayCore,
                          apply_mode, block_size, register_backend, register_core, with_xla_backward)
 from ...operator.dispatch import blocked_reduce, blocked_reduce_jit
-from ...ops import (delta_rule, dplr_rule, full_precision, grouped_matmul_packs, selective_scan_sequential, ssd_chunked,
-                   wkv_chunked)
+from ...ops import delta_rule, dplr_rule, full_precision, grouped, selective_scan_sequential, ssd_chunked, wkv_chunked
 from . import cache
 from .cache import CpuKernelUnavailable, cache_dir
 
@@ -78,14 +77,16 @@ _DPLR_TARGET = "implicit_attn_dplr_scan"
 _WKV_TARGET = "implicit_attn_wkv_scan"
 _DECAY_TARGET = "implicit_attn_decay_matrix"
 _LOWRANK_TARGET = "implicit_attn_lowrank_matrix"
-_GROUPED_TARGET = "implicit_attn_grouped_matmul"
+_FROM_TOKENS_TARGET = "implicit_attn_grouped_from_tokens"
+_TO_TOKENS_TARGET = "implicit_attn_grouped_to_tokens"
 _TARGETS = {"IaStateDecayDense": _TARGET, "IaStateDecayReduce": _REDUCE_TARGET, "IaHeadMatrixDense": _HEAD_TARGET,
             "IaHeadMatrixReduce": _HEAD_REDUCE_TARGET, "IaRwkvDense": _RWKV_TARGET,
             "IaRwkvReduce": _RWKV_REDUCE_TARGET, "IaShortConvDense": _CONV_TARGET,
             "IaPlaceChannels": _PLACE_TARGET, "IaAttentionDense": _ATTENTION_TARGET,
             "IaSelectiveScan": _SCAN_TARGET, "IaSsdScan": _SSD_TARGET,
             "IaDplrScan": _DPLR_TARGET, "IaWkvScan": _WKV_TARGET, "IaDecayMatrix": _DECAY_TARGET,
-            "IaLowRankMatrix": _LOWRANK_TARGET, "IaGroupedMatmul": _GROUPED_TARGET}
+            "IaLowRankMatrix": _LOWRANK_TARGET, "IaGroupedFromTokens": _FROM_TOKENS_TARGET,
+            "IaGroupedToTokens": _TO_TOKENS_TARGET}
 _SYMBOLS = tuple(_TARGETS)
 ARCH_ENV = "IMPLICIT_ATTN_CPU_ARCH"
 
@@ -903,30 +904,72 @@ def wkv_pays_off(k) -> bool:
 # Columns per pack of the grouped product (the handler's kGroupTile): two vectors of 16 floats.
 GROUP_TILE = 32
 
-_grouped = _forward_kernel(_GROUPED_TARGET, grouped_matmul_packs,
-                           out=lambda x, owner, w: (x.shape[0], w.shape[1], x.shape[2]))
+_from_tokens = _forward_kernel(_FROM_TOKENS_TARGET, functools.partial(grouped.grouped_matmul_from_tokens, tile=GROUP_TILE),
+                              out=lambda x, col, owner, w: (owner.shape[0], w.shape[1], GROUP_TILE))
+_to_tokens = _forward_kernel(_TO_TOKENS_TARGET, grouped.grouped_matmul_to_tokens,
+                            out=lambda h, col, weights, owner, w: (col.shape[0], w.shape[1]))
 
 
-def grouped_matmul(x, owner, w):
-    """A mixture-of-experts layer's products by the fused CPU kernel, ``ops.grouped_matmul_packs``'s
-    numbers (float32): ``out[p] = w[owner[p]] @ x[p]``, zeros where ``owner[p]`` is -1, each pack one
-    expert's ``GROUP_TILE`` token copies as columns (``ops.expert_packs`` lays them out). The weights
-    are read as stored, 8 rows at a time held while the expert's packs go by; the blocks spread over
-    ``num_threads()`` threads. Derivatives (forward and reverse mode) go through
-    ``ops.grouped_matmul_packs``, which forms each pack's weights: a model's derivatives take a
-    cheaper XLA form (``nn.moe.experts_forward``).
+def _check_grouped(name: str, col, owner, w, **floats):
+    """The grouped products' shared checks: ``col (T, k)`` int, ``owner (P,)`` int, ``w (E, R, K)``,
+    every float operand float32 (ValueError naming ``name`` otherwise)."""
+    if col.ndim != 2 or owner.ndim != 1 or w.ndim != 3:
+        raise ValueError(f"{name}: col must be (T, k), owner (P,) and w (E, R, K); got col {col.shape}, "
+                         f"owner {owner.shape}, w {w.shape}")
+    if not (jnp.issubdtype(col.dtype, jnp.integer) and jnp.issubdtype(owner.dtype, jnp.integer)):
+        raise ValueError(f"{name}: col and owner must be integers, got {col.dtype} and {owner.dtype}")
+    bad = {k: v.dtype for k, v in dict(floats, w=w).items() if v.dtype != jnp.float32}
+    if bad:
+        raise ValueError(f"{name}: {', '.join(bad)} must be float32, got {', '.join(map(str, bad.values()))}")
+
+
+def grouped_matmul_from_tokens(x, col, owner, w):
+    """A mixture-of-experts layer's first product by the fused CPU kernel,
+    ``ops.grouped_matmul_from_tokens``'s numbers (float32): pack ``p`` of ``GROUP_TILE`` token
+    copies, all expert ``owner[p]``'s, times that expert's weights, each copy's token gathered from
+    ``x`` inside the kernel (``ops.expert_columns`` lays the copies out). One pack per work item:
+    its columns gathered once, then the expert's rows 8 at a time with the pack in cache; the packs
+    spread over ``num_threads()`` threads. Derivatives (forward and reverse mode) go through the
+    XLA form, which forms each pack's weights: a model's derivatives take a cheaper XLA form
+    (``nn.moe.experts_forward``).
 
     Args:
-      x: ``(P, K, GROUP_TILE)``; owner: ``(P,)`` int in ``[-1, E)``; w: ``(E, R, K)`` (float32).
+      x: ``(T, K)`` tokens; col: ``(T, k)`` int, copy ``(t, j)``'s column in the packs laid end
+        to end, all distinct, in ``[0, P GROUP_TILE)``; owner: ``(P,)`` int in ``[-1, E)``;
+        w: ``(E, R, K)`` (float32).
     Returns:
-      ``(P, R, GROUP_TILE)`` float32.
+      ``(P, R, GROUP_TILE)`` float32, zero columns where no copy is and zero packs where
+      ``owner`` is -1.
     """
-    if x.ndim != 3 or x.shape[2] != GROUP_TILE or owner.shape != x.shape[:1] or w.ndim != 3 or w.shape[2] != x.shape[1]:
-        raise ValueError(f"grouped_matmul: x must be (P, K, {GROUP_TILE}), owner (P,) and w (E, R, K); got x {x.shape}, "
-                         f"owner {owner.shape}, w {w.shape}")
-    if any(a.dtype != jnp.float32 for a in (x, w)):
-        raise ValueError(f"grouped_matmul: x and w must be float32, got {x.dtype} and {w.dtype}")
-    return _grouped(x, jnp.asarray(owner, jnp.int32), w)
+    _check_grouped("grouped_matmul_from_tokens", col, owner, w, x=x)
+    if x.ndim != 2 or col.shape[0] != x.shape[0] or w.shape[2] != x.shape[1]:
+        raise ValueError(f"grouped_matmul_from_tokens: x must be (T, K) with col (T, k) and w (E, R, K); got x "
+                         f"{x.shape}, col {col.shape}, w {w.shape}")
+    return _from_tokens(x, jnp.asarray(col, jnp.int32), jnp.asarray(owner, jnp.int32), w)
+
+
+def grouped_matmul_to_tokens(h, col, weights, owner, w):
+    """A mixture-of-experts layer's second product by the fused CPU kernel,
+    ``ops.grouped_matmul_to_tokens``'s numbers (float32): each pack times its expert's weights,
+    each copy's column weighted and added into its token's output inside the kernel. Work items
+    are blocks of output rows, each over every pack, so every output element is summed by one
+    thread in pack order (the same bits for any thread count). Derivatives as
+    ``grouped_matmul_from_tokens``'.
+
+    Args:
+      h: ``(P, K, GROUP_TILE)`` packs; col: ``(T, k)`` int, as in ``grouped_matmul_from_tokens``;
+        weights: ``(T, k)`` each copy's weight; owner: ``(P,)`` int in ``[-1, E)``;
+        w: ``(E, R, K)`` (float32).
+    Returns:
+      ``(T, R)`` float32, ``sum_j weights[t, j]`` times column ``col[t, j]`` of the products.
+    """
+    _check_grouped("grouped_matmul_to_tokens", col, owner, w, h=h, weights=weights)
+    if (h.ndim != 3 or h.shape[2] != GROUP_TILE or owner.shape != h.shape[:1] or w.shape[2] != h.shape[1]
+            or weights.shape != col.shape):
+        raise ValueError(f"grouped_matmul_to_tokens: h must be (P, K, {GROUP_TILE}) with owner (P,), w (E, R, K) "
+                         f"and weights shaped like col; got h {h.shape}, owner {owner.shape}, w {w.shape}, "
+                         f"col {col.shape}, weights {weights.shape}")
+    return _to_tokens(h, jnp.asarray(col, jnp.int32), weights, jnp.asarray(owner, jnp.int32), w)
 
 
 def grouped_pays_off(copies: int, K: int, R: int) -> bool:
@@ -944,6 +987,6 @@ for _type in (*_KERNELS, ParallelCore):
     register_core("cpu", _type, _problem)
 
 
-__all__ = ["cpu_dense", "cpu_reduce", "selective_scan", "scan_pays_off", "ssd_scan", "ssd_pays_off", "delta_scan", "dplr_scan", "recurrence_pays_off", "wkv_scan", "wkv_pays_off", "grouped_matmul", "grouped_pays_off", "GROUP_TILE", "head_matrices", "head_matrix_kernel", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
+__all__ = ["cpu_dense", "cpu_reduce", "selective_scan", "scan_pays_off", "ssd_scan", "ssd_pays_off", "delta_scan", "dplr_scan", "recurrence_pays_off", "wkv_scan", "wkv_pays_off", "grouped_matmul_from_tokens", "grouped_matmul_to_tokens", "grouped_pays_off", "GROUP_TILE", "head_matrices", "head_matrix_kernel", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
            "pays_off", "AUTO_MIN_FACTOR_ELEMENTS", "AUTO_MIN_ENV", "SCAN_AUTO_MIN_FACTOR",
            "library_path", "cache_dir", "num_threads", "CpuKernelUnavailable"]

@@ -540,7 +540,7 @@ inline void product8(const float* a, int64_t ac, int64_t ar, const float* col, i
                      float* out, int64_t os, const float* sc = nullptr, int64_t scs = 0) {
   constexpr int H = kQ / kW;  // machine vectors per vector of kQ: the sums are carried in vw
   vw acc[R][V * H];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int v = 0; v < V * H; ++v) acc[r][v] = splat<vw>(0.0f);
@@ -551,14 +551,14 @@ inline void product8(const float* a, int64_t ac, int64_t ar, const float* col, i
       cvec[v] = load<vw>(col + c * cc + v / H * cv + v % H * kW);
       if constexpr (Scaled) cvec[v] *= splat<vw>(sc[c * scs + v / H]);
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const vw x = splat<vw>(a[c * ac + r * ar]);
 #pragma GCC unroll 4
       for (int v = 0; v < V * H; ++v) acc[r][v] += x * cvec[v];
     }
   }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int v = 0; v < V * H; ++v) store(out + r * os + v / H * kQ + v % H * kW, acc[r][v]);
@@ -1636,60 +1636,206 @@ ffi::Error AttentionDenseImpl(ffi::ThreadPool xla,
   return ffi::Error::Success();
 }
 
-// Grouped matrix product (the mixture-of-experts layers), tokens in packs of kGroupTile, each pack
-// one expert's: out[p] = W[owner[p]] x[p] with x[p] (K, kGroupTile) a pack's inputs as columns and W
-// (E, R, K) as the checkpoint stores it; zeros where owner[p] is -1 (the packs past the routed
-// tokens). Work items (a run of one expert's packs, a block of 8 rows): the block's weights (8 K
-// floats) stay in L1 while the run's packs go by, product8 keeping 8 x kGroupTile sums in
-// registers. Every column is its own token's: a NaN stays in its column.
+// Lanes of two vectors picked by constant indices (0..15: a's lanes, 16..31: b's).
+template <int... I>
+inline v16 select2(v16 a, v16 b) {
+#ifdef __clang__
+  return __builtin_shufflevector(a, b, I...);
+#else
+  return __builtin_shuffle(a, b, v16i{I...});
+#endif
+}
+
+// One stage of a 16 x 16 transpose: rows r and r | B (bit B of r clear) swap bit B of the row
+// index with bit B of the lane index. The four stages B = 1, 2, 4, 8 swap every bit.
+template <int B, size_t... C>
+inline void transpose_stage(v16 (&m)[16], std::index_sequence<C...>) {
+  for (int r = 0; r < 16; ++r) {
+    if (r & B) continue;
+    const v16 a = m[r], b = m[r | B];
+    m[r] = select2<static_cast<int>((C & B) ? 16 + (C ^ B) : C)...>(a, b);
+    m[r | B] = select2<static_cast<int>((C & B) ? 16 + C : (C | B))...>(a, b);
+  }
+}
+
+// m[i][j] <- m[j][i].
+inline void transpose16(v16 (&m)[16]) {
+  transpose_stage<1>(m, std::make_index_sequence<16>{});
+  transpose_stage<2>(m, std::make_index_sequence<16>{});
+  transpose_stage<4>(m, std::make_index_sequence<16>{});
+  transpose_stage<8>(m, std::make_index_sequence<16>{});
+}
+
+// Grouped matrix products of the mixture-of-experts layers. The token copies (copy i = t k + j, token
+// t's j-th expert) sit in packs of kGroupTile columns, each pack one expert's: col[i] is copy i's
+// column (pack col / kGroupTile), owner[p] pack p's expert, -1 for the packs past the copies. W is
+// (E, R, K) as the checkpoint stores it. product8 keeps 8 rows x kGroupTile columns of sums in
+// registers while an expert's 8 weight rows (8 K floats) stay in L1. Every column is its own
+// copy's: a NaN stays in its token's outputs.
 constexpr int64_t kGroupTile = 32;
 
-ffi::Error GroupedMatmulImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> owner,
-                             ffi::Buffer<ffi::F32> w, ffi::ResultBuffer<ffi::F32> out, int64_t threads) {
-  auto xd = x.dimensions(), od = owner.dimensions(), wd = w.dimensions();
-  if (xd.size() != 3 || od.size() != 1 || wd.size() != 3 || xd[2] != kGroupTile || od[0] != xd[0] ||
-      wd[2] != xd[1])
-    return ffi::Error::InvalidArgument("grouped_matmul: expected x (P, K, 32), owner (P,), w (E, R, K)");
-  const int64_t P = xd[0], K = xd[1], E = wd[0], R = wd[1];
-  const int32_t* own = owner.typed_data();
-  std::vector<int64_t> runs;  // the first pack of each run of one owner, then P
-  for (int64_t p = 0; p < P; ++p) {
-    if (own[p] < -1 || own[p] >= E)
-      return ffi::Error::InvalidArgument("grouped_matmul: a pack's expert is outside [-1, E)");
-    if (p == 0 || own[p] != own[p - 1]) runs.push_back(p);
+// The grouped products' shared checks: every pack's expert in [-1, E), the n copies' columns
+// distinct and inside the P packs. Fills copy: each column's copy, -1 for none.
+ffi::Error check_layout(const std::string& name, const int32_t* own, int64_t P, int64_t E, const int32_t* col,
+                        int64_t n, std::vector<int32_t>& copy) {
+  for (int64_t p = 0; p < P; ++p)
+    if (own[p] < -1 || own[p] >= E) return ffi::Error::InvalidArgument(name + ": a pack's expert is outside [-1, E)");
+  copy.assign(P * kGroupTile, -1);
+  for (int64_t i = 0; i < n; ++i) {
+    if (col[i] < 0 || col[i] >= P * kGroupTile || copy[col[i]] >= 0)
+      return ffi::Error::InvalidArgument(name + ": a column is outside the packs or taken twice");
+    copy[col[i]] = static_cast<int32_t>(i);
   }
-  runs.push_back(P);
+  return ffi::Error::Success();
+}
+
+// Weight rows per product: with AVX-512's 32 registers 12 rows of 2 vectors of sums (24), with
+// AVX2's 16 registers 8 rows of one vector at a time.
+#ifdef __AVX512F__
+constexpr int kPackRows = 12;
+#else
+constexpr int kPackRows = 8;
+#endif
+
+// out (Rb, kGroupTile) = a (Rb rows, row stride K) times one pack's columns xs (K, kGroupTile).
+template <int Rb = 8>
+inline void pack_product(const float* a, int64_t K, const float* xs, float* out) {
+#ifdef __AVX512F__
+  product8<2, false, Rb>(a, 1, K, xs, kGroupTile, kQ, K, out, kGroupTile);
+#else  // Rb rows of 2 machine vectors at most: 16 sums, as many as AVX2 has registers
+  for (int64_t h = 0; h < kGroupTile; h += kQ)
+    product8<1, false, Rb>(a, 1, K, xs + h, kGroupTile, kQ, K, out + h, kGroupTile);
+#endif
+}
+
+// Rows r0 .. r0 + rows - 1 of expert e's weights as Rb rows of K: in place, or copied into ab
+// with zero rows after them (the last block of a row count not a multiple of Rb).
+template <int Rb = 8>
+inline const float* weight_rows(const float* ws, int64_t e, int64_t R, int64_t K, int64_t r0, int64_t rows,
+                                std::vector<float>& ab) {
+  const float* a = ws + (e * R + r0) * K;
+  if (rows == Rb) return a;
+  std::fill(ab.begin(), ab.begin() + Rb * K, 0.0f);
+  std::copy(a, a + rows * K, ab.begin());
+  return ab.data();
+}
+
+// out[p] = W[owner[p]] x_p (P, R, kGroupTile), x_p (K, kGroupTile) the tokens of pack p's copies as
+// columns, gathered from x (T, K) (zero columns where no copy is); zeros where owner[p] is -1. One
+// work item per pack: its columns gathered once, then every row block of its expert.
+ffi::Error GroupedFromTokensImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> col,
+                                 ffi::Buffer<ffi::S32> owner, ffi::Buffer<ffi::F32> w,
+                                 ffi::ResultBuffer<ffi::F32> out, int64_t threads) {
+  auto xd = x.dimensions(), cd = col.dimensions(), od = owner.dimensions(), wd = w.dimensions();
+  if (xd.size() != 2 || cd.size() != 2 || cd[0] != xd[0] || od.size() != 1 || wd.size() != 3 || wd[2] != xd[1])
+    return ffi::Error::InvalidArgument("grouped_matmul_from_tokens: expected x (T, K), col (T, k), owner (P,), "
+                                       "w (E, R, K)");
+  const int64_t T = xd[0], K = xd[1], k = cd[1], P = od[0], E = wd[0], R = wd[1];
+  const int32_t* own = owner.typed_data();
+  std::vector<int32_t> copy;
+  ffi::Error bad = check_layout("grouped_matmul_from_tokens", own, P, E, col.typed_data(), T * k, copy);
+  if (!bad.success()) return bad;
   if (P == 0 || R == 0) return ffi::Error::Success();
   const float* xs = x.typed_data();
   const float* ws = w.typed_data();
   float* o = out->typed_data();
-  const int64_t blocks = (R + 7) / 8, items = (static_cast<int64_t>(runs.size()) - 1) * blocks;
-  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, P));
   run_threads(xla, nt, [&](int64_t t0) {
-    std::vector<float> a8(8 * K, 0.0f), tile(8 * kGroupTile);
-    for (int64_t item = t0; item < items; item += nt) {
-      const int64_t run = item / blocks, r0 = item % blocks * 8, rows = std::min<int64_t>(8, R - r0);
-      const int64_t p0 = runs[run], p1 = runs[run + 1], e = own[p0];
+    std::vector<float> ab(kPackRows * K, 0.0f), tile(kPackRows * kGroupTile), pack(K * kGroupTile), zeros(K, 0.0f);
+    for (int64_t p = t0; p < P; p += nt) {
+      const int64_t e = own[p];
       if (e < 0) {
-        for (int64_t p = p0; p < p1; ++p)
-          std::memset(o + (p * R + r0) * kGroupTile, 0, sizeof(float) * rows * kGroupTile);
+        std::memset(o + p * R * kGroupTile, 0, sizeof(float) * R * kGroupTile);
         continue;
       }
-      const float* a = ws + (e * R + r0) * K;
-      if (rows < 8) {  // the last block of a row count not a multiple of 8: zero rows after it
-        std::fill(a8.begin(), a8.end(), 0.0f);
-        std::copy(a, a + rows * K, a8.begin());
-        a = a8.data();
+      const float* src[kGroupTile];  // each column's token row (zeros where no copy is)
+      for (int64_t c = 0; c < kGroupTile; ++c) {
+        const int32_t i = copy[p * kGroupTile + c];
+        src[c] = i >= 0 ? xs + i / k * K : zeros.data();
       }
-      for (int64_t p = p0; p < p1; ++p) {
-        float* dst = rows < 8 ? tile.data() : o + (p * R + r0) * kGroupTile;
-#ifdef __AVX512F__
-        product8<2>(a, 1, K, xs + p * K * kGroupTile, kGroupTile, kQ, K, dst, kGroupTile);
-#else  // 8 rows of 2 machine vectors: 16 sums, as many as AVX2 has registers
-        for (int64_t h = 0; h < kGroupTile; h += kQ)
-          product8<1>(a, 1, K, xs + p * K * kGroupTile + h, kGroupTile, kQ, K, dst + h, kGroupTile);
-#endif
-        if (rows < 8) std::copy(tile.begin(), tile.begin() + rows * kGroupTile, o + (p * R + r0) * kGroupTile);
+      int64_t j0 = 0;
+      for (; j0 + kQ <= K; j0 += kQ)  // 16 x 16 blocks, transposed in registers
+        for (int64_t c0 = 0; c0 < kGroupTile; c0 += kQ) {
+          v16 m[16];
+          for (int c = 0; c < 16; ++c) m[c] = load(src[c0 + c] + j0);
+          transpose16(m);
+          for (int j = 0; j < 16; ++j) store(pack.data() + (j0 + j) * kGroupTile + c0, m[j]);
+        }
+      for (int64_t j = j0; j < K; ++j)
+        for (int64_t c = 0; c < kGroupTile; ++c) pack[j * kGroupTile + c] = src[c][j];
+      for (int64_t r0 = 0; r0 < R; r0 += kPackRows) {
+        const int64_t rows = std::min<int64_t>(kPackRows, R - r0);
+        float* dst = rows < kPackRows ? tile.data() : o + (p * R + r0) * kGroupTile;
+        pack_product<kPackRows>(weight_rows<kPackRows>(ws, e, R, K, r0, rows, ab), K, pack.data(), dst);
+        if (rows < kPackRows) std::copy(tile.begin(), tile.begin() + rows * kGroupTile, o + (p * R + r0) * kGroupTile);
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
+// out[t] = sum_j weights[t, j] (W[owner[p]] h_p)[:, c] over token t's copies, (p, c) copy t k + j's
+// column (T, R). Work items: blocks of up to 2 x 16 rows, every pack for each, so each output
+// element is summed by one thread, in pack order (the same bits for any thread count). A pack's
+// 16 x 32 products are transposed in registers, then added to 32 tokens' rows.
+ffi::Error GroupedToTokensImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> h, ffi::Buffer<ffi::S32> col,
+                               ffi::Buffer<ffi::F32> weights, ffi::Buffer<ffi::S32> owner,
+                               ffi::Buffer<ffi::F32> w, ffi::ResultBuffer<ffi::F32> out, int64_t threads) {
+  auto hd = h.dimensions(), cd = col.dimensions(), gd = weights.dimensions(), od = owner.dimensions(),
+       wd = w.dimensions(), outd = out->dimensions();
+  if (hd.size() != 3 || hd[2] != kGroupTile || cd.size() != 2 || gd.size() != 2 || gd[0] != cd[0] ||
+      gd[1] != cd[1] || od.size() != 1 || od[0] != hd[0] || wd.size() != 3 || wd[2] != hd[1] ||
+      outd.size() != 2 || outd[0] != cd[0] || outd[1] != wd[1])
+    return ffi::Error::InvalidArgument("grouped_matmul_to_tokens: expected h (P, K, 32), col (T, k), weights "
+                                       "(T, k), owner (P,), w (E, R, K)");
+  const int64_t P = hd[0], K = hd[1], T = cd[0], k = cd[1], E = wd[0], R = wd[1];
+  const int32_t* own = owner.typed_data();
+  std::vector<int32_t> copy;
+  ffi::Error bad = check_layout("grouped_matmul_to_tokens", own, P, E, col.typed_data(), T * k, copy);
+  if (!bad.success()) return bad;
+  float* o = out->typed_data();
+  std::memset(o, 0, sizeof(float) * T * R);
+  if (P == 0 || R == 0 || T == 0) return ffi::Error::Success();
+  const float* hs = h.typed_data();
+  const float* ws = w.typed_data();
+  const float* g = weights.typed_data();
+  const int64_t blocks = (R + 15) / 16;
+  const int64_t per_item = std::max<int64_t>(1, std::min<int64_t>(2, blocks / (2 * std::max<int64_t>(threads, 1))));
+  const int64_t items = (blocks + per_item - 1) / per_item;
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  run_threads(xla, nt, [&](int64_t t0) {
+    std::vector<float> a8(8 * K, 0.0f), tile(16 * kGroupTile);
+    for (int64_t item = t0; item < items; item += nt) {
+      const int64_t b1 = std::min(blocks, (item + 1) * per_item);
+      for (int64_t p = 0; p < P; ++p) {
+        const int64_t e = own[p];
+        if (e < 0) continue;
+        for (int64_t b = item * per_item; b < b1; ++b) {
+          const int64_t r0 = b * 16, rows = std::min<int64_t>(16, R - r0);
+          for (int64_t half = 0; half < 2; ++half) {
+            const int64_t rh = std::min<int64_t>(8, rows - 8 * half);
+            float* dst = tile.data() + half * 8 * kGroupTile;
+            if (rh <= 0)
+              std::fill(dst, dst + 8 * kGroupTile, 0.0f);
+            else
+              pack_product(weight_rows(ws, e, R, K, r0 + 8 * half, rh, a8), K, hs + p * K * kGroupTile, dst);
+          }
+          for (int64_t c0 = 0; c0 < kGroupTile; c0 += kQ) {
+            v16 m[16];
+            for (int r = 0; r < 16; ++r) m[r] = load(tile.data() + r * kGroupTile + c0);
+            transpose16(m);  // m[c]: column c0 + c's 16 rows
+            for (int c = 0; c < 16; ++c) {
+              const int32_t i = copy[p * kGroupTile + c0 + c];
+              if (i < 0) continue;
+              float* row = o + i / k * R + r0;
+              if (rows == 16) {
+                store(row, load(row) + splat(g[i]) * m[c]);
+              } else {
+                for (int64_t r = 0; r < rows; ++r) row[r] += g[i] * m[c][r];
+              }
+            }
+          }
+        }
       }
     }
   });
@@ -2529,12 +2675,24 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int64_t>("huge_pages"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    IaGroupedMatmul, GroupedMatmulImpl,
+    IaGroupedFromTokens, GroupedFromTokensImpl,
     ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
-        .Arg<ffi::Buffer<ffi::F32>>()   // x (P, K, 32): packs of one expert's tokens, as columns
+        .Arg<ffi::Buffer<ffi::F32>>()   // x (T, K): the tokens
+        .Arg<ffi::Buffer<ffi::S32>>()   // col (T, k): each copy's column in the packs
         .Arg<ffi::Buffer<ffi::S32>>()   // the expert of each pack (P,), -1 for none
         .Arg<ffi::Buffer<ffi::F32>>()   // w (E, R, K)
         .Ret<ffi::Buffer<ffi::F32>>()   // out (P, R, 32)
+        .Attr<int64_t>("threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaGroupedToTokens, GroupedToTokensImpl,
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
+        .Arg<ffi::Buffer<ffi::F32>>()   // h (P, K, 32): packs of one expert's copies, as columns
+        .Arg<ffi::Buffer<ffi::S32>>()   // col (T, k): each copy's column in the packs
+        .Arg<ffi::Buffer<ffi::F32>>()   // weights (T, k): each copy's routing weight
+        .Arg<ffi::Buffer<ffi::S32>>()   // the expert of each pack (P,), -1 for none
+        .Arg<ffi::Buffer<ffi::F32>>()   // w (E, R, K)
+        .Ret<ffi::Buffer<ffi::F32>>()   // out (T, R)
         .Attr<int64_t>("threads"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
