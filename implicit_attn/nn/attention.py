@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 
+from ..kernels import cpu as cpu_kernels
 from ..operator import AttentionCore, AttentionOperator
 from ..ops import attention_output, from_first, linear, mark_nan, zero_nan
 
@@ -150,8 +152,18 @@ def attend(a: dict, cfg):
     k, v = a["k"], a["v"]
     # NaN stays causal (ops.nan): a NaN key or value reaches every later row, a NaN query its own.
     bad = repeat_kv(from_first(jnp.isnan(k).any(-1) | jnp.isnan(v).any(-1), axis=2), cfg) | jnp.isnan(a["q"]).any(-1)
-    o = attention_output(zero_nan(a["q"]), zero_nan(k), zero_nan(v), a["seg"], cfg.attention_window_size)
+    o = attention_values(zero_nan(a["q"]), zero_nan(k), zero_nan(v), a["seg"], cfg.attention_window_size)
     return mark_nan(o, bad[..., None])
+
+
+def attention_values(q, k, v, seg, window: int):
+    """``ops.attention_output`` (same arguments and result), on CPU by the fused kernel
+    (``kernels.cpu.attention_forward``) for float32 inputs where ``kernels.cpu.attention_pays_off``;
+    derivatives through ``ops.attention_output`` either way."""
+    if all(t.dtype == f32 for t in (q, k, v)) and cpu_kernels.attention_pays_off(q, v):
+        return jax.lax.platform_dependent(q, k, v, seg, cpu=lambda *t: cpu_kernels.attention_forward(*t, window),
+                                          default=lambda *t: attention_output(*t, window))
+    return attention_output(q, k, v, seg, window)
 
 
 def attention_inner(p: dict, h, pos, cfg):
@@ -186,5 +198,5 @@ def operator_of_parts(a: dict, cfg) -> AttentionOperator:
                              core=core)
 
 
-__all__ = ["FULL_WINDOW", "AttentionFields", "NoPositionFields", "segment_ids", "rope", "rope_frequencies", "rotary",
+__all__ = ["FULL_WINDOW", "AttentionFields", "attention_values", "NoPositionFields", "segment_ids", "rope", "rope_frequencies", "rotary",
            "projection", "attention_parts", "repeat_kv", "attend", "attention_inner", "attention_forward", "attention_operator", "operator_of_parts"]

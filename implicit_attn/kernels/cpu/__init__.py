@@ -30,9 +30,11 @@ The same library holds the forward computations: Mamba-1's selective scan (``sel
 taken by ``mamba.block.selective_scan`` where ``scan_pays_off``), Mamba-2's SSD (``ssd_scan``,
 taken by ``mamba2.block.ssd`` where ``ssd_pays_off``), the DPLR recurrence (``dplr_scan``, taken by
 RWKV-5/6/7's blocks, and ``delta_scan``, the gated delta rule written as one, taken by
-``qwen3_next.block.delta_inner``, where ``recurrence_pays_off``), RWKV-4's WKV (``wkv_scan``) and the
-mixture-of-experts products (``grouped_matmul_from_tokens`` and ``grouped_matmul_to_tokens``,
-taken by ``nn.moe.experts_forward`` where ``grouped_pays_off``), differentiated in both modes through their XLA forms (a ``custom_jvp``).
+``qwen3_next.block.delta_inner``, where ``recurrence_pays_off``), RWKV-4's WKV (``wkv_scan``), softmax
+attention applied to the values (``attention_forward``, taken by ``nn.attention.attention_values`` where
+``attention_pays_off``) and the mixture-of-experts products (``grouped_matmul_from_tokens`` and
+``grouped_matmul_to_tokens``, taken by ``nn.moe.experts_forward`` where ``grouped_pays_off``),
+differentiated in both modes through their XLA forms (a ``custom_jvp``).
 
 A call's parts run on XLA's intra-op thread pool (the FFI's ``ThreadPool``; threads of their own
 where XLA gives none): its workers spin a while after the XLA operations before a call, and
@@ -57,7 +59,8 @@ from ...operator import (MODES, AttentionCore, DeltaRuleCore, DocumentMaskedCore
                          StateDecayCore,
                          apply_mode, block_size, register_backend, register_core, with_xla_backward)
 from ...operator.dispatch import blocked_reduce, blocked_reduce_jit
-from ...ops import delta_rule, dplr_rule, full_precision, grouped, selective_scan_sequential, ssd_chunked, wkv_chunked
+from ...ops import (attention_output, delta_rule, dplr_rule, full_precision, grouped, selective_scan_sequential,
+                   ssd_chunked, wkv_chunked)
 from . import cache
 from .cache import CpuKernelUnavailable, cache_dir
 
@@ -77,6 +80,7 @@ _DPLR_TARGET = "implicit_attn_dplr_scan"
 _WKV_TARGET = "implicit_attn_wkv_scan"
 _DECAY_TARGET = "implicit_attn_decay_matrix"
 _LOWRANK_TARGET = "implicit_attn_lowrank_matrix"
+_ATTENTION_FORWARD_TARGET = "implicit_attn_attention_forward"
 _FROM_TOKENS_TARGET = "implicit_attn_grouped_from_tokens"
 _TO_TOKENS_TARGET = "implicit_attn_grouped_to_tokens"
 _TARGETS = {"IaStateDecayDense": _TARGET, "IaStateDecayReduce": _REDUCE_TARGET, "IaHeadMatrixDense": _HEAD_TARGET,
@@ -85,7 +89,7 @@ _TARGETS = {"IaStateDecayDense": _TARGET, "IaStateDecayReduce": _REDUCE_TARGET, 
             "IaPlaceChannels": _PLACE_TARGET, "IaAttentionDense": _ATTENTION_TARGET,
             "IaSelectiveScan": _SCAN_TARGET, "IaSsdScan": _SSD_TARGET,
             "IaDplrScan": _DPLR_TARGET, "IaWkvScan": _WKV_TARGET, "IaDecayMatrix": _DECAY_TARGET,
-            "IaLowRankMatrix": _LOWRANK_TARGET, "IaGroupedFromTokens": _FROM_TOKENS_TARGET,
+            "IaLowRankMatrix": _LOWRANK_TARGET, "IaAttentionForward": _ATTENTION_FORWARD_TARGET, "IaGroupedFromTokens": _FROM_TOKENS_TARGET,
             "IaGroupedToTokens": _TO_TOKENS_TARGET}
 _SYMBOLS = tuple(_TARGETS)
 ARCH_ENV = "IMPLICIT_ATTN_CPU_ARCH"
@@ -901,6 +905,51 @@ def wkv_pays_off(k) -> bool:
     return _updates_pay_off(int(np.prod(k.shape)) * WKV_CHUNK_WORK)
 
 
+@functools.lru_cache(maxsize=None)
+def _attention_forward(window: int):
+    """The attention kernel for one window (an attribute of the call)."""
+    return _forward_kernel(
+        _ATTENTION_FORWARD_TARGET, functools.partial(attention_output, window=window),
+        lambda q, k, v, seg: (q, k, v, jnp.arange(q.shape[1], dtype=jnp.int32) // (q.shape[1] // k.shape[1]), seg),
+        out=lambda q, k, v, seg: q.shape[:3] + v.shape[3:], window=window)
+
+
+def attention_forward(q, k, v, seg, window: int):
+    """Masked softmax attention applied to the values by the fused CPU kernel, ``ops.attention_output``'s
+    numbers (float32): per chunk of 16 queries the visible keys' logits (later keys, keys at distance
+    ``>= window`` and other documents masked), their softmax and the product with the values, never
+    forming the ``(L, L)`` matrix; the chunks spread over ``num_threads()`` threads. Derivatives
+    (forward and reverse mode) go through ``ops.attention_output``.
+
+    Args:
+      q: ``(B, H, L, d)`` queries, already scaled and rotated; k: ``(B, KV, L, d)`` with ``H`` a
+        multiple of ``KV`` (query head ``h`` uses key and value head ``h // (H // KV)``);
+      v: ``(B, KV, L, e)``; seg: ``(B, L)`` int document ids; window: keys at distance
+        ``>= window`` are masked (at least 1).
+    Returns:
+      ``(B, H, L, e)`` float32.
+    """
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or k.shape[1] < 1 or q.shape[1] % k.shape[1] or \
+            k.shape[:3] != v.shape[:3] or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:] or \
+            seg.shape != q.shape[:1] + q.shape[2:3]:
+        raise ValueError(f"attention_forward: expected q (B, H, L, d), k (B, KV, L, d) with H a multiple of KV, "
+                         f"v (B, KV, L, e) and seg (B, L); got q {q.shape}, k {k.shape}, v {v.shape}, seg {seg.shape}")
+    if any(a.dtype != jnp.float32 for a in (q, k, v)):
+        raise ValueError(f"attention_forward: q, k and v must be float32, got {q.dtype}, {k.dtype} and {v.dtype}")
+    if int(window) < 1:
+        raise ValueError(f"attention_forward: window must be >= 1, got {window}")
+    return _attention_forward(int(window))(q, k, v, jnp.asarray(seg, jnp.int32))
+
+
+def attention_pays_off(q, v) -> bool:
+    """Whether a CPU forward runs the attention of queries ``q (B, H, L, d)`` and values ``v (B, KV,
+    L, e)`` by the kernel: JAX's default backend is the CPU, the logits and the product with the
+    values (``B H L^2 (d + e)`` multiply-adds, the upper bound) are at least
+    ``SCAN_AUTO_MIN_FACTOR * AUTO_MIN_FACTOR_ELEMENTS``, and the kernel builds here."""
+    B, H, L, d = q.shape
+    return _updates_pay_off(B * H * L * L * (d + v.shape[-1]))
+
+
 # Columns per pack of the grouped product (the handler's kGroupTile): two vectors of 16 floats.
 GROUP_TILE = 32
 
@@ -987,6 +1036,6 @@ for _type in (*_KERNELS, ParallelCore):
     register_core("cpu", _type, _problem)
 
 
-__all__ = ["cpu_dense", "cpu_reduce", "selective_scan", "scan_pays_off", "ssd_scan", "ssd_pays_off", "delta_scan", "dplr_scan", "recurrence_pays_off", "wkv_scan", "wkv_pays_off", "grouped_matmul_from_tokens", "grouped_matmul_to_tokens", "grouped_pays_off", "GROUP_TILE", "head_matrices", "head_matrix_kernel", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
+__all__ = ["cpu_dense", "cpu_reduce", "selective_scan", "scan_pays_off", "ssd_scan", "ssd_pays_off", "delta_scan", "dplr_scan", "recurrence_pays_off", "wkv_scan", "wkv_pays_off", "attention_forward", "attention_pays_off", "grouped_matmul_from_tokens", "grouped_matmul_to_tokens", "grouped_pays_off", "GROUP_TILE", "head_matrices", "head_matrix_kernel", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
            "pays_off", "AUTO_MIN_FACTOR_ELEMENTS", "AUTO_MIN_ENV", "SCAN_AUTO_MIN_FACTOR",
            "library_path", "cache_dir", "num_threads", "CpuKernelUnavailable"]

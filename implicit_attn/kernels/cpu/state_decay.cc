@@ -1533,103 +1533,190 @@ ffi::Error ShortConvDenseImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> w, ffi:
 // items are (batch, head, chunk of kQ rows): the chunk's logits are formed block by block (kQ rows
 // times one vector of keys, the kQ accumulators in registers; only blocks the window reaches), then
 // each row is max-shifted, exponentiated, normalised and written once.
+// Keys once per (batch, key head) in blocks of kQ columns, [block][e][column], zero past L: the
+// attention kernels' column operand.
+std::vector<float> keys_by_block(const float* k, int64_t BKV, int64_t L, int64_t D) {
+  const int64_t nc = (L + kQ - 1) / kQ;
+  std::vector<float> kT(static_cast<size_t>(BKV) * D * nc * kQ, 0.0f);
+  for (int64_t p = 0; p < BKV; ++p)
+    for (int64_t j = 0; j < L; ++j)
+      for (int64_t e = 0; e < D; ++e)
+        kT[(static_cast<size_t>(p) * nc + j / kQ) * D * kQ + e * kQ + j % kQ] = k[(static_cast<size_t>(p) * L + j) * D + e];
+  return kT;
+}
+
+// One chunk of kQ queries of one head, rows I0 = I kQ .. I0 + rows - 1: S[ii][j] (row stride Lp) =
+// exp(logit - row max) for the keys j in [J0 kQ, min(L, (I + 1) kQ)) (0 where masked: later keys,
+// keys at distance >= window, other documents), tot[ii] the row's sum, rows = min(kQ, L - I0). qh:
+// the head's queries (L x D); qs: scratch for the chunk's (kQ x D); kt: the head's keys_by_block;
+// sb: the row's document ids. Returns J0, the first key block the window reaches.
+int64_t attention_chunk(const float* qh, float* qs, const float* kt, const int32_t* sb, int64_t L, int64_t D,
+                        int64_t Lp, int64_t window, int64_t I, float* S, float* tot) {
+  const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const v16 ninf = splat(-__builtin_inff());
+  const int64_t I0 = I * kQ, rows = std::min(kQ, L - I0);
+  std::fill(qs, qs + kQ * D, 0.0f);
+  std::copy(qh + I0 * D, qh + (I0 + rows) * D, qs);
+  const int64_t J0 = std::max<int64_t>(0, I0 - window + 1) / kQ;
+  for (int64_t r0 = 0; r0 < kQ; r0 += 8)
+    for (int64_t J = J0; J <= I; J += 2) {
+      if (J < I)
+        product8<2>(qs + r0 * D, 1, D, kt + J * D * kQ, kQ, D * kQ, D, S + r0 * Lp + J * kQ, Lp);
+      else
+        product8<1>(qs + r0 * D, 1, D, kt + J * D * kQ, kQ, D * kQ, D, S + r0 * Lp + J * kQ, Lp);
+    }
+  // One document over the chunk's reach: a block left of the diagonal that every row's window
+  // covers needs no mask.
+  bool one_doc = true;
+  for (int64_t j = J0 * kQ; j < I0 + rows && one_doc; ++j) one_doc = sb[j] == sb[I0];
+  for (int64_t J = J0; J <= I; ++J) {  // the mask
+    if (one_doc && J < I && I0 + rows - 1 - J * kQ < window) continue;
+    const v16 col = splat(static_cast<float>(J * kQ)) + lane;
+    v16i sj;
+    if (J * kQ + kQ <= L) {
+      std::memcpy(&sj, sb + J * kQ, sizeof(sj));
+    } else {
+      for (int64_t jj = 0; jj < kQ; ++jj) sj[jj] = J * kQ + jj < L ? sb[J * kQ + jj] : -1;
+    }
+    for (int64_t ii = 0; ii < rows; ++ii) {
+      const int64_t i = I0 + ii;
+      const v16 fi = splat(static_cast<float>(i));
+      const auto vis = (col <= fi) & (fi - col < splat(static_cast<float>(window))) & (sj == sb[i]);
+      float* x = S + ii * Lp + J * kQ;
+      store(x, vis ? load(x) : ninf);
+    }
+  }
+  for (int64_t ii = 0; ii < rows; ++ii) {
+    float* s = S + ii * Lp;
+    v16 mx = ninf;
+    for (int64_t J = J0; J <= I; ++J) {
+      const v16 x = load(s + J * kQ);
+      mx = x > mx ? x : mx;
+    }
+    float m = mx[0];
+    for (int64_t jj = 1; jj < kQ; ++jj) m = std::max(m, mx[jj]);  // finite: the diagonal is visible
+    v16 sum = splat(0.0f);
+    for (int64_t J = J0; J <= I; ++J) {
+      const v16 e = vexp(load(s + J * kQ) - splat(m));
+      store(s + J * kQ, e);
+      sum += e;
+    }
+    float t = 0.0f;
+    for (int64_t jj = 0; jj < kQ; ++jj) t += sum[jj];
+    tot[ii] = t;
+  }
+  return J0;
+}
+
+// Checks shared by the attention kernels: q (B,n,L,d), k (B,KV,L,d), kv head map (n,) in range,
+// seg (B,L), window >= 1.
+ffi::Error check_attention(const std::string& name, ffi::Span<const int64_t> qd, ffi::Span<const int64_t> kd,
+                           ffi::Span<const int64_t> md, ffi::Span<const int64_t> sd, const int32_t* kv,
+                           int64_t window) {
+  if (qd.size() != 4 || kd.size() != 4 || md.size() != 1 || sd.size() != 2 || kd[0] != qd[0] ||
+      kd[2] != qd[2] || kd[3] != qd[3] || md[0] != qd[1] || sd[0] != qd[0] || sd[1] != qd[2])
+    return ffi::Error::InvalidArgument(name + ": expected q (B,n,L,d), k (B,KV,L,d), kv head map (n,), seg (B,L)");
+  for (int64_t h = 0; h < qd[1]; ++h)
+    if (kv[h] < 0 || kv[h] >= kd[1]) return ffi::Error::InvalidArgument(name + ": key head index out of range");
+  if (window < 1) return ffi::Error::InvalidArgument(name + ": window must be >= 1");
+  return ffi::Error::Success();
+}
+
 ffi::Error AttentionDenseImpl(ffi::ThreadPool xla,
                               ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::S32> kv,
                               ffi::Buffer<ffi::S32> seg, ffi::ResultBuffer<ffi::F32> out, int64_t window,
                               int64_t threads, int64_t huge_pages) {
-  auto qd = q.dimensions(), kd = k.dimensions(), md = kv.dimensions(), sd = seg.dimensions();
-  if (qd.size() != 4 || kd.size() != 4 || md.size() != 1 || sd.size() != 2 || kd[0] != qd[0] ||
-      kd[2] != qd[2] || kd[3] != qd[3] || md[0] != qd[1] || sd[0] != qd[0] || sd[1] != qd[2])
-    return ffi::Error::InvalidArgument(
-        "attention_dense: expected q (B,n,L,d), k (B,KV,L,d), kv head map (n,), seg (B,L)");
+  ffi::Error bad = check_attention("attention_dense", q.dimensions(), k.dimensions(), kv.dimensions(),
+                                   seg.dimensions(), kv.typed_data(), window);
+  if (!bad.success()) return bad;
+  auto qd = q.dimensions(), kd = k.dimensions();
   const int64_t B = qd[0], n = qd[1], L = qd[2], D = qd[3], KV = kd[1];
-  for (int64_t h = 0; h < n; ++h)
-    if (kv.typed_data()[h] < 0 || kv.typed_data()[h] >= KV)
-      return ffi::Error::InvalidArgument("attention_dense: key head index out of range");
-  if (window < 1) return ffi::Error::InvalidArgument("attention_dense: window must be >= 1");
   if (L == 0 || n == 0 || B == 0) return ffi::Error::Success();
   float* o = out->typed_data();
   const size_t LL = static_cast<size_t>(L) * L;
   if (huge_pages) advise_huge(o, LL * B * n * sizeof(float));
   const int64_t nc = (L + kQ - 1) / kQ, Lp = nc * kQ;
-  // Keys once per (batch, key head) in blocks of kQ columns, [block][e][column], zero past L.
-  std::vector<float> kT(static_cast<size_t>(B) * KV * D * Lp, 0.0f);
-  for (int64_t p = 0; p < B * KV; ++p)
-    for (int64_t j = 0; j < L; ++j)
-      for (int64_t e = 0; e < D; ++e)
-        kT[(static_cast<size_t>(p) * nc + j / kQ) * D * kQ + e * kQ + j % kQ] =
-            k.typed_data()[(static_cast<size_t>(p) * L + j) * D + e];
+  const std::vector<float> kT = keys_by_block(k.typed_data(), B * KV, L, D);
   const int32_t* sg = seg.typed_data();
   const int64_t items = B * n * nc;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
   run_threads(xla, nt, [&](int64_t t0) {
-    std::vector<float> qs(kQ * D), S(kQ * Lp);
-    const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    const v16 ninf = splat(-__builtin_inff());
+    std::vector<float> qs(kQ * D), S(kQ * Lp), tot(kQ);
     for (int64_t p = t0; p < items; p += nt) {
       const int64_t I = p % nc, h = (p / nc) % n, b = p / (nc * n);
       const int64_t I0 = I * kQ, rows = std::min(kQ, L - I0);
-      std::fill(qs.begin(), qs.end(), 0.0f);
-      std::copy(q.typed_data() + ((static_cast<size_t>(b) * n + h) * L + I0) * D,
-                q.typed_data() + ((static_cast<size_t>(b) * n + h) * L + I0 + rows) * D, qs.begin());
+      const float* qh = q.typed_data() + (static_cast<size_t>(b) * n + h) * L * D;
       const float* kt = kT.data() + (static_cast<size_t>(b) * KV + kv.typed_data()[h]) * D * Lp;
-      const int32_t* sb = sg + static_cast<size_t>(b) * L;
-      const int64_t J0 = std::max<int64_t>(0, I0 - window + 1) / kQ;  // first block the window reaches
-      for (int64_t r0 = 0; r0 < kQ; r0 += 8)
-        for (int64_t J = J0; J <= I; J += 2) {
-          if (J < I)
-            product8<2>(qs.data() + r0 * D, 1, D, kt + J * D * kQ, kQ, D * kQ, D, S.data() + r0 * Lp + J * kQ, Lp);
-          else
-            product8<1>(qs.data() + r0 * D, 1, D, kt + J * D * kQ, kQ, D * kQ, D, S.data() + r0 * Lp + J * kQ, Lp);
-        }
-      // One document over the chunk's reach: a block left of the diagonal that every row's window
-      // covers needs no mask.
-      bool one_doc = true;
-      for (int64_t j = J0 * kQ; j < I0 + rows && one_doc; ++j) one_doc = sb[j] == sb[I0];
-      for (int64_t J = J0; J <= I; ++J) {  // the mask
-        if (one_doc && J < I && I0 + rows - 1 - J * kQ < window) continue;
-        const v16 col = splat(static_cast<float>(J * kQ)) + lane;
-        v16i sj;
-        if (J * kQ + kQ <= L) {
-          std::memcpy(&sj, sb + J * kQ, sizeof(sj));
-        } else {
-          for (int64_t jj = 0; jj < kQ; ++jj) sj[jj] = J * kQ + jj < L ? sb[J * kQ + jj] : -1;
-        }
-        for (int64_t ii = 0; ii < rows; ++ii) {
-          const int64_t i = I0 + ii;
-          const v16 fi = splat(static_cast<float>(i));
-          const auto vis = (col <= fi) & (fi - col < splat(static_cast<float>(window))) & (sj == sb[i]);
-          float* x = S.data() + ii * Lp + J * kQ;
-          store(x, vis ? load(x) : ninf);
-        }
-      }
+      const int64_t J0 = attention_chunk(qh, qs.data(), kt, sg + static_cast<size_t>(b) * L, L, D, Lp, window, I,
+                                         S.data(), tot.data());
       for (int64_t ii = 0; ii < rows; ++ii) {
         const int64_t i = I0 + ii;
-        float* s = S.data() + ii * Lp;
-        v16 mx = ninf;
-        for (int64_t J = J0; J <= I; ++J) {
-          const v16 x = load(s + J * kQ);
-          mx = x > mx ? x : mx;
-        }
-        float m = mx[0];
-        for (int64_t jj = 1; jj < kQ; ++jj) m = std::max(m, mx[jj]);  // finite: the diagonal is visible
-        v16 sum = splat(0.0f);
-        for (int64_t J = J0; J <= I; ++J) {
-          const v16 e = vexp(load(s + J * kQ) - splat(m));
-          store(s + J * kQ, e);
-          sum += e;
-        }
-        float tot = 0.0f;
-        for (int64_t jj = 0; jj < kQ; ++jj) tot += sum[jj];
+        const float* s = S.data() + ii * Lp;
         float* orow = o + ((static_cast<size_t>(b) * n + h) * L + i) * L;
         const int64_t lo = J0 * kQ, width = std::min(L, (I + 1) * kQ);
         std::memset(orow, 0, sizeof(float) * lo);
-        const float inv = 1.0f / tot;  // a product per element: a division costs several times more
+        const float inv = 1.0f / tot[ii];  // a product per element: a division costs several times more
         const v16 iv = splat(inv);
         int64_t j = lo;
         for (; j + kQ <= width; j += kQ) store(orow + j, load(s + j) * iv);
         for (; j < width; ++j) orow[j] = s[j] * inv;
         if (width < L) std::memset(orow + width, 0, sizeof(float) * (L - width));
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
+// Softmax attention applied to the values, out[b, h, i] = sum_j P[i, j] v[b, kv[h], j] with P the
+// rows attention_dense writes, without forming them: per chunk of kQ queries the visible keys'
+// exp(logit - max) (attention_chunk), times the values (product8, the values padded to whole
+// pairs of vectors), over the row sums.
+ffi::Error AttentionForwardImpl(ffi::ThreadPool xla,
+                                ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
+                                ffi::Buffer<ffi::S32> kv, ffi::Buffer<ffi::S32> seg,
+                                ffi::ResultBuffer<ffi::F32> out, int64_t window, int64_t threads) {
+  ffi::Error bad = check_attention("attention_forward", q.dimensions(), k.dimensions(), kv.dimensions(),
+                                   seg.dimensions(), kv.typed_data(), window);
+  if (!bad.success()) return bad;
+  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
+  if (vd.size() != 4 || vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != kd[2])
+    return ffi::Error::InvalidArgument("attention_forward: expected v (B,KV,L,e)");
+  const int64_t B = qd[0], n = qd[1], L = qd[2], D = qd[3], KV = kd[1], E = vd[3];
+  if (L == 0 || n == 0 || B == 0 || E == 0) return ffi::Error::Success();
+  const int64_t nc = (L + kQ - 1) / kQ, Lp = nc * kQ, Ep = (E + 2 * kQ - 1) / (2 * kQ) * (2 * kQ);
+  const std::vector<float> kT = keys_by_block(k.typed_data(), B * KV, L, D);
+  std::vector<float> vp;  // values padded to Ep columns (only where E is not a multiple of 2 kQ)
+  const float* vs = v.typed_data();
+  if (Ep != E) {
+    vp.assign(static_cast<size_t>(B) * KV * L * Ep, 0.0f);
+    for (int64_t r = 0; r < B * KV * L; ++r) std::copy(vs + r * E, vs + (r + 1) * E, vp.begin() + r * Ep);
+    vs = vp.data();
+  }
+  const int32_t* sg = seg.typed_data();
+  float* o = out->typed_data();
+  const int64_t items = B * n * nc;
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  run_threads(xla, nt, [&](int64_t t0) {
+    std::vector<float> qs(kQ * D), S(kQ * Lp), tot(kQ), y(kQ * Ep);
+    for (int64_t p = t0; p < items; p += nt) {
+      const int64_t I = p % nc, h = (p / nc) % n, b = p / (nc * n);
+      const int64_t I0 = I * kQ, rows = std::min(kQ, L - I0);
+      const float* qh = q.typed_data() + (static_cast<size_t>(b) * n + h) * L * D;
+      const size_t head = static_cast<size_t>(b) * KV + kv.typed_data()[h];
+      const int64_t J0 = attention_chunk(qh, qs.data(), kT.data() + head * D * Lp, sg + static_cast<size_t>(b) * L, L,
+                                         D, Lp, window, I, S.data(), tot.data());
+      const int64_t lo = J0 * kQ, width = std::min(L, (I + 1) * kQ);
+      if (rows < kQ)  // rows past L: no NaN from their unset sums reaches a stored row, but keep them finite
+        std::fill(S.begin() + rows * Lp, S.end(), 0.0f);
+      const float* vh = vs + (head * L + lo) * Ep;
+      for (int64_t r0 = 0; r0 < kQ; r0 += 8)
+        for (int64_t e0 = 0; e0 < Ep; e0 += 2 * kQ)
+          product8<2>(S.data() + r0 * Lp + lo, 1, Lp, vh + e0, Ep, kQ, width - lo, y.data() + r0 * Ep + e0, Ep);
+      for (int64_t ii = 0; ii < rows; ++ii) {
+        const float inv = 1.0f / tot[ii];
+        const float* yr = y.data() + ii * Ep;
+        float* orow = o + ((static_cast<size_t>(b) * n + h) * L + I0 + ii) * E;
+        for (int64_t e = 0; e < E; ++e) orow[e] = yr[e] * inv;
       }
     }
   });
@@ -2673,6 +2760,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int64_t>("window")
         .Attr<int64_t>("threads")
         .Attr<int64_t>("huge_pages"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaAttentionForward, AttentionForwardImpl,
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
+        .Arg<ffi::Buffer<ffi::F32>>()   // q (B, n, L, d), scaled
+        .Arg<ffi::Buffer<ffi::F32>>()   // k (B, KV, L, d)
+        .Arg<ffi::Buffer<ffi::F32>>()   // v (B, KV, L, e)
+        .Arg<ffi::Buffer<ffi::S32>>()   // query head -> key head (n,)
+        .Arg<ffi::Buffer<ffi::S32>>()   // document ids (B, L)
+        .Ret<ffi::Buffer<ffi::F32>>()   // out (B, n, L, e)
+        .Attr<int64_t>("window")
+        .Attr<int64_t>("threads"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaGroupedFromTokens, GroupedFromTokensImpl,
