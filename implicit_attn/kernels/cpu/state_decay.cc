@@ -1560,9 +1560,13 @@ int64_t attention_chunk(const float* qh, float* qs, const float* kt, const int32
   const int64_t J0 = std::max<int64_t>(0, I0 - window + 1) / kQ;
   for (int64_t r0 = 0; r0 < kQ; r0 += 8)
     for (int64_t J = J0; J <= I; J += 2) {
+#ifdef __AVX512F__
       if (J < I)
         product8<2>(qs + r0 * D, 1, D, kt + J * D * kQ, kQ, D * kQ, D, S + r0 * Lp + J * kQ, Lp);
       else
+#else  // one block at a time: 8 rows of 2 machine vectors fill AVX2's 16 registers
+      if (J < I) product8<1>(qs + r0 * D, 1, D, kt + (J + 1) * D * kQ, kQ, D * kQ, D, S + r0 * Lp + (J + 1) * kQ, Lp);
+#endif
         product8<1>(qs + r0 * D, 1, D, kt + J * D * kQ, kQ, D * kQ, D, S + r0 * Lp + J * kQ, Lp);
     }
   // One document over the chunk's reach: a block left of the diagonal that every row's window
@@ -1711,7 +1715,12 @@ ffi::Error AttentionForwardImpl(ffi::ThreadPool xla,
       const float* vh = vs + (head * L + lo) * Ep;
       for (int64_t r0 = 0; r0 < kQ; r0 += 8)
         for (int64_t e0 = 0; e0 < Ep; e0 += 2 * kQ)
+#ifdef __AVX512F__
           product8<2>(S.data() + r0 * Lp + lo, 1, Lp, vh + e0, Ep, kQ, width - lo, y.data() + r0 * Ep + e0, Ep);
+#else  // one vector of 16 at a time, as above
+          for (int64_t h = 0; h < 2 * kQ; h += kQ)
+            product8<1>(S.data() + r0 * Lp + lo, 1, Lp, vh + e0 + h, Ep, kQ, width - lo, y.data() + r0 * Ep + e0 + h, Ep);
+#endif
       for (int64_t ii = 0; ii < rows; ++ii) {
         const float inv = 1.0f / tot[ii];
         const float* yr = y.data() + ii * Ep;
