@@ -89,8 +89,8 @@ _TARGETS = {"IaStateDecayDense": _TARGET, "IaStateDecayReduce": _REDUCE_TARGET, 
             "IaPlaceChannels": _PLACE_TARGET, "IaAttentionDense": _ATTENTION_TARGET,
             "IaSelectiveScan": _SCAN_TARGET, "IaSsdScan": _SSD_TARGET,
             "IaDplrScan": _DPLR_TARGET, "IaWkvScan": _WKV_TARGET, "IaDecayMatrix": _DECAY_TARGET,
-            "IaLowRankMatrix": _LOWRANK_TARGET, "IaAttentionForward": _ATTENTION_FORWARD_TARGET, "IaGroupedFromTokens": _FROM_TOKENS_TARGET,
-            "IaGroupedToTokens": _TO_TOKENS_TARGET}
+            "IaLowRankMatrix": _LOWRANK_TARGET, "IaAttentionForward": _ATTENTION_FORWARD_TARGET,
+            "IaGroupedFromTokens": _FROM_TOKENS_TARGET, "IaGroupedToTokens": _TO_TOKENS_TARGET}
 _SYMBOLS = tuple(_TARGETS)
 ARCH_ENV = "IMPLICIT_ATTN_CPU_ARCH"
 
@@ -977,7 +977,8 @@ def grouped_matmul_from_tokens(x, col, owner, w):
     ``ops.grouped_matmul_from_tokens``'s numbers (float32): pack ``p`` of ``GROUP_TILE`` token
     copies, all expert ``owner[p]``'s, times that expert's weights, each copy's token gathered from
     ``x`` inside the kernel (``ops.expert_columns`` lays the copies out). One pack per work item:
-    its columns gathered once, then the expert's rows 8 at a time with the pack in cache; the packs
+    its columns gathered once, then the expert's rows 12 at a time (8 without AVX-512) with the pack in
+    cache; the packs
     spread over ``num_threads()`` threads. Derivatives (forward and reverse mode) go through the
     XLA form, which forms each pack's weights: a model's derivatives take a cheaper XLA form
     (``nn.moe.experts_forward``).
