@@ -277,8 +277,8 @@ def test_the_target_arch_is_part_of_the_cache_key_and_checked(monkeypatch):
 @pytest.mark.deep
 def test_an_avx2_build_gives_the_same_numbers(tmp_path):
     """The kernel built for an AVX2 CPU without AVX-512 (``-march=haswell``), in a fresh
-    process with its own cache: the same operator as the XLA path, and the grouped products and
-    the attention kernel the same numbers as float64."""
+    process with its own cache: the same operator as the XLA path, and the grouped products, the
+    attention kernel and the Gated DeltaNet mixer the same numbers as float64."""
     code = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {str(HERE)!r})
         from test_kernel_cache import small_op, rel
@@ -303,6 +303,10 @@ def test_an_avx2_build_gives_the_same_numbers(tmp_path):
         q, k, v, seg = case(2, 4, 2, 37, 8, 12)  # the attention kernel: a short last chunk, values off vectors
         got = np.asarray(cpu.attention_forward(q, k, v, seg, 20))
         assert np.abs(got - attention64(q, k, v, seg, 20)).max() <= 1e-5
+        from test_delta_net_kernel import mixer64, operands
+        args = operands(2, 37, 2, 4, 8, 12, 4, True, True)  # the DeltaNet mixer: AVX2's reciprocal, dv off vectors
+        got = np.asarray(cpu.gated_delta_net(*args))
+        assert np.abs(got - mixer64(*args)).max() <= 5e-5 * np.abs(got).max()
         print("ok", cpu.build())
     """)
     env = dict(os.environ, IMPLICIT_ATTN_CPU_ARCH="haswell", IMPLICIT_ATTN_CACHE=str(tmp_path / "cache"))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ...kernels import cpu as cpu_kernels
 from ...nn import run_scan
@@ -55,6 +56,46 @@ def l2_normalize(x):
 
 # ----------------------------------------------------------------------------- Gated DeltaNet
 
+def delta_projections(p: dict, h, cfg: Config):
+    """The Gated DeltaNet's input projections of ``h (B, L, D)``, as the kernel reads them: ``(x (B,
+    L, P_x), xcols, z (B, L, P_z), zcols, b, a (B, L, H_v))`` where ``x[..., xcols]`` are the conv's
+    inputs ``[q | k | v]`` (``C_x = 2 H_k d_k + H_v d_v`` channels) and ``z[..., zcols]`` the output
+    gate's (``H_v d_v``); ``xcols``, ``zcols`` numpy int32 (for ``cfg.projections == "grouped"`` both
+    pick from ``in_proj_qkvz``'s key-head groups; otherwise ``arange``)."""
+    B, L, _ = h.shape
+    Hk, Hv, dk, dv = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, \
+        cfg.linear_value_head_dim
+    rep = Hv // Hk
+    ident = lambda n: np.arange(n, dtype=np.int32)
+    if cfg.projections == "split":
+        x = linear(h, p["in_proj_qkv.weight"])
+        z, b, a = (linear(h, p[f"in_proj_{n}.weight"]) for n in "zba")
+        return x, ident(x.shape[-1]), z, ident(z.shape[-1]), b, a
+    if cfg.projections == "separate":
+        x = jnp.concatenate([linear(h, p[f"{n}_proj.weight"]) for n in "qkv"], axis=-1)
+        z, b, a = (linear(h, p[f"{n}_proj.weight"]) for n in "gba")
+        return x, ident(x.shape[-1]), z, ident(z.shape[-1]), b, a
+    qkvz = linear(h, p["in_proj_qkvz.weight"])  # per key head g: [q_g, k_g, v of its rep heads, z of them]
+    width = 2 * dk + 2 * rep * dv
+    g, i = np.arange(Hk)[:, None], np.arange(dk)[None, :]
+    vh = np.arange(Hv)[:, None] // rep * width + np.arange(Hv)[:, None] % rep * dv + np.arange(dv)[None, :]
+    xcols = np.concatenate([(g * width + i).ravel(), (g * width + dk + i).ravel(), (vh + 2 * dk).ravel()])
+    zcols = (vh + 2 * dk + rep * dv).ravel()
+    ba = linear(h, p["in_proj_ba.weight"]).reshape(B, L, Hk, 2 * rep)
+    b, a = (t.reshape(B, L, Hv) for t in jnp.split(ba, 2, axis=-1))
+    return qkvz, xcols.astype(np.int32), qkvz, zcols.astype(np.int32), b, a
+
+
+def delta_gates(p: dict, b, a, cfg: Config):
+    """``(beta, log_a)``, both ``(B, L, H_v)`` float32, from the projections ``b, a (B, L, H_v)``:
+    ``beta = beta_scale sigmoid(b)``, ``log a = -exp(A_log) softplus(a + dt_bias)``."""
+    beta = jax.nn.sigmoid(b.astype(f32))
+    if cfg.beta_scale != 1.0:
+        beta = beta * jnp.asarray(cfg.beta_scale, f32)
+    log_a = -jnp.exp(p["A_log"].astype(f32)) * jax.nn.softplus(a.astype(f32) + p["dt_bias"].astype(f32))
+    return beta, log_a
+
+
 def delta_parts(p: dict, h, cfg: Config) -> dict:
     """Intermediates of the Gated DeltaNet for input ``h (B, L, D)``.
 
@@ -69,17 +110,9 @@ def delta_parts(p: dict, h, cfg: Config) -> dict:
     Hk, Hv, dk, dv = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, \
         cfg.linear_value_head_dim
     rep = Hv // Hk
-    if cfg.projections == "split":
-        x = linear(h, p["in_proj_qkv.weight"])
-        z, b, a = (linear(h, p[f"in_proj_{n}.weight"]) for n in "zba")
-    elif cfg.projections == "separate":
-        x = jnp.concatenate([linear(h, p[f"{n}_proj.weight"]) for n in "qkv"], axis=-1)
-        z, b, a = (linear(h, p[f"{n}_proj.weight"]) for n in "gba")
-    else:
-        qkvz = linear(h, p["in_proj_qkvz.weight"]).reshape(B, L, Hk, 2 * dk + 2 * rep * dv)
-        q, k, v, z = jnp.split(qkvz, [dk, 2 * dk, 2 * dk + rep * dv], axis=-1)
-        b, a = jnp.split(linear(h, p["in_proj_ba.weight"]).reshape(B, L, Hk, 2 * rep), 2, axis=-1)
-        x = jnp.concatenate([q.reshape(B, L, Hk * dk), k.reshape(B, L, Hk * dk), v.reshape(B, L, Hv * dv)], axis=-1)
+    xp, xcols, zp, zcols, b, a = delta_projections(p, h, cfg)
+    pick = lambda t, cols: t if np.array_equal(cols, np.arange(t.shape[-1])) else t[..., cols]
+    x, z = pick(xp, xcols), pick(zp, zcols)
     w = p["conv1d.weight"][:, 0, :]
     xc = causal_conv(x, w, p.get("conv1d.bias"))
     u = jax.nn.silu(xc)
@@ -87,18 +120,13 @@ def delta_parts(p: dict, h, cfg: Config) -> dict:
     qh = heads(u[..., :Hk * dk], Hk, dk)
     kh = heads(u[..., Hk * dk:2 * Hk * dk], Hk, dk)
     vh = heads(u[..., 2 * Hk * dk:], Hv, dv).astype(f32)
-    beta = jnp.swapaxes(jax.nn.sigmoid(b.reshape(B, L, Hv).astype(f32)), 1, 2)
-    if cfg.beta_scale != 1.0:
-        beta = beta * jnp.asarray(cfg.beta_scale, f32)
-    log_a = -jnp.exp(p["A_log"].astype(f32)) * jax.nn.softplus(a.reshape(B, L, Hv).astype(f32)
-                                                              + p["dt_bias"].astype(f32))
-    log_a = jnp.swapaxes(log_a, 1, 2)
+    beta, log_a = (jnp.swapaxes(t, 1, 2) for t in delta_gates(p, b, a, cfg))
     per_value = lambda t: jnp.repeat(t, rep, axis=1)  # key head g serves value heads g*rep ... (g+1)*rep-1
     state_bad = from_first(per_value(jnp.isnan(kh).any(-1)) | jnp.isnan(vh).any(-1) | jnp.isnan(beta)
                            | jnp.isnan(log_a), axis=2)
     read_bad = per_value(jnp.isnan(qh).any(-1))
     return dict(x_v=x[..., 2 * Hk * dk:], xc_v=xc[..., 2 * Hk * dk:],
-                gate=jax.nn.silu(z.reshape(B, L, Hv * dv).astype(f32)), conv_v=w[2 * Hk * dk:],
+                gate=jax.nn.silu(z.astype(f32)), conv_v=w[2 * Hk * dk:],
                 q=zero_nan(l2_normalize(qh)) * jnp.asarray(dk ** -0.5, f32), k=zero_nan(l2_normalize(kh)),
                 v=zero_nan(vh), log_a=zero_nan(log_a), beta=zero_nan(beta), state_bad=state_bad, read_bad=read_bad)
 
@@ -123,12 +151,46 @@ def delta_inner(p: dict, h, cfg: Config, parts=None):
     return o, left
 
 
+def delta_output(p: dict, h, cfg: Config, parts_fn=delta_parts):
+    """The Gated DeltaNet's output before ``out_proj``, ``(B, L, C)`` float32 (``left * o`` of
+    ``delta_inner``), by XLA (its recurrence by the CPU kernel where ``delta_inner`` takes it)."""
+    o, left = delta_inner(p, h, cfg, parts_fn(p, h, cfg))
+    return left * o
+
+
+def delta_output_kernel(p: dict, h, cfg: Config):
+    """``delta_output``'s numbers (to float32 rounding) by the fused CPU kernel
+    (``kernels.cpu.gated_delta_net``: everything between the projections in one pass), its
+    derivatives ``delta_output``'s. Float32 parameters and input only."""
+    def fast(p, h):
+        x, xcols, z, zcols, b, a = delta_projections(p, h, cfg)
+        beta, log_a = delta_gates(p, b, a, cfg)
+        return cpu_kernels.gated_delta_net(x, xcols, p["conv1d.weight"][:, 0, :], p.get("conv1d.bias"), z, zcols,
+                                           log_a, beta, p[cfg.delta_norm_name], cfg.linear_num_key_heads,
+                                           cfg.delta_norm_eps)
+
+    return cpu_kernels.with_reference_derivatives(fast, lambda p, h: delta_output(p, h, cfg))(p, h)
+
+
+def delta_kernel_pays_off(p: dict, h, cfg: Config) -> bool:
+    """Whether a CPU forward takes ``delta_output_kernel``: float32 input and parameters, and the
+    kernel's size rule (``kernels.cpu.delta_net_pays_off``)."""
+    return (all(jnp.dtype(t.dtype) == f32 for t in (h, *jax.tree.leaves(p)))
+            and cpu_kernels.delta_net_pays_off(h.shape[0], h.shape[1], cfg.linear_num_value_heads,
+                                               cfg.linear_key_head_dim, cfg.linear_value_head_dim))
+
+
 def delta_forward(p: dict, h, cfg: Config, hook=None, parts_fn=delta_parts):
     """HF ``Qwen3NextGatedDeltaNet.forward``: ``(B, L, D) -> (B, L, D)``. ``hook``: optional
     ``(B, C, L) -> (B, C, L)`` on the gated, normed output before ``out_proj``. ``parts_fn``: the
-    mixer's intermediates in ``delta_parts``' layout (Kimi Delta Attention has its own)."""
-    o, left = delta_inner(p, h, cfg, parts_fn(p, h, cfg))
-    y = apply_out_hook(left * o, hook).astype(h.dtype)
+    mixer's intermediates in ``delta_parts``' layout (Kimi Delta Attention has its own). On CPU the
+    fused kernel where ``delta_kernel_pays_off`` (``parts_fn`` this module's), XLA elsewhere."""
+    if parts_fn is delta_parts and delta_kernel_pays_off(p, h, cfg):
+        y = jax.lax.platform_dependent(p, h, cpu=lambda p, h: delta_output_kernel(p, h, cfg),
+                                       default=lambda p, h: delta_output(p, h, cfg))
+    else:
+        y = delta_output(p, h, cfg, parts_fn)
+    y = apply_out_hook(y, hook).astype(h.dtype)
     return linear(y, p[cfg.delta_out_name])
 
 

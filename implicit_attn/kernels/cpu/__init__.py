@@ -30,7 +30,9 @@ The same library holds the forward computations: Mamba-1's selective scan (``sel
 taken by ``mamba.block.selective_scan`` where ``scan_pays_off``), Mamba-2's SSD (``ssd_scan``,
 taken by ``mamba2.block.ssd`` where ``ssd_pays_off``), the DPLR recurrence (``dplr_scan``, taken by
 RWKV-5/6/7's blocks, and ``delta_scan``, the gated delta rule written as one, taken by
-``qwen3_next.block.delta_inner``, where ``recurrence_pays_off``), RWKV-4's WKV (``wkv_scan``), softmax
+``qwen3_next.block.delta_inner``, where ``recurrence_pays_off``), the Gated DeltaNet mixer between its
+projections (``gated_delta_net``: conv, SiLU, l2 norms, the delta rule and the gated norm in one pass,
+taken by ``qwen3_next.block.delta_forward`` where ``delta_net_pays_off``), RWKV-4's WKV (``wkv_scan``), softmax
 attention applied to the values (``attention_forward``, taken by ``nn.attention.attention_values`` where
 ``attention_pays_off``) and the mixture-of-experts products (``grouped_matmul_from_tokens`` and
 ``grouped_matmul_to_tokens``, taken by ``nn.moe.experts_forward`` where ``grouped_pays_off``),
@@ -83,6 +85,7 @@ _LOWRANK_TARGET = "implicit_attn_lowrank_matrix"
 _ATTENTION_FORWARD_TARGET = "implicit_attn_attention_forward"
 _FROM_TOKENS_TARGET = "implicit_attn_grouped_from_tokens"
 _TO_TOKENS_TARGET = "implicit_attn_grouped_to_tokens"
+_DELTA_NET_TARGET = "implicit_attn_gated_delta_net"
 _TARGETS = {"IaStateDecayDense": _TARGET, "IaStateDecayReduce": _REDUCE_TARGET, "IaHeadMatrixDense": _HEAD_TARGET,
             "IaHeadMatrixReduce": _HEAD_REDUCE_TARGET, "IaRwkvDense": _RWKV_TARGET,
             "IaRwkvReduce": _RWKV_REDUCE_TARGET, "IaShortConvDense": _CONV_TARGET,
@@ -90,7 +93,8 @@ _TARGETS = {"IaStateDecayDense": _TARGET, "IaStateDecayReduce": _REDUCE_TARGET, 
             "IaSelectiveScan": _SCAN_TARGET, "IaSsdScan": _SSD_TARGET,
             "IaDplrScan": _DPLR_TARGET, "IaWkvScan": _WKV_TARGET, "IaDecayMatrix": _DECAY_TARGET,
             "IaLowRankMatrix": _LOWRANK_TARGET, "IaAttentionForward": _ATTENTION_FORWARD_TARGET,
-            "IaGroupedFromTokens": _FROM_TOKENS_TARGET, "IaGroupedToTokens": _TO_TOKENS_TARGET}
+            "IaGroupedFromTokens": _FROM_TOKENS_TARGET, "IaGroupedToTokens": _TO_TOKENS_TARGET,
+            "IaGatedDeltaNet": _DELTA_NET_TARGET}
 _SYMBOLS = tuple(_TARGETS)
 ARCH_ENV = "IMPLICIT_ATTN_CPU_ARCH"
 
@@ -696,11 +700,16 @@ def _forward_kernel(target: str, reference, prepare=lambda *a: a, out=lambda *a:
         run = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(out(*args), jnp.float32), vmap_method="sequential")
         return run(*prepare(*args), threads=np.int64(num_threads()), **{k: np.int64(v) for k, v in attrs.items()})
 
-    @jax.custom_jvp
-    def run(*args):
-        return call(*args)
+    return with_reference_derivatives(call, reference)
 
-    run.defjvp(lambda primals, tangents: (call(*primals), jax.jvp(reference, primals, tangents)[1]))
+
+def with_reference_derivatives(fast, reference):
+    """``fast(*args)``'s values with ``reference(*args)``'s derivatives, forward and reverse mode
+    (a custom JVP: reverse mode transposes the reference's linear tangent map). For a kernel
+    ``fast`` and the XLA computation ``reference`` of the same numbers; every argument (a pytree)
+    must be differentiable, as ``jax.custom_jvp`` wants."""
+    run = jax.custom_jvp(fast)
+    run.defjvp(lambda primals, tangents: (fast(*primals), jax.jvp(reference, primals, tangents)[1]))
     return run
 
 
@@ -905,6 +914,63 @@ def wkv_pays_off(k) -> bool:
     return _updates_pay_off(int(np.prod(k.shape)) * WKV_CHUNK_WORK)
 
 
+def gated_delta_net(x, xcols, conv_w, conv_b, z, zcols, log_a, beta, norm_w, key_heads: int, eps: float):
+    """The Gated DeltaNet mixer between its projections by the fused CPU kernel (Qwen3-Next's
+    ``qwen3_next.block.delta_output``: conv, SiLU, l2 norms, the gated delta rule, the gated RMSNorm),
+    one step per position, one (batch, value head) item per thread at a time. Per value head ``h``
+    (key head ``g = h // (H_v / H_k)``): ``u = SiLU(conv([q_g | k_g | v_h]) + conv_b)``, ``q =
+    l2(u_q) d_k^-1/2``, ``k = l2(u_k)``, ``S_t = a_t S_{t-1} (I - b_t k_t k_t^T) + b_t v_t k_t^T``
+    (``a_t = exp(log_a)``, ``b_t = beta``), ``o_t = S_t q_t``, ``y_t = norm_w SiLU(z_t) o_t /
+    rms(o_t)``. A NaN in ``u_k``, ``u_v``, ``beta`` or ``log_a`` makes ``y`` NaN from its step on,
+    one in ``u_q`` that step's ``y`` (the XLA path's ``ops.zero_nan`` / ``ops.mark_nan``). No
+    derivatives of its own: a model wraps it with ``with_reference_derivatives``.
+
+    Args:
+      x: ``(B, L, P_x)`` the projection holding the conv's inputs; xcols: ``(2 H_k d_k + H_v
+        d_v,)`` int, the column of ``x`` of each conv channel (``[q | k | v]``, head-major);
+      conv_w: ``(2 H_k d_k + H_v d_v, K)``; conv_b: the same channels' bias, or None;
+      z: ``(B, L, P_z)`` the projection holding the output gate's inputs; zcols: ``(H_v d_v,)``
+        int, the column of ``z`` of each gate channel;
+      log_a, beta: ``(B, L, H_v)``; norm_w: ``(d_v,)``; key_heads: ``H_k``; eps: the norm's.
+      Floats are cast to float32.
+    Returns:
+      ``(B, L, H_v d_v)`` float32.
+    Raises ``ValueError`` for inconsistent shapes; a column outside ``x`` or ``z`` is an error of
+    the call.
+    """
+    xcols, zcols = (jnp.asarray(c) for c in (xcols, zcols))
+    B, L = x.shape[:2] if x.ndim == 3 else (None, None)
+    Hv = log_a.shape[-1] if log_a.ndim == 3 else 0
+    nx, nz = (int(np.prod(c.shape)) for c in (xcols, zcols))
+    dk = (nx - nz) // (2 * key_heads) if key_heads > 0 else 0
+    if (x.ndim != 3 or z.ndim != 3 or z.shape[:2] != (B, L) or log_a.shape != (B, L, Hv) or beta.shape != log_a.shape
+            or Hv < 1 or key_heads < 1 or Hv % key_heads or nz % Hv or dk < 1 or nx != 2 * key_heads * dk + nz
+            or xcols.ndim != 1 or zcols.ndim != 1 or conv_w.ndim != 2 or conv_w.shape[0] != nx
+            or norm_w.shape != (nz // Hv,) or (conv_b is not None and conv_b.shape != (nx,))
+            or not jnp.issubdtype(xcols.dtype, jnp.integer) or not jnp.issubdtype(zcols.dtype, jnp.integer)):
+        raise ValueError(f"gated_delta_net: want x (B, L, Px), xcols (2 Hk dk + Hv dv,) int, conv_w (2 Hk dk + Hv dv, "
+                         f"K), conv_b (2 Hk dk + Hv dv,) or None, z (B, L, Pz), zcols (Hv dv,) int, log_a and beta "
+                         f"(B, L, Hv), norm_w (dv,), Hv a multiple of key_heads = {key_heads}; got x {x.shape}, "
+                         f"xcols {xcols.shape} {xcols.dtype}, conv_w {conv_w.shape}, "
+                         f"conv_b {None if conv_b is None else conv_b.shape}, z {z.shape}, zcols {zcols.shape} "
+                         f"{zcols.dtype}, log_a {log_a.shape}, beta {beta.shape}, norm_w {norm_w.shape}")
+    load()
+    f32 = lambda a: jnp.asarray(a, jnp.float32)
+    run = jax.ffi.ffi_call(_DELTA_NET_TARGET, jax.ShapeDtypeStruct((B, L, nz), jnp.float32),
+                           vmap_method="sequential")
+    bias = jnp.zeros((0,), jnp.float32) if conv_b is None else f32(conv_b)
+    return run(f32(x), xcols.astype(jnp.int32), f32(conv_w), bias, f32(z), zcols.astype(jnp.int32), f32(log_a),
+               f32(beta), f32(norm_w), threads=np.int64(num_threads()), key_heads=np.int64(key_heads),
+               key_dim=np.int64(dk), eps=np.float32(eps))
+
+
+def delta_net_pays_off(B: int, L: int, value_heads: int, dk: int, dv: int) -> bool:
+    """Whether a CPU forward runs the Gated DeltaNet mixer of ``value_heads`` heads of ``(d_v,
+    d_k)`` states over ``(B, L)`` by ``gated_delta_net``: the forward kernels' size rule on its
+    recurrence (``recurrence_pays_off``'s)."""
+    return _updates_pay_off(B * value_heads * L * dk * dv)
+
+
 @functools.lru_cache(maxsize=None)
 def _attention_forward(window: int):
     """The attention kernel for one window (an attribute of the call)."""
@@ -1037,6 +1103,6 @@ for _type in (*_KERNELS, ParallelCore):
     register_core("cpu", _type, _problem)
 
 
-__all__ = ["cpu_dense", "cpu_reduce", "selective_scan", "scan_pays_off", "ssd_scan", "ssd_pays_off", "delta_scan", "dplr_scan", "recurrence_pays_off", "wkv_scan", "wkv_pays_off", "attention_forward", "attention_pays_off", "grouped_matmul_from_tokens", "grouped_matmul_to_tokens", "grouped_pays_off", "GROUP_TILE", "head_matrices", "head_matrix_kernel", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
+__all__ = ["cpu_dense", "cpu_reduce", "selective_scan", "scan_pays_off", "ssd_scan", "ssd_pays_off", "delta_scan", "dplr_scan", "recurrence_pays_off", "gated_delta_net", "delta_net_pays_off", "with_reference_derivatives", "wkv_scan", "wkv_pays_off", "attention_forward", "attention_pays_off", "grouped_matmul_from_tokens", "grouped_matmul_to_tokens", "grouped_pays_off", "GROUP_TILE", "head_matrices", "head_matrix_kernel", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
            "pays_off", "AUTO_MIN_FACTOR_ELEMENTS", "AUTO_MIN_ENV", "SCAN_AUTO_MIN_FACTOR",
            "library_path", "cache_dir", "num_threads", "CpuKernelUnavailable"]

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include <immintrin.h>
 #include <sys/mman.h>
 
 #include "xla/ffi/api/ffi.h"
@@ -2238,6 +2239,28 @@ void dplr_columns_of(bool after, bool low_rank, float* state, int64_t L, int64_t
   else dplr_columns<NV, false, false>(state, L, dk, dv, cols, w, w_stride, q, k, a, b, bonus, v, o);
 }
 
+constexpr int kDplrBlock = 4;  // vectors of value channels per pass over the sequence
+
+// Floats of a DPLR state scratch (dplr_sequence) for dk key dimensions.
+inline size_t dplr_state_size(int64_t dk) { return static_cast<size_t>(dk) * kDplrBlock * kW + kW; }
+
+// One (batch, head) item's DPLR recurrence: the value channels in blocks of kDplrBlock vectors
+// (dplr_columns), q, k, a, b (L, dk), w (L, w_stride) the decays (not their logs), v and o (L, dv).
+void dplr_sequence(bool after, bool low_rank, float* state, int64_t L, int64_t dk, int64_t dv, const float* w,
+                   int64_t w_stride, const float* q, const float* k, const float* a, const float* b,
+                   const float* bonus, const float* v, float* o) {
+  const int64_t pv = (dv + kW - 1) / kW;
+  for (int64_t v0 = 0; v0 < pv; v0 += kDplrBlock) {
+    const int64_t c0 = v0 * kW, cols = dv - c0;
+    switch (std::min<int64_t>(kDplrBlock, pv - v0)) {
+      case 1: dplr_columns_of<1>(after, low_rank, state, L, dk, dv, cols, w, w_stride, q, k, a, b, bonus, v + c0, o + c0); break;
+      case 2: dplr_columns_of<2>(after, low_rank, state, L, dk, dv, cols, w, w_stride, q, k, a, b, bonus, v + c0, o + c0); break;
+      case 3: dplr_columns_of<3>(after, low_rank, state, L, dk, dv, cols, w, w_stride, q, k, a, b, bonus, v + c0, o + c0); break;
+      default: dplr_columns_of<4>(after, low_rank, state, L, dk, dv, cols, w, w_stride, q, k, a, b, bonus, v + c0, o + c0); break;
+    }
+  }
+}
+
 // The DPLR recurrence (RWKV-5/6/7's and, rewritten, the gated delta rule's forward), one step per
 // position: per batch b and head h, S_t = S_{t-1} (Diag(w_t) + a_t b_t^T) + v_t k_t^T with w_t =
 // exp(log_w_t), read o_t = S_t q_t (after = 1) or S_{t-1} q_t + bonus_t v_t (after = 0). The
@@ -2270,15 +2293,14 @@ ffi::Error DplrScanImpl(ffi::ThreadPool xla,
                                        "v (B, H, L, dv); bonus (B, H, L))");
   const int64_t B = qd[0], H = qd[1], L = qd[2], dk = qd[3], dv = vd[3];
   if (B == 0 || H == 0 || L == 0 || dv == 0) return ffi::Error::Success();
-  constexpr int kBlock = 4;  // vectors of value channels per block
-  const int64_t pv = (dv + kW - 1) / kW, items = B * H;
+  const int64_t items = B * H;
   const int64_t dkp = (dk + kW - 1) / kW * kW;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
   const float *pq = q.typed_data(), *pk = k.typed_data(), *pv_ = v.typed_data(), *pl = log_w.typed_data();
   const float *pa = a.typed_data(), *pb = b.typed_data(), *pbo = bonus.typed_data();
   float* po = out->typed_data();
   run_threads(xla, nt, [&](int64_t t0) {
-    std::vector<float> state(static_cast<size_t>(dk) * kBlock * kW + kW), w(L * dkp + kW, 0.0f);
+    std::vector<float> state(dplr_state_size(dk)), w(L * dkp + kW, 0.0f);
     for (int64_t item = t0; item < items; item += nt) {
       const size_t base = static_cast<size_t>(item) * L;  // (b, h, t = 0)
       for (int64_t t = 0; t < L; ++t) {  // every step's decays
@@ -2286,19 +2308,198 @@ ffi::Error DplrScanImpl(ffi::ThreadPool xla,
         std::memcpy(wt, pl + (base + t) * dk, sizeof(float) * dk);
         for (int64_t d = 0; d < dkp; d += kW) store(wt + d, vexp_lanes<vw, vwi>(load<vw>(wt + d)));
       }
-      const float *qi = pq + base * dk, *ki = pk + base * dk;
-      const float *ai = has_ab ? pa + base * dk : nullptr, *bi = has_ab ? pb + base * dk : nullptr;
-      const float* boi = has_bonus ? pbo + base : nullptr;
-      for (int64_t v0 = 0; v0 < pv; v0 += kBlock) {
-        const int64_t c0 = v0 * kW, cols = dv - c0;
-        const float* vv = pv_ + base * dv + c0;
-        float *sv = state.data(), *ov = po + base * dv + c0;
-        switch (std::min<int64_t>(kBlock, pv - v0)) {
-          case 1: dplr_columns_of<1>(after, has_ab, sv, L, dk, dv, cols, w.data(), dkp, qi, ki, ai, bi, boi, vv, ov); break;
-          case 2: dplr_columns_of<2>(after, has_ab, sv, L, dk, dv, cols, w.data(), dkp, qi, ki, ai, bi, boi, vv, ov); break;
-          case 3: dplr_columns_of<3>(after, has_ab, sv, L, dk, dv, cols, w.data(), dkp, qi, ki, ai, bi, boi, vv, ov); break;
-          default: dplr_columns_of<4>(after, has_ab, sv, L, dk, dv, cols, w.data(), dkp, qi, ki, ai, bi, boi, vv, ov); break;
+      dplr_sequence(after, has_ab, state.data(), L, dk, dv, w.data(), dkp, pq + base * dk, pk + base * dk,
+                    has_ab ? pa + base * dk : nullptr, has_ab ? pb + base * dk : nullptr,
+                    has_bonus ? pbo + base : nullptr, pv_ + base * dv, po + base * dv);
+    }
+  });
+  return ffi::Error::Success();
+}
+
+// The gated DeltaNet mixer between its projections (Qwen3-Next's, Qwen3.5's, OLMo-Hybrid's;
+// ops in the family's delta_parts and delta_inner), per batch b and value head h (key head g =
+// h / (Hv / Hk)):
+//   u = SiLU(causal depthwise conv of the conv channels [q_g | k_g | v_h], read from x at xcols),
+//   q = l2(u_q) dk^-1/2, k = l2(u_k), v = u_v (l2(u) = u rsqrt(sum u^2 + 1e-6)),
+//   S_t = a_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T, o_t = S_t q_t (a_t = exp(log_a)),
+//   y_t = w SiLU(z_t) o_t rsqrt(mean(o_t^2) + eps) (z read from z at zcols, w the norm weight).
+// NaN: a NaN in u_k, u_v, beta or log_a makes y NaN from that step on, one in u_q that step's y;
+// the recurrence runs on them replaced by 0, as the XLA path does (ops.zero_nan, ops.mark_nan).
+// The recurrence is the DPLR kernel's (dplr_sequence): a = -(a_t k_t), b = k' = beta_t k_t.
+constexpr float kL2Eps = 1e-6f;  // FLA's / HF's l2norm
+
+// Runs of consecutive columns: a gather of cols[0..n) as a few copies (a projection's heads are
+// runs of d_k or d_v columns).
+struct ColumnRun {
+  int64_t dst, src, len;
+};
+void column_runs(const int32_t* cols, int64_t n, std::vector<ColumnRun>& runs) {
+  runs.clear();
+  for (int64_t c = 0; c < n; ++c) {
+    if (!runs.empty() && runs.back().src + runs.back().len == cols[c]) ++runs.back().len;
+    else runs.push_back({c, cols[c], 1});
+  }
+}
+inline void gather_row(const float* x, const std::vector<ColumnRun>& runs, float* out) {
+  for (const ColumnRun& r : runs) {  // short runs: a loop, not memcpy's call
+    int64_t i = 0;
+    for (; i + kW <= r.len; i += kW) store(out + r.dst + i, load<vw>(x + r.src + i));
+    for (; i < r.len; ++i) out[r.dst + i] = x[r.src + i];
+  }
+}
+
+// sum x[i]^2 over n floats, in vectors (NaN if and only if x holds a NaN).
+inline float sum_squares(const float* x, int64_t n) {
+  vw acc = splat<vw>(0.0f);
+  int64_t i = 0;
+  for (; i + kW <= n; i += kW) {
+    const vw xi = load<vw>(x + i);
+    acc += xi * xi;
+  }
+  float s = 0.0f;
+  for (int64_t j = 0; j < kW; ++j) s += acc[j];
+  for (; i < n; ++i) s += x[i] * x[i];
+  return s;
+}
+
+// 1 / x for x >= 1 (or +inf, or NaN): the hardware's reciprocal estimate and one Newton step,
+// within about 1 ulp; a divide costs several times more and SiLU takes one per element.
+inline vw recip_ge1(vw x) {
+#if defined(__AVX512F__)
+  const vw r = (vw)_mm512_rcp14_ps((__m512)x);
+#elif defined(__AVX__)
+  const vw r = (vw)_mm256_rcp_ps((__m256)x);
+#else
+  return splat<vw>(1.0f) / x;
+#endif
+  const vw y = r * (splat<vw>(2.0f) - x * r);
+  return x == splat<vw>(__builtin_inff()) ? splat<vw>(0.0f) : y;  // inf * 0 would be NaN
+}
+
+// x sigmoid(x) = x / (1 + exp(-x)).
+inline vw silu(vw x) { return x * recip_ge1(splat<vw>(1.0f) + vexp_lanes<vw, vwi>(-x)); }
+
+// SiLU(conv) of the rows K - 1 .. K - 2 + L of g (row stride gs; rows 0 .. K - 2 zero: the causal
+// padding) into u (L rows of stride gs): wt (K, gs) the filters by tap, bias (gs) or null.
+void conv_silu(const float* g, int64_t L, int64_t K, const float* wt, const float* bias, float* u, int64_t gs) {
+  for (int64_t t = 0; t < L; ++t) {
+    for (int64_t c = 0; c < gs; c += kW) {
+      vw acc = splat<vw>(0.0f);
+      for (int64_t s = 0; s < K; ++s) acc += load<vw>(g + (t + s) * gs + c) * load<vw>(wt + s * gs + c);
+      if (bias) acc += load<vw>(bias + c);
+      store(u + t * gs + c, silu(acc));
+    }
+  }
+}
+
+// x rsqrt(sum x^2 + eps) times scale into out (n floats), NaN entries 0; whether x held a NaN.
+inline bool l2_row(const float* x, int64_t n, float scale, float* out) {
+  const float ss = sum_squares(x, n), r = 1.0f / std::sqrt(ss + kL2Eps);
+  for (int64_t i = 0; i < n; ++i) {
+    const float y = x[i] * r;
+    out[i] = y == y ? y * scale : 0.0f;
+  }
+  return std::isnan(ss);
+}
+
+ffi::Error GatedDeltaNetImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> xcols,
+                             ffi::Buffer<ffi::F32> conv_w, ffi::Buffer<ffi::F32> conv_b, ffi::Buffer<ffi::F32> z,
+                             ffi::Buffer<ffi::S32> zcols, ffi::Buffer<ffi::F32> log_a, ffi::Buffer<ffi::F32> beta,
+                             ffi::Buffer<ffi::F32> norm_w, ffi::ResultBuffer<ffi::F32> out, int64_t threads,
+                             int64_t key_heads, int64_t key_dim, float eps) {
+  auto xd = x.dimensions(), zd = z.dimensions(), ad = log_a.dimensions(), wd = conv_w.dimensions();
+  const int64_t nx = static_cast<int64_t>(xcols.element_count()), nz = static_cast<int64_t>(zcols.element_count());
+  if (xd.size() != 3 || zd.size() != 3 || ad.size() != 3 || wd.size() != 2 || zd[0] != xd[0] || zd[1] != xd[1] ||
+      ad[0] != xd[0] || ad[1] != xd[1] || beta.dimensions().size() != 3 ||
+      !std::equal(ad.begin(), ad.end(), beta.dimensions().begin()) || wd[0] != nx || wd[1] < 1 || key_heads < 1 ||
+      key_dim < 1 || ad[2] < 1 || ad[2] % key_heads || nz % ad[2] || nx != 2 * key_heads * key_dim + nz ||
+      static_cast<int64_t>(norm_w.element_count()) != nz / ad[2] ||
+      (conv_b.element_count() != 0 && static_cast<int64_t>(conv_b.element_count()) != nx))
+    return ffi::Error::InvalidArgument(
+        "gated_delta_net: inconsistent shapes (x (B, L, Px), xcols (2 Hk dk + Hv dv,), conv_w (2 Hk dk + Hv dv, "
+        "K), conv_b (2 Hk dk + Hv dv,) or empty, z (B, L, Pz), zcols (Hv dv,), log_a and beta (B, L, Hv), "
+        "norm_w (dv,), Hv a multiple of Hk)");
+  const int64_t B = xd[0], L = xd[1], px = xd[2], pz = zd[2], Hv = ad[2], Hk = key_heads, dk = key_dim;
+  const int64_t dv = nz / Hv, K = wd[1], rep = Hv / Hk;
+  const int32_t *xc = xcols.typed_data(), *zc = zcols.typed_data();
+  for (int64_t c = 0; c < nx; ++c)
+    if (xc[c] < 0 || xc[c] >= px)
+      return ffi::Error::InvalidArgument("gated_delta_net: xcols holds a column outside x (" +
+                                         std::to_string(xc[c]) + ", x has " + std::to_string(px) + ")");
+  for (int64_t c = 0; c < nz; ++c)
+    if (zc[c] < 0 || zc[c] >= pz)
+      return ffi::Error::InvalidArgument("gated_delta_net: zcols holds a column outside z (" +
+                                         std::to_string(zc[c]) + ", z has " + std::to_string(pz) + ")");
+  if (B == 0 || L == 0 || dv == 0) return ffi::Error::Success();
+  const int64_t n = 2 * dk + dv, gs = (n + kW - 1) / kW * kW, dkp = (dk + kW - 1) / kW * kW;
+  const int64_t dvp = (dv + kW - 1) / kW * kW;
+  const int64_t items = B * Hv, nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  const float *px_ = x.typed_data(), *pz_ = z.typed_data(), *pw = conv_w.typed_data(), *pla = log_a.typed_data();
+  const float *pbe = beta.typed_data(), *pnw = norm_w.typed_data();
+  const float* pcb = conv_b.element_count() ? conv_b.typed_data() : nullptr;
+  float* py = out->typed_data();
+  const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  run_threads(xla, nt, [&](int64_t t0) {
+    std::vector<float> g((L + K - 1) * gs, 0.0f), u(L * gs), wt(K * gs), bias(gs), w(L * dkp + kW);
+    std::vector<float> q(L * dk), k(L * dk), a(L * dk), kb(L * dk), v(L * dv), o(L * dv);
+    std::vector<float> state(dplr_state_size(dk)), gate(dvp, 0.0f);
+    std::vector<int32_t> cols(n), xcol(n);
+    std::vector<ColumnRun> xruns, zruns;
+    std::vector<char> bad(L);
+    for (int64_t item = t0; item < items; item += nt) {
+      const int64_t b = item / Hv, h = item % Hv, kh = h / rep;
+      for (int64_t i = 0; i < dk; ++i) {  // the item's conv channels: q_g, k_g, v_h
+        cols[i] = static_cast<int32_t>(kh * dk + i);
+        cols[dk + i] = static_cast<int32_t>(Hk * dk + kh * dk + i);
+      }
+      for (int64_t i = 0; i < dv; ++i) cols[2 * dk + i] = static_cast<int32_t>(2 * Hk * dk + h * dv + i);
+      std::fill(wt.begin(), wt.end(), 0.0f);
+      std::fill(bias.begin(), bias.end(), 0.0f);
+      for (int64_t c = 0; c < n; ++c) {
+        xcol[c] = xc[cols[c]];
+        for (int64_t s = 0; s < K; ++s) wt[s * gs + c] = pw[cols[c] * K + s];
+        if (pcb) bias[c] = pcb[cols[c]];
+      }
+      column_runs(xcol.data(), n, xruns);
+      column_runs(zc + h * dv, dv, zruns);
+      // g's first K - 1 rows and last gs - n columns stay 0
+      for (int64_t t = 0; t < L; ++t) gather_row(px_ + (b * L + t) * px, xruns, g.data() + (t + K - 1) * gs);
+      conv_silu(g.data(), L, K, wt.data(), pcb ? bias.data() : nullptr, u.data(), gs);
+      const float *lat = pla + b * L * Hv + h, *bet = pbe + b * L * Hv + h;
+      bool state_bad = false;
+      for (int64_t t = 0; t < L; ++t) {
+        const float* ut = u.data() + t * gs;
+        const bool read_bad = l2_row(ut, dk, q_scale, q.data() + t * dk);
+        const bool k_bad = l2_row(ut + dk, dk, 1.0f, k.data() + t * dk);
+        const bool v_bad = std::isnan(sum_squares(ut + 2 * dk, dv));
+        for (int64_t i = 0; i < dv; ++i) v[t * dv + i] = ut[2 * dk + i] == ut[2 * dk + i] ? ut[2 * dk + i] : 0.0f;
+        const float la = lat[t * Hv], be = bet[t * Hv];
+        state_bad |= k_bad || v_bad || std::isnan(la) || std::isnan(be);
+        bad[t] = state_bad || read_bad;
+        const float decay = std::exp(std::isnan(la) ? 0.0f : la), bt = std::isnan(be) ? 0.0f : be;
+        float* wrow = w.data() + t * dkp;
+        for (int64_t d = 0; d < dk; ++d) {
+          wrow[d] = decay;
+          kb[t * dk + d] = bt * k[t * dk + d];
+          a[t * dk + d] = -(decay * k[t * dk + d]);
         }
+      }
+      dplr_sequence(true, true, state.data(), L, dk, dv, w.data(), dkp, q.data(), kb.data(), a.data(), kb.data(),
+                    nullptr, v.data(), o.data());
+      const float* zb = pz_ + b * L * pz;
+      for (int64_t t = 0; t < L; ++t) {
+        float* yt = py + (b * L + t) * nz + h * dv;
+        if (bad[t]) {
+          std::fill(yt, yt + dv, __builtin_nanf(""));
+          continue;
+        }
+        const float* ot = o.data() + t * dv;
+        const float inv = 1.0f / std::sqrt(sum_squares(ot, dv) / static_cast<float>(dv) + eps);
+        gather_row(zb + t * pz, zruns, gate.data());
+        for (int64_t i = 0; i < dvp; i += kW) {  // SiLU(z)
+          store(gate.data() + i, silu(load<vw>(gate.data() + i)));
+        }
+        for (int64_t i = 0; i < dv; ++i) yt[i] = pnw[i] * inv * gate[i] * ot[i];
       }
     }
   });
@@ -2889,3 +3090,21 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int64_t>("has_bonus")
         .Attr<int64_t>("after")
         .Attr<int64_t>("huge_pages"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaGatedDeltaNet, GatedDeltaNetImpl,
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
+        .Arg<ffi::Buffer<ffi::F32>>()   // x (B, L, Px): the conv's inputs among its columns
+        .Arg<ffi::Buffer<ffi::S32>>()   // xcols (2 Hk dk + Hv dv,): conv channel -> column of x
+        .Arg<ffi::Buffer<ffi::F32>>()   // conv_w (2 Hk dk + Hv dv, K)
+        .Arg<ffi::Buffer<ffi::F32>>()   // conv_b (2 Hk dk + Hv dv,) or empty
+        .Arg<ffi::Buffer<ffi::F32>>()   // z (B, L, Pz): the output gate's inputs among its columns
+        .Arg<ffi::Buffer<ffi::S32>>()   // zcols (Hv dv,): gate channel -> column of z
+        .Arg<ffi::Buffer<ffi::F32>>()   // log_a (B, L, Hv)
+        .Arg<ffi::Buffer<ffi::F32>>()   // beta (B, L, Hv)
+        .Arg<ffi::Buffer<ffi::F32>>()   // norm_w (dv,)
+        .Ret<ffi::Buffer<ffi::F32>>()   // y (B, L, Hv dv)
+        .Attr<int64_t>("threads")
+        .Attr<int64_t>("key_heads")
+        .Attr<int64_t>("key_dim")
+        .Attr<float>("eps"));
