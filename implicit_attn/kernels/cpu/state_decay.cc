@@ -2356,8 +2356,11 @@ inline float sum_squares(const float* x, int64_t n) {
     const vw xi = load<vw>(x + i);
     acc += xi * xi;
   }
-  float s = 0.0f;
-  for (int64_t j = 0; j < kW; ++j) s += acc[j];
+  float lane[kW];  // the lanes summed pairwise: log2(kW) dependent adds, not kW
+  store(lane, acc);
+  for (int64_t w = kW / 2; w > 0; w /= 2)
+    for (int64_t j = 0; j < w; ++j) lane[j] += lane[j + w];
+  float s = lane[0];
   for (; i < n; ++i) s += x[i] * x[i];
   return s;
 }
@@ -2431,75 +2434,79 @@ ffi::Error GatedDeltaNetImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> x, ffi::
       return ffi::Error::InvalidArgument("gated_delta_net: zcols holds a column outside z (" +
                                          std::to_string(zc[c]) + ", z has " + std::to_string(pz) + ")");
   if (B == 0 || L == 0 || dv == 0) return ffi::Error::Success();
-  const int64_t n = 2 * dk + dv, gs = (n + kW - 1) / kW * kW, dkp = (dk + kW - 1) / kW * kW;
+  // One item per (batch, key head): its q and k channels go through the conv and the norms once
+  // for the rep value heads that read them.
+  const int64_t n = 2 * dk + rep * dv, gs = (n + kW - 1) / kW * kW, dkp = (dk + kW - 1) / kW * kW;
   const int64_t dvp = (dv + kW - 1) / kW * kW;
-  const int64_t items = B * Hv, nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  const int64_t items = B * Hk, nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
   const float *px_ = x.typed_data(), *pz_ = z.typed_data(), *pw = conv_w.typed_data(), *pla = log_a.typed_data();
   const float *pbe = beta.typed_data(), *pnw = norm_w.typed_data();
   const float* pcb = conv_b.element_count() ? conv_b.typed_data() : nullptr;
   float* py = out->typed_data();
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
   run_threads(xla, nt, [&](int64_t t0) {
-    std::vector<float> g((L + K - 1) * gs, 0.0f), u(L * gs), wt(K * gs), bias(gs), w(L * dkp + kW);
+    std::vector<float> g((L + K - 1) * gs, 0.0f), u(L * gs), wt(K * gs, 0.0f), bias(gs, 0.0f), w(L * dkp + kW);
     std::vector<float> q(L * dk), k(L * dk), a(L * dk), kb(L * dk), v(L * dv), o(L * dv);
     std::vector<float> state(dplr_state_size(dk)), gate(dvp, 0.0f);
     std::vector<int32_t> cols(n), xcol(n);
     std::vector<ColumnRun> xruns, zruns;
-    std::vector<char> bad(L);
+    std::vector<char> q_bad(L), k_bad(L), bad(L);
     for (int64_t item = t0; item < items; item += nt) {
-      const int64_t b = item / Hv, h = item % Hv, kh = h / rep;
-      for (int64_t i = 0; i < dk; ++i) {  // the item's conv channels: q_g, k_g, v_h
+      const int64_t b = item / Hk, kh = item % Hk;
+      for (int64_t i = 0; i < dk; ++i) {  // the item's conv channels: q_g, k_g, then v of its value heads
         cols[i] = static_cast<int32_t>(kh * dk + i);
         cols[dk + i] = static_cast<int32_t>(Hk * dk + kh * dk + i);
       }
-      for (int64_t i = 0; i < dv; ++i) cols[2 * dk + i] = static_cast<int32_t>(2 * Hk * dk + h * dv + i);
-      std::fill(wt.begin(), wt.end(), 0.0f);
-      std::fill(bias.begin(), bias.end(), 0.0f);
-      for (int64_t c = 0; c < n; ++c) {
+      for (int64_t i = 0; i < rep * dv; ++i) cols[2 * dk + i] = static_cast<int32_t>(2 * Hk * dk + kh * rep * dv + i);
+      for (int64_t c = 0; c < n; ++c) {  // wt's and bias' last gs - n entries stay 0
         xcol[c] = xc[cols[c]];
         for (int64_t s = 0; s < K; ++s) wt[s * gs + c] = pw[cols[c] * K + s];
         if (pcb) bias[c] = pcb[cols[c]];
       }
       column_runs(xcol.data(), n, xruns);
-      column_runs(zc + h * dv, dv, zruns);
       // g's first K - 1 rows and last gs - n columns stay 0
       for (int64_t t = 0; t < L; ++t) gather_row(px_ + (b * L + t) * px, xruns, g.data() + (t + K - 1) * gs);
       conv_silu(g.data(), L, K, wt.data(), pcb ? bias.data() : nullptr, u.data(), gs);
-      const float *lat = pla + b * L * Hv + h, *bet = pbe + b * L * Hv + h;
-      bool state_bad = false;
       for (int64_t t = 0; t < L; ++t) {
         const float* ut = u.data() + t * gs;
-        const bool read_bad = l2_row(ut, dk, q_scale, q.data() + t * dk);
-        const bool k_bad = l2_row(ut + dk, dk, 1.0f, k.data() + t * dk);
-        const bool v_bad = std::isnan(sum_squares(ut + 2 * dk, dv));
-        for (int64_t i = 0; i < dv; ++i) v[t * dv + i] = ut[2 * dk + i] == ut[2 * dk + i] ? ut[2 * dk + i] : 0.0f;
-        const float la = lat[t * Hv], be = bet[t * Hv];
-        state_bad |= k_bad || v_bad || std::isnan(la) || std::isnan(be);
-        bad[t] = state_bad || read_bad;
-        const float decay = std::exp(std::isnan(la) ? 0.0f : la), bt = std::isnan(be) ? 0.0f : be;
-        float* wrow = w.data() + t * dkp;
-        for (int64_t d = 0; d < dk; ++d) {
-          wrow[d] = decay;
-          kb[t * dk + d] = bt * k[t * dk + d];
-          a[t * dk + d] = -(decay * k[t * dk + d]);
-        }
+        q_bad[t] = l2_row(ut, dk, q_scale, q.data() + t * dk);
+        k_bad[t] = l2_row(ut + dk, dk, 1.0f, k.data() + t * dk);
       }
-      dplr_sequence(true, true, state.data(), L, dk, dv, w.data(), dkp, q.data(), kb.data(), a.data(), kb.data(),
-                    nullptr, v.data(), o.data());
-      const float* zb = pz_ + b * L * pz;
-      for (int64_t t = 0; t < L; ++t) {
-        float* yt = py + (b * L + t) * nz + h * dv;
-        if (bad[t]) {
-          std::fill(yt, yt + dv, __builtin_nanf(""));
-          continue;
+      for (int64_t r = 0; r < rep; ++r) {
+        const int64_t h = kh * rep + r;
+        const float *lat = pla + b * L * Hv + h, *bet = pbe + b * L * Hv + h;
+        bool state_bad = false;
+        for (int64_t t = 0; t < L; ++t) {
+          const float* ut = u.data() + t * gs + 2 * dk + r * dv;
+          const bool v_bad = std::isnan(sum_squares(ut, dv));
+          for (int64_t i = 0; i < dv; ++i) v[t * dv + i] = ut[i] == ut[i] ? ut[i] : 0.0f;
+          const float la = lat[t * Hv], be = bet[t * Hv];
+          state_bad |= k_bad[t] || v_bad || std::isnan(la) || std::isnan(be);
+          bad[t] = state_bad || q_bad[t];
+          const float decay = std::exp(std::isnan(la) ? 0.0f : la), bt = std::isnan(be) ? 0.0f : be;
+          float* wrow = w.data() + t * dkp;
+          for (int64_t d = 0; d < dk; ++d) {
+            wrow[d] = decay;
+            kb[t * dk + d] = bt * k[t * dk + d];
+            a[t * dk + d] = -(decay * k[t * dk + d]);
+          }
         }
-        const float* ot = o.data() + t * dv;
-        const float inv = 1.0f / std::sqrt(sum_squares(ot, dv) / static_cast<float>(dv) + eps);
-        gather_row(zb + t * pz, zruns, gate.data());
-        for (int64_t i = 0; i < dvp; i += kW) {  // SiLU(z)
-          store(gate.data() + i, silu(load<vw>(gate.data() + i)));
+        dplr_sequence(true, true, state.data(), L, dk, dv, w.data(), dkp, q.data(), kb.data(), a.data(), kb.data(),
+                      nullptr, v.data(), o.data());
+        column_runs(zc + h * dv, dv, zruns);
+        const float* zb = pz_ + b * L * pz;
+        for (int64_t t = 0; t < L; ++t) {
+          float* yt = py + (b * L + t) * nz + h * dv;
+          if (bad[t]) {
+            std::fill(yt, yt + dv, __builtin_nanf(""));
+            continue;
+          }
+          const float* ot = o.data() + t * dv;
+          const float inv = 1.0f / std::sqrt(sum_squares(ot, dv) / static_cast<float>(dv) + eps);
+          gather_row(zb + t * pz, zruns, gate.data());
+          for (int64_t i = 0; i < dvp; i += kW) store(gate.data() + i, silu(load<vw>(gate.data() + i)));  // SiLU(z)
+          for (int64_t i = 0; i < dv; ++i) yt[i] = pnw[i] * inv * gate[i] * ot[i];
         }
-        for (int64_t i = 0; i < dv; ++i) yt[i] = pnw[i] * inv * gate[i] * ot[i];
       }
     }
   });
