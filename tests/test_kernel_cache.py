@@ -289,9 +289,9 @@ def test_an_avx2_build_gives_the_same_numbers(tmp_path):
             err = rel(op.materialize(impl="cpu"), op.materialize(impl="xla"))
             assert err <= 1e-5, (L, err)
         import numpy as np
-        from test_moe import from_tokens64, grouped_case, to_tokens64
-        for K, R in ((70, 19), (48, 40)):  # the grouped products' AVX2 paths (8-row blocks, transposes)
-            x, h, col, weights, owner, w = grouped_case(K, R, 1)
+        from test_moe import from_tokens64, grouped_case, half_pack_case, to_tokens64
+        for K, R, case in ((70, 19, grouped_case), (48, 40, grouped_case), (33, 20, half_pack_case)):
+            x, h, col, weights, owner, w = case(K, R, 1)  # the grouped products' AVX2 paths, half packs
             want = from_tokens64(x, np.asarray(col), np.asarray(owner), w)
             got = np.asarray(cpu.grouped_matmul_from_tokens(x, col, owner, w))
             assert np.abs(got - want).max() <= 2e-6 * np.abs(want).max(), (K, R)

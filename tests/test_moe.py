@@ -258,6 +258,39 @@ def test_grouped_products_match_float64(K, R):
                                atol=4e-6 * scale)
 
 
+def half_pack_case(K, R, seed):
+    """Packs filled as ``ops.expert_columns`` fills them, from the first column: 10 copies (a half
+    pack: the kernels multiply only its first 16 columns), 32, 17 (column 16 taken: a whole
+    pack), exactly 16, and 3 in an unowned pack; 26 tokens with 3 copies each."""
+    g = np.random.default_rng(seed)
+    owner = jnp.asarray([1, 0, 0, 2, -1], jnp.int32)
+    cols = np.concatenate([p * cpu.GROUP_TILE + np.arange(n) for p, n in enumerate([10, 32, 17, 16, 3])])
+    col = g.permutation(cols).reshape(26, 3).astype(np.int32)
+    x = g.standard_normal((26, K)).astype(np.float32)
+    h = g.standard_normal((owner.size, K, cpu.GROUP_TILE)).astype(np.float32)
+    w = g.standard_normal((3, R, K)).astype(np.float32)
+    return x, h, jnp.asarray(col), g.random((26, 3)).astype(np.float32), owner, w
+
+
+@pytest.mark.parametrize("K,R", [(70, 19), (128, 16), (16, 40)])
+def test_grouped_products_of_half_packs_match_float64(K, R):
+    """Packs whose copies all sit in the first 16 columns take half the work; their other columns
+    are still written (zeros), also where the output's buffer held NaN before (jit reuses the
+    freed buffer of an array of the same size); a pack with column 16 taken is a whole one."""
+    x, h, col, weights, owner, w = half_pack_case(K, R, K + 2 * R)
+    want = from_tokens64(x, np.asarray(col), np.asarray(owner), w)
+
+    def after_nan(x, col, owner, w):
+        junk = jnp.full(want.shape, jnp.nan, jnp.float32) * x[0, 0]
+        return jnp.sum(junk), cpu.grouped_matmul_from_tokens(x, col, owner, w)
+
+    for got in (cpu.grouped_matmul_from_tokens(x, col, owner, w), jax.jit(after_nan)(x, col, owner, w)[1]):
+        np.testing.assert_allclose(np.asarray(got), want, atol=2e-6 * np.abs(want).max())
+    want = to_tokens64(h, np.asarray(col), weights, np.asarray(owner), w)
+    np.testing.assert_allclose(np.asarray(cpu.grouped_matmul_to_tokens(h, col, weights, owner, w)), want,
+                               atol=4e-6 * np.abs(want).max())
+
+
 def test_grouped_products_threads_vmap_and_nan(monkeypatch):
     """One thread and three give the same bits; under vmap each example equals its call alone;
     a NaN token reaches only its copies' columns, a NaN pack column only its copy's token."""

@@ -1794,15 +1794,26 @@ constexpr int kPackRows = 12;
 constexpr int kPackRows = 8;
 #endif
 
-// out (Rb, kGroupTile) = a (Rb rows, row stride K) times one pack's columns xs (K, kGroupTile).
+// out (Rb, kGroupTile) = a (Rb rows, row stride K) times one pack's columns xs (K, kGroupTile); only
+// the first kQ columns if half (a pack whose copies all sit there: an expert's last pack).
 template <int Rb = 8>
-inline void pack_product(const float* a, int64_t K, const float* xs, float* out) {
+inline void pack_product(const float* a, int64_t K, const float* xs, float* out, bool half = false) {
 #ifdef __AVX512F__
-  product8<2, false, Rb>(a, 1, K, xs, kGroupTile, kQ, K, out, kGroupTile);
+  if (half)
+    product8<1, false, Rb>(a, 1, K, xs, kGroupTile, kQ, K, out, kGroupTile);
+  else
+    product8<2, false, Rb>(a, 1, K, xs, kGroupTile, kQ, K, out, kGroupTile);
 #else  // Rb rows of 2 machine vectors at most: 16 sums, as many as AVX2 has registers
-  for (int64_t h = 0; h < kGroupTile; h += kQ)
+  for (int64_t h = 0; h < (half ? kQ : kGroupTile); h += kQ)
     product8<1, false, Rb>(a, 1, K, xs + h, kGroupTile, kQ, K, out + h, kGroupTile);
 #endif
+}
+
+// Whether pack p's copies all sit in its first kQ columns (copy: check_layout's).
+inline bool half_pack(const std::vector<int32_t>& copy, int64_t p) {
+  for (int64_t c = kQ; c < kGroupTile; ++c)
+    if (copy[p * kGroupTile + c] >= 0) return false;
+  return true;
 }
 
 // Rows r0 .. r0 + rows - 1 of expert e's weights as Rb rows of K: in place, or copied into ab
@@ -1845,27 +1856,31 @@ ffi::Error GroupedFromTokensImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> x, f
         std::memset(o + p * R * kGroupTile, 0, sizeof(float) * R * kGroupTile);
         continue;
       }
+      const bool half = half_pack(copy, p);  // then only the first kQ columns are gathered and multiplied
+      const int64_t width = half ? kQ : kGroupTile;
       const float* src[kGroupTile];  // each column's token row (zeros where no copy is)
-      for (int64_t c = 0; c < kGroupTile; ++c) {
+      for (int64_t c = 0; c < width; ++c) {
         const int32_t i = copy[p * kGroupTile + c];
         src[c] = i >= 0 ? xs + i / k * K : zeros.data();
       }
       int64_t j0 = 0;
       for (; j0 + kQ <= K; j0 += kQ)  // 16 x 16 blocks, transposed in registers
-        for (int64_t c0 = 0; c0 < kGroupTile; c0 += kQ) {
+        for (int64_t c0 = 0; c0 < width; c0 += kQ) {
           v16 m[16];
           for (int c = 0; c < 16; ++c) m[c] = load(src[c0 + c] + j0);
           transpose16(m);
           for (int j = 0; j < 16; ++j) store(pack.data() + (j0 + j) * kGroupTile + c0, m[j]);
         }
       for (int64_t j = j0; j < K; ++j)
-        for (int64_t c = 0; c < kGroupTile; ++c) pack[j * kGroupTile + c] = src[c][j];
+        for (int64_t c = 0; c < width; ++c) pack[j * kGroupTile + c] = src[c][j];
       for (int64_t r0 = 0; r0 < R; r0 += kPackRows) {
         const int64_t rows = std::min<int64_t>(kPackRows, R - r0);
         float* dst = rows < kPackRows ? tile.data() : o + (p * R + r0) * kGroupTile;
-        pack_product<kPackRows>(weight_rows<kPackRows>(ws, e, R, K, r0, rows, ab), K, pack.data(), dst);
+        pack_product<kPackRows>(weight_rows<kPackRows>(ws, e, R, K, r0, rows, ab), K, pack.data(), dst, half);
         if (rows < kPackRows) std::copy(tile.begin(), tile.begin() + rows * kGroupTile, o + (p * R + r0) * kGroupTile);
       }
+      if (half)  // the empty columns' products are 0
+        for (int64_t r = 0; r < R; ++r) std::fill_n(o + (p * R + r) * kGroupTile + kQ, kGroupTile - kQ, 0.0f);
     }
   });
   return ffi::Error::Success();
@@ -1907,17 +1922,18 @@ ffi::Error GroupedToTokensImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> h, ffi
       for (int64_t p = 0; p < P; ++p) {
         const int64_t e = own[p];
         if (e < 0) continue;
+        const bool half = half_pack(copy, p);  // then only the first kQ columns have copies
         for (int64_t b = item * per_item; b < b1; ++b) {
           const int64_t r0 = b * 16, rows = std::min<int64_t>(16, R - r0);
-          for (int64_t half = 0; half < 2; ++half) {
-            const int64_t rh = std::min<int64_t>(8, rows - 8 * half);
-            float* dst = tile.data() + half * 8 * kGroupTile;
+          for (int64_t part = 0; part < 2; ++part) {
+            const int64_t rh = std::min<int64_t>(8, rows - 8 * part);
+            float* dst = tile.data() + part * 8 * kGroupTile;
             if (rh <= 0)
               std::fill(dst, dst + 8 * kGroupTile, 0.0f);
             else
-              pack_product(weight_rows(ws, e, R, K, r0 + 8 * half, rh, a8), K, hs + p * K * kGroupTile, dst);
+              pack_product(weight_rows(ws, e, R, K, r0 + 8 * part, rh, a8), K, hs + p * K * kGroupTile, dst, half);
           }
-          for (int64_t c0 = 0; c0 < kGroupTile; c0 += kQ) {
+          for (int64_t c0 = 0; c0 < (half ? kQ : kGroupTile); c0 += kQ) {
             v16 m[16];
             for (int r = 0; r < 16; ++r) m[r] = load(tile.data() + r * kGroupTile + c0);
             transpose16(m);  // m[c]: column c0 + c's 16 rows
