@@ -1553,8 +1553,7 @@ std::vector<float> keys_by_block(const float* k, int64_t BKV, int64_t L, int64_t
 // sb: the row's document ids. Returns J0, the first key block the window reaches.
 int64_t attention_chunk(const float* qh, float* qs, const float* kt, const int32_t* sb, int64_t L, int64_t D,
                         int64_t Lp, int64_t window, int64_t I, float* S, float* tot) {
-  const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  const v16 ninf = splat(-__builtin_inff());
+  static const float lane_index[kQ] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   const int64_t I0 = I * kQ, rows = std::min(kQ, L - I0);
   std::fill(qs, qs + kQ * D, 0.0f);
   std::copy(qh + I0 * D, qh + (I0 + rows) * D, qs);
@@ -1574,32 +1573,35 @@ int64_t attention_chunk(const float* qh, float* qs, const float* kt, const int32
   // covers needs no mask.
   bool one_doc = true;
   for (int64_t j = J0 * kQ; j < I0 + rows && one_doc; ++j) one_doc = sb[j] == sb[I0];
+  // The mask and the maxima in machine vectors (vw): without AVX-512, GCC lowers a v16's
+  // comparisons and selects poorly (see vexp).
+  const vw wlane = load<vw>(lane_index), wninf = splat<vw>(-__builtin_inff());
   for (int64_t J = J0; J <= I; ++J) {  // the mask
     if (one_doc && J < I && I0 + rows - 1 - J * kQ < window) continue;
-    const v16 col = splat(static_cast<float>(J * kQ)) + lane;
-    v16i sj;
-    if (J * kQ + kQ <= L) {
-      std::memcpy(&sj, sb + J * kQ, sizeof(sj));
-    } else {
-      for (int64_t jj = 0; jj < kQ; ++jj) sj[jj] = J * kQ + jj < L ? sb[J * kQ + jj] : -1;
-    }
-    for (int64_t ii = 0; ii < rows; ++ii) {
-      const int64_t i = I0 + ii;
-      const v16 fi = splat(static_cast<float>(i));
-      const auto vis = (col <= fi) & (fi - col < splat(static_cast<float>(window))) & (sj == sb[i]);
-      float* x = S + ii * Lp + J * kQ;
-      store(x, vis ? load(x) : ninf);
+    int32_t sj[kQ];
+    for (int64_t jj = 0; jj < kQ; ++jj) sj[jj] = J * kQ + jj < L ? sb[J * kQ + jj] : -1;
+    for (int64_t h = 0; h < kQ; h += kW) {
+      const vw col = splat<vw>(static_cast<float>(J * kQ + h)) + wlane;
+      vwi sh;
+      std::memcpy(&sh, sj + h, sizeof(sh));
+      for (int64_t ii = 0; ii < rows; ++ii) {
+        const int64_t i = I0 + ii;
+        const vw fi = splat<vw>(static_cast<float>(i));
+        const auto vis = (col <= fi) & (fi - col < splat<vw>(static_cast<float>(window))) & (sh == sb[i]);
+        float* x = S + ii * Lp + J * kQ + h;
+        store(x, vis ? load<vw>(x) : wninf);
+      }
     }
   }
   for (int64_t ii = 0; ii < rows; ++ii) {
     float* s = S + ii * Lp;
-    v16 mx = ninf;
-    for (int64_t J = J0; J <= I; ++J) {
-      const v16 x = load(s + J * kQ);
+    vw mx = wninf;
+    for (int64_t j = J0 * kQ; j < (I + 1) * kQ; j += kW) {
+      const vw x = load<vw>(s + j);
       mx = x > mx ? x : mx;
     }
     float m = mx[0];
-    for (int64_t jj = 1; jj < kQ; ++jj) m = std::max(m, mx[jj]);  // finite: the diagonal is visible
+    for (int64_t jj = 1; jj < kW; ++jj) m = std::max(m, mx[jj]);  // finite: the diagonal is visible
     v16 sum = splat(0.0f);
     for (int64_t J = J0; J <= I; ++J) {
       const v16 e = vexp(load(s + J * kQ) - splat(m));
