@@ -303,6 +303,10 @@ def test_an_avx2_build_gives_the_same_numbers(tmp_path):
         q, k, v, seg = case(2, 4, 2, 37, 8, 12)  # the attention kernel: a short last chunk, values off vectors
         got = np.asarray(cpu.attention_forward(q, k, v, seg, 20))
         assert np.abs(got - attention64(q, k, v, seg, 20)).max() <= 1e-5
+        from test_cpu_head_kernel import attention_core, softmax64
+        core = attention_core(70, window=40)  # local attention's materialize: 6-, 6- and 4-row products
+        got = np.asarray(cpu.cpu_dense(core, np.arange(4)))
+        assert np.abs(got - softmax64(core)).max() <= 1e-5
         from test_delta_net_kernel import mixer64, operands
         args = operands(2, 37, 2, 4, 8, 12, 4, True, True)  # the DeltaNet mixer: AVX2's reciprocal, dv off vectors
         got = np.asarray(cpu.gated_delta_net(*args))

@@ -1546,6 +1546,16 @@ std::vector<float> keys_by_block(const float* k, int64_t BKV, int64_t L, int64_t
   return kT;
 }
 
+// out (16 rows of kQ, row stride os) = product8<1> over a's 16 rows (row r at a + r ar), in blocks
+// of 6, 6 and 4 rows: without AVX-512, 8 rows of 2 machine vectors of sums, beside the column
+// vectors and a broadcast, spilled the 16 registers.
+inline void rows16_product(const float* a, int64_t ac, int64_t ar, const float* col, int64_t cc, int64_t cv, int64_t n,
+                           float* out, int64_t os) {
+  product8<1, false, 6>(a, ac, ar, col, cc, cv, n, out, os);
+  product8<1, false, 6>(a + 6 * ar, ac, ar, col, cc, cv, n, out + 6 * os, os);
+  product8<1, false, 4>(a + 12 * ar, ac, ar, col, cc, cv, n, out + 12 * os, os);
+}
+
 // One chunk of kQ queries of one head, rows I0 = I kQ .. I0 + rows - 1: S[ii][j] (row stride Lp) =
 // exp(logit - row max) for the keys j in [J0 kQ, min(L, (I + 1) kQ)) (0 where masked: later keys,
 // keys at distance >= window, other documents), tot[ii] the row's sum, rows = min(kQ, L - I0). qh:
@@ -1558,17 +1568,17 @@ int64_t attention_chunk(const float* qh, float* qs, const float* kt, const int32
   std::fill(qs, qs + kQ * D, 0.0f);
   std::copy(qh + I0 * D, qh + (I0 + rows) * D, qs);
   const int64_t J0 = std::max<int64_t>(0, I0 - window + 1) / kQ;
+#ifdef __AVX512F__
   for (int64_t r0 = 0; r0 < kQ; r0 += 8)
     for (int64_t J = J0; J <= I; J += 2) {
-#ifdef __AVX512F__
       if (J < I)
         product8<2>(qs + r0 * D, 1, D, kt + J * D * kQ, kQ, D * kQ, D, S + r0 * Lp + J * kQ, Lp);
       else
-#else  // one block at a time: 8 rows of 2 machine vectors fill AVX2's 16 registers
-      if (J < I) product8<1>(qs + r0 * D, 1, D, kt + (J + 1) * D * kQ, kQ, D * kQ, D, S + r0 * Lp + (J + 1) * kQ, Lp);
-#endif
         product8<1>(qs + r0 * D, 1, D, kt + J * D * kQ, kQ, D * kQ, D, S + r0 * Lp + J * kQ, Lp);
     }
+#else  // one key block at a time
+  for (int64_t J = J0; J <= I; ++J) rows16_product(qs, 1, D, kt + J * D * kQ, kQ, D * kQ, D, S + J * kQ, Lp);
+#endif
   // One document over the chunk's reach: a block left of the diagonal that every row's window
   // covers needs no mask.
   bool one_doc = true;
@@ -1716,13 +1726,13 @@ ffi::Error AttentionForwardImpl(ffi::ThreadPool xla,
       if (rows < kQ)  // rows past L: no NaN from their unset sums reaches a stored row, but keep them finite
         std::fill(S.begin() + rows * Lp, S.end(), 0.0f);
       const float* vh = vs + (head * L + lo) * Ep;
+#ifdef __AVX512F__
       for (int64_t r0 = 0; r0 < kQ; r0 += 8)
         for (int64_t e0 = 0; e0 < Ep; e0 += 2 * kQ)
-#ifdef __AVX512F__
           product8<2>(S.data() + r0 * Lp + lo, 1, Lp, vh + e0, Ep, kQ, width - lo, y.data() + r0 * Ep + e0, Ep);
 #else  // one vector of 16 at a time, as above
-          for (int64_t h = 0; h < 2 * kQ; h += kQ)
-            product8<1>(S.data() + r0 * Lp + lo, 1, Lp, vh + e0 + h, Ep, kQ, width - lo, y.data() + r0 * Ep + e0 + h, Ep);
+      for (int64_t e0 = 0; e0 < Ep; e0 += kQ)
+        rows16_product(S.data() + lo, 1, Lp, vh + e0, Ep, kQ, width - lo, y.data() + e0, Ep);
 #endif
       for (int64_t ii = 0; ii < rows; ++ii) {
         const float inv = 1.0f / tot[ii];
