@@ -303,6 +303,16 @@ def test_an_avx2_build_gives_the_same_numbers(tmp_path):
         q, k, v, seg = case(2, 4, 2, 37, 8, 12)  # the attention kernel: a short last chunk, values off vectors
         got = np.asarray(cpu.attention_forward(q, k, v, seg, 20))
         assert np.abs(got - attention64(q, k, v, seg, 20)).max() <= 1e-5
+        import jax
+        from kernel_cores import delta_op, mamba2_op
+        from implicit_attn.registry import family
+        spec = family("recurrent_gemma")  # an RG-LRU layer without documents: the banded reduce
+        cfg = spec.config.from_hf(dict(spec.tiny))
+        mixer = spec.lm(cfg, spec.init_params(cfg, jax.random.PRNGKey(0))).layers[0].mixer
+        rglru = mixer.as_operator(np.random.default_rng(1).normal(size=(1, 70, cfg.hidden_size)).astype(np.float32))
+        for op in (rglru, mamba2_op(70), delta_op(70)):  # reduces: 6-, 6- and 4-row products
+            err = rel(op.reduce("mean", impl="cpu"), op.reduce("mean", impl="xla"))
+            assert err <= 1e-5, (type(op.core).__name__, err)
         from test_cpu_head_kernel import attention_core, softmax64
         core = attention_core(70, window=40)  # local attention's materialize: 6-, 6- and 4-row products
         got = np.asarray(cpu.cpu_dense(core, np.arange(4)))

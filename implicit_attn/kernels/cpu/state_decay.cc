@@ -565,6 +565,16 @@ inline void product8(const float* a, int64_t ac, int64_t ar, const float* col, i
     for (int v = 0; v < V * H; ++v) store(out + r * os + v / H * kQ + v % H * kW, acc[r][v]);
 }
 
+// out (16 rows of kQ, row stride os) = product8<1> over a's 16 rows (row r at a + r ar), in blocks
+// of 6, 6 and 4 rows: without AVX-512, 8 rows of 2 machine vectors of sums, beside the column
+// vectors and a broadcast, spilled the 16 registers.
+inline void rows16_product(const float* a, int64_t ac, int64_t ar, const float* col, int64_t cc, int64_t cv, int64_t n,
+                           float* out, int64_t os) {
+  product8<1, false, 6>(a, ac, ar, col, cc, cv, n, out, os);
+  product8<1, false, 6>(a + 6 * ar, ac, ar, col, cc, cv, n, out + 6 * os, os);
+  product8<1, false, 4>(a + 12 * ar, ac, ar, col, cc, cv, n, out + 12 * os, os);
+}
+
 // The linear reduce (mode 0) of a rank-one decay (N = 1, Griffin's RG-LRU) without documents,
 // band by band: kBand row chunks R.. (rows from S = R kQ). Left of S the entry before the conv
 // factorises, for j < S <= i,
@@ -702,6 +712,7 @@ void scalar_band(const Factors& f, const Dims& d, int64_t b, int64_t c0, int64_t
         }
       }
     }
+#ifdef __AVX512F__
     for (int64_t r0 = 0; r0 < BR; r0 += 8)
       for (int64_t J = 0; J < cols; J += 2 * kQ) {
         float* dst = u.left.data() + r0 * kProdTile + J;
@@ -710,6 +721,11 @@ void scalar_band(const Factors& f, const Dims& d, int64_t b, int64_t c0, int64_t
         else
           product8<1>(rf + r0, BR, 1, cf + J, cs, kQ, nb, dst, kProdTile);
       }
+#else  // one column vector at a time, rows in blocks of 6, 6 and 4
+    for (int64_t r0 = 0; r0 < BR; r0 += kQ)
+      for (int64_t J = 0; J < cols; J += kQ)
+        rows16_product(rf + r0, BR, 1, cf + J, cs, kQ, nb, u.left.data() + r0 * kProdTile + J, kProdTile);
+#endif
     for (int64_t r = 0; r < brows; ++r) {
       float* orow = ob + (S + r) * L + j0;
       const float* lr = u.left.data() + r * kProdTile;
@@ -1021,6 +1037,7 @@ void head_reduce_linear(ffi::ThreadPool& xla, const HeadFactors& f, const HeadDi
           const size_t k0 = static_cast<size_t>(b) * m + start[h];  // the head's first channel
           const float* M = f.M + (static_cast<size_t>(b) * d.H + h) * L * L;
           for (int64_t s = 0; s < K; ++s) {
+#ifdef __AVX512F__
             for (int64_t r0 = 0; r0 < kQ; r0 += 8)
               for (int64_t J = 0; J < cols; J += 2 * kQ) {
                 const float* a = rf.data() + k0 * Lp + I0 + r0;
@@ -1031,6 +1048,11 @@ void head_reduce_linear(ffi::ThreadPool& xla, const HeadFactors& f, const HeadDi
                 else
                   product8<1>(a, Lp, 1, col, K * Lp, kQ, P, x, kProdTile);
               }
+#else  // one column vector at a time, rows in blocks of 6, 6 and 4
+            for (int64_t J = 0; J < cols; J += kQ)
+              rows16_product(rf.data() + k0 * Lp + I0, Lp, 1, cf.data() + (k0 * K + s) * Lp + j0 + J, K * Lp, kQ, P,
+                             X.data() + J, kProdTile);
+#endif
             // S += M[i, j+s] X_s[i, j] over j + s <= i (entries of M above the diagonal are ignored)
             for (int64_t ii = 0; ii < rows; ++ii) {
               const int64_t i = I0 + ii, n = std::min(cols, i - s - j0 + 1);  // columns j <= i - s
@@ -1544,16 +1566,6 @@ std::vector<float> keys_by_block(const float* k, int64_t BKV, int64_t L, int64_t
       for (int64_t e = 0; e < D; ++e)
         kT[(static_cast<size_t>(p) * nc + j / kQ) * D * kQ + e * kQ + j % kQ] = k[(static_cast<size_t>(p) * L + j) * D + e];
   return kT;
-}
-
-// out (16 rows of kQ, row stride os) = product8<1> over a's 16 rows (row r at a + r ar), in blocks
-// of 6, 6 and 4 rows: without AVX-512, 8 rows of 2 machine vectors of sums, beside the column
-// vectors and a broadcast, spilled the 16 registers.
-inline void rows16_product(const float* a, int64_t ac, int64_t ar, const float* col, int64_t cc, int64_t cv, int64_t n,
-                           float* out, int64_t os) {
-  product8<1, false, 6>(a, ac, ar, col, cc, cv, n, out, os);
-  product8<1, false, 6>(a + 6 * ar, ac, ar, col, cc, cv, n, out + 6 * os, os);
-  product8<1, false, 4>(a + 12 * ar, ac, ar, col, cc, cv, n, out + 12 * os, os);
 }
 
 // One chunk of kQ queries of one head, rows I0 = I kQ .. I0 + rows - 1: S[ii][j] (row stride Lp) =
