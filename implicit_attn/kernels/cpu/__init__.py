@@ -917,7 +917,8 @@ def wkv_pays_off(k) -> bool:
 def gated_delta_net(x, xcols, conv_w, conv_b, z, zcols, log_a, beta, norm_w, key_heads: int, eps: float):
     """The Gated DeltaNet mixer between its projections by the fused CPU kernel (Qwen3-Next's
     ``qwen3_next.block.delta_output``: conv, SiLU, l2 norms, the gated delta rule, the gated RMSNorm),
-    one step per position, one (batch, value head) item per thread at a time. Per value head ``h``
+    one step per position, one (batch, key head) item per thread at a time (its ``q`` and ``k`` once for
+    the value heads that read them). Per value head ``h``
     (key head ``g = h // (H_v / H_k)``): ``u = SiLU(conv([q_g | k_g | v_h]) + conv_b)``, ``q =
     l2(u_q) d_k^-1/2``, ``k = l2(u_k)``, ``S_t = a_t S_{t-1} (I - b_t k_t k_t^T) + b_t v_t k_t^T``
     (``a_t = exp(log_a)``, ``b_t = beta``), ``o_t = S_t q_t``, ``y_t = norm_w SiLU(z_t) o_t /
@@ -1043,7 +1044,7 @@ def grouped_matmul_from_tokens(x, col, owner, w):
     ``ops.grouped_matmul_from_tokens``'s numbers (float32): pack ``p`` of ``GROUP_TILE`` token
     copies, all expert ``owner[p]``'s, times that expert's weights, each copy's token gathered from
     ``x`` inside the kernel (``ops.expert_columns`` lays the copies out). One pack per work item:
-    its columns gathered once, then the expert's rows 12 at a time (8 without AVX-512) with the pack in
+    its columns gathered once, then the expert's rows 12 at a time (6 without AVX-512) with the pack in
     cache; the packs
     spread over ``num_threads()`` threads. Derivatives (forward and reverse mode) go through the
     XLA form, which forms each pack's weights: a model's derivatives take a cheaper XLA form

@@ -2362,7 +2362,7 @@ ffi::Error DplrScanImpl(ffi::ThreadPool xla,
 
 // The gated DeltaNet mixer between its projections (Qwen3-Next's, Qwen3.5's, OLMo-Hybrid's;
 // ops in the family's delta_parts and delta_inner), per batch b and value head h (key head g =
-// h / (Hv / Hk)):
+// h / (Hv / Hk); one work item per batch and key head):
 //   u = SiLU(causal depthwise conv of the conv channels [q_g | k_g | v_h], read from x at xcols),
 //   q = l2(u_q) dk^-1/2, k = l2(u_k), v = u_v (l2(u) = u rsqrt(sum u^2 + 1e-6)),
 //   S_t = a_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T, o_t = S_t q_t (a_t = exp(log_a)),
