@@ -127,10 +127,15 @@ def _fill_seconds(shape) -> float:
 
 
 def steady_seconds(fn, repeat: int) -> float:
-    """Median wall seconds of ``repeat`` calls of ``fn`` (compiled already), or of 15 where one
-    call takes under 50 ms: the median of 3 calls of a few ms varied by a third between idle runs."""
+    """Median wall seconds of ``repeat`` calls of ``fn`` (compiled already), or, where one call
+    takes under 50 ms, of 15 calls after a quarter second of further calls: the median of 3 calls
+    of a few ms varied by a third between idle runs, and a fresh process's first calls after the
+    compiling one run slow (local attention's ``materialize``: 2.0-4.5 ms in the first five, then
+    1.6-1.7 ms)."""
     one = timeit(fn, repeat=1, warmup=0)
-    return timeit(fn, repeat=15 if one < 0.05 else repeat, warmup=0)
+    if one >= 0.05:
+        return timeit(fn, repeat=repeat, warmup=0)
+    return timeit(fn, repeat=15, warmup=max(1, int(0.25 / max(one, 1e-4))))
 
 
 def case_rate() -> dict:
