@@ -11,8 +11,8 @@ Families, HF classes and shapes come from the registry (``FamilySpec.bench``,
 the existing results, keeping the other families' rows (each row's two timings come from
 one run; the row's ``date`` says when).
 
-Columns besides the steady-state times (``ours_s``, ``baseline_s``: medians / minima after
-a warm-up call):
+Columns besides the steady-state times (``ours_s``, ``baseline_s``: on every side the median
+of 5 calls after at least a second of warm-up calls that follow the first):
 
 - ``ours_first_s``: our first call in a fresh process (tracing and XLA compiling included,
   JAX's persistent compilation cache off, as in a Python session that never calls
@@ -108,12 +108,31 @@ def no_persistent_cache() -> None:
     jax.config.update("jax_enable_compilation_cache", False)
 
 
-def first_and_steady(fn, repeat: int = 3) -> tuple[float, float]:
-    """Seconds of the first ``fn()`` call (blocked on) and the median of ``repeat`` more
-    after one further warm-up call."""
+# Every side (ours, HF's, the JAX peer) is timed by the same rule: the first call, then calls
+# for at least WARM_S seconds (at least one), then the median of STEADY_CALLS calls. Until
+# 2026-11-29 ours was the median of 3 after one warm-up call and HF's the faster of 2 right
+# after the first: the first calls after the first one run slow in a fresh process.
+WARM_S = 1.0
+STEADY_CALLS = 5
+
+
+def first_and_steady(fn, wait=block) -> tuple[float, float]:
+    """Seconds of the first ``fn()`` call and the steady median (``WARM_S`` of warm-up calls,
+    then the median of ``STEADY_CALLS``); ``wait(result)`` blocks on a call's result."""
     t = time.perf_counter()
-    block(fn())
-    return time.perf_counter() - t, timeit(fn, repeat=repeat)
+    wait(fn())
+    first = time.perf_counter() - t
+    t0 = time.perf_counter()
+    while True:
+        wait(fn())
+        if time.perf_counter() - t0 >= WARM_S:
+            break
+    ts = []
+    for _ in range(STEADY_CALLS):
+        t = time.perf_counter()
+        wait(fn())
+        ts.append(time.perf_counter() - t)
+    return first, sorted(ts)[len(ts) // 2]
 
 
 def case_jax(ckpt: str, L: int, out: str) -> dict:
@@ -196,17 +215,11 @@ def case_torch(family: str, ckpt: str, L: int, out: str) -> dict:
         with torch.no_grad():
             return model(ids).logits
 
-    t = time.perf_counter()
-    run()  # the first call, also the warm-up (RWKV rescales its weights here in eval mode)
-    first = time.perf_counter() - t
-    ts = []
-    for _ in range(2):
-        t = time.perf_counter()
-        logits = run()
-        ts.append(time.perf_counter() - t)
-    np.save(out, logits[0, -8:].float().numpy())
+    # the first call is also RWKV's rescaling of its weights in eval mode; torch runs synchronously
+    first, t = first_and_steady(run, wait=lambda r: r)
+    np.save(out, run()[0, -8:].float().numpy())
     # counted after the timings: the counter's dispatch hooks slow the forward down
-    return {"seconds": min(ts), "first_s": first, "threads": torch.get_num_threads(), **hf_flops(model, ids)}
+    return {"seconds": t, "first_s": first, "threads": torch.get_num_threads(), **hf_flops(model, ids)}
 
 
 def case_matmul_rate(shapes=MATMUL_SHAPES, repeat: int = 5) -> dict:
