@@ -31,15 +31,18 @@ def block(x):
     return jax.block_until_ready(x)
 
 
-def timeit(fn, repeat: int = 3, warmup: int = 1, best: bool = False) -> float:
-    """Median (``best``: fastest) wall seconds of ``fn()`` (its result is blocked on) after
-    ``warmup`` calls."""
-    for _ in range(warmup):
-        block(fn())
+def timeit(fn, repeat: int = 3, warmup: int = 1, best: bool = False, warm_s: float = 0.0, wait=block) -> float:
+    """Median (``best``: fastest) wall seconds of ``fn()`` (``wait(result)`` blocks on its
+    result) after ``warmup`` calls, and more until they have taken ``warm_s`` seconds."""
+    t0 = time.perf_counter()
+    n = 0
+    while n < warmup or time.perf_counter() - t0 < warm_s:
+        wait(fn())
+        n += 1
     ts = []
     for _ in range(repeat):
         t = time.perf_counter()
-        block(fn())
+        wait(fn())
         ts.append(time.perf_counter() - t)
     ts.sort()
     return ts[0] if best else ts[len(ts) // 2]

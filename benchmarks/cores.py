@@ -135,7 +135,7 @@ def steady_seconds(fn, repeat: int) -> float:
     one = timeit(fn, repeat=1, warmup=0)
     if one >= 0.05:
         return timeit(fn, repeat=repeat, warmup=0)
-    return timeit(fn, repeat=15, warmup=max(1, int(0.25 / max(one, 1e-4))))
+    return timeit(fn, repeat=15, warm_s=0.25)
 
 
 def case_rate() -> dict:

@@ -122,17 +122,7 @@ def first_and_steady(fn, wait=block) -> tuple[float, float]:
     t = time.perf_counter()
     wait(fn())
     first = time.perf_counter() - t
-    t0 = time.perf_counter()
-    while True:
-        wait(fn())
-        if time.perf_counter() - t0 >= WARM_S:
-            break
-    ts = []
-    for _ in range(STEADY_CALLS):
-        t = time.perf_counter()
-        wait(fn())
-        ts.append(time.perf_counter() - t)
-    return first, sorted(ts)[len(ts) // 2]
+    return first, timeit(fn, repeat=STEADY_CALLS, warm_s=WARM_S, wait=wait)
 
 
 def case_jax(ckpt: str, L: int, out: str) -> dict:
