@@ -672,3 +672,23 @@ def test_the_rwkv4_forward_takes_the_wkv_kernel_where_it_pays_off(monkeypatch):
     assert np.isnan(fast[0, 7:, 2]).all() and not np.isnan(fast[0, :7]).any() and not np.isnan(fast[0, :, 3]).any()
     assert rel(np.nan_to_num(fast), np.nan_to_num(slow)) <= 1e-6
     monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 0)
+
+
+def test_computed_once_is_the_identity_and_a_call_xla_keeps():
+    """``kernels.cpu.computed_once``: the same values; derivatives the identity's in both modes;
+    vmap; on the CPU the optimized program still holds the library's copy (XLA dropped
+    ``optimization_barrier``, which is why it exists); bfloat16, and an export for CUDA, pass ``x``
+    through without it."""
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 3, 5)), jnp.float32)
+    np.testing.assert_array_equal(np.asarray(jax.jit(cpu.computed_once)(x)), np.asarray(x))
+    np.testing.assert_array_equal(np.asarray(jax.vmap(cpu.computed_once)(x)), np.asarray(x))
+    table = lambda t: cpu.computed_once(jnp.cos(t[0]))[None] * t  # one table, read by every row
+    assert "implicit_attn_copy" in jax.jit(table).lower(x).compile().as_text()
+    g = jax.grad(lambda t: (cpu.computed_once(jnp.sin(t)) ** 2).sum())(x)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(2 * jnp.sin(x) * jnp.cos(x)), rtol=1e-6)
+    _, tangent = jax.jvp(cpu.computed_once, (x,), (2 * x,))
+    np.testing.assert_array_equal(np.asarray(tangent), np.asarray(2 * x))
+    half = x.astype(jnp.bfloat16)
+    assert "implicit_attn_copy" not in jax.jit(cpu.computed_once).lower(half).as_text()
+    exported = jax.export.export(jax.jit(table), platforms=["cuda"])(jax.ShapeDtypeStruct(x.shape, x.dtype))
+    assert "implicit_attn_copy" not in exported.mlir_module()

@@ -98,7 +98,7 @@ def rope(x, pos, inv):
         return x
     fr = pos.astype(f32)[..., None] * inv  # (B, L, R/2)
     emb = jnp.concatenate([fr, fr], axis=-1)[:, None]  # (B, 1, L, R)
-    cos, sin = jnp.cos(emb).astype(x.dtype), jnp.sin(emb).astype(x.dtype)
+    cos, sin = cpu_kernels.computed_once(jnp.stack([jnp.cos(emb), jnp.sin(emb)]).astype(x.dtype))
     xr, xp = x[..., :R], x[..., R:]
     rot = jnp.concatenate([-xr[..., R // 2:], xr[..., :R // 2]], axis=-1)
     return jnp.concatenate([xr * cos + rot * sin, xp], axis=-1)

@@ -2010,6 +2010,15 @@ ffi::Error GroupedToTokensImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> h, ffi
   return ffi::Error::Success();
 }
 
+// out = x, a copy: a point XLA:CPU cannot fuse across (it drops optimization barriers before it
+// fuses), so a small table is computed once, not inside every consumer (the rotary embeddings'
+// cosines and sines, which XLA evaluated per head in each of three consumers).
+ffi::Error CopyImpl(ffi::Buffer<ffi::F32> x, ffi::ResultBuffer<ffi::F32> out) {
+  if (x.element_count() != out->element_count()) return ffi::Error::InvalidArgument("copy: sizes differ");
+  std::memcpy(out->typed_data(), x.typed_data(), sizeof(float) * x.element_count());
+  return ffi::Error::Success();
+}
+
 // Copies channels into a larger output in place (a ParallelCore's other parts, a channel
 // repeated for each of its slots): out[b, offset + t] = src[b, map[t]].
 ffi::Error PlaceChannelsImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> src, ffi::Buffer<ffi::S32> map,
@@ -3091,6 +3100,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ret<ffi::Buffer<ffi::F32>>()   // out
         .Attr<int64_t>("offset")
         .Attr<int64_t>("threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaCopy, CopyImpl,
+    ffi::Ffi::Bind()
+        .Arg<ffi::Buffer<ffi::F32>>()   // x
+        .Ret<ffi::Buffer<ffi::F32>>());  // out, x's shape
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaSelectiveScan, SelectiveScanImpl,
