@@ -30,7 +30,7 @@ from ...kernels import cpu as cpu_kernels
 from ...nn import run_scan
 from ...nn.attention import attend, operator_of_parts, rotary, segment_ids
 from ...nn.hooks import ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
-from ...nn.moe import experts_forward, softmax_then_topk
+from ...nn.moe import experts_forward, gated_act, softmax_then_topk
 from ...operator import AttentionOperator, DeltaRuleCore, Mamba2Operator
 from ...ops import causal_conv, delta_rule, embed, from_first, full_precision, linear, mark_nan, zero_nan
 from ..bamba.block import mlp_forward, positions
@@ -285,7 +285,7 @@ def moe_forward(p: dict, x, cfg: Config):
     if cfg.norm_topk_prob:
         weights = weights / weights.sum(-1, keepdims=True)
     routed = experts_forward(t, weights.astype(t.dtype), experts, p["experts.gate_up_proj"], p["experts.down_proj"],
-                             lambda gu: jax.nn.silu(gu[..., :gu.shape[-1] // 2]) * gu[..., gu.shape[-1] // 2:])
+                             gated_act(jax.nn.silu))
     shared = mlp_forward({k[len("shared_expert."):]: v for k, v in p.items() if k.startswith("shared_expert.")}, t)
     shared = jax.nn.sigmoid(linear(t, p["shared_expert_gate.weight"])) * shared
     return (routed + shared).reshape(B, L, D)
