@@ -74,7 +74,8 @@ def operands(B, L, Hk, Hv, dk, dv, K, bias, shuffle, seed=0):
 @pytest.mark.parametrize("B,L,Hk,Hv,dk,dv,K,bias,shuffle", [
     (2, 37, 2, 4, 8, 12, 4, True, True), (1, 130, 1, 1, 32, 32, 4, False, False),
     (1, 20, 2, 2, 5, 40, 3, True, True), (2, 9, 3, 6, 16, 17, 2, False, True),
-    (1, 200, 4, 8, 32, 32, 4, False, False), (1, 3, 1, 2, 1, 1, 1, True, True)])
+    (1, 200, 4, 8, 32, 32, 4, False, False), (1, 3, 1, 2, 1, 1, 1, True, True),
+    (1, 33, 1, 2, 7, 80, 4, True, False)])  # d_v over 64: the value channels in two blocks
 def test_kernel_matches_a_float64_loop(B, L, Hk, Hv, dk, dv, K, bias, shuffle):
     args = operands(B, L, Hk, Hv, dk, dv, K, bias, shuffle)
     got = np.asarray(cpu.gated_delta_net(*args))

@@ -318,9 +318,11 @@ def test_an_avx2_build_gives_the_same_numbers(tmp_path):
         got = np.asarray(cpu.cpu_dense(core, np.arange(4)))
         assert np.abs(got - softmax64(core)).max() <= 1e-5
         from test_delta_net_kernel import mixer64, operands
-        args = operands(2, 37, 2, 4, 8, 12, 4, True, True)  # the DeltaNet mixer: AVX2's reciprocal, dv off vectors
-        got = np.asarray(cpu.gated_delta_net(*args))
-        assert np.abs(got - mixer64(*args)).max() <= 5e-5 * np.abs(got).max()
+        # the DeltaNet mixer: AVX2's reciprocal, dv off vectors; dv = 40, five vectors of 8: two blocks
+        for shape in ((2, 37, 2, 4, 8, 12, 4, True, True), (1, 21, 1, 2, 7, 40, 3, False, False)):
+            args = operands(*shape)
+            got = np.asarray(cpu.gated_delta_net(*args))
+            assert np.abs(got - mixer64(*args)).max() <= 5e-5 * np.abs(got).max(), shape
         print("ok", cpu.build())
     """)
     env = dict(os.environ, IMPLICIT_ATTN_CPU_ARCH="haswell", IMPLICIT_ATTN_CACHE=str(tmp_path / "cache"))
