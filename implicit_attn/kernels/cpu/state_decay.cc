@@ -25,6 +25,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -2261,6 +2262,47 @@ ffi::Error SsdScanImpl(ffi::ThreadPool xla,
   return ffi::Error::Success();
 }
 
+// NV vectors of a row's columns, of which `valid` lie inside it (the rest read as 0): u from src,
+// or u into dst; lane is scratch of NV kW floats.
+template <int NV>
+inline void load_columns(const float* src, int64_t valid, float* lane, vw (&u)[NV]) {
+  if (valid == NV * kW) {
+    for (int j = 0; j < NV; ++j) u[j] = load<vw>(src + j * kW);
+  } else {
+    std::fill(lane, lane + NV * kW, 0.0f);
+    std::memcpy(lane, src, sizeof(float) * valid);
+    for (int j = 0; j < NV; ++j) u[j] = load<vw>(lane + j * kW);
+  }
+}
+template <int NV>
+inline void store_columns(const vw (&u)[NV], int64_t valid, float* lane, float* dst) {
+  if (valid == NV * kW) {
+    for (int j = 0; j < NV; ++j) store(dst + j * kW, u[j]);
+  } else {
+    for (int j = 0; j < NV; ++j) store(lane + j * kW, u[j]);
+    std::memcpy(dst, lane, sizeof(float) * valid);
+  }
+}
+
+constexpr int kDplrBlock = 4;  // vectors of value channels per pass over the sequence
+
+// The value channels of d_v in blocks of up to kDplrBlock vectors, one run of the recurrence each:
+// block(std::integral_constant<int, NV>{}, c0, cols) for the block from column c0 (cols columns
+// of d_v remain from there).
+template <typename Block>
+inline void value_blocks(int64_t dv, Block&& block) {
+  const int64_t pv = (dv + kW - 1) / kW;
+  for (int64_t v0 = 0; v0 < pv; v0 += kDplrBlock) {
+    const int64_t c0 = v0 * kW, cols = dv - c0;
+    switch (std::min<int64_t>(kDplrBlock, pv - v0)) {
+      case 1: block(std::integral_constant<int, 1>{}, c0, cols); break;
+      case 2: block(std::integral_constant<int, 2>{}, c0, cols); break;
+      case 3: block(std::integral_constant<int, 3>{}, c0, cols); break;
+      default: block(std::integral_constant<int, 4>{}, c0, cols); break;
+    }
+  }
+}
+
 // The DPLR recurrence over a whole sequence for NV vectors of value channels (a compile-time
 // count). Value channels evolve independently, so these columns of the state (its rows Z[d, :] =
 // S[:, d] restricted to them, dk x NV vectors) stay in L1 for the whole sequence, and each step is
@@ -2285,13 +2327,7 @@ void dplr_columns(float* state, int64_t L, int64_t dk, int64_t dv, int64_t cols,
     const float* bt = LOW_RANK ? b + t * dk : nullptr;
     const float* an = (LOW_RANK && t + 1 < L) ? a + (t + 1) * dk : nullptr;
     vw u[NV], acc[NV], next[NV];
-    if (valid == W) {
-      for (int j = 0; j < NV; ++j) u[j] = load<vw>(v + t * dv + j * kW);
-    } else {
-      std::fill(lane, lane + W, 0.0f);
-      std::memcpy(lane, v + t * dv, sizeof(float) * valid);
-      for (int j = 0; j < NV; ++j) u[j] = load<vw>(lane + j * kW);
-    }
+    load_columns<NV>(v + t * dv, valid, lane, u);
     for (int j = 0; j < NV; ++j) {
       acc[j] = bonus ? splat<vw>(bonus[t]) * u[j] : splat<vw>(0.0f);
       next[j] = splat<vw>(0.0f);
@@ -2310,12 +2346,7 @@ void dplr_columns(float* state, int64_t L, int64_t dk, int64_t dv, int64_t cols,
       }
     }
     for (int j = 0; j < NV; ++j) x[j] = next[j];
-    if (valid == W) {
-      for (int j = 0; j < NV; ++j) store(o + t * dv + j * kW, acc[j]);
-    } else {
-      for (int j = 0; j < NV; ++j) store(lane + j * kW, acc[j]);
-      std::memcpy(o + t * dv, lane, sizeof(float) * valid);
-    }
+    store_columns<NV>(acc, valid, lane, o + t * dv);
   }
 }
 
@@ -2329,8 +2360,6 @@ void dplr_columns_of(bool after, bool low_rank, float* state, int64_t L, int64_t
   else dplr_columns<NV, false, false>(state, L, dk, dv, cols, w, w_stride, q, k, a, b, bonus, v, o);
 }
 
-constexpr int kDplrBlock = 4;  // vectors of value channels per pass over the sequence
-
 // Floats of a DPLR state scratch (dplr_sequence) for dk key dimensions.
 inline size_t dplr_state_size(int64_t dk) { return static_cast<size_t>(dk) * kDplrBlock * kW + kW; }
 
@@ -2339,16 +2368,10 @@ inline size_t dplr_state_size(int64_t dk) { return static_cast<size_t>(dk) * kDp
 void dplr_sequence(bool after, bool low_rank, float* state, int64_t L, int64_t dk, int64_t dv, const float* w,
                    int64_t w_stride, const float* q, const float* k, const float* a, const float* b,
                    const float* bonus, const float* v, float* o) {
-  const int64_t pv = (dv + kW - 1) / kW;
-  for (int64_t v0 = 0; v0 < pv; v0 += kDplrBlock) {
-    const int64_t c0 = v0 * kW, cols = dv - c0;
-    switch (std::min<int64_t>(kDplrBlock, pv - v0)) {
-      case 1: dplr_columns_of<1>(after, low_rank, state, L, dk, dv, cols, w, w_stride, q, k, a, b, bonus, v + c0, o + c0); break;
-      case 2: dplr_columns_of<2>(after, low_rank, state, L, dk, dv, cols, w, w_stride, q, k, a, b, bonus, v + c0, o + c0); break;
-      case 3: dplr_columns_of<3>(after, low_rank, state, L, dk, dv, cols, w, w_stride, q, k, a, b, bonus, v + c0, o + c0); break;
-      default: dplr_columns_of<4>(after, low_rank, state, L, dk, dv, cols, w, w_stride, q, k, a, b, bonus, v + c0, o + c0); break;
-    }
-  }
+  value_blocks(dv, [&](auto nv, int64_t c0, int64_t cols) {
+    dplr_columns_of<decltype(nv)::value>(after, low_rank, state, L, dk, dv, cols, w, w_stride, q, k, a, b, bonus,
+                                         v + c0, o + c0);
+  });
 }
 
 // The gated delta rule over a whole sequence for NV vectors of value channels, the state's rows
@@ -2374,13 +2397,7 @@ void delta_columns(float* state, int64_t L, int64_t dk, int64_t dv, int64_t cols
     const float *qt = q + t * dk, *kt = k + t * dk, *kn = k + std::min<int64_t>(t + 1, L - 1) * dk;
     const vw at = splat<vw>(decay[t]), bt = splat<vw>(beta[t]);
     vw u[NV], acc[kChains][NV], next[kChains][NV];
-    if (valid == W) {
-      for (int j = 0; j < NV; ++j) u[j] = load<vw>(v + t * dv + j * kW);
-    } else {
-      std::fill(lane, lane + W, 0.0f);
-      std::memcpy(lane, v + t * dv, sizeof(float) * valid);
-      for (int j = 0; j < NV; ++j) u[j] = load<vw>(lane + j * kW);
-    }
+    load_columns<NV>(v + t * dv, valid, lane, u);
     for (int j = 0; j < NV; ++j) {
       u[j] = bt * (u[j] - at * x[j]);
       for (int c = 0; c < kChains; ++c) acc[c][j] = next[c][j] = splat<vw>(0.0f);
@@ -2414,12 +2431,7 @@ void delta_columns(float* state, int64_t L, int64_t dk, int64_t dv, int64_t cols
       }
       x[j] = next[0][j];
     }
-    if (valid == W) {
-      for (int j = 0; j < NV; ++j) store(o + t * dv + j * kW, acc[0][j]);
-    } else {
-      for (int j = 0; j < NV; ++j) store(lane + j * kW, acc[0][j]);
-      std::memcpy(o + t * dv, lane, sizeof(float) * valid);
-    }
+    store_columns<NV>(acc[0], valid, lane, o + t * dv);
   }
 }
 
@@ -2427,16 +2439,9 @@ void delta_columns(float* state, int64_t L, int64_t dk, int64_t dv, int64_t cols
 // kDplrBlock vectors; state: dplr_state_size(dk) floats.
 void delta_sequence(float* state, int64_t L, int64_t dk, int64_t dv, const float* decay, const float* beta,
                     const float* q, const float* k, const float* v, float* o) {
-  const int64_t pv = (dv + kW - 1) / kW;
-  for (int64_t v0 = 0; v0 < pv; v0 += kDplrBlock) {
-    const int64_t c0 = v0 * kW, cols = dv - c0;
-    switch (std::min<int64_t>(kDplrBlock, pv - v0)) {
-      case 1: delta_columns<1>(state, L, dk, dv, cols, decay, beta, q, k, v + c0, o + c0); break;
-      case 2: delta_columns<2>(state, L, dk, dv, cols, decay, beta, q, k, v + c0, o + c0); break;
-      case 3: delta_columns<3>(state, L, dk, dv, cols, decay, beta, q, k, v + c0, o + c0); break;
-      default: delta_columns<4>(state, L, dk, dv, cols, decay, beta, q, k, v + c0, o + c0); break;
-    }
-  }
+  value_blocks(dv, [&](auto nv, int64_t c0, int64_t cols) {
+    delta_columns<decltype(nv)::value>(state, L, dk, dv, cols, decay, beta, q, k, v + c0, o + c0);
+  });
 }
 
 // The DPLR recurrence (RWKV-5/6/7's and, rewritten, the gated delta rule's forward), one step per
