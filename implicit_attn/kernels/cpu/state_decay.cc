@@ -2402,28 +2402,20 @@ void delta_columns(float* state, int64_t L, int64_t dk, int64_t dv, int64_t cols
       u[j] = bt * (u[j] - at * x[j]);
       for (int c = 0; c < kChains; ++c) acc[c][j] = next[c][j] = splat<vw>(0.0f);
     }
-    int64_t d = 0;
-    for (; d + kChains <= dk; d += kChains)
-      for (int c = 0; c < kChains; ++c) {
-        float* row = state + (d + c) * W;
-        const vw kd = splat<vw>(kt[d + c]), qd = splat<vw>(qt[d + c]), nd = splat<vw>(kn[d + c]);
-        for (int j = 0; j < NV; ++j) {
-          const vw z = at * load<vw>(row + j * kW) + kd * u[j];
-          store(row + j * kW, z);
-          acc[c][j] += qd * z;
-          next[c][j] += nd * z;
-        }
-      }
-    for (; d < dk; ++d) {  // an odd dk's last row
+    const auto update = [&](int64_t d, int c) {  // state row d, its sums into chain c
       float* row = state + d * W;
       const vw kd = splat<vw>(kt[d]), qd = splat<vw>(qt[d]), nd = splat<vw>(kn[d]);
       for (int j = 0; j < NV; ++j) {
         const vw z = at * load<vw>(row + j * kW) + kd * u[j];
         store(row + j * kW, z);
-        acc[0][j] += qd * z;
-        next[0][j] += nd * z;
+        acc[c][j] += qd * z;
+        next[c][j] += nd * z;
       }
-    }
+    };
+    int64_t d = 0;
+    for (; d + kChains <= dk; d += kChains)
+      for (int c = 0; c < kChains; ++c) update(d + c, c);
+    for (; d < dk; ++d) update(d, 0);  // an odd dk's last row
     for (int j = 0; j < NV; ++j) {
       for (int c = 1; c < kChains; ++c) {
         acc[0][j] += acc[c][j];
