@@ -396,8 +396,11 @@ def test_selective_scan_kernel_matches_float64_and_xla(shape):
 def check_forward_kernel(kernel, reference, args, in_axes, monkeypatch):
     """A forward kernel's gradients and forward-mode derivatives against its XLA ``reference``;
     under ``vmap`` (``in_axes``: the unbatched operands None) each example as alone; the same
-    bits with 1 and 3 threads."""
-    loss = lambda f: (lambda *a: jnp.sum(jnp.sin(f(*a))))
+    bits with 1 and 3 threads. The loss is linear in the output (``c . y``), so the gradients compare
+    the derivative rules, not the kernel's float32 rounding of ``y`` (a ``sin(y)`` loss carries it
+    through ``cos(y)``); the outputs are compared by the forward-mode check."""
+    c = jnp.asarray(np.random.default_rng(7).standard_normal(jax.eval_shape(reference, *args).shape), jnp.float32)
+    loss = lambda f: (lambda *a: jnp.sum(c * f(*a)))
     argnums = tuple(range(len(args)))
     for a, b in zip(jax.grad(loss(kernel), argnums)(*args), jax.grad(loss(reference), argnums)(*args)):
         assert rel(a, b) <= 1e-5
@@ -582,23 +585,102 @@ def test_the_delta_rule_forward_takes_the_kernel_where_it_pays_off(monkeypatch):
     kind = cfg.layer_types.index("delta")
     p = spec.init_params(cfg, jax.random.PRNGKey(0))["layers"][kind]["mixer"]
     h = jax.random.normal(jax.random.PRNGKey(1), (1, 12, cfg.hidden_size))
-    run = lambda p, h: qwen3_next.block.delta_inner(p, h, cfg)[0]
-    lowered = lambda *a: jax.jit(lambda *x: run(*x)).lower(*a).as_text()  # traced anew: the choice is made then
     updates = 12 * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim
+    check_layer_takes_the_recurrence_kernel(lambda p, h: qwen3_next.block.delta_inner(p, h, cfg)[0], p, h, updates,
+                                            monkeypatch)
+
+
+def check_layer_takes_the_recurrence_kernel(run, p, x, updates: int, monkeypatch):
+    """``run(p, x)`` (``x (1, 12, D)``) lowers the DPLR kernel's call on CPU from ``updates`` state
+    updates on and the XLA form below it and in an export for an accelerator, with the same output;
+    a NaN input at t = 7 makes every output from t = 7 on NaN, none before, on both paths."""
+    lowered = lambda *a: jax.jit(lambda *x: run(*x)).lower(*a).as_text()  # traced anew: the choice is made then
     monkeypatch.setattr(cpu, "SCAN_AUTO_MIN_FACTOR", 1)
     monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", updates)
-    assert "implicit_attn_dplr_scan" in lowered(p, h)
-    exported = jax.export.export(jax.jit(run), platforms=["cuda"])(p, h).mlir_module()
+    assert "implicit_attn_dplr_scan" in lowered(p, x)
+    exported = jax.export.export(jax.jit(run), platforms=["cuda"])(p, x).mlir_module()
     assert "implicit_attn_dplr_scan" not in exported
-    h = h.at[0, 7, 0].set(jnp.nan)  # a NaN input at t = 7: every head NaN from there on, none before
-    fast = np.asarray(jax.jit(lambda *a: run(*a))(p, h))
+    x = x.at[0, 7, 0].set(jnp.nan)
+    fast = np.asarray(jax.jit(lambda *a: run(*a))(p, x))
     monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", updates + 1)
-    assert "implicit_attn_dplr_scan" not in lowered(p, h)
-    slow = np.asarray(jax.jit(lambda *a: run(*a))(p, h))
+    assert "implicit_attn_dplr_scan" not in lowered(p, x)
+    slow = np.asarray(jax.jit(lambda *a: run(*a))(p, x))
     np.testing.assert_array_equal(np.isnan(fast), np.isnan(slow))
     assert np.isnan(fast[0, 7:]).all() and not np.isnan(fast[0, :7]).any()
     assert rel(np.nan_to_num(fast), np.nan_to_num(slow)) <= 1e-5
     monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 0)
+
+
+# The mLSTM read-out (the forward, kernels.cpu.mlstm_scan) against a float64 recurrence written out
+# here and the chunked XLA form (ops.mlstm_rule), with the torch forward's stabiliser.
+def mlstm_inputs(B_, H, L, dk, dv, seed=0):
+    from implicit_attn.ops import mlstm_stabiliser
+
+    r = np.random.default_rng(seed)
+    f = lambda *s: r.standard_normal(s).astype(np.float32)
+    log_f = np.log(1 / (1 + np.exp(-(f(B_, H, L) + 2.0)))).astype(np.float32)  # logsigmoid
+    log_i = (3 * f(B_, H, L)).astype(np.float32)
+    m = np.asarray(mlstm_stabiliser(log_f, log_i, 8, None))
+    return f(B_, H, L, dk) * np.float32(dk ** -0.5), f(B_, H, L, dk), f(B_, H, L, dv), log_f, log_i, m
+
+
+def mlstm64(q, k, v, log_f, log_i, m, eps):
+    """``(h, norm)`` by the stabilised recurrence in float64, ``m_{-1} = 0``."""
+    q, k, v, log_f, log_i, m = (np.asarray(x, np.float64) for x in (q, k, v, log_f, log_i, m))
+    C = np.zeros(v.shape[:2] + k.shape[3:] + v.shape[3:])  # (B, H, d_k, d_v)
+    n = np.zeros(k.shape[:2] + k.shape[3:])
+    h, norm = np.zeros(v.shape), np.zeros(m.shape)
+    before = np.zeros(m.shape[:2])
+    for t in range(k.shape[2]):
+        a, b = np.exp(log_f[:, :, t] + before - m[:, :, t]), np.exp(log_i[:, :, t] - m[:, :, t])
+        C = a[..., None, None] * C + b[..., None, None] * k[:, :, t, :, None] * v[:, :, t, None, :]
+        n = a[..., None] * n + b[..., None] * k[:, :, t]
+        norm[:, :, t] = np.maximum(np.abs(np.einsum("bhd,bhd->bh", n, q[:, :, t])), np.exp(-m[:, :, t])) + eps
+        h[:, :, t] = np.einsum("bhde,bhd->bhe", C, q[:, :, t]) / norm[:, :, t, None]
+        before = m[:, :, t]
+    return h, norm
+
+
+# d_v = 7 and 70: a partial vector and more than one block with the column of ones; L = 1; a length
+# that is not a multiple of the stabiliser's chunk
+@pytest.mark.parametrize("shape", [(2, 3, 37, 5, 7), (1, 2, 29, 19, 70), (1, 1, 1, 4, 3), (1, 2, 40, 16, 16)])
+def test_mlstm_kernel_matches_float64_and_xla(shape):
+    from implicit_attn.ops import mlstm_rule
+
+    args = mlstm_inputs(*shape)
+    h, norm = jax.jit(cpu.mlstm_scan, static_argnames="eps")(*args, eps=1e-6)
+    h64, norm64 = mlstm64(*args, 1e-6)
+    assert rel(h, h64) <= 1e-5 and rel(norm, norm64) <= 1e-5
+    hx, normx = mlstm_rule(*map(jnp.asarray, args), 1e-6, 8)
+    assert rel(h, hx) <= 1e-5 and rel(norm, normx) <= 1e-5
+
+
+def test_mlstm_kernel_gradients_vmap_threads_and_bad_shapes(monkeypatch):
+    from implicit_attn.ops import mlstm_rule
+
+    joined = lambda h, norm: jnp.concatenate([h, norm[..., None]], axis=-1)
+    args = tuple(map(jnp.asarray, mlstm_inputs(2, 3, 21, 6, 10, seed=1)))
+    check_forward_kernel(lambda *a: joined(*cpu.mlstm_scan(*a, eps=1e-6, chunk=8)),
+                         lambda *a: joined(*mlstm_rule(*a, 1e-6, 8)),
+                         args, (0,) * 6, monkeypatch)
+    with pytest.raises(ValueError, match="log_f, log_i and m"):
+        cpu.mlstm_scan(*args[:5], args[5][..., :1], eps=1e-6)
+
+
+def test_the_xlstm_forward_takes_the_kernel_where_it_pays_off(monkeypatch):
+    """``xlstm.block.recurrence`` lowers the kernel's call on CPU from ``SCAN_AUTO_MIN_FACTOR *
+    AUTO_MIN_FACTOR_ELEMENTS`` state updates on (the chunk-wise XLA form below it, and in an export for
+    an accelerator), with the same layer output, NaN marked as before."""
+    from implicit_attn.families import xlstm
+    from implicit_attn.registry import family
+
+    spec = family("xlstm")
+    cfg = spec.config.from_hf(spec.tiny)
+    p = spec.init_params(cfg, jax.random.PRNGKey(0))["layers"][0]["mlstm_layer"]
+    x = jax.random.normal(jax.random.PRNGKey(1), (1, 12, cfg.hidden_size))
+    updates = 12 * cfg.num_heads * cfg.qk_head_dim * cfg.v_dim // cfg.num_heads
+    check_layer_takes_the_recurrence_kernel(lambda p, x: xlstm.block.mixer_forward(p, x, cfg), p, x, updates,
+                                            monkeypatch)
 
 
 # RWKV-4's WKV (the forward, kernels.cpu.wkv_scan) against the float64 softmax-weighted sum of its

@@ -7,7 +7,8 @@ Block ``i``: ``h + mlstm_layer(norm_mlstm(h))``, then ``h + ffn(norm_ffn(h))`` (
 mLSTM layer on ``x (B, L, D)``: ``q, k (B, H, L, d_k)``, ``v (B, H, L, d_v)``, the output gate's
 pre-activation ``o (B, L, V)`` and per-head gate pre-activations, soft-capped: ``i = c tanh(i~ /
 c)``, ``f = c tanh(f~ / c)`` (``c = gate_soft_cap``), log forget gate ``logsigmoid(f)``; per head
-the stabilised, normalised matrix memory of ``ops.mlstm_rule`` with the stabiliser of the torch
+the stabilised, normalised matrix memory of ``ops.mlstm_rule`` (on CPU, where it pays off, the
+kernel's recurrence ``kernels.cpu.mlstm_scan``) with the stabiliser of the torch
 forward (``ops.mlstm_stabiliser``: chunk-wise for the longest multiple of ``chunk_size``, step by
 step for the rest, in pieces of ``max_inference_chunksize``); then the multi-head layer norm (per
 head over ``d_v``, eps ``norm_eps``), times ``sigmoid(o)``, then ``out_proj``.
@@ -22,9 +23,13 @@ normaliser ``max(|n . q|, e^{-m}) + eps`` (another per-row diagonal).
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
+from ...kernels import cpu as cpu_kernels
+from ...nn import run_scan
 from ...nn.hooks import ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
 from ...operator import MlstmCore, Mamba2Operator
 from ...ops import embed, from_first, full_precision, linear, mark_nan, mlstm_rule, mlstm_stabiliser, zero_nan
@@ -110,8 +115,15 @@ def mixer_parts(p: dict, x, cfg: Config) -> dict:
 
 def recurrence(q: dict, cfg: Config):
     """The per-head mLSTM read-out of ``mixer_parts`` ``q``: ``(h (B, H, L, d_v), norm (B, H, L))``
-    float32, ``h`` with NaN rows where ``q["bad"]``, ``norm`` its normaliser."""
-    h, norm = mlstm_rule(q["q"], q["k"], q["v"], q["log_f"], q["log_i"], q["m"], cfg.eps, cfg.chunk_size)
+    float32, ``h`` with NaN rows where ``q["bad"]``, ``norm`` its normaliser. On CPU the kernel's
+    recurrence where it pays off (``kernels.cpu.mlstm_scan``), the chunk-wise form elsewhere."""
+    args = (q["q"], q["k"], q["v"], q["log_f"], q["log_i"], q["m"])
+    chunked = functools.partial(mlstm_rule, eps=cfg.eps, chunk=cfg.chunk_size)
+    if cpu_kernels.recurrence_pays_off(q["k"], q["v"]):
+        h, norm = run_scan("auto", functools.partial(cpu_kernels.mlstm_scan, eps=cfg.eps, chunk=cfg.chunk_size),
+                           chunked, *args)
+    else:
+        h, norm = chunked(*args)
     return mark_nan(h, q["bad"][..., None]), norm
 
 

@@ -30,7 +30,8 @@ The same library holds the forward computations: Mamba-1's selective scan (``sel
 taken by ``mamba.block.selective_scan`` where ``scan_pays_off``), Mamba-2's SSD (``ssd_scan``,
 taken by ``mamba2.block.ssd`` where ``ssd_pays_off``), the DPLR recurrence (``dplr_scan``, taken by
 RWKV-5/6/7's blocks, and ``delta_scan``, the gated delta rule written as one, taken by
-``qwen3_next.block.delta_inner``, where ``recurrence_pays_off``), the Gated DeltaNet mixer between its
+``qwen3_next.block.delta_inner``, and ``mlstm_scan``, the mLSTM's read-out on the same recurrence,
+taken by ``xlstm.block.recurrence``, where ``recurrence_pays_off``), the Gated DeltaNet mixer between its
 projections (``gated_delta_net``: conv, SiLU, l2 norms, the delta rule and the gated norm in one pass,
 taken by ``qwen3_next.block.delta_forward`` where ``delta_net_pays_off``), RWKV-4's WKV (``wkv_scan``), softmax
 attention applied to the values (``attention_forward``, taken by ``nn.attention.attention_values`` where
@@ -61,8 +62,8 @@ from ...operator import (MODES, AttentionCore, DeltaRuleCore, DocumentMaskedCore
                          StateDecayCore,
                          apply_mode, block_size, register_backend, register_core, with_xla_backward)
 from ...operator.dispatch import blocked_reduce, blocked_reduce_jit
-from ...ops import (attention_output, delta_rule, dplr_rule, full_precision, grouped, selective_scan_sequential,
-                   ssd_chunked, wkv_chunked)
+from ...ops import (attention_output, delta_rule, dplr_rule, full_precision, grouped, mlstm_rule,
+                   selective_scan_sequential, ssd_chunked, wkv_chunked)
 from . import cache
 from .cache import CpuKernelUnavailable, cache_dir
 
@@ -875,6 +876,49 @@ def delta_scan(q, k, v, log_a, beta, erase: bool = True):
     return _delta[bool(erase)](*(jnp.asarray(a, jnp.float32) for a in (q, k, v, log_a, beta)))
 
 
+
+def _mlstm_as_delta(q, k, v, log_f, log_i, m):
+    """The mLSTM's operands as the non-erasing delta rule's: the stabilised state ``C_t = e^{f_t +
+    m_{t-1} - m_t} C_{t-1} + e^{i_t - m_t} v_t k_t^T`` is its ``S_t`` with ``log a_t = f_t + m_{t-1}
+    - m_t`` and ``b_t = e^{i_t - m_t}``, and a column of ones after ``v`` carries the normaliser's
+    ``n_t``. ``m_{-1}`` is taken as ``m_0`` (the state before is zero, so it only keeps ``a_0 <= 1``)."""
+    m_before = jnp.concatenate([m[..., :1], m[..., :-1]], axis=-1)
+    ones = jnp.ones(v.shape[:-1] + (1,), jnp.float32)
+    return q, k, jnp.concatenate([v, ones], axis=-1), log_f + m_before - m, jnp.exp(log_i - m)
+
+
+def mlstm_scan(q, k, v, log_f, log_i, m, eps: float, chunk: int = 64):
+    """The mLSTM read-out by the fused CPU kernel, ``ops.mlstm_rule``'s numbers (to float32
+    rounding; float32): per head the stabilised state ``C_t = e^{f_t + m_{t-1} - m_t} C_{t-1} +
+    e^{i_t - m_t} v_t k_t^T`` and ``n_t`` likewise with ``1``, run by the non-erasing delta rule's
+    recurrence (``delta_scan(..., erase=False)`` with a column of ones after ``v``), one step per
+    position; ``h_t = C_t q_t / (max(|n_t . q_t|, e^{-m_t}) + eps)``. With the model's stabiliser
+    (``ops.mlstm_stabiliser``: ``m_t >= f_t + m_{t-1}`` and ``m_t >= i_t``) every factor is at most 1,
+    as in ``mlstm_rule``. Derivatives (forward and reverse mode) go through ``ops.mlstm_rule`` with
+    chunks of ``chunk``.
+
+    Args:
+      q, k: ``(B, H, L, d_k)`` (``q`` already scaled); v: ``(B, H, L, d_v)``; log_f, log_i, m:
+        ``(B, H, L)`` log forget gates, log input gates, the stabiliser; eps: added to the normaliser;
+        chunk: the chunk length of the derivatives' form.
+    Returns:
+      ``(h (B, H, L, d_v), norm (B, H, L))`` float32, ``norm`` the normaliser ``max(|n_t . q_t|,
+      e^{-m_t}) + eps``.
+    """
+    if (q.ndim != 4 or k.shape != q.shape or v.ndim != 4 or v.shape[:3] != q.shape[:3]
+            or any(g.shape != q.shape[:3] for g in (log_f, log_i, m))):
+        raise ValueError(f"mlstm_scan: q, k must be (B, H, L, d_k), v (B, H, L, d_v), log_f, log_i and m (B, H, L); "
+                         f"got q {q.shape}, k {k.shape}, v {v.shape}, log_f {log_f.shape}, log_i {log_i.shape}, "
+                         f"m {m.shape}")
+
+    def fast(q, k, v, log_f, log_i, m):
+        o = _delta[False](*_mlstm_as_delta(q, k, v, log_f, log_i, m))
+        norm = jnp.maximum(jnp.abs(o[..., -1]), jnp.exp(-m)) + jnp.asarray(eps, jnp.float32)
+        return o[..., :-1] / norm[..., None], norm
+
+    run = with_reference_derivatives(fast, functools.partial(mlstm_rule, eps=eps, chunk=chunk))
+    return run(*(jnp.asarray(a, jnp.float32) for a in (q, k, v, log_f, log_i, m)))
+
 def recurrence_pays_off(k, v) -> bool:
     """Whether a CPU forward runs a recurrence with a ``(d_v, d_k)`` state per head (the delta rule,
     the DPLR recurrence) of keys ``k (B, H, L, d_k)`` and values ``v (B, H, L, d_v)`` by the kernel:
@@ -1127,6 +1171,6 @@ for _type in (*_KERNELS, ParallelCore):
     register_core("cpu", _type, _problem)
 
 
-__all__ = ["cpu_dense", "cpu_reduce", "selective_scan", "scan_pays_off", "ssd_scan", "ssd_pays_off", "delta_scan", "dplr_scan", "recurrence_pays_off", "gated_delta_net", "delta_net_pays_off", "with_reference_derivatives", "wkv_scan", "wkv_pays_off", "attention_forward", "attention_pays_off", "grouped_matmul_from_tokens", "grouped_matmul_to_tokens", "grouped_pays_off", "GROUP_TILE", "computed_once", "head_matrices", "head_matrix_kernel", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
+__all__ = ["cpu_dense", "cpu_reduce", "selective_scan", "scan_pays_off", "ssd_scan", "ssd_pays_off", "delta_scan", "mlstm_scan", "dplr_scan", "recurrence_pays_off", "gated_delta_net", "delta_net_pays_off", "with_reference_derivatives", "wkv_scan", "wkv_pays_off", "attention_forward", "attention_pays_off", "grouped_matmul_from_tokens", "grouped_matmul_to_tokens", "grouped_pays_off", "GROUP_TILE", "computed_once", "head_matrices", "head_matrix_kernel", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
            "pays_off", "AUTO_MIN_FACTOR_ELEMENTS", "AUTO_MIN_ENV", "SCAN_AUTO_MIN_FACTOR",
            "library_path", "cache_dir", "num_threads", "CpuKernelUnavailable"]
