@@ -2,17 +2,20 @@
 
     python -m benchmarks.run [--quick] [--only mamba,griffin]
     python -m benchmarks.run --device gpu [--quick]     # the GPU suite (benchmarks/gpu.py)
+    python -m benchmarks.run --summary-only             # rewrite SUMMARY.md from the tables
 
 Each family's module writes ``benchmarks/results/<name>.json`` and ``.md``; this entry
-point runs them in turn and concatenates the tables into ``results/SUMMARY.md``.
-``--device gpu`` runs ``benchmarks.gpu`` (Pallas vs XLA, forward vs HF torch on the GPU)
-and writes ``results/SUMMARY_gpu.md``.
+point runs them in turn and concatenates every suite's latest tables (those it ran and,
+with ``--only``, the others as they were last written; each names its machine and date) into
+``results/SUMMARY.md``. ``--device gpu`` runs ``benchmarks.gpu`` (Pallas vs XLA, forward vs HF
+torch on the GPU) and writes ``results/SUMMARY_gpu.md``.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import time
+from pathlib import Path
 
 from benchmarks.common import RESULTS, machine
 
@@ -25,6 +28,8 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default=",".join(SUITES), help="comma-separated subset of " + ",".join(SUITES))
     ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
                     help="gpu: run the GPU suite (needs JAX on a GPU) instead of the CPU suites")
+    ap.add_argument("--summary-only", action="store_true",
+                    help="run nothing: rewrite the summary from the tables in benchmarks/results")
     args = ap.parse_args(argv)
     chosen = [s.strip() for s in args.only.split(",") if s.strip()]
     if args.device == "gpu":
@@ -32,22 +37,36 @@ def main(argv=None) -> int:
     unknown = sorted(set(chosen) - set(SUITES) - {"gpu"})
     if unknown:
         ap.error(f"unknown suites {unknown}; choose from {SUITES}")
-    parts = []
-    for name in chosen:
+    for name in [] if args.summary_only else chosen:
         t = time.perf_counter()
         print(f"== {name} ==", flush=True)
         importlib.import_module(f"benchmarks.{name}").main(quick=args.quick)
         print(f"== {name} done in {time.perf_counter() - t:.0f} s ==", flush=True)
-        quick = args.quick and any(RESULTS.glob(f"{name}_quick*.md"))
-        stem = f"{name}_quick" if quick else name
-        mds = [RESULTS / f"{stem}.md"] if (RESULTS / f"{stem}.md").exists() else sorted(RESULTS.glob(f"{stem}_*.md"))
-        parts += [md.read_text() for md in mds]
-    m = machine()
-    head = f"# Benchmark summary\n\n{m['cpu']} ({m['vector']}, {m['cores']} cores), jax {m['jax']} on {m['backend']}, {m['date']} UTC\n\n"
-    out = RESULTS / ("SUMMARY" + ("_gpu" if args.device == "gpu" else "") + ("_quick" if args.quick else "") + ".md")
-    out.write_text(head + "\n".join(parts))
+    out = write_summary(["gpu"] if args.device == "gpu" else SUITES, args.device == "gpu", args.quick)
     print(f"wrote {out}")
     return 0
+
+
+def suite_tables(name: str, quick: bool) -> list[Path]:
+    """The latest tables suite ``name`` wrote (its quick ones where ``quick`` and it wrote
+    some): ``results/<name>.md``, or its ``<name>_*.md`` parts, sorted; none if it never ran."""
+    stem = f"{name}_quick" if quick and any(RESULTS.glob(f"{name}_quick*.md")) else name
+    if (RESULTS / f"{stem}.md").exists():
+        return [RESULTS / f"{stem}.md"]
+    return sorted(p for p in RESULTS.glob(f"{stem}_*.md") if quick or not p.stem.endswith("_quick"))
+
+
+def write_summary(suites: list[str], gpu: bool, quick: bool) -> Path:
+    """Concatenate the latest tables of ``suites`` into ``results/SUMMARY[_gpu][_quick].md``
+    under a header naming this machine and the time of writing; returns its path."""
+    m = machine()
+    parts = [md.read_text() for name in suites for md in suite_tables(name, quick)]
+    head = (f"# Benchmark summary\n\nThe latest table of each benchmark; each names the machine and the date of its "
+            f"run. Written on {m['cpu']} ({m['vector']}, {m['cores']} cores), jax {m['jax']} on {m['backend']}, "
+            f"{m['date']} UTC.\n\n")
+    out = RESULTS / ("SUMMARY" + ("_gpu" if gpu else "") + ("_quick" if quick else "") + ".md")
+    out.write_text(head + "\n".join(parts))
+    return out
 
 
 if __name__ == "__main__":
