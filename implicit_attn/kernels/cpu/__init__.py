@@ -876,7 +876,6 @@ def delta_scan(q, k, v, log_a, beta, erase: bool = True):
     return _delta[bool(erase)](*(jnp.asarray(a, jnp.float32) for a in (q, k, v, log_a, beta)))
 
 
-
 def _mlstm_as_delta(q, k, v, log_f, log_i, m):
     """The mLSTM's operands as the non-erasing delta rule's: the stabilised state ``C_t = e^{f_t +
     m_{t-1} - m_t} C_{t-1} + e^{i_t - m_t} v_t k_t^T`` is its ``S_t`` with ``log a_t = f_t + m_{t-1}
