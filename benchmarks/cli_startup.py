@@ -21,9 +21,11 @@ CPU-kernel library, built on first use).
 ``--baseline DIR`` times another checkout of the project (say ``git worktree add DIR
 <commit>``) in the same run: its import and first ``explain`` (on its own copy of the model)
 alternate with ours, run for run, so a machine whose speed drifts over minutes slows both
-alike; the baseline rows give its medians and the ratio to ours.
+alike; the baseline rows give its medians and the ratio to ours. ``--quick`` (the smoke run of
+``benchmarks.run --quick``): one run per case unless ``--repeat`` says otherwise, written as
+``results/cli_startup_quick.{json,md}``.
 
-    python -m benchmarks.cli_startup [--repeat 3] [--baseline DIR]
+    python -m benchmarks.cli_startup [--repeat 3] [--baseline DIR] [--quick]
 """
 from __future__ import annotations
 
@@ -94,7 +96,9 @@ def explain_argv(root: Path = ROOT) -> list[str]:
     return ["-m", "implicit_attn.cli", *EXPLAIN[:1], str(model), *EXPLAIN[2:], "--out", "out"]
 
 
-def main(quick: bool = False, repeat: int = 3, baseline: Path | None = None) -> list[dict]:
+def main(quick: bool = False, repeat: int | None = None, baseline: Path | None = None) -> list[dict]:
+    """The table's rows (module docstring); ``repeat`` runs per case (default 3, 1 when ``quick``)."""
+    repeat = (1 if quick else 3) if repeat is None else repeat
     if repeat < 1:
         raise ValueError(f"--repeat must be at least 1, got {repeat}")
     if baseline is not None:
@@ -155,15 +159,16 @@ def main(quick: bool = False, repeat: int = 3, baseline: Path | None = None) -> 
                          "new_kernel_files": b_cold["new_kernel_files"],
                          "note": f"{b_cold['seconds'] / cold['seconds']:.2f}x ours, its runs alternating with "
                                  f"ours; runs: {b_every} s"})
-    write_results("cli_startup", rows, columns=["case", "seconds", "new_cache_files", "new_kernel_files", "target",
+    write_results("cli_startup_quick" if quick else "cli_startup", rows, columns=["case", "seconds", "new_cache_files", "new_kernel_files", "target",
                                                "note"])
     return rows
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeat", type=int, default=3, help="runs per case (median reported)")
+    ap.add_argument("--repeat", type=int, default=None, help="runs per case (median reported; default 3, 1 with --quick)")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: one run per case, written as cli_startup_quick")
     ap.add_argument("--baseline", type=Path, default=None,
                     help="another checkout of the project, timed in the same run (import, first explain)")
     a = ap.parse_args()
-    main(repeat=a.repeat, baseline=a.baseline)
+    main(quick=a.quick, repeat=a.repeat, baseline=a.baseline)
