@@ -157,6 +157,8 @@ MODEL_FIXTURES = ("fam", "pair")
 # A family-parametrized test named here runs in the default tier for the given family
 # only, and for the other families in the deep tier.
 ONE_FAMILY_BY_DEFAULT = {
+    # every family's quick benchmark shape in HF's torch class: the checks are the same per family
+    "test_bench_forward.py::test_quick_shape_runs_in_hf_torch_with_our_logits": "zamba",
     "test_conformance.py::test_jit_vmap_and_grad": "mamba",
     # the converter's checks are nn.mapping's for every family (each family's wiring: round trip)
     "test_conformance.py::test_converter_errors_name_the_problem": "mamba",

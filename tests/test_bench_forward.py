@@ -9,6 +9,7 @@ import pytest
 
 from conftest import torch_or_skip
 from hf_build import mamba2_hf
+from implicit_attn.registry import model_types
 
 
 def test_hf_flops_counts_products_grouped_mm_and_cpu_attention():
@@ -66,3 +67,25 @@ def test_mamba2_peer_refuses_what_it_cannot_express(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(dict(cfg, n_groups=1, num_heads=3)))
     with pytest.raises(ValueError, match="num_heads \\* head_dim"):
         peer_config(str(tmp_path))
+
+
+@pytest.mark.parametrize("family", model_types())
+def test_quick_shape_runs_in_hf_torch_with_our_logits(family, tmp_path):
+    """Every family's quick benchmark shape (``python -m benchmarks.forward --quick``, as
+    ``benchmarks.run --quick`` runs it) loads into HF's torch class from the checkpoint the
+    benchmark writes, and HF's logits equal ours. (Zamba's once had one hybrid layer, whose
+    shared block HF refuses to tie, and Kimi-Linear's no attention layer, which HF's cache needs.)"""
+    torch, _ = torch_or_skip()
+    import implicit_attn as ia
+    from benchmarks.forward import random_ids, write_checkpoint
+    from implicit_attn.registry import family as spec_of
+    from implicit_attn.testing import reference_class
+
+    path = str(tmp_path / "m")
+    write_checkpoint(family, path, quick=True)
+    tm = reference_class(spec_of(family).hf_class).from_pretrained(path, torch_dtype=torch.float32).eval()
+    ids = random_ids(tm.config.vocab_size, 16)
+    with torch.no_grad():
+        want = tm(torch.tensor(ids)).logits.numpy()
+    got = np.asarray(ia.load(path)(ids))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())

@@ -35,8 +35,9 @@ SPEC = FamilySpec(
                         qk_rope_head_dim=16, v_head_dim=32, qk_nope_head_dim=32, n_group=1, topk_group=1,
                         num_experts_per_tok=4, num_local_experts=16, linear_head_dim=32, linear_num_heads=16,
                         pad_token_id=None, bos_token_id=None, eos_token_id=None),
+           # five layers: the default pattern's first attention layer is the fifth (HF's cache needs one)
            "quick": dict(vocab_size=256, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
-                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
+                         num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
                          qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=16, n_group=1, topk_group=1,
                          num_experts_per_tok=2, num_local_experts=4, linear_head_dim=16, linear_num_heads=4,
                          pad_token_id=None, bos_token_id=None, eos_token_id=None)})

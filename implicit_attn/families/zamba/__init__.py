@@ -54,7 +54,9 @@ SPEC = FamilySpec(
     # the first three), two Mamba heads, MLP 4x wide
     bench={"full": dict(vocab_size=1024, hidden_size=768, intermediate_size=3072, num_hidden_layers=13,
                         num_attention_heads=12, num_key_value_heads=12, n_mamba_heads=2, mamba_d_state=16),
+           # two hybrid layers: HF ties the later ones' shared block to the first and refuses a lone one
            "quick": dict(vocab_size=256, hidden_size=128, intermediate_size=512, num_hidden_layers=4,
+                         layers_block_type=["mamba", "hybrid", "mamba", "hybrid"],
                          num_attention_heads=4, num_key_value_heads=4, n_mamba_heads=2, mamba_d_state=16)})
 
 __all__ = ["SPEC", "Config", "MixerConfig", "LM", "MambaMixer", "AttentionMixer", "SharedAttentionLayer",
