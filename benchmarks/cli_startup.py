@@ -159,14 +159,15 @@ def main(quick: bool = False, repeat: int | None = None, baseline: Path | None =
                          "new_kernel_files": b_cold["new_kernel_files"],
                          "note": f"{b_cold['seconds'] / cold['seconds']:.2f}x ours, its runs alternating with "
                                  f"ours; runs: {b_every} s"})
-    write_results("cli_startup_quick" if quick else "cli_startup", rows, columns=["case", "seconds", "new_cache_files", "new_kernel_files", "target",
-                                               "note"])
+    write_results("cli_startup_quick" if quick else "cli_startup", rows,
+                  columns=["case", "seconds", "new_cache_files", "new_kernel_files", "target", "note"])
     return rows
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeat", type=int, default=None, help="runs per case (median reported; default 3, 1 with --quick)")
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="runs per case (median reported; default 3, 1 with --quick)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: one run per case, written as cli_startup_quick")
     ap.add_argument("--baseline", type=Path, default=None,
                     help="another checkout of the project, timed in the same run (import, first explain)")

@@ -1,5 +1,6 @@
 """The forward benchmark's measuring parts: the matmul-floor FLOP count (against counts
-written out by hand) and the mamba2-jax peer's weight mapping (against HF's torch model)."""
+written out by hand), the mamba2-jax peer's weight mapping (against HF's torch model), and
+every family's quick benchmark shape in HF's torch class (against our logits)."""
 from __future__ import annotations
 
 import json
