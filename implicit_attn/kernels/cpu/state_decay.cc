@@ -1638,14 +1638,22 @@ int64_t attention_chunk(const float* qh, float* qs, const float* kt, const int32
     }
     float m = mx[0];
     for (int64_t jj = 1; jj < kW; ++jj) m = std::max(m, mx[jj]);  // finite: the diagonal is visible
-    v16 sum = splat(0.0f);
-    for (int64_t J = J0; J <= I; ++J) {
-      const v16 e = vexp(load(s + J * kQ) - splat(m));
-      store(s + J * kQ, e);
-      sum += e;
-    }
+    // The sums in machine vectors, one per kW lanes of the chunk (a v16 sum stays on the stack
+    // in an AVX2 build: Jamba's attention layer on an AMD EPYC 3.8 against 4.1-4.5 ms, fastest of
+    // 200 calls); added up lane by lane in the chunk's order.
+    constexpr int64_t H = kQ / kW;
+    vw sum[H];
+#pragma GCC unroll 2
+    for (int64_t h = 0; h < H; ++h) sum[h] = splat<vw>(0.0f);
+    for (int64_t J = J0; J <= I; ++J)
+#pragma GCC unroll 2
+      for (int64_t h = 0; h < H; ++h) {
+        const vw e = vexp_lanes<vw, vwi>(load<vw>(s + J * kQ + h * kW) - splat<vw>(m));
+        store(s + J * kQ + h * kW, e);
+        sum[h] += e;
+      }
     float t = 0.0f;
-    for (int64_t jj = 0; jj < kQ; ++jj) t += sum[jj];
+    for (int64_t jj = 0; jj < kQ; ++jj) t += sum[jj / kW][jj % kW];
     tot[ii] = t;
   }
   return J0;
@@ -2062,8 +2070,8 @@ ffi::Error PlaceChannelsImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> src, ffi
 
 // Mamba-1's selective scan (the block's forward, not its operator): per channel c and state n,
 //   h[n] = exp(dt[t,c] A[c,n]) h[n] + dt[t,c] u[t,c] Bm[t,n],   y[t,c] = sum_n h[n] Cm[t,n],
-// the arithmetic of the XLA sequential scan in the same order. Sixteen channels share one
-// vector (the state of each n is one v16), so no lane sums are needed; a last block of fewer
+// the arithmetic of the XLA sequential scan in the same order. A machine vector's channels
+// share it (the state of each n is one vw), so no lane sums are needed; a last block of fewer
 // channels runs on zero lanes that are not written back.
 ffi::Error SelectiveScanImpl(ffi::ThreadPool xla,
                              ffi::Buffer<ffi::F32> u, ffi::Buffer<ffi::F32> dt, ffi::Buffer<ffi::F32> At,
@@ -2076,37 +2084,40 @@ ffi::Error SelectiveScanImpl(ffi::ThreadPool xla,
     return ffi::Error::InvalidArgument("selective_scan: inconsistent shapes (u, dt (B, L, C); A^T (N, C); "
                                        "Bm, Cm (B, L, N); N <= 64)");
   const int64_t B = ud[0], L = ud[1], C = ud[2], N = ad[0];
-  const int64_t blocks = (C + kQ - 1) / kQ, items = B * blocks;
+  // kW channels per work item, every value a machine vector: with v16s an AVX2 build kept the
+  // output sum on the stack (AMD EPYC, Jamba's layer of 1536 channels, 16 states, L = 512: 4.5-5.1
+  // against 8.0-8.3 ms, fastest of 100 calls).
+  const int64_t blocks = (C + kW - 1) / kW, items = B * blocks;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
   const float *pu = u.typed_data(), *pd = dt.typed_data(), *pa = At.typed_data();
   const float *pb = Bm.typed_data(), *pc = Cm.typed_data();
   float* py = y->typed_data();
   run_threads(xla, nt, [&](int64_t t0) {
-    v16 h[kMaxState], a[kMaxState];
-    float lane[kQ];
+    vw h[kMaxState], a[kMaxState];
+    float lane[kW];
     for (int64_t p = t0; p < items; p += nt) {
-      const int64_t b = p / blocks, c0 = (p % blocks) * kQ, w = std::min<int64_t>(kQ, C - c0);
-      const auto part = [&](const float* src) {  // 16 channels from c0, zeros past C
-        if (w == kQ) return load(src);
-        std::fill(lane, lane + kQ, 0.0f);
+      const int64_t b = p / blocks, c0 = (p % blocks) * kW, w = std::min<int64_t>(kW, C - c0);
+      const auto part = [&](const float* src) {  // kW channels from c0, zeros past C
+        if (w == kW) return load<vw>(src);
+        std::fill(lane, lane + kW, 0.0f);
         std::memcpy(lane, src, sizeof(float) * w);
-        return load(lane);
+        return load<vw>(lane);
       };
       for (int64_t n = 0; n < N; ++n) {
-        h[n] = splat(0.0f);
+        h[n] = splat<vw>(0.0f);
         a[n] = part(pa + n * C + c0);
       }
       for (int64_t t = 0; t < L; ++t) {
         const size_t row = (static_cast<size_t>(b) * L + t) * C + c0;
         const float* bt = pb + (static_cast<size_t>(b) * L + t) * N;
         const float* ct = pc + (static_cast<size_t>(b) * L + t) * N;
-        const v16 d = part(pd + row), du = d * part(pu + row);
-        v16 out = splat(0.0f);
+        const vw d = part(pd + row), du = d * part(pu + row);
+        vw out = splat<vw>(0.0f);
         for (int64_t n = 0; n < N; ++n) {
-          h[n] = vexp(d * a[n]) * h[n] + du * splat(bt[n]);
-          out += h[n] * splat(ct[n]);
+          h[n] = vexp_lanes<vw, vwi>(d * a[n]) * h[n] + du * splat<vw>(bt[n]);
+          out += h[n] * splat<vw>(ct[n]);
         }
-        if (w == kQ) {
+        if (w == kW) {
           store(py + row, out);
         } else {
           store(lane, out);
