@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 import implicit_attn as ia
 from implicit_attn.kernels import pallas
@@ -309,6 +310,21 @@ def test_init_params_follow_the_shape_table(fam):
     again = spec.init_params(model.config, jax.random.PRNGKey(0))
     fresh = spec.lm(model.config, again)
     assert np.isfinite(np.asarray(fresh(ids_for(model)))).all()
+
+
+def test_params_hold_the_current_weights(fam):
+    """``params()``, what every forward takes, holds the very arrays the model's NNX parameters
+    hold (read without NNX's value hooks: ``nn.held``), and a weight set anew shows at once."""
+    _, _, model, _ = fam
+    params = [v for _, v in nnx.iter_graph(model) if isinstance(v, nnx.Param)]
+    assert {id(x) for x in jax.tree.leaves(model.params())} == {id(v[...]) for v in params}
+    first, old = params[0], params[0][...]
+    try:
+        first.set_value(old + 1.0)
+        assert any(x is first[...] for x in jax.tree.leaves(model.params()))
+        assert not any(x is old for x in jax.tree.leaves(model.params()))
+    finally:
+        first.set_value(old)
 
 
 def test_info_and_registry_entry(fam):

@@ -38,7 +38,7 @@ import numpy as np
 from flax import nnx
 
 from ..families.rwkv.block import layer_norm  # nn.LayerNorm (float32 statistics)
-from ..nn import LanguageModel, Mixer, Weights, check_tensors, fan_in_normal, random_tensors
+from ..nn import LanguageModel, Mixer, Weights, check_tensors, fan_in_normal, held, random_tensors
 from ..nn.checkpoint import CheckpointError, read_hf_dir, write_hf_dir
 from ..nn.config import HFConfig
 from ..nn.hooks import MID_POINTS, ForwardHooks, no_hook, out_hook
@@ -383,7 +383,7 @@ class LaSLM(LanguageModel):
         self.top = Weights({k: v for k, v in params.items() if k not in ("embeddings", "layers")})
 
     def params(self) -> dict:
-        return {"embeddings": self.embeddings[...], "layers": [l.params() for l in self.layers],
+        return {"embeddings": held(self.embeddings), "layers": [l.params() for l in self.layers],
                 **self.top.arrays()}
 
     def tap_shape(self, layer: int, B: int, L: int):

@@ -33,7 +33,7 @@ from flax import nnx
 from ..families.mamba import Config as MambaConfig
 from ..families.mamba import block as mamba
 from ..families.mamba.checkpoint import inverse_softplus_dt
-from ..nn import Mixer, Weights, check_tensors, check_variant, fan_in_normal, random_tensors
+from ..nn import Mixer, Weights, check_tensors, check_variant, fan_in_normal, held, random_tensors
 from ..nn.checkpoint import CheckpointError, read_hf_dir, write_hf_dir
 from ..nn.config import HFConfig
 from ..nn.hooks import apply_out_hook, layer_tap
@@ -342,7 +342,7 @@ class VimLayer(nnx.Module):
         self.mixer = VimMixer(cfg, layer["mixer"])
 
     def params(self) -> dict:
-        return {"norm": self.norm[...], "mixer": self.mixer.arrays()}
+        return {"norm": held(self.norm), "mixer": self.mixer.arrays()}
 
 
 class ViM(nnx.Module):

@@ -10,7 +10,7 @@ import functools
 import jax.numpy as jnp
 from flax import nnx
 
-from ...nn import LanguageModel, Mixer, Weights, check_block_input, check_tap
+from ...nn import LanguageModel, Mixer, Weights, check_block_input, check_tap, held
 from ...nn.hooks import MID_POINTS
 from ..mamba2 import Mamba2Mixer
 from .block import VARIANTS, layer_forward_jit, lm_forward_jit, mixer_forward_jit, mixer_operator_jit
@@ -74,7 +74,7 @@ class BambaLayer(nnx.Module):
         return self.mamba_class(cfg.mixer_config, params) if kind == "mamba" else self.attention_class(cfg, params)
 
     def params(self) -> dict:
-        return {"input_layernorm": self.input_layernorm[...], "pre_ff_layernorm": self.pre_ff_layernorm[...],
+        return {"input_layernorm": held(self.input_layernorm), "pre_ff_layernorm": held(self.pre_ff_layernorm),
                 "mixer": self.mixer.arrays(), "feed_forward": self.feed_forward.arrays()}
 
     def __call__(self, h, tap=None):
@@ -117,9 +117,9 @@ class LM(LanguageModel):
         self.lm_head = None if head is None else nnx.Param(jnp.asarray(head))
 
     def params(self) -> dict:
-        return {"embed_tokens": self.embed_tokens[...], "layers": [l.params() for l in self.layers],
-                "final_layernorm": self.final_layernorm[...],
-                "lm_head": None if self.lm_head is None else self.lm_head[...]}
+        return {"embed_tokens": held(self.embed_tokens), "layers": [l.params() for l in self.layers],
+                "final_layernorm": held(self.final_layernorm),
+                "lm_head": None if self.lm_head is None else held(self.lm_head)}
 
     def tap_shape(self, layer: int, B: int, L: int):
         return self.layer_class.tap_shape_fn(self.config, self.config.layer_types[layer], B, L)

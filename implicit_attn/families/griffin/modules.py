@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
-from ...nn import LanguageModel, Mixer, Weights, check_block_input, check_tap
+from ...nn import LanguageModel, Mixer, Weights, check_block_input, check_tap, held
 from ...nn.hooks import MID_POINTS
 from .block import (VARIANTS, attention_forward_jit, attention_operator_jit, check_segment_pos,
                     layer_forward_jit, lm_forward_jit, recurrent_forward_jit, recurrent_operator_jit)
@@ -85,7 +85,7 @@ class GriffinLayer(nnx.Module):
         return self.temporal_block
 
     def params(self) -> dict:
-        return {"temporal_pre_norm": self.temporal_pre_norm[...], "channel_pre_norm": self.channel_pre_norm[...],
+        return {"temporal_pre_norm": held(self.temporal_pre_norm), "channel_pre_norm": held(self.channel_pre_norm),
                 "temporal_block": self.temporal_block.arrays(), "mlp_block": self.mlp_block.arrays()}
 
     def __call__(self, h, segment_pos=None, tap=None):
@@ -131,9 +131,9 @@ class LM(LanguageModel):
         self.lm_head = None if head is None else nnx.Param(jnp.asarray(head))
 
     def params(self) -> dict:
-        return {"embed_tokens": self.embed_tokens[...], "layers": [l.params() for l in self.layers],
-                "final_norm": self.final_norm[...],
-                "lm_head": None if self.lm_head is None else self.lm_head[...]}
+        return {"embed_tokens": held(self.embed_tokens), "layers": [l.params() for l in self.layers],
+                "final_norm": held(self.final_norm),
+                "lm_head": None if self.lm_head is None else held(self.lm_head)}
 
     def extra_inputs(self, ids, segment_pos) -> tuple:
         return (check_segment_pos(segment_pos, ids.shape),)

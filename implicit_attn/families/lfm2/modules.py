@@ -7,7 +7,7 @@ import functools
 import jax.numpy as jnp
 from flax import nnx
 
-from ...nn import Mixer
+from ...nn import Mixer, held
 from ..bamba.modules import LM as BambaLM
 from ..bamba.modules import AttentionMixer as BambaAttentionMixer
 from ..bamba.modules import BambaLayer
@@ -65,7 +65,7 @@ class Lfm2Layer(BambaLayer):
         return {"conv": ConvMixer, "attention": AttentionMixer, "sliding": SlidingAttentionMixer}[kind](cfg, params)
 
     def params(self) -> dict:
-        return {**super().params(), **{k: v[...] for k, v in self.post_norms.items()}}
+        return {**super().params(), **{k: held(v) for k, v in self.post_norms.items()}}
 
 
 class LM(BambaLM):

@@ -7,7 +7,7 @@ from typing import ClassVar
 import jax.numpy as jnp
 from flax import nnx
 
-from ...nn import LanguageModel, Mixer, check_block_input, check_tap
+from ...nn import LanguageModel, Mixer, check_block_input, check_tap, held
 from .block import (VARIANTS, block_forward_jit, lm_forward_jit, mixer_forward_jit, mixer_operator_jit)
 
 
@@ -33,7 +33,7 @@ class MambaBlock(nnx.Module):
         self.mixer = self.mixer_cls(cfg, layer["mixer"])
 
     def params(self) -> dict:
-        return {"norm": self.norm[...], "mixer": self.mixer.arrays()}
+        return {"norm": held(self.norm), "mixer": self.mixer.arrays()}
 
     def __call__(self, h, tap=None):
         """One residual block, as in the LM forward (the same pure function).
@@ -76,8 +76,8 @@ class LM(LanguageModel):
         self.lm_head = None if head is None else nnx.Param(jnp.asarray(head))
 
     def params(self) -> dict:
-        return {"embeddings": self.embeddings[...], "layers": [l.params() for l in self.layers],
-                "norm_f": self.norm_f[...], "lm_head": None if self.lm_head is None else self.lm_head[...]}
+        return {"embeddings": held(self.embeddings), "layers": [l.params() for l in self.layers],
+                "norm_f": held(self.norm_f), "lm_head": None if self.lm_head is None else held(self.lm_head)}
 
     def tap_shape(self, layer: int, B: int, L: int):
         return (B, self.layers[layer].channels, L), "(batch, channels, length)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
-from ...nn import Weights
+from ...nn import Weights, held
 from ..bamba.modules import LM as BambaLM
 from ..bamba.modules import AttentionMixer as BambaAttentionMixer
 from ..bamba.modules import BambaLayer
@@ -29,7 +29,7 @@ class FeedForwardLayer(nnx.Module):
         self.ffn = Weights(layer["ffn"])
 
     def params(self) -> dict:
-        return {"norm": self.norm[...], "ffn": self.ffn.arrays()}
+        return {"norm": held(self.norm), "ffn": self.ffn.arrays()}
 
 
 class NemotronLayer(BambaLayer):
@@ -48,7 +48,7 @@ class NemotronLayer(BambaLayer):
         self.feed_forward = nnx.List([FeedForwardLayer(f) for f in layer["feed_forward"]])
 
     def params(self) -> dict:
-        return {"input_layernorm": self.input_layernorm[...], "mixer": self.mixer.arrays(),
+        return {"input_layernorm": held(self.input_layernorm), "mixer": self.mixer.arrays(),
                 "feed_forward": [f.params() for f in self.feed_forward]}
 
 

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import jax.numpy as jnp
 from flax import nnx
 
-from ...nn import LanguageModel, Mixer, Weights, check_block_input, check_tap
+from ...nn import LanguageModel, Mixer, Weights, check_block_input, check_tap, held
 from ...nn.hooks import MID_POINTS
 from .block import (VARIANTS, block_forward_jit, channel_mix_forward_jit, lm_forward_jit, time_mix_forward_jit,
                     time_mix_operator_jit)
@@ -114,8 +114,8 @@ class LM(LanguageModel):
         self.head = None if head is None else nnx.Param(jnp.asarray(head))
 
     def params(self) -> dict:
-        return {"embeddings": self.embeddings[...], "layers": [l.params() for l in self.layers],
-                "ln_out": self.ln_out.arrays(), "head": None if self.head is None else self.head[...]}
+        return {"embeddings": held(self.embeddings), "layers": [l.params() for l in self.layers],
+                "ln_out": self.ln_out.arrays(), "head": None if self.head is None else held(self.head)}
 
     def tap_shape(self, layer: int, B: int, L: int):
         return (B, self.config.attention_hidden_size, L), "(batch, channels, length)"

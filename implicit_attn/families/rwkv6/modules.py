@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import jax.numpy as jnp
 from flax import nnx
 
-from ...nn import LanguageModel, Mixer, Weights, check_block_input, check_tap
+from ...nn import LanguageModel, Mixer, Weights, check_block_input, check_tap, held
 from ...nn.hooks import MID_POINTS
 from .block import (VARIANTS, block_forward_jit, channel_mix_forward_jit, lm_forward_jit, time_mix_forward_jit,
                     time_mix_operator_jit)
@@ -103,8 +103,8 @@ class LM(LanguageModel):
         self.lm_head = None if head is None else nnx.Param(jnp.asarray(head))
 
     def params(self) -> dict:
-        return {"embeddings": self.embeddings[...], "layers": [l.params() for l in self.layers],
-                "norm": self.norm.arrays(), "lm_head": None if self.lm_head is None else self.lm_head[...]}
+        return {"embeddings": held(self.embeddings), "layers": [l.params() for l in self.layers],
+                "norm": self.norm.arrays(), "lm_head": None if self.lm_head is None else held(self.lm_head)}
 
     def tap_shape(self, layer: int, B: int, L: int):
         return self.layers[layer].tap_shape(B, L), "(batch, channels, length)"

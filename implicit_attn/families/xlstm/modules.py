@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import jax.numpy as jnp
 from flax import nnx
 
-from ...nn import LanguageModel, Mixer, Weights, check_block_input, check_tap
+from ...nn import LanguageModel, Mixer, Weights, check_block_input, check_tap, held
 from ...nn.hooks import MID_POINTS
 from ..rwkv6.modules import ChannelMix
 from .block import VARIANTS, block_forward_jit, ffn_forward_jit, lm_forward_jit, mixer_forward_jit, mixer_operator_jit
@@ -88,8 +88,8 @@ class LM(LanguageModel):
         self.lm_head = nnx.Param(jnp.asarray(params["lm_head"]))
 
     def params(self) -> dict:
-        return {"embeddings": self.embeddings[...], "layers": [l.params() for l in self.layers],
-                "out_norm": self.out_norm.arrays(), "lm_head": self.lm_head[...]}
+        return {"embeddings": held(self.embeddings), "layers": [l.params() for l in self.layers],
+                "out_norm": self.out_norm.arrays(), "lm_head": held(self.lm_head)}
 
     def tap_shape(self, layer: int, B: int, L: int):
         return self.layers[layer].tap_shape(B, L), "(batch, channels, length)"

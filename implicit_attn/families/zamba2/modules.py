@@ -7,7 +7,7 @@ import functools
 import jax.numpy as jnp
 from flax import nnx
 
-from ...nn import LanguageModel, Mixer, Weights, check_block_input, check_tap
+from ...nn import LanguageModel, Mixer, Weights, check_block_input, check_tap, held
 from ...nn.hooks import RESIDUAL_POINTS, parse_name
 from ..bamba.modules import tap_shape
 from ..mamba2 import Mamba2Mixer
@@ -41,7 +41,7 @@ class SharedBlock(nnx.Module):
         self.feed_forward = Weights(block["feed_forward"])
 
     def params(self) -> dict:
-        return {"input_layernorm": self.input_layernorm[...], "pre_ff_layernorm": self.pre_ff_layernorm[...],
+        return {"input_layernorm": held(self.input_layernorm), "pre_ff_layernorm": held(self.pre_ff_layernorm),
                 "self_attn": self.self_attn.arrays(), "feed_forward": self.feed_forward.arrays()}
 
 
@@ -102,7 +102,7 @@ class SharedAttentionLayer(nnx.Module):
 
     def params(self) -> dict:
         return {"attention_adapters": self.mixer.adapters(), "mlp_adapters": self.mlp_adapters.arrays(),
-                "linear": self.linear[...]}
+                "linear": held(self.linear)}
 
     def __call__(self, h, embeddings, tap=None):
         """The hybrid layer's shared-block output, which HF adds to its Mamba mixer's input.
@@ -140,7 +140,7 @@ class MambaLayer(nnx.Module):
         self.mixer = self.mixer_class(cfg.mixer_config, layer["mixer"])
 
     def params(self) -> dict:
-        return {"input_layernorm": self.input_layernorm[...], "mixer": self.mixer.arrays()}
+        return {"input_layernorm": held(self.input_layernorm), "mixer": self.mixer.arrays()}
 
     def __call__(self, h, shared=None, tap=None):
         """One Mamba layer, as in the LM forward: ``h + mamba(rms_norm(h + shared))``.
@@ -192,9 +192,9 @@ class LM(LanguageModel):
         self.lm_head = None if head is None else nnx.Param(jnp.asarray(head))
 
     def params(self) -> dict:
-        return {"embed_tokens": self.embed_tokens[...], "shared_blocks": [b.params() for b in self.shared_blocks],
-                "layers": [l.params() for l in self.layers], "final_layernorm": self.final_layernorm[...],
-                "lm_head": None if self.lm_head is None else self.lm_head[...]}
+        return {"embed_tokens": held(self.embed_tokens), "shared_blocks": [b.params() for b in self.shared_blocks],
+                "layers": [l.params() for l in self.layers], "final_layernorm": held(self.final_layernorm),
+                "lm_head": None if self.lm_head is None else held(self.lm_head)}
 
     def tap_shape(self, layer: int, B: int, L: int):
         return tap_shape(self.config, self.config.layer_types[layer], B, L)
