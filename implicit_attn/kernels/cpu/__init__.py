@@ -722,8 +722,9 @@ _scan = _forward_kernel(_SCAN_TARGET, selective_scan_sequential,
 def selective_scan(u, dt, A, Bm, Cm):
     """Mamba-1's selective scan by the fused CPU kernel: ``ops.selective_scan_sequential``'s
     numbers (to float32 rounding: the kernel's ``exp`` is its own), a machine vector of
-    channels per work item (16 with AVX-512, 8 without), the channel blocks spread over ``num_threads()`` threads. Derivatives (forward and
-    reverse mode) go through ``ops.selective_scan_sequential``.
+    channels per work item (16 with AVX-512, 8 without), the channel blocks spread over
+    ``num_threads()`` threads. Derivatives (forward and reverse mode) go through
+    ``ops.selective_scan_sequential``.
 
     Args:
       u, dt: ``(B, L, C)``; A: ``(C, N)`` with ``N <= MAX_STATE``; Bm, Cm: ``(B, L, N)``
