@@ -48,6 +48,25 @@ def timeit(fn, repeat: int = 3, warmup: int = 1, best: bool = False, warm_s: flo
     return ts[0] if best else ts[len(ts) // 2]
 
 
+def fill_seconds(shape, time_fn) -> dict:
+    """How long producing a fresh float32 array of ``shape`` takes, timed by ``time_fn(fn)``
+    (each compiled before): ``xla`` by a jitted ``jnp.full`` (the bound the suite has used since
+    it began), ``kernel`` by the kernel library's ``fill`` (huge pages, every thread: as the dense
+    kernels write their outputs; None where the library is not available)."""
+    import jax
+    import jax.numpy as jnp
+
+    from implicit_attn.kernels import cpu
+
+    xla = jax.jit(lambda s: jnp.full(shape, s, jnp.float32))
+    out = {"xla": time_fn(lambda: xla(1.0))}
+    out["kernel"] = None
+    if jax.default_backend() == "cpu" and cpu.available():
+        kernel = jax.jit(lambda: cpu.fill(shape, 1.0))
+        out["kernel"] = time_fn(kernel)
+    return out
+
+
 def peak_mb_of(fn) -> float:
     """Peak extra resident memory (MiB) of one ``fn()`` call in *this* process.
 

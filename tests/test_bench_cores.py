@@ -1,7 +1,9 @@
 """The core benchmark's FLOP counts (``benchmarks.cores``) against counts written out by hand."""
 from __future__ import annotations
 
-from benchmarks.cores import layer_operator, reduce_flops
+import numpy as np
+
+from benchmarks.cores import layer_operator, necessary_flops, reduce_flops, window_entries
 
 
 def test_parallel_core_reduce_flops_count_each_parts_conv_taps():
@@ -12,3 +14,17 @@ def test_parallel_core_reduce_flops_count_each_parts_conv_taps():
     tri = L * (L + 1) / 2
     assert [p.num_channels for p in core.parts] == [192, 4] and core.repeats == (1, 32)
     assert reduce_flops(core, L) == (2 * 4 + 2) * 192 * tri + (2 * 1 + 2) * 4 * 32 * tri
+
+
+def test_attention_flops_count_the_entries_its_window_reaches():
+    """Local attention (RecurrentGemma's quick shape, window 64): ``2 d`` FLOPs per head for every
+    entry the probabilities can be nonzero at, counted from the core's own dense mask, below and
+    above the window length (the full square was counted before: twice the causal entries)."""
+    for L in (48, 150):
+        core = layer_operator("recurrent_gemma", 2, L, quick=True).core
+        H, d = core.q.shape[1], core.q.shape[-1]
+        assert core.window == 64
+        visible = int(np.count_nonzero(np.asarray(core.dense(np.arange(H)))[0] > 0))
+        assert visible == H * window_entries(L, 64)  # every reachable entry of a softmax is > 0
+        assert necessary_flops(core, L) == 2 * d * visible
+    assert window_entries(48, 64) == 48 * 49 // 2 and window_entries(150, 64) == 64 * 65 // 2 + 86 * 64

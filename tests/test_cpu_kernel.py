@@ -756,6 +756,23 @@ def test_the_rwkv4_forward_takes_the_wkv_kernel_where_it_pays_off(monkeypatch):
     monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 0)
 
 
+def test_fill_writes_every_element_on_every_thread_count(monkeypatch):
+    """``kernels.cpu.fill`` (the benchmarks' write bound): every element of shapes that end inside a
+    thread's 64 Ki-float part, span several parts or are empty, eager and under jit, with one and
+    two threads, with and without huge pages; a negative dimension is named."""
+    for threads, huge in (("1", "0"), ("2", "1")):
+        monkeypatch.setenv("IMPLICIT_ATTN_CPU_THREADS", threads)
+        monkeypatch.setenv("IMPLICIT_ATTN_HUGE_PAGES", huge)
+        for shape, value in (((3, 5), -2.5), ((2, 3, 70001), 1.25), ((4, 0, 3), 7.0), ((), 3.0)):
+            out = cpu.fill(shape, value)
+            assert out.shape == shape and out.dtype == jnp.float32
+            np.testing.assert_array_equal(np.asarray(out), np.full(shape, value, np.float32))
+        jitted = jax.jit(lambda: cpu.fill((3, 65537), 0.5))()
+        np.testing.assert_array_equal(np.asarray(jitted), np.full((3, 65537), 0.5, np.float32))
+    with pytest.raises(ValueError, match="negative dimension"):
+        cpu.fill((2, -1))
+
+
 def test_computed_once_is_the_identity_and_a_call_xla_keeps():
     """``kernels.cpu.computed_once``: the same values; derivatives the identity's in both modes;
     vmap; on the CPU the optimized program still holds the library's copy (XLA dropped

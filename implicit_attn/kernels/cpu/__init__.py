@@ -88,6 +88,7 @@ _FROM_TOKENS_TARGET = "implicit_attn_grouped_from_tokens"
 _TO_TOKENS_TARGET = "implicit_attn_grouped_to_tokens"
 _DELTA_NET_TARGET = "implicit_attn_gated_delta_net"
 _COPY_TARGET = "implicit_attn_copy"
+_FILL_TARGET = "implicit_attn_fill"
 _TARGETS = {"IaStateDecayDense": _TARGET, "IaStateDecayReduce": _REDUCE_TARGET, "IaHeadMatrixDense": _HEAD_TARGET,
             "IaHeadMatrixReduce": _HEAD_REDUCE_TARGET, "IaRwkvDense": _RWKV_TARGET,
             "IaRwkvReduce": _RWKV_REDUCE_TARGET, "IaShortConvDense": _CONV_TARGET,
@@ -96,7 +97,8 @@ _TARGETS = {"IaStateDecayDense": _TARGET, "IaStateDecayReduce": _REDUCE_TARGET, 
             "IaDplrScan": _DPLR_TARGET, "IaWkvScan": _WKV_TARGET, "IaDecayMatrix": _DECAY_TARGET,
             "IaLowRankMatrix": _LOWRANK_TARGET, "IaAttentionForward": _ATTENTION_FORWARD_TARGET,
             "IaGroupedFromTokens": _FROM_TOKENS_TARGET, "IaGroupedToTokens": _TO_TOKENS_TARGET,
-            "IaGatedDeltaNet": _DELTA_NET_TARGET, "IaCopy": _COPY_TARGET}
+            "IaGatedDeltaNet": _DELTA_NET_TARGET, "IaCopy": _COPY_TARGET,
+            "IaFill": _FILL_TARGET}
 _SYMBOLS = tuple(_TARGETS)
 ARCH_ENV = "IMPLICIT_ATTN_CPU_ARCH"
 
@@ -1084,6 +1086,20 @@ def computed_once(x):
     return jax.lax.platform_dependent(x, cpu=_computed_once, default=lambda t: t)
 
 
+def fill(shape, value: float = 0.0):
+    """A fresh float32 array of ``shape``, every element ``value``, written as the dense kernels
+    write their outputs: on huge pages where Linux gives them (unless ``IMPLICIT_ATTN_HUGE_PAGES=0``),
+    by ``num_threads()`` threads. The benchmarks' bound on producing an output of that size, which
+    XLA's ``jnp.full`` (4 KiB pages, one thread on this backend) overstates. Eager or under ``jit``;
+    JAX's CPU backend and the kernel library only (the errors of ``impl="cpu"`` otherwise)."""
+    _require()
+    shape = tuple(int(n) for n in shape)
+    if any(n < 0 for n in shape):
+        raise ValueError(f"fill: negative dimension in shape {shape}")
+    call = jax.ffi.ffi_call(_FILL_TARGET, jax.ShapeDtypeStruct(shape, jnp.float32))
+    return call(value=np.float32(value), threads=np.int64(num_threads()), huge_pages=np.int64(huge_pages()))
+
+
 # Columns per pack of the grouped product (the handler's kGroupTile): two vectors of 16 floats.
 GROUP_TILE = 32
 
@@ -1171,6 +1187,6 @@ for _type in (*_KERNELS, ParallelCore):
     register_core("cpu", _type, _problem)
 
 
-__all__ = ["cpu_dense", "cpu_reduce", "selective_scan", "scan_pays_off", "ssd_scan", "ssd_pays_off", "delta_scan", "mlstm_scan", "dplr_scan", "recurrence_pays_off", "gated_delta_net", "delta_net_pays_off", "with_reference_derivatives", "wkv_scan", "wkv_pays_off", "attention_forward", "attention_pays_off", "grouped_matmul_from_tokens", "grouped_matmul_to_tokens", "grouped_pays_off", "GROUP_TILE", "computed_once", "head_matrices", "head_matrix_kernel", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
+__all__ = ["cpu_dense", "cpu_reduce", "fill", "selective_scan", "scan_pays_off", "ssd_scan", "ssd_pays_off", "delta_scan", "mlstm_scan", "dplr_scan", "recurrence_pays_off", "gated_delta_net", "delta_net_pays_off", "with_reference_derivatives", "wkv_scan", "wkv_pays_off", "attention_forward", "attention_pays_off", "grouped_matmul_from_tokens", "grouped_matmul_to_tokens", "grouped_pays_off", "GROUP_TILE", "computed_once", "head_matrices", "head_matrix_kernel", "available", "has_kernel", "check_core", "load", "build", "compile_flags", "ARCH_ENV",
            "pays_off", "AUTO_MIN_FACTOR_ELEMENTS", "AUTO_MIN_ENV", "SCAN_AUTO_MIN_FACTOR",
            "library_path", "cache_dir", "num_threads", "CpuKernelUnavailable"]

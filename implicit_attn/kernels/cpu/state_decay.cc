@@ -2068,6 +2068,25 @@ ffi::Error PlaceChannelsImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> src, ffi
   return ffi::Error::Success();
 }
 
+// A fresh output of one value, written as the dense kernels write theirs (huge pages where Linux
+// gives them, parts of 64 Ki floats dealt to the threads in turn): the benchmarks' bound on writing
+// an output (XLA's own fill neither asks for huge pages nor uses every core).
+constexpr int64_t kFillPart = int64_t{1} << 16;
+
+ffi::Error FillImpl(ffi::ThreadPool xla, ffi::ResultBuffer<ffi::F32> out, float value, int64_t threads,
+                    int64_t huge_pages) {
+  const int64_t n = static_cast<int64_t>(out->element_count());
+  if (n == 0) return ffi::Error::Success();
+  float* o = out->typed_data();
+  if (huge_pages) advise_huge(o, static_cast<size_t>(n) * sizeof(float));
+  const int64_t items = (n + kFillPart - 1) / kFillPart;
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  run_threads(xla, nt, [&](int64_t t0) {
+    for (int64_t p = t0; p < items; p += nt) std::fill(o + p * kFillPart, o + std::min(n, (p + 1) * kFillPart), value);
+  });
+  return ffi::Error::Success();
+}
+
 // Mamba-1's selective scan (the block's forward, not its operator): per channel c and state n,
 //   h[n] = exp(dt[t,c] A[c,n]) h[n] + dt[t,c] u[t,c] Bm[t,n],   y[t,c] = sum_n h[n] Cm[t,n],
 // the arithmetic of the XLA sequential scan in the same order. A machine vector's channels
@@ -3226,6 +3245,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::Buffer<ffi::F32>>()   // w (E, R, K)
         .Ret<ffi::Buffer<ffi::F32>>()   // out (T, R)
         .Attr<int64_t>("threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaFill, FillImpl,
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
+        .Ret<ffi::Buffer<ffi::F32>>()   // out, any shape
+        .Attr<float>("value")
+        .Attr<int64_t>("threads")
+        .Attr<int64_t>("huge_pages"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaPlaceChannels, PlaceChannelsImpl,
