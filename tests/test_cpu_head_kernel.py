@@ -19,6 +19,7 @@ import pytest
 
 from implicit_attn.kernels import cpu
 from implicit_attn.operator import AttentionCore, ImplicitOperator, RwkvCore, resolve_impl
+from implicit_attn.operator.dispatch import blocked_reduce, sum_over_channels
 from implicit_attn.registry import FAMILIES
 
 B = 2
@@ -211,6 +212,37 @@ def test_attention_gradients_match_xla():
     loss = lambda c, impl: jnp.sum((cpu.cpu_dense(c, np.arange(4)) if impl == "cpu" else c.dense(jnp.arange(4))) * R)
     grads = [jax.grad(loss, allow_int=True)(core, impl) for impl in ("cpu", "xla")]
     assert rel(grads[0].q, grads[1].q) <= 1e-5 and rel(grads[0].k, grads[1].k) <= 1e-5
+
+
+@pytest.mark.parametrize("how", ["mean", "abs_mean", "pos_mean", "weighted"])
+def test_attention_reduce_forms_its_blocks_by_the_kernel(how):
+    """The reduce's channel blocks come from the dense kernel (its call in the compiled program),
+    in blocks of 3 heads (the last one padded), against the float64 sum over heads of
+    ``qw f(P) kw`` from the definition; its gradient in the queries equals the XLA reduce's."""
+    core = attention_core(45, heads=5, kv=1, window=20)
+    g = np.random.default_rng(3)
+    qw = jnp.asarray(g.standard_normal((B, 5, 45)), jnp.float32)
+    kw = jnp.asarray(g.standard_normal((B, 5, 45)), jnp.float32)
+    mode = {"mean": 0, "weighted": 0, "abs_mean": 1, "pos_mean": 2}[how]
+    f = jax.jit(lambda c, q, k: blocked_reduce(c, jnp.arange(5), q, k, mode, 3, dense=cpu.cpu_dense))
+    assert "implicit_attn_attention_dense" in f.lower(core, qw, kw).as_text()
+    P = softmax64(core)  # probabilities are >= 0: every mode is the identity on them
+    want = np.einsum("bhi,bhij,bhj->bij", np.asarray(qw, np.float64), P, np.asarray(kw, np.float64))
+    assert rel(f(core, qw, kw), want) <= 1e-5
+    got = cpu.cpu_reduce(core, np.arange(5), how, qw, kw)
+    assert rel(got, want) <= 1e-5
+    loss = lambda dense: (lambda c: jnp.sum(blocked_reduce(c, jnp.arange(5), qw, kw, mode, 3, dense=dense) ** 2))
+    grads = [jax.grad(loss(d), allow_int=True)(core) for d in (cpu.cpu_dense, None)]
+    assert rel(grads[0].q, grads[1].q) <= 1e-5 and rel(grads[0].k, grads[1].k) <= 1e-5
+
+
+def test_sum_over_channels_is_the_sum():
+    """The pairwise-halving channel sum at even, odd and single channel counts, against numpy."""
+    g = np.random.default_rng(4)
+    for c in (1, 2, 5, 8, 13):
+        x = g.standard_normal((2, c, 3, 4)).astype(np.float32)
+        np.testing.assert_allclose(np.asarray(sum_over_channels(jnp.asarray(x))), x.astype(np.float64).sum(1),
+                                   rtol=1e-6, atol=1e-6)
 
 
 def test_attention_kernel_exports_for_cpu():
