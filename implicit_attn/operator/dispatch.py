@@ -211,7 +211,8 @@ materialize_jit = jax.jit(
 def sum_over_channels(x):
     """``x.sum(axis=1)`` for ``x (B, c, ...)``, as halves added pairwise (an odd last channel first
     added to channel 0): XLA:CPU reduces over a non-minor axis one strided element at a time
-    (8 channels of 512 x 512: 5 ms, against 0.4 ms in halves)."""
+    (8 channels of 512 x 512: 5 ms, against 0.4 ms in halves; the XLA reduce of Mamba-1's
+    benchmark layer, 64 channels a block, 1.7-2.1 s against 2.9-3.0 s)."""
     while x.shape[1] > 1:
         if x.shape[1] % 2:
             x = jnp.concatenate([x[:, :1] + x[:, -1:], x[:, 1:-1]], axis=1)
