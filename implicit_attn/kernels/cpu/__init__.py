@@ -1092,7 +1092,7 @@ def fill(shape, value: float = 0.0):
     """A fresh float32 array of ``shape``, every element ``value``, written as the dense kernels
     write their outputs: on huge pages where Linux gives them (unless ``IMPLICIT_ATTN_HUGE_PAGES=0``),
     by ``num_threads()`` threads. The benchmarks' bound on producing an output of that size, which
-    XLA's ``jnp.full`` (4 KiB pages, one thread on this backend) overstates. Eager or under ``jit``;
+    XLA's ``jnp.full`` (on 4 KiB pages) overstates. Eager or under ``jit``;
     JAX's CPU backend and the kernel library only (the errors of ``impl="cpu"`` otherwise)."""
     _require()
     shape = tuple(int(n) for n in shape)

@@ -2070,7 +2070,7 @@ ffi::Error PlaceChannelsImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> src, ffi
 
 // A fresh output of one value, written as the dense kernels write theirs (huge pages where Linux
 // gives them, parts of 64 Ki floats dealt to the threads in turn): the benchmarks' bound on writing
-// an output (XLA's own fill neither asks for huge pages nor uses every core).
+// an output (XLA's own fill does not ask for huge pages).
 constexpr int64_t kFillPart = int64_t{1} << 16;
 
 ffi::Error FillImpl(ffi::ThreadPool xla, ffi::ResultBuffer<ffi::F32> out, float value, int64_t threads,
