@@ -116,15 +116,17 @@ def necessary_flops(core, L: int) -> float:
 
 def reduce_flops(core, L: int) -> float:
     """What ``reduce`` adds to ``necessary_flops``: every channel's causal entries combined over
-    its conv taps and weighted into the sum, ``(2 K + 2) C L (L + 1) / 2`` (``K`` 1 without a conv);
-    a ``ParallelCore`` sums its parts' (each slot of a repeated channel weighted once)."""
-    from implicit_attn.operator import ParallelCore
+    its conv taps and weighted into the sum, ``(2 K + 2) C L (L + 1) / 2`` (``K`` 1 without a conv;
+    attention: the entries its window reaches, ``window_entries``); a ``ParallelCore`` sums its
+    parts' (each slot of a repeated channel weighted once)."""
+    from implicit_attn.operator import AttentionCore, ParallelCore
 
     if isinstance(core, ParallelCore):  # each part with its own conv taps
         return sum(r * reduce_flops(p, L) for p, r in zip(core.parts, core.repeats))
     w = getattr(core, "conv_w", None)
     K = 1 if w is None else w.shape[-1]
-    return (2 * K + 2) * core.num_channels * L * (L + 1) / 2
+    entries = window_entries(L, core.window) if isinstance(core, AttentionCore) else L * (L + 1) / 2
+    return (2 * K + 2) * core.num_channels * entries
 
 
 def steady_seconds(fn, repeat: int) -> float:

@@ -19,7 +19,8 @@ def test_parallel_core_reduce_flops_count_each_parts_conv_taps():
 def test_attention_flops_count_the_entries_its_window_reaches():
     """Local attention (RecurrentGemma's quick shape, window 64): ``2 d`` FLOPs per head for every
     entry the probabilities can be nonzero at, counted from the core's own dense mask, below and
-    above the window length (the full square was counted before: twice the causal entries)."""
+    above the window length (the full square was counted before: twice the causal entries), and
+    the reduce's ``2 K + 2`` per head and reachable entry."""
     for L in (48, 150):
         core = layer_operator("recurrent_gemma", 2, L, quick=True).core
         H, d = core.q.shape[1], core.q.shape[-1]
@@ -27,4 +28,5 @@ def test_attention_flops_count_the_entries_its_window_reaches():
         visible = int(np.count_nonzero(np.asarray(core.dense(np.arange(H)))[0] > 0))
         assert visible == H * window_entries(L, 64)  # every reachable entry of a softmax is > 0
         assert necessary_flops(core, L) == 2 * d * visible
+        assert reduce_flops(core, L) == (2 * 1 + 2) * visible  # no conv: K = 1, one weight per head
     assert window_entries(48, 64) == 48 * 49 // 2 and window_entries(150, 64) == 64 * 65 // 2 + 86 * 64
