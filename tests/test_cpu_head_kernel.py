@@ -216,7 +216,7 @@ def test_attention_gradients_match_xla():
 
 @pytest.mark.parametrize("how", ["mean", "abs_mean", "pos_mean", "weighted"])
 def test_attention_reduce_forms_its_blocks_by_the_kernel(how):
-    """The reduce's channel blocks come from the dense kernel (its call in the compiled program),
+    """The library's reduce forms its channel blocks by the dense kernel (its call in the program),
     in blocks of 3 heads (the last one padded), against the float64 sum over heads of
     ``qw f(P) kw`` from the definition; its gradient in the queries equals the XLA reduce's."""
     core = attention_core(45, heads=5, kv=1, window=20)
@@ -225,7 +225,8 @@ def test_attention_reduce_forms_its_blocks_by_the_kernel(how):
     kw = jnp.asarray(g.standard_normal((B, 5, 45)), jnp.float32)
     mode = {"mean": 0, "weighted": 0, "abs_mean": 1, "pos_mean": 2}[how]
     f = jax.jit(lambda c, q, k: blocked_reduce(c, jnp.arange(5), q, k, mode, 3, dense=cpu.cpu_dense))
-    assert "implicit_attn_attention_dense" in f.lower(core, qw, kw).as_text()
+    library = jax.jit(lambda c, q, k: cpu.cpu_reduce(c, np.arange(5), how, q, k))
+    assert "implicit_attn_attention_dense" in library.lower(core, qw, kw).as_text()  # the library's path
     P = softmax64(core)  # probabilities are >= 0: every mode is the identity on them
     want = np.einsum("bhi,bhij,bhj->bij", np.asarray(qw, np.float64), P, np.asarray(kw, np.float64))
     assert rel(f(core, qw, kw), want) <= 1e-5
