@@ -153,10 +153,30 @@ inline void add_tile(const float* sum, int64_t rows, int64_t cols, float* out, i
 }
 
 // The conv of a row t of H (t[0] is column j0) over columns [j0, j1):
-// y[j - j0] = sum_s t[j + s] w[K-1-s].
+// y[j - j0] = sum_s t[j + s] w[K-1-s], written up to j1 - j0 rounded up to kW. Four vectors at a
+// time: each one's sum is a chain of K dependent adds, and one chain at a time left the adder
+// idle most cycles (the conv was the largest part of Mamba-1's materialize after the products);
+// each element's sum keeps its order.
 inline void head_conv(const float* w, int64_t K, const float* t, int64_t j0, int64_t j1,
                       float* y) {
-  for (int64_t J = 0; J < j1 - j0; J += kW) {
+  const int64_t n = j1 - j0;
+  int64_t J = 0;
+  for (; J + 4 * kW <= n; J += 4 * kW) {
+    vw a0 = splat<vw>(0.0f), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t s = 0; s < K; ++s) {
+      const vw ws = splat<vw>(w[K - 1 - s]);
+      const float* ts = t + J + s;
+      a0 += ws * load<vw>(ts);
+      a1 += ws * load<vw>(ts + kW);
+      a2 += ws * load<vw>(ts + 2 * kW);
+      a3 += ws * load<vw>(ts + 3 * kW);
+    }
+    store(y + J, a0);
+    store(y + J + kW, a1);
+    store(y + J + 2 * kW, a2);
+    store(y + J + 3 * kW, a3);
+  }
+  for (; J < n; J += kW) {
     vw v = splat<vw>(0.0f);
     for (int64_t s = 0; s < K; ++s) v += splat<vw>(w[K - 1 - s]) * load<vw>(t + J + s);
     store(y + J, v);
