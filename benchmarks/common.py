@@ -48,6 +48,26 @@ def timeit(fn, repeat: int = 3, warmup: int = 1, best: bool = False, warm_s: flo
     return ts[0] if best else ts[len(ts) // 2]
 
 
+def paired_seconds(fn, baseline, pairs: int = 9, wait=block) -> dict:
+    """``fn()`` and ``baseline()`` called in turn, ``pairs`` times each after one warm-up call of
+    each, in this process: a drift in the machine's speed (minutes apart, as separate processes
+    see it) touches both alike. Returns the medians ``fn_s`` and ``baseline_s``, the median of
+    the per-pair ratios ``ratio`` (baseline / fn) and the raw lists ``fn_all``, ``baseline_all``."""
+    if pairs < 1:
+        raise ValueError(f"pairs must be at least 1, got {pairs}")
+    wait(fn())
+    wait(baseline())
+    ts, bs = [], []
+    for _ in range(pairs):
+        for f, out in ((fn, ts), (baseline, bs)):
+            t = time.perf_counter()
+            wait(f())
+            out.append(time.perf_counter() - t)
+    med = lambda xs: sorted(xs)[len(xs) // 2]
+    return {"fn_s": med(ts), "baseline_s": med(bs), "ratio": med([b / t for t, b in zip(ts, bs)]),
+            "fn_all": ts, "baseline_all": bs}
+
+
 def fill_seconds(shape, time_fn) -> dict:
     """How long producing a fresh float32 array of ``shape`` takes, timed by ``time_fn(fn)``
     (each compiled before): ``xla`` by a jitted ``jnp.full`` (the bound the suite has used since
