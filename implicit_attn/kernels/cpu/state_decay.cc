@@ -259,7 +259,28 @@ void prepare(const Channel& ch, const Dims& d, Scratch& s) {
         kp[t * N + n] = in ? ch.k[t * N + n] * rt : 0.0f;
       }
     }
-    for (int64_t n = 0; n < N; ++n) {
+    // kW states at a time, their running products side by side (one state's is a chain of kQ
+    // dependent multiplies); the rest one by one, with the same products in the same order.
+    int64_t n0 = 0;
+    for (; n0 + kW <= N; n0 += kW) {
+      vw a[kQ], kd[kQ];
+      for (int64_t jj = 0; jj < kQ; ++jj)
+        for (int64_t l = 0; l < kW; ++l) a[jj][l] = dAT[(J * N + n0 + l) * kQ + jj];
+      vw p = splat<vw>(1.0f);
+      for (int64_t jj = 0; jj < kQ; ++jj) {
+        p *= a[jj];
+        const int64_t at = (J0 + jj) * N + n0;
+        store(qd + at, load<vw>(qp + at) * p);
+      }
+      p = splat<vw>(1.0f);
+      for (int64_t jj = kQ - 1; jj >= 0; --jj) {
+        kd[jj] = load<vw>(kp + (J0 + jj) * N + n0) * p;
+        p *= a[jj];
+      }
+      for (int64_t l = 0; l < kW; ++l)
+        for (int64_t jj = 0; jj < kQ; ++jj) kdT[(J * N + n0 + l) * kQ + jj] = kd[jj][l];
+    }
+    for (int64_t n = n0; n < N; ++n) {
       const float* a = dAT + (J * N + n) * kQ;
       float p = 1.0f;
       for (int64_t jj = 0; jj < kQ; ++jj) {
