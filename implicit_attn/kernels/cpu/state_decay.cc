@@ -225,6 +225,50 @@ struct ChunkState {
   }
 };
 
+// Chunk J's running decay products for states [0, N), the decay of state n at the chunk's step jj
+// at a[jj sj + n sn]: qd[(J0 + jj) N + n] = qp[(J0 + jj) N + n] times the product through step jj,
+// kdT[(J N + n) kQ + jj] = kp[(J0 + jj) N + n] times the product after it to the chunk's end, and
+// tot[n] (if given) the whole chunk's. kW states at a time, their products side by side (one
+// state's is a chain of kQ dependent multiplies); the rest one by one, the same products in the
+// same order.
+void running_products(int64_t J, int64_t N, const float* a, int64_t sj, int64_t sn, const float* qp,
+                      const float* kp, float* qd, float* kdT, float* tot) {
+  const int64_t J0 = J * kQ;
+  int64_t n0 = 0;
+  for (; n0 + kW <= N; n0 += kW) {
+    vw an[kQ], kd[kQ];
+    for (int64_t jj = 0; jj < kQ; ++jj)
+      for (int64_t l = 0; l < kW; ++l) an[jj][l] = a[jj * sj + (n0 + l) * sn];
+    vw p = splat<vw>(1.0f);
+    for (int64_t jj = 0; jj < kQ; ++jj) {
+      p *= an[jj];
+      const int64_t at = (J0 + jj) * N + n0;
+      store(qd + at, load<vw>(qp + at) * p);
+    }
+    if (tot) store(tot + n0, p);
+    p = splat<vw>(1.0f);
+    for (int64_t jj = kQ - 1; jj >= 0; --jj) {
+      kd[jj] = load<vw>(kp + (J0 + jj) * N + n0) * p;
+      p *= an[jj];
+    }
+    for (int64_t l = 0; l < kW; ++l)
+      for (int64_t jj = 0; jj < kQ; ++jj) kdT[(J * N + n0 + l) * kQ + jj] = kd[jj][l];
+  }
+  for (int64_t n = n0; n < N; ++n) {
+    float p = 1.0f;
+    for (int64_t jj = 0; jj < kQ; ++jj) {
+      p *= a[jj * sj + n * sn];
+      qd[(J0 + jj) * N + n] = qp[(J0 + jj) * N + n] * p;
+    }
+    if (tot) tot[n] = p;
+    p = 1.0f;
+    for (int64_t jj = kQ - 1; jj >= 0; --jj) {
+      kdT[(J * N + n) * kQ + jj] = kp[(J0 + jj) * N + n] * p;
+      p *= a[jj * sj + n * sn];
+    }
+  }
+}
+
 // The per-chunk factors of one channel (padding past L: dt 0, q k 0).
 void prepare(const Channel& ch, const Dims& d, Scratch& s) {
   const int64_t L = d.L, N = d.N;
@@ -259,40 +303,7 @@ void prepare(const Channel& ch, const Dims& d, Scratch& s) {
         kp[t * N + n] = in ? ch.k[t * N + n] * rt : 0.0f;
       }
     }
-    // kW states at a time, their running products side by side (one state's is a chain of kQ
-    // dependent multiplies); the rest one by one, with the same products in the same order.
-    int64_t n0 = 0;
-    for (; n0 + kW <= N; n0 += kW) {
-      vw a[kQ], kd[kQ];
-      for (int64_t jj = 0; jj < kQ; ++jj)
-        for (int64_t l = 0; l < kW; ++l) a[jj][l] = dAT[(J * N + n0 + l) * kQ + jj];
-      vw p = splat<vw>(1.0f);
-      for (int64_t jj = 0; jj < kQ; ++jj) {
-        p *= a[jj];
-        const int64_t at = (J0 + jj) * N + n0;
-        store(qd + at, load<vw>(qp + at) * p);
-      }
-      p = splat<vw>(1.0f);
-      for (int64_t jj = kQ - 1; jj >= 0; --jj) {
-        kd[jj] = load<vw>(kp + (J0 + jj) * N + n0) * p;
-        p *= a[jj];
-      }
-      for (int64_t l = 0; l < kW; ++l)
-        for (int64_t jj = 0; jj < kQ; ++jj) kdT[(J * N + n0 + l) * kQ + jj] = kd[jj][l];
-    }
-    for (int64_t n = n0; n < N; ++n) {
-      const float* a = dAT + (J * N + n) * kQ;
-      float p = 1.0f;
-      for (int64_t jj = 0; jj < kQ; ++jj) {
-        p *= a[jj];
-        qd[(J0 + jj) * N + n] = qp[(J0 + jj) * N + n] * p;
-      }
-      p = 1.0f;
-      for (int64_t jj = kQ - 1; jj >= 0; --jj) {
-        kdT[(J * N + n) * kQ + jj] = kp[(J0 + jj) * N + n] * p;
-        p *= a[jj];
-      }
-    }
+    running_products(J, N, dAT + J * N * kQ, 1, kQ, qp, kp, qd, kdT, nullptr);
   }
 }
 
@@ -2818,25 +2829,10 @@ void prepare_decays(const float* q, const float* k, const float* lw, bool after,
   }
   for (int64_t J = 0; J < nc; ++J) {
     const int64_t J0 = J * kQ;
-    for (int64_t n = 0; n < Np; ++n) {
-      if (n >= N) {
-        tot[J * Np + n] = 1.0f;
-        continue;
-      }
-      float* a = dAT + (J * N + n) * kQ;
-      float p = 1.0f;
-      for (int64_t jj = 0; jj < kQ; ++jj) {
-        a[jj] = e[(J0 + jj) * Np + n];
-        p *= a[jj];
-        qd[(J0 + jj) * N + n] = qp[(J0 + jj) * N + n] * p;
-      }
-      tot[J * Np + n] = p;
-      p = 1.0f;
-      for (int64_t jj = kQ - 1; jj >= 0; --jj) {
-        kdT[(J * N + n) * kQ + jj] = kp[(J0 + jj) * N + n] * p;
-        p *= a[jj];
-      }
-    }
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t jj = 0; jj < kQ; ++jj) dAT[(J * N + n) * kQ + jj] = e[(J0 + jj) * Np + n];
+    running_products(J, N, e + J0 * Np, Np, 1, qp, kp, qd, kdT, tot + J * Np);
+    std::fill(tot + J * Np + N, tot + (J + 1) * Np, 1.0f);
   }
 }
 
