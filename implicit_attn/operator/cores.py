@@ -546,7 +546,7 @@ class RwkvCore(OperatorCore):
         """``(B, len(idx), L, L)`` float32 operators of channels ``idx``."""
         P = softmax_decay_rows(jnp.take(self.k, idx, axis=1), self.w[idx], self.u[idx])
         if self.gate is not None:
-            P = jnp.take(self.gate, idx, axis=1)[..., :, None] * P
+            P = keep_causal(jnp.take(self.gate, idx, axis=1)[..., :, None] * P)  # a NaN gate: zeros stay above
         return P
 
 

@@ -43,9 +43,11 @@ def attention_probs(q, k, seg, window: int):
       ``(B, h, L, L)`` float32 rows summing to 1, exact zeros where masked.
     """
     logits = jnp.einsum("bhid,bhjd->bhij", q.astype(jnp.float32), k.astype(jnp.float32))
-    logits = jnp.where(attention_mask(seg, window), logits, -jnp.inf)
-    # The diagonal is always visible, so no row is all -inf.
-    return jax.nn.softmax(logits, axis=-1)
+    mask = attention_mask(seg, window)
+    logits = jnp.where(mask, logits, -jnp.inf)
+    # The diagonal is always visible, so no row is all -inf. where(): a NaN logit makes its
+    # whole row NaN, the masked entries too (exp(-inf - NaN)); they stay exact zeros.
+    return jnp.where(mask, jax.nn.softmax(logits, axis=-1), 0.0)
 
 
 def query_blocks(L: int, window: int, rows: int = 128, most: int = 8) -> list[tuple[int, int, int]]:
@@ -112,7 +114,7 @@ def softmax_decay_rows(k, w, u):
     l = jnp.where(j <= i, rel + k.astype(f32)[:, :, None, :], -jnp.inf)
     top = jax.lax.stop_gradient(jnp.max(l, axis=-1, keepdims=True))  # finite: diagonal is there
     e = jnp.exp(l - top)
-    return e / jnp.sum(e, axis=-1, keepdims=True)
+    return jnp.where(j <= i, e / jnp.sum(e, axis=-1, keepdims=True), 0.0)  # a NaN row: zeros stay above
 
 
 __all__ = ["visible", "attention_mask", "attention_probs", "query_blocks", "attention_output", "softmax_decay_rows"]
