@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import implicit_attn as ia
-from implicit_attn.kernels import cpu
+from implicit_attn.kernels import cpu, pallas
 from implicit_attn.operator import base
 from implicit_attn.operator.base import relative_error
 from implicit_attn.registry import FAMILIES
@@ -104,6 +104,37 @@ def test_nan_at_t_leaves_rows_before_t_of_h_and_outputs_unchanged(model_type):
         # H v: a NaN value at T times the exact zeros of rows before T counts as 0, as in the block
         applied, applied0 = np.asarray(poisoned.apply()), np.asarray(clean.apply())
         np.testing.assert_allclose(applied[:, :, :T], applied0[:, :, :T], atol=1e-6, err_msg=f"layer {i}")
+
+
+# One family per core with a Pallas kernel: Mamba-1's per-state decay, Mamba-2's heads (q k^T
+# and the conv), Griffin's RG-LRU, RWKV-4's WKV, the delta rule and RWKV-7's DPLR.
+PALLAS_CORES = {"mamba": "StateDecayCore", "mamba2": "Mamba2Core", "recurrent_gemma": "ScalarDecayCore",
+                "rwkv": "RwkvCore", "qwen3_next": "DeltaRuleCore", "rwkv7": "DplrCore"}
+
+
+@pytest.mark.parametrize("model_type", sorted(PALLAS_CORES))
+def test_pallas_kernels_keep_nan_causal(model_type):
+    """The Pallas kernels (interpret mode here; on a GPU the same tiles compiled) with NaN in
+    the mixer input at ``T``: rows before ``T`` of ``materialize`` and ``reduce`` as without
+    it, exact zeros above the diagonal, and NaN exactly where the XLA path has NaN, with its
+    values elsewhere. Their matmuls (in-tile segment sums, the conv's bands) once multiplied a
+    later NaN by zeros into every row of the tile (found on an H200)."""
+    _, model = tiny(model_type)
+    seen = set()
+    for i, clean, poisoned in operators_with_nan(model, 2):
+        if not pallas.has_kernel(poisoned.core):
+            continue
+        seen.add(type(poisoned.core).__name__)
+        H, H0 = (np.asarray(op.materialize(impl="pallas")) for op in (poisoned, clean))
+        Hx = np.asarray(poisoned.materialize(impl="xla"))
+        assert np.isnan(H).any() == np.isnan(Hx).any(), f"layer {i}"  # (the delta rule's H has none)
+        np.testing.assert_array_equal(H[:, :, :T], H0[:, :, :T], err_msg=f"layer {i}")
+        assert not np.triu(H, 1).any(), f"layer {i}"  # NaN is nonzero: none above the diagonal
+        np.testing.assert_array_equal(np.isnan(H), np.isnan(Hx), err_msg=f"layer {i}")
+        np.testing.assert_allclose(H, Hx, atol=1e-5, err_msg=f"layer {i}")  # NaN where Hx has NaN
+        r, r0 = (np.asarray(op.reduce("abs_mean", impl="pallas")) for op in (poisoned, clean))
+        np.testing.assert_array_equal(r[:, :T], r0[:, :T], err_msg=f"layer {i}")
+    assert seen == {PALLAS_CORES[model_type]}, seen
 
 
 def test_apply_in_blocks_and_under_jit_keeps_the_nan_rule(monkeypatch):

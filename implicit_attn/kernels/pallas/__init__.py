@@ -64,14 +64,14 @@ def _kernels(target: calls.Target, tile: int):
         plan = planned(core, idx)
         if plan.kind == "head_matrices":
             return with_matrices(core, plan).dense(idx)
-        return calls.materialize(plan, target)
+        return calls.nan_safe_call(plan, lambda p: calls.materialize(p, target))
 
     def reduce(core, idx, mode, qw, kw):
         plan = planned(core, idx)
         if plan.kind == "head_matrices":
             B, n, L = qw.shape
             return blocked_reduce(with_matrices(core, plan), idx, qw, kw, mode, block_size(n, B, L, None))
-        return calls.reduce(plan, mode, qw, kw, target)
+        return calls.nan_safe_call(plan, lambda p: calls.reduce(p, mode, qw, kw, target))
 
     return dense, reduce
 

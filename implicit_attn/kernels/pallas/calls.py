@@ -185,9 +185,10 @@ def _pre_tile(R: _Tile, I, Jx, side):
     if plan.kind == "softmax":
         lg = tiles.decay_rows_logits(R.row("k", side), R.param("w"), R.param("u"), I * T, Jx * T, T)
         H = jnp.exp(lg - R.col("m")) / R.col("z")
-        return R.col("gate") * H if R.has("gate") else H
-    if plan.kind == "scalar":
-        H = tiles.scalar_decay(R.col("t"), R.col("P"), R.mid(Jx), R.row("S", side), is_diag)
+        if R.has("gate"):
+            H = R.col("gate") * H
+    elif plan.kind == "scalar":
+        H = tiles.scalar_decay(R.col("t"), R.col("P"), R.mid(Jx), R.row("S", side), is_diag, plan.nan_safe)
         if R.has("q"):
             H = H * R.qk(side)
         if R.has("left"):
@@ -202,10 +203,10 @@ def _pre_tile(R: _Tile, I, Jx, side):
             k = k * R.col("right_col", side)
             kT = kT * R.row("right", side)
         H = tiles.state_decay(q, k, kT, R.param("A"), R.col("t"), R.col("P"), R.mid(Jx),
-                              R.col("S_col", side), is_diag)
+                              R.col("S_col", side), is_diag, plan.nan_safe)
     if R.has("diag"):
         H = tiles.add_diagonal(H, R.col("diag"), is_diag)
-    return H
+    return tiles.keep_lower(H, is_diag)  # before the conv, which reads entries above the diagonal
 
 
 def _tile(R: _Tile, I, J):
@@ -215,12 +216,31 @@ def _tile(R: _Tile, I, J):
         H = _pre_tile(R, I, J, "j0")
     else:
         M0, M1 = tiles.conv_bands(R.param("conv_w"), plan.conv, T)
-        H = tiles.dot(_pre_tile(R, I, J, "j0"), M0)
-        H = H + jax.lax.cond(J + 1 <= I, lambda: tiles.dot(_pre_tile(R, I, J + 1, "j1"), M1),
+        B0, B1 = tiles.conv_reach(plan.conv, T)
+
+        def band(H, M, reach):  # nan_safe: a NaN of H reaches only the columns the conv reads it into
+            return tiles.nan_matmul(H, M, reach, 0) if plan.nan_safe else tiles.dot(H, M)
+
+        H = band(_pre_tile(R, I, J, "j0"), M0, B0)
+        H = H + jax.lax.cond(J + 1 <= I, lambda: band(_pre_tile(R, I, J + 1, "j1"), M1, B1),
                              lambda: jnp.zeros((T, T), f32))
     if R.has("seg_col"):
         H = jnp.where(R.shared("seg_col", "i") == R.shared("seg_row", "j0"), H, 0.0)
     return H
+
+
+def has_nan(plan: Plan):
+    """Traced bool: whether any float input of the plan's tiles holds a NaN (then the kernels
+    take the NaN-safe tiles, ``Plan.nan_safe``)."""
+    arrays = [*plan.vec.values(), plan.mid, *plan.param.values(), *plan.shared.values()]
+    flags = [jnp.isnan(x).any() for x in arrays if x is not None and jnp.issubdtype(x.dtype, jnp.floating)]
+    return jnp.any(jnp.stack(flags)) if flags else jnp.asarray(False)
+
+
+def nan_safe_call(plan: Plan, call):
+    """``call(plan)`` with the NaN-safe tiles where the plan's inputs hold a NaN, the plain ones
+    (fewer matmuls) elsewhere: the two kernels under one ``lax.cond``."""
+    return jax.lax.cond(has_nan(plan), lambda: call(dataclasses.replace(plan, nan_safe=True)), lambda: call(plan))
 
 
 def _plan_inputs(plan: Plan, Cb: int) -> _Inputs:
@@ -403,11 +423,6 @@ def _source_identity(on_diag, T):
     return jnp.where(on_diag & (tiles.iota2((T, T), 0) == tiles.iota2((T, T), 1)), 1.0, 0.0)
 
 
-def _keep_lower(O, on_diag):
-    T = O.shape[0]
-    return jnp.where(on_diag & (tiles.iota2((T, T), 1) > tiles.iota2((T, T), 0)), 0.0, O)
-
-
 def _delta_tile(on_diag, S, decay, q_in, k_in, k_out, qk, solve):
     """One step of the delta rule's chunk recurrence for a source stripe: the ``(T, T)`` tile
     ``(I, J)`` of ``M`` and the stripe's state after chunk ``I >= J``.
@@ -418,7 +433,7 @@ def _delta_tile(on_diag, S, decay, q_in, k_in, k_out, qk, solve):
     the solved ``T^{-1} diag(b)``)."""
     U = tiles.dot(solve, _source_identity(on_diag, qk.shape[0]) - tiles.dot_t(k_in, S))  # writes, one column per source
     O = tiles.dot_t(q_in, S) + tiles.dot(qk, U)
-    return _keep_lower(O, on_diag), decay * S + tiles.dot(jnp.transpose(U), k_out)
+    return tiles.keep_lower(O, on_diag), decay * S + tiles.dot(jnp.transpose(U), k_out)
 
 
 def _dplr_tile(on_diag, S, decay, q_in, k_out, qk, *low_rank):
@@ -434,7 +449,7 @@ def _dplr_tile(on_diag, S, decay, q_in, k_out, qk, *low_rank):
         X = tiles.dot(solve, tiles.dot_t(a_in, S) + at_diag(ak))  # rows x_t = S_{t-1} a_t, one column per source
         O = O + tiles.dot(qb, X)
         S_next = S_next + tiles.dot(jnp.transpose(X), b_out)
-    return _keep_lower(O, on_diag), S_next
+    return tiles.keep_lower(O, on_diag), S_next
 
 
 def head_matrices(plan: HeadMatrixPlan, target: Target):

@@ -75,6 +75,8 @@ class Plan:
       shared: name -> per-example arrays: ``q, k`` (``(B, G, Lp, N)`` scalar kind,
         ``(B, Lp, N)`` state kind; ``N`` padded to >= 16, a power of two), ``seg (B, Lp)``.
       conv: the conv width ``K`` (0: no conv).
+      nan_safe: the tiles keep NaN where the elementwise form has it (two matmuls where one
+        does otherwise; ``calls.nan_safe_call`` picks them for inputs that hold a NaN).
     """
 
     kind: str
@@ -85,6 +87,7 @@ class Plan:
     param: dict
     shared: dict
     conv: int = 0
+    nan_safe: bool = False
 
     @property
     def Lp(self) -> int:

@@ -53,13 +53,40 @@ def dot_t(a, b):
                                preferred_element_type=f32)
 
 
-def diag_segment(t_col):
+def keep_lower(H, is_diag):
+    """``H (T, T)`` with exact zeros above the diagonal on a diagonal tile (``is_diag``, traced
+    bool): a zero decay times a later NaN factor is NaN there (``ops.keep_causal``)."""
+    T = H.shape[0]
+    return jnp.where(is_diag & (iota2((T, T), 1) > iota2((T, T), 0)), 0.0, H)
+
+
+def nan_matmul(a, b, reach, nan_in: int):
+    """``a @ b`` where a NaN of operand ``nan_in`` (0: ``a``, 1: ``b``) enters only the entries
+    the elementwise form reaches: ``(R, K) @ (K, C)``.
+
+    A matmul multiplies every entry by zeros of the other operand too (``0 * NaN = NaN``).
+    Here NaN entries count as 0 in the product, and an entry is NaN where a NaN meets the
+    other operand's pattern ``reach`` (a bool array of its shape: the entries the elementwise
+    form multiplies, zero weights included). Two matmuls: the kernels take this form only for
+    inputs that hold a NaN (``Plan.nan_safe``)."""
+    x = (a, b)[nan_in]
+    nan = jnp.isnan(x)
+    flag, pattern = jnp.where(nan, 1.0, 0.0), jnp.where(reach, 1.0, 0.0)
+    clean = jnp.where(nan, 0.0, x)
+    hit, y = (dot(flag, pattern), dot(clean, b)) if nan_in == 0 else (dot(pattern, flag), dot(a, clean))
+    return jnp.where(hit > 0, jnp.nan, y)
+
+
+def diag_segment(t_col, nan_safe: bool = False):
     """In-tile segment sums ``seg[i, j] = sum_{k=j+1..i} t_k`` of a ``(T, 1)`` column of
-    increments: ``(T, T)``, ``-inf`` above the diagonal. One masked ``(T, T)`` matmul."""
+    increments: ``(T, T)``, ``-inf`` above the diagonal. One masked ``(T, T)`` matmul, which
+    puts a NaN increment into every row; ``nan_safe``: NaN exactly in the segments that hold
+    one (``nan_matmul``)."""
     T = t_col.shape[0]
-    lower = (iota2((T, T), 1) <= iota2((T, T), 0)).astype(f32)  # [i, k]: k <= i
+    lower = iota2((T, T), 1) <= iota2((T, T), 0)  # [i, k]: k <= i
     after = jnp.where(iota2((T, T), 0) > iota2((T, T), 1), jnp.maximum(t_col, NEG_BIG), 0.0)  # [k, j]
-    s = dot(lower, after)
+    ones = jnp.where(lower, 1.0, 0.0)
+    s = nan_matmul(ones, after, lower, 1) if nan_safe else dot(ones, after)
     return jnp.where(iota2((T, T), 0) >= iota2((T, T), 1), s, -jnp.inf)
 
 
@@ -69,19 +96,19 @@ def add_diagonal(H, d_col, is_diag):
     return H + jnp.where(on, d_col, 0.0)
 
 
-def scalar_decay(t_col, P_col, mid, S_row, is_diag):
+def scalar_decay(t_col, P_col, mid, S_row, is_diag, nan_safe: bool = False):
     """``exp(T[i, j])`` for one tile of a scalar log decay: ``(T, T)``.
 
     Args:
       t_col, P_col: ``(T, 1)`` log decays and inclusive prefix sums of the row tile.
       mid: ``(1, 1)`` sum of the tiles between; S_row: ``(1, T)`` suffix sums of the column
         tile (both ignored on the diagonal).
-      is_diag: traced bool, row tile == column tile.
+      is_diag: traced bool, row tile == column tile; nan_safe: see ``diag_segment``.
     """
-    return jnp.exp(jax.lax.cond(is_diag, lambda: diag_segment(t_col), lambda: P_col + mid + S_row))
+    return jnp.exp(jax.lax.cond(is_diag, lambda: diag_segment(t_col, nan_safe), lambda: P_col + mid + S_row))
 
 
-def state_decay(q, k, kT, A_row, t_col, P_col, mid, S_col, is_diag):
+def state_decay(q, k, kT, A_row, t_col, P_col, mid, S_col, is_diag, nan_safe: bool = False):
     """``sum_n q[i, n] k[j, n] exp(A[n] T[i, j])`` for one tile (Mamba-1's per-state decay).
 
     Args:
@@ -95,8 +122,8 @@ def state_decay(q, k, kT, A_row, t_col, P_col, mid, S_col, is_diag):
       ``<= 1``) into one matmul; on it a loop over the states.
     """
     def diag():
-        seg = diag_segment(t_col)
-        lower = seg > -jnp.inf
+        seg = diag_segment(t_col, nan_safe)
+        lower = iota2(seg.shape, 0) >= iota2(seg.shape, 1)  # (not seg > -inf: False for NaN)
         s0 = jnp.where(lower, seg, 0.0)
 
         def one(n, acc):
@@ -128,6 +155,13 @@ def conv_bands(w_row, K: int, T: int):
         M0 = jnp.where(d0 == s, ws, M0)
         M1 = jnp.where(d0 + T == s, ws, M1)
     return M0, M1
+
+
+def conv_reach(K: int, T: int):
+    """Where ``conv_bands``' ``M0, M1`` may be nonzero (``0 <= a-b <= K-1``, zero weights
+    included): ``(T, T)`` bool each, for ``nan_matmul``."""
+    d0 = iota2((T, T), 0) - iota2((T, T), 1)
+    return (d0 >= 0) & (d0 <= K - 1), (d0 + T >= 0) & (d0 + T <= K - 1)
 
 
 def decay_rows_logits(k_row, w, u, I0, J0, T: int):
