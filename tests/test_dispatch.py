@@ -115,6 +115,7 @@ def test_entry_points_trace_full_float32_products(op):
         assert all(pr is not None and all(x == highest for x in pr) for pr in precisions), precisions
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="impl=\"auto\" picks the CPU kernels on CPU only")
 def test_auto_skips_the_cpu_kernels_below_their_size_and_never_builds_for_a_small_operator(op, monkeypatch):
     """On CPU, ``impl="auto"`` takes the fused kernels only from ``AUTO_MIN_FACTOR_ELEMENTS``
     factor elements up: a small operator resolves to XLA without asking whether the library
