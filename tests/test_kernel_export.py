@@ -28,8 +28,9 @@ from kernel_cores import BUILDERS
 TRITON = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
 KERNEL_CALL = {"cuda": "__gpu$xla.gpu.triton", "tpu": "tpu_custom_call"}
 # Per pallas_call: the tile kernels come twice, plain and NaN-safe under one lax.cond
-# (kernels.pallas.calls.nan_safe_call); RWKV-4 runs a row-statistics kernel before them.
-CALLS = {"rwkv": 3}
+# (kernels.pallas.calls.nan_safe_call), except RWKV-4's, whose tiles have no matmul to spread a
+# NaN; it runs a row-statistics kernel before its tile kernel.
+CALLS = {"rwkv": 2}
 # The head-matrix kernels (delta rule, DPLR) are the chunk recurrence giving every head's (Lp, Lp)
 # matrix; their O(L C) chunk factors (exps of in-chunk decays) are XLA, so exps outside the call
 # are expected.

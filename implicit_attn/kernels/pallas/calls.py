@@ -239,7 +239,10 @@ def has_nan(plan: Plan):
 
 def nan_safe_call(plan: Plan, call):
     """``call(plan)`` with the NaN-safe tiles where the plan's inputs hold a NaN, the plain ones
-    (fewer matmuls) elsewhere: the two kernels under one ``lax.cond``."""
+    (fewer matmuls) elsewhere: the two kernels under one ``lax.cond``. Tiles without a matmul
+    that could spread a NaN (no in-tile segment sums, no conv: RWKV-4's) are one kernel."""
+    if plan.kind == "softmax" and not plan.conv:
+        return call(plan)
     return jax.lax.cond(has_nan(plan), lambda: call(dataclasses.replace(plan, nan_safe=True)), lambda: call(plan))
 
 
