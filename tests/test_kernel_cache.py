@@ -12,6 +12,7 @@ fresh interpreter, so a crash there fails the test instead of killing pytest.
 """
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -68,19 +69,25 @@ def libs(tmp_path_factory):
     return good, empty
 
 
-def fake_compiler(path: Path, payload: Path, version: str = "fakecc 1.0") -> Path:
+def fake_compiler(path: Path, payload: Path, version: str = "fakecc 1.0", seconds: float = 0.0) -> Path:
     """An executable at ``path`` that answers ``--version`` with ``version`` and otherwise
-    copies ``payload`` to its ``-o`` argument, appending a line to ``$FAKECC_LOG``."""
+    waits ``seconds`` and copies ``payload`` to its ``-o`` argument, appending a line to
+    ``$FAKECC_LOG``: ``build`` where it makes the library, ``object <-D names>`` where it
+    compiles a part of it (``-c``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(textwrap.dedent(f"""\
         #!{sys.executable}
-        import os, shutil, sys
+        import os, shutil, sys, time
         args = sys.argv[1:]
         if args == ["--version"]:
             print({version!r})
             sys.exit(0)
+        time.sleep({seconds!r})
         with open(os.environ["FAKECC_LOG"], "a") as f:
-            f.write("build\\n")
+            if "-c" in args:
+                f.write("object " + " ".join(a[2:] for a in args if a.startswith("-D")) + "\\n")
+            else:
+                f.write("build\\n")
         shutil.copyfile({str(payload)!r}, args[args.index("-o") + 1])
     """))
     path.chmod(0o755)
@@ -127,6 +134,12 @@ def builds(log: Path) -> int:
     return log.read_text().count("build") if log.exists() else 0
 
 
+def objects(log: Path) -> list[set[str]]:
+    """The ``-D`` names of each part the stand-in compiled (``-c``), in the order it did."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [set(line.split()[1:]) for line in lines if line.startswith("object")]
+
+
 def test_a_truncated_cached_library_is_rebuilt_not_loaded(libs, stand_in, tmp_path):
     """Half of the cached library (an interrupted copy, a full disk): loading it killed the
     interpreter with SIGBUS, in every later process too. A fresh process now checks it
@@ -143,8 +156,9 @@ def test_a_truncated_cached_library_is_rebuilt_not_loaded(libs, stand_in, tmp_pa
     assert lib.read_bytes() == data and cache.verified_bytes(lib) == data
     record = json.loads(cache.sidecar_path(lib).read_text())
     assert record["size"] == len(data) and "fakecc 1.0" in record["compiler"]
-    # both files were replaced atomically: no temporary files are left behind
-    assert sorted(p.name for p in lib.parent.iterdir()) == sorted([lib.name, cache.sidecar_path(lib).name])
+    # both files were replaced atomically: no temporary files are left behind (the lock file stays)
+    assert sorted(p.name for p in lib.parent.iterdir()) == sorted([lib.name, cache.sidecar_path(lib).name,
+                                                                   lib.with_suffix(".lock").name])
 
 
 @pytest.mark.parametrize("damage", ["garbage", "no_symbols", "no_record", "bad_record"])
@@ -217,6 +231,55 @@ def test_the_compiler_identity_is_part_of_the_cache_key(libs, tmp_path, monkeypa
     assert len(set(paths)) == 3, paths
     assert cpu.build() == paths[2] and cpu.build() == paths[2]
     assert (tmp_path / "log").read_text().count("build") == 1  # the second call found it verified
+
+
+def test_the_handlers_split_into_parts_that_cover_the_source_once():
+    """Every handler of ``state_decay.cc`` is guarded by its own ``IA_<symbol>`` and falls in
+    exactly one part, whatever the number of cores; parts stay within 1.5x of each other in
+    handlers."""
+    source = (Path(cpu.__file__).with_name("state_decay.cc")).read_text()
+    handlers = re.findall(r"#if !IA_PARTIAL \|\| IA_(\w+)\nXLA_FFI_DEFINE_HANDLER_SYMBOL\(\s*(\w+),", source)
+    assert handlers and all(a == b for a, b in handlers)
+    assert len(handlers) == source.count("XLA_FFI_DEFINE_HANDLER_SYMBOL(")
+    every = {f"IA_{name}" for name, _ in handlers}
+    assert cpu.build_parts(0) == cpu.build_parts(1) == []
+    for n in range(2, 12):
+        parts = cpu.build_parts(n)
+        assert len(parts) == min(n, cpu.MAX_BUILD_PARTS)
+        assert all(p[0] == "IA_PARTIAL" for p in parts)
+        names = [name for p in parts for name in p[1:]]
+        assert sorted(names) == sorted(every), n
+        sizes = [len(p) - 1 for p in parts]
+        assert max(sizes) <= 1.5 * min(sizes), sizes
+
+
+def test_a_build_in_parts_compiles_them_side_by_side_then_links(libs, stand_in, monkeypatch):
+    """With 3 cores the source is compiled 3 times (``-c``, one part's macros each) and the
+    objects are linked into the one library; with 1 core it is compiled whole."""
+    monkeypatch.setattr(cache, "usable_cores", lambda: 3)
+    lib = cpu.build()
+    assert builds(stand_in) == 1 and cache.verified_bytes(lib) == libs[0].read_bytes()
+    assert sorted(map(sorted, objects(stand_in))) == sorted(map(sorted, map(set, cpu.build_parts(3))))
+    stand_in.unlink()
+    lib.unlink()
+    monkeypatch.setattr(cache, "usable_cores", lambda: 1)
+    assert cpu.build() == lib and builds(stand_in) == 1 and objects(stand_in) == []
+
+
+def test_processes_needing_one_library_build_it_once(libs, stand_in, tmp_path):
+    """Two processes that start together on an empty cache: one builds (a stand-in taking 1 s
+    a call), the other waits on the lock beside the library and loads that build; before,
+    each compiled the whole library (two test workers: 30 s of both cores)."""
+    script = tmp_path / "build.py"
+    script.write_text("from implicit_attn.kernels import cpu\nprint(cpu.build())\n")
+    slow = fake_compiler(tmp_path / "slow" / "c++", libs[0], seconds=1.0)
+    env = {**os.environ, "CXX": str(slow)}
+    children = [subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
+                for _ in range(2)]
+    paths = {child.communicate(timeout=300)[0].strip() for child in children}
+    assert all(child.returncode == 0 for child in children)
+    assert len(paths) == 1 and builds(stand_in) == 1
+    assert cache.verified_bytes(Path(paths.pop())) == libs[0].read_bytes()
 
 
 def test_an_unusable_cache_dir_falls_back_to_a_private_temp_dir(libs, tmp_path, monkeypatch):

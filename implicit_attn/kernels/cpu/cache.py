@@ -14,10 +14,14 @@ were checked are the bytes that get loaded: on Linux they are copied into an ano
 memory file (``memfd``) and that is ``dlopen``-ed, so nothing can change or truncate the
 library between the check and the load (a library truncated under its mapping kills the
 process with SIGBUS); elsewhere a private temporary copy is loaded. No file that was not
-verified is ever loaded.
+verified is ever loaded. Processes that need the same library build it once: the build holds
+an ``flock`` on ``implicit_attn_cpu_<key>.lock`` beside it, and a process that waited there finds
+the build verified. A source may be compiled in parts side by side and linked
+(``build_library(parts=...)``).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import hashlib
@@ -30,6 +34,11 @@ import subprocess
 import tempfile
 import warnings
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 # The memfds holding loaded libraries stay open for the life of the process: glibc
 # recognises an already-loaded library by its path, so a reused ``/proc/self/fd/N`` would
@@ -208,17 +217,70 @@ def verified_bytes(lib: Path) -> bytes | None:
     return None
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def _exclusive(lock: Path):
+    """Holds an exclusive ``flock`` on ``lock`` (created if needed) inside the block: processes
+    that need the same library wait for one build instead of each compiling it. A no-op where
+    ``fcntl`` is missing (Windows)."""
+    if fcntl is None:
+        yield
+        return
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _compile(cmds: list[list[str]]) -> None:
+    """Run the compiler commands side by side, at most ``usable_cores()`` at once; raises
+    ``CpuKernelUnavailable`` with the first failure's command and message."""
+    pending, running, failed = list(cmds), [], None
+    try:
+        while (pending and failed is None) or running:
+            while pending and failed is None and len(running) < usable_cores():
+                cmd = pending.pop(0)
+                running.append((cmd, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                                      text=True)))
+            cmd, proc = running.pop(0)
+            err = proc.communicate()[1]
+            if proc.returncode != 0 and failed is None:
+                failed = (cmd, err)
+    except BaseException:  # a compiler that cannot start, an interrupt: leave no compile running
+        for _, proc in running:
+            proc.kill()
+            proc.wait()
+        raise
+    if failed is not None:
+        cmd, err = failed
+        raise CpuKernelUnavailable(f"compiling {Path(cmd[-3]).name} failed ({' '.join(cmd)}):\n{err[-2000:]}")
+
+
 def build_library(source: Path, flags: list[str], include_dirs: list[str], extra: tuple[str, ...] = (),
-                  force: bool = False) -> tuple[Path, bytes, bool]:
+                  force: bool = False, parts: list[list[str]] | None = None) -> tuple[Path, bytes, bool]:
     """Compile ``source`` into the cache unless a verified build is there already.
 
     Args:
       source: the C++ file; flags: compiler flags (``-shared`` and friends);
       include_dirs: ``-I`` directories; extra: further key parts (see ``library_path``);
-      force: rebuild even if a verified build exists (a build found to be broken).
+      force: rebuild even if a verified build exists (a build found to be broken);
+      parts: macro names, one list per part: with two or more, ``source`` is compiled once per
+        part with ``-D<name>`` for each of its names (side by side, ``usable_cores()`` at a
+        time) and the objects are linked into the library; else it is compiled whole. The
+        source must give the same library either way (the key does not include ``parts``).
     Returns:
       ``(path, data, fresh)``: the cached library, its verified bytes (load these, not the
-      path), and whether it was compiled by this call.
+      path), and whether it was compiled by this call. Processes building the same library
+      take turns (a lock file beside it): the second finds the first one's build.
     Raises:
       CpuKernelUnavailable: no compiler, or compiling failed (with its message);
       OSError: the cache cannot be written.
@@ -229,18 +291,31 @@ def build_library(source: Path, flags: list[str], include_dirs: list[str], extra
         data = verified_bytes(lib)
         if data is not None:
             return lib, data, False
-    with tempfile.TemporaryDirectory(dir=lib.parent, prefix=".build.") as tmp:
-        out = Path(tmp) / lib.name
-        cmd = [*compiler.command, *flags, *(a for d in include_dirs for a in ("-I", d)), str(source), "-o", str(out)]
-        p = subprocess.run(cmd, capture_output=True, text=True)
-        if p.returncode != 0:
-            raise CpuKernelUnavailable(f"compiling {Path(source).name} failed ({' '.join(cmd)}):\n{p.stderr[-2000:]}")
-        data = out.read_bytes()
-        if not data:
-            raise CpuKernelUnavailable(f"the compiler ({' '.join(cmd)}) wrote an empty library")
-        os.replace(out, lib)  # atomic: concurrent readers never see a partial library
-    record = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "compiler": compiler.identity}
-    _atomic_write(sidecar_path(lib), json.dumps(record, indent=1).encode())
+    with _exclusive(lib.with_suffix(".lock")):
+        if not force and lib.exists():  # built by another process while this one waited
+            data = verified_bytes(lib)
+            if data is not None:
+                return lib, data, False
+        with tempfile.TemporaryDirectory(dir=lib.parent, prefix=".build.") as tmp:
+            out = Path(tmp) / lib.name
+            includes = [a for d in include_dirs for a in ("-I", d)]
+            if parts and len(parts) > 1:
+                objects = [str(Path(tmp) / f"part{i}.o") for i in range(len(parts))]
+                _compile([[*compiler.command, *flags, "-c", *(f"-D{m}" for m in names), *includes, str(source),
+                           "-o", obj] for names, obj in zip(parts, objects)])
+                link = [*compiler.command, *flags, *objects, "-o", str(out)]
+                p = subprocess.run(link, capture_output=True, text=True)
+                if p.returncode != 0:
+                    raise CpuKernelUnavailable(f"linking {Path(source).name} failed ({' '.join(link)}):\n"
+                                               f"{p.stderr[-2000:]}")
+            else:
+                _compile([[*compiler.command, *flags, *includes, str(source), "-o", str(out)]])
+            data = out.read_bytes()
+            if not data:
+                raise CpuKernelUnavailable(f"the compiler ({' '.join(compiler.command)}) wrote an empty library")
+            os.replace(out, lib)  # atomic: concurrent readers never see a partial library
+        record = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "compiler": compiler.identity}
+        _atomic_write(sidecar_path(lib), json.dumps(record, indent=1).encode())
     return lib, data, True
 
 
@@ -271,4 +346,4 @@ def missing_symbols(lib: ctypes.CDLL, symbols: tuple[str, ...]) -> list[str]:
 
 
 __all__ = ["CpuKernelUnavailable", "Compiler", "cache_dir", "find_compiler", "library_path", "sidecar_path",
-           "verified_bytes", "build_library", "load_library", "missing_symbols"]
+           "verified_bytes", "build_library", "usable_cores", "load_library", "missing_symbols"]

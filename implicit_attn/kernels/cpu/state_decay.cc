@@ -481,8 +481,17 @@ struct Factors {
   }
 };
 
-// Whether this thread has run a part for XLA's intra-op pool, i.e. is one of its workers.
-thread_local bool t_pool_worker = false;
+}  // namespace
+
+// Whether this thread has run a part for XLA's intra-op pool, i.e. is one of its workers. One
+// flag for the library: a build in parts links several translation units of this file.
+namespace implicit_attn_cpu {
+inline thread_local bool t_pool_worker = false;
+}  // namespace implicit_attn_cpu
+
+namespace {
+
+using implicit_attn_cpu::t_pool_worker;
 
 // How long a caller outside the pool waits for the workers to start every part before it runs
 // the parts none has started itself.
@@ -3151,12 +3160,19 @@ auto bind_flags(Binding b) {
 
 }  // namespace
 
+// The handlers. A build in parts (cache.build_library: the file compiled once per part, side by
+// side, then linked) defines IA_PARTIAL and IA_<symbol> for each handler its part holds; each
+// part compiles only the code its handlers reach. A whole build defines neither.
+
+#if !IA_PARTIAL || IA_IaStateDecayDense
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaStateDecayDense, StateDecayDenseImpl,
     bind_flags(bind_factors(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>())
                    .Ret<ffi::Buffer<ffi::F32>>())  // out (B, C, L, L)
         .Attr<int64_t>("huge_pages"));
+#endif
 
+#if !IA_PARTIAL || IA_IaStateDecayReduce
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaStateDecayReduce, StateDecayReduceImpl,
     bind_flags(bind_factors(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>())
@@ -3164,7 +3180,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
                    .Arg<ffi::Buffer<ffi::F32>>()    // key weights (B, C, L)
                    .Ret<ffi::Buffer<ffi::F32>>())   // out (B, L, L)
         .Attr<int64_t>("mode"));
+#endif
 
+#if !IA_PARTIAL || IA_IaHeadMatrixDense
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaHeadMatrixDense, HeadMatrixDenseImpl,
     ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
@@ -3181,7 +3199,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int64_t>("threads")
         .Attr<int64_t>("huge_pages")
         .Attr<int64_t>("offset"));
+#endif
 
+#if !IA_PARTIAL || IA_IaHeadMatrixReduce
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaHeadMatrixReduce, HeadMatrixReduceImpl,
     ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
@@ -3200,7 +3220,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int64_t>("has_diag")
         .Attr<int64_t>("threads")
         .Attr<int64_t>("mode"));
+#endif
 
+#if !IA_PARTIAL || IA_IaRwkvDense
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaRwkvDense, RwkvDenseImpl,
     ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
@@ -3212,7 +3234,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int64_t>("has_gate")
         .Attr<int64_t>("threads")
         .Attr<int64_t>("huge_pages"));
+#endif
 
+#if !IA_PARTIAL || IA_IaRwkvReduce
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaRwkvReduce, RwkvReduceImpl,
     ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
@@ -3226,7 +3250,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int64_t>("has_gate")
         .Attr<int64_t>("threads")
         .Attr<int64_t>("mode"));
+#endif
 
+#if !IA_PARTIAL || IA_IaShortConvDense
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaShortConvDense, ShortConvDenseImpl,
     ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
@@ -3237,7 +3263,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int64_t>("has_right")
         .Attr<int64_t>("threads")
         .Attr<int64_t>("huge_pages"));
+#endif
 
+#if !IA_PARTIAL || IA_IaAttentionDense
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaAttentionDense, AttentionDenseImpl,
     ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
@@ -3249,7 +3277,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int64_t>("window")
         .Attr<int64_t>("threads")
         .Attr<int64_t>("huge_pages"));
+#endif
 
+#if !IA_PARTIAL || IA_IaAttentionForward
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaAttentionForward, AttentionForwardImpl,
     ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
@@ -3261,7 +3291,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ret<ffi::Buffer<ffi::F32>>()   // out (B, n, L, e)
         .Attr<int64_t>("window")
         .Attr<int64_t>("threads"));
+#endif
 
+#if !IA_PARTIAL || IA_IaGroupedFromTokens
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaGroupedFromTokens, GroupedFromTokensImpl,
     ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
@@ -3271,7 +3303,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::Buffer<ffi::F32>>()   // w (E, R, K)
         .Ret<ffi::Buffer<ffi::F32>>()   // out (P, R, 32)
         .Attr<int64_t>("threads"));
+#endif
 
+#if !IA_PARTIAL || IA_IaGroupedToTokens
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaGroupedToTokens, GroupedToTokensImpl,
     ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
@@ -3282,7 +3316,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::Buffer<ffi::F32>>()   // w (E, R, K)
         .Ret<ffi::Buffer<ffi::F32>>()   // out (T, R)
         .Attr<int64_t>("threads"));
+#endif
 
+#if !IA_PARTIAL || IA_IaFill
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaFill, FillImpl,
     ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
@@ -3290,7 +3326,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<float>("value")
         .Attr<int64_t>("threads")
         .Attr<int64_t>("huge_pages"));
+#endif
 
+#if !IA_PARTIAL || IA_IaPlaceChannels
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaPlaceChannels, PlaceChannelsImpl,
     ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
@@ -3300,13 +3338,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ret<ffi::Buffer<ffi::F32>>()   // out
         .Attr<int64_t>("offset")
         .Attr<int64_t>("threads"));
+#endif
 
+#if !IA_PARTIAL || IA_IaCopy
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaCopy, CopyImpl,
     ffi::Ffi::Bind()
         .Arg<ffi::Buffer<ffi::F32>>()   // x
         .Ret<ffi::Buffer<ffi::F32>>());  // out, x's shape
+#endif
 
+#if !IA_PARTIAL || IA_IaSelectiveScan
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaSelectiveScan, SelectiveScanImpl,
     ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
@@ -3317,7 +3359,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::Buffer<ffi::F32>>()   // Cm (B, L, N)
         .Ret<ffi::Buffer<ffi::F32>>()   // y (B, L, C)
         .Attr<int64_t>("threads"));
+#endif
 
+#if !IA_PARTIAL || IA_IaSsdScan
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaSsdScan, SsdScanImpl,
     ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
@@ -3328,7 +3372,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::Buffer<ffi::F32>>()   // Cm (B, L, G, N)
         .Ret<ffi::Buffer<ffi::F32>>()   // y (B, L, H, P)
         .Attr<int64_t>("threads"));
+#endif
 
+#if !IA_PARTIAL || IA_IaDplrScan
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaDplrScan, DplrScanImpl,
     ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
@@ -3344,7 +3390,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int64_t>("has_ab")
         .Attr<int64_t>("has_bonus")
         .Attr<int64_t>("after"));
+#endif
 
+#if !IA_PARTIAL || IA_IaWkvScan
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaWkvScan, WkvScanImpl,
     ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
@@ -3354,7 +3402,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::Buffer<ffi::F32>>()   // v (B, L, A)
         .Ret<ffi::Buffer<ffi::F32>>()   // y (B, L, A)
         .Attr<int64_t>("threads"));
+#endif
 
+#if !IA_PARTIAL || IA_IaDecayMatrix
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaDecayMatrix, DecayMatrixImpl,
     ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
@@ -3367,7 +3417,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int64_t>("has_bonus")
         .Attr<int64_t>("after")
         .Attr<int64_t>("huge_pages"));
+#endif
 
+#if !IA_PARTIAL || IA_IaLowRankMatrix
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaLowRankMatrix, LowRankMatrixImpl,
     ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
@@ -3383,7 +3435,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int64_t>("has_bonus")
         .Attr<int64_t>("after")
         .Attr<int64_t>("huge_pages"));
+#endif
 
+#if !IA_PARTIAL || IA_IaGatedDeltaNet
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaGatedDeltaNet, GatedDeltaNetImpl,
     ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
@@ -3401,3 +3455,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int64_t>("key_heads")
         .Attr<int64_t>("key_dim")
         .Attr<float>("eps"));
+#endif
