@@ -253,17 +253,23 @@ def test_the_handlers_split_into_parts_that_cover_the_source_once():
         assert max(sizes) <= 1.5 * min(sizes), sizes
 
 
-def test_a_build_in_parts_compiles_them_side_by_side_then_links(libs, stand_in, monkeypatch):
+def test_a_build_in_parts_compiles_them_side_by_side_then_links(libs, stand_in, monkeypatch, capsys):
     """With 3 cores the source is compiled 3 times (``-c``, one part's macros each) and the
-    objects are linked into the one library; with 1 core it is compiled whole."""
+    objects are linked into the one library; with 1 core it is compiled whole. A compile
+    says so on stderr, start and end; a cached library is loaded silently."""
     monkeypatch.setattr(cache, "usable_cores", lambda: 3)
     lib = cpu.build()
     assert builds(stand_in) == 1 and cache.verified_bytes(lib) == libs[0].read_bytes()
     assert sorted(map(sorted, objects(stand_in))) == sorted(map(sorted, map(set, cpu.build_parts(3))))
+    err = capsys.readouterr().err
+    assert "compiling state_decay.cc" in err and "(3 parts side by side)" in err and f"cached as {lib}" in err
+    assert cpu.build() == lib and capsys.readouterr().err == ""
     stand_in.unlink()
     lib.unlink()
     monkeypatch.setattr(cache, "usable_cores", lambda: 1)
     assert cpu.build() == lib and builds(stand_in) == 1 and objects(stand_in) == []
+    err = capsys.readouterr().err
+    assert "compiling state_decay.cc" in err and "side by side" not in err
 
 
 def test_processes_needing_one_library_build_it_once(libs, stand_in, tmp_path):

@@ -31,7 +31,9 @@ import platform
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -280,7 +282,8 @@ def build_library(source: Path, flags: list[str], include_dirs: list[str], extra
     Returns:
       ``(path, data, fresh)``: the cached library, its verified bytes (load these, not the
       path), and whether it was compiled by this call. Processes building the same library
-      take turns (a lock file beside it): the second finds the first one's build.
+      take turns (a lock file beside it): the second finds the first one's build. A compile
+      says so on stderr when it starts and when it is done (it takes seconds to a minute).
     Raises:
       CpuKernelUnavailable: no compiler, or compiling failed (with its message);
       OSError: the cache cannot be written.
@@ -296,6 +299,11 @@ def build_library(source: Path, flags: list[str], include_dirs: list[str], extra
             data = verified_bytes(lib)
             if data is not None:
                 return lib, data, False
+        n = len(parts) if parts and len(parts) > 1 else 1
+        side_by_side = f" ({n} parts side by side)" if n > 1 else ""
+        print(f"implicit_attn: compiling {Path(source).name} for this machine, once per compiler, jax version "
+              f"and CPU{side_by_side}...", file=sys.stderr, flush=True)
+        start = time.perf_counter()
         with tempfile.TemporaryDirectory(dir=lib.parent, prefix=".build.") as tmp:
             out = Path(tmp) / lib.name
             includes = [a for d in include_dirs for a in ("-I", d)]
@@ -316,6 +324,8 @@ def build_library(source: Path, flags: list[str], include_dirs: list[str], extra
             os.replace(out, lib)  # atomic: concurrent readers never see a partial library
         record = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "compiler": compiler.identity}
         _atomic_write(sidecar_path(lib), json.dumps(record, indent=1).encode())
+        print(f"implicit_attn: compiled in {time.perf_counter() - start:.1f} s, cached as {lib}", file=sys.stderr,
+              flush=True)
     return lib, data, True
 
 
