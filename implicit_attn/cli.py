@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import gc
+import importlib.metadata
 import json
 import os
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .analyze import cli as analyze_cli
-from .compile_cache import QUICK_MAX_WEIGHT_BYTES, enable_compile_cache, quick_compile
+from .compile_cache import QUICK_MAX_WEIGHT_BYTES, enable_compile_cache, quick_compile, quick_flags
 from .convert import FAMILY_CHOICES, convert_checkpoint
 from .demo import induction
 from .explain import cli as explain_cli
@@ -151,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "IMPLICIT_ATTN_COMPILE_CACHE=0 also turns it off, or names another directory)")
     p.add_argument("--compile", default="auto", choices=["auto", "quick", "optimized"],
                    help="how XLA compiles: 'quick' builds slower machine code in a fraction of the time "
-                        "(compile_cache.QUICK_XLA_FLAGS), 'optimized' is XLA's default, 'auto' is quick for "
+                        "(compile_cache.QUICK_XLA_FLAGS, on the jaxlib releases known to accept them), 'optimized' is XLA's default, 'auto' is quick for "
                         f"checkpoints with at most {QUICK_MAX_WEIGHT_BYTES >> 20} MiB of weights (the demo's "
                         "model among them), where compiling takes longer than running; options already in "
                         "$XLA_FLAGS win")
@@ -245,6 +246,10 @@ def main(argv=None) -> int:
     try:
         if not args.no_compile_cache:
             enable_compile_cache()
+        if args.compile == "quick" and not quick_flags():
+            print(f"implicit-attn: note: --compile quick compiles with XLA's defaults here: jaxlib "
+                  f"{importlib.metadata.version('jaxlib')} is not among the releases known to accept its "
+                  "options (compile_cache.QUICK_FLAGS_JAXLIB)", file=sys.stderr)
         with quick_compile(wants_quick_compile(args)):
             return args.func(args)
     except (ValueError, TypeError, OSError) as e:

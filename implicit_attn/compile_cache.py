@@ -12,6 +12,8 @@ temp directory if that is not writable). ``IMPLICIT_ATTN_COMPILE_CACHE=0`` (or `
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
+import itertools
 import os
 import warnings
 from pathlib import Path
@@ -69,12 +71,44 @@ QUICK_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_exp
 QUICK_MAX_WEIGHT_BYTES = 64 * 2 ** 20
 
 
+# XLA ends the process at an option in $XLA_FLAGS it does not know, and its option names change
+# between releases. The jaxlib releases whose XLA was run with every QUICK_XLA_FLAGS option and
+# accepted it (0.6.0, 0.7.0, 0.8.0, 0.9.0 and 0.10.2, on 2026-12-01), as [first, past) version
+# prefixes. On jax 0.11.2 (an H200 machine) test workers started with them died at start (and ran
+# with them left out), and XLA's CPU backend has since retired the emitters that
+# --xla_cpu_use_fusion_emitters chooses.
+QUICK_FLAGS_JAXLIB = ((0, 6), (0, 11))
+
+
+def _release(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split("."):
+        digits = "".join(itertools.takewhile(str.isdigit, piece))
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def quick_flags(jaxlib_version: str | None = None) -> tuple[str, ...]:
+    """``QUICK_XLA_FLAGS`` where the installed jaxlib (or ``jaxlib_version``) is among the
+    releases known to accept them (``QUICK_FLAGS_JAXLIB``), else ``()``: elsewhere compiling
+    quickly is skipped, never risked (an unknown option would end the process)."""
+    if jaxlib_version is None:
+        try:
+            jaxlib_version = importlib.metadata.version("jaxlib")
+        except importlib.metadata.PackageNotFoundError:
+            return ()
+    first, past = QUICK_FLAGS_JAXLIB
+    return QUICK_XLA_FLAGS if first <= _release(jaxlib_version)[:2] < past else ()
+
+
 def with_quick_flags(xla_flags: str) -> str:
-    """``xla_flags`` (an ``$XLA_FLAGS`` value) with every ``QUICK_XLA_FLAGS`` option it does
+    """``xla_flags`` (an ``$XLA_FLAGS`` value) with every ``quick_flags()`` option it does
     not already set appended; options it sets keep their values."""
     given = xla_flags.split()
     named = {f.split("=", 1)[0] for f in given}
-    return " ".join(given + [f for f in QUICK_XLA_FLAGS if f.split("=", 1)[0] not in named])
+    return " ".join(given + [f for f in quick_flags() if f.split("=", 1)[0] not in named])
 
 
 @contextlib.contextmanager
@@ -95,5 +129,5 @@ def quick_compile(enabled: bool = True):
             os.environ["XLA_FLAGS"] = old
 
 
-__all__ = ["ENV", "QUICK_MAX_WEIGHT_BYTES", "QUICK_XLA_FLAGS", "compile_cache_dir", "enable_compile_cache",
-           "quick_compile", "with_quick_flags"]
+__all__ = ["ENV", "QUICK_FLAGS_JAXLIB", "QUICK_MAX_WEIGHT_BYTES", "QUICK_XLA_FLAGS", "compile_cache_dir", "enable_compile_cache",
+           "quick_compile", "quick_flags", "with_quick_flags"]

@@ -1,4 +1,5 @@
 """The command line, end to end, in-process."""
+import contextlib
 import os
 import subprocess
 import sys
@@ -47,12 +48,38 @@ def test_info_and_operator(tmp_path, capsys):
     assert "outside the vocabulary" in capsys.readouterr().err
 
 
+def test_quick_flags_only_on_jaxlib_releases_known_to_accept_them(monkeypatch, capsys):
+    """XLA ends the process at an option in ``$XLA_FLAGS`` it does not know (processes on
+    jaxlib 0.11.2 died at start with the quick options): they are set only on the releases
+    where each was run and accepted (0.6 to 0.10); elsewhere XLA's defaults, and an explicit
+    ``--compile quick`` says so on stderr."""
+    from implicit_attn import cli, compile_cache
+    from implicit_attn.compile_cache import QUICK_XLA_FLAGS, quick_compile, quick_flags, with_quick_flags
+
+    for known in ("0.6.0", "0.7.2", "0.9.0.1", "0.10.2", "0.10.3.dev20261201"):
+        assert quick_flags(known) == QUICK_XLA_FLAGS, known
+    for unknown in ("0.5.3", "0.4.38", "0.11.2", "0.11.0rc1", "1.0.0", "weird"):
+        assert quick_flags(unknown) == (), unknown
+    monkeypatch.setattr(compile_cache.importlib.metadata, "version", lambda name: "0.11.2")
+    assert quick_flags() == () and with_quick_flags("--foo=1") == "--foo=1"
+    monkeypatch.setenv("XLA_FLAGS", "--foo=1")
+    with quick_compile():
+        assert os.environ["XLA_FLAGS"] == "--foo=1"
+    monkeypatch.setattr(cli, "quick_compile", lambda enabled: contextlib.nullcontext())
+    assert cli.main(["--no-compile-cache", "--compile", "quick", "info", "/nonexistent/ckpt"]) == 2
+    err = capsys.readouterr().err
+    assert "--compile quick compiles with XLA's defaults here: jaxlib 0.11.2" in err
+    assert cli.main(["--no-compile-cache", "info", "/nonexistent/ckpt"]) == 2
+    assert "XLA's defaults" not in capsys.readouterr().err
+
+
 def test_quick_compile_for_small_checkpoints_only(tmp_path, monkeypatch):
     """``--compile auto`` compiles quickly for checkpoints of at most ``QUICK_MAX_WEIGHT_BYTES``
     of safetensors weights (the demo's model among them), ``quick`` / ``optimized`` force it;
     the flags go into ``$XLA_FLAGS`` for the command only, and options already there win."""
     from implicit_attn.cli import build_parser, wants_quick_compile
-    from implicit_attn.compile_cache import QUICK_MAX_WEIGHT_BYTES, QUICK_XLA_FLAGS, quick_compile, with_quick_flags
+    from implicit_attn.compile_cache import (QUICK_MAX_WEIGHT_BYTES, QUICK_XLA_FLAGS, quick_compile, quick_flags,
+                                             with_quick_flags)
     from implicit_attn.demo.induction import ASSET_DIR
 
     p = build_parser()
@@ -68,6 +95,7 @@ def test_quick_compile_for_small_checkpoints_only(tmp_path, monkeypatch):
     assert not wants_quick_compile(p.parse_args(["info", str(tmp_path / "missing")]))
     assert not wants_quick_compile(p.parse_args(["convert", str(big), str(tmp_path / "out")]))
 
+    assert quick_flags() == QUICK_XLA_FLAGS  # the jaxlib here is one of the releases checked
     assert with_quick_flags("") == " ".join(QUICK_XLA_FLAGS)
     kept = with_quick_flags("--xla_backend_optimization_level=2 --foo=1").split()
     assert kept[:2] == ["--xla_backend_optimization_level=2", "--foo=1"] and len(kept) == len(QUICK_XLA_FLAGS) + 1
