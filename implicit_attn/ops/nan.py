@@ -35,4 +35,11 @@ def mark_nan(y, bad):
     return jnp.where(bad, jnp.asarray(jnp.nan, y.dtype), y)
 
 
-__all__ = ["zero_nan", "from_first", "mark_nan"]
+def nan_rows(left, output):
+    """An operator's row factor ``left (B, C, L)`` for cores built from ``zero_nan``-ed inputs:
+    NaN where the block's own ``output (B, C, L)`` is NaN (so ``H``'s row is NaN exactly where
+    the block's output is, as for the cores that keep NaN), its NaN-free values elsewhere."""
+    return jnp.where(jnp.isnan(output), jnp.asarray(jnp.nan, left.dtype), zero_nan(left))
+
+
+__all__ = ["zero_nan", "from_first", "mark_nan", "nan_rows"]

@@ -32,7 +32,7 @@ from ...nn.attention import attend, operator_of_parts, rotary, segment_ids
 from ...nn.hooks import ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
 from ...nn.moe import experts_forward, gated_act, softmax_then_topk
 from ...operator import AttentionOperator, DeltaRuleCore, Mamba2Operator
-from ...ops import causal_conv, delta_rule, embed, from_first, full_precision, linear, mark_nan, zero_nan
+from ...ops import causal_conv, delta_rule, embed, from_first, full_precision, linear, mark_nan, nan_rows, zero_nan
 from ..bamba.block import mlp_forward, positions
 from .config import Config
 
@@ -217,7 +217,7 @@ def delta_operator(p: dict, h, cfg: Config, variant: str = "full", parts_fn=delt
     values = parts["xc_v"] if variant == "no_conv" else parts["x_v"]
     Hv, dv = cfg.linear_num_value_heads, cfg.linear_value_head_dim
     core = DeltaRuleCore(q=parts["q"], k=parts["k"], log_a=parts["log_a"], beta=parts["beta"],
-                         head=jnp.repeat(jnp.arange(Hv), dv), left=zero_nan(T(left)), right=zero_nan(T(right)),
+                         head=jnp.repeat(jnp.arange(Hv), dv), left=nan_rows(T(left), output), right=zero_nan(T(right)),
                          conv_w=None if variant == "no_conv" else parts["conv_v"].astype(f32),
                          heads_per_group=Hv // cfg.linear_num_key_heads, delta=variant != "no_delta")
     values = T(values)

@@ -28,7 +28,7 @@ from ...kernels import cpu as cpu_kernels
 from ...nn import run_scan
 from ...nn.hooks import ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
 from ...operator import DplrCore, Mamba2Operator
-from ...ops import dplr_rule, embed, from_first, full_precision, linear, mark_nan, zero_nan
+from ...ops import dplr_rule, embed, from_first, full_precision, linear, mark_nan, nan_rows, zero_nan
 from ..rwkv.block import layer_norm, token_shift
 from .config import Config
 
@@ -192,7 +192,7 @@ def head_operator(o, v, gate, p: dict, eps: float, core_args: dict, variant: str
             offset = offset + T(g * diag * flat(jnp.broadcast_to(jnp.mean(v, -1, keepdims=True), v.shape)))
     values = T(flat(head_centred(v)))
     return Mamba2Operator(values=values, offset=offset, output=output,
-                          core=core(head=jnp.repeat(jnp.arange(H), V), left=zero_nan(left), **args))
+                          core=core(head=jnp.repeat(jnp.arange(H), V), left=nan_rows(left, output), **args))
 
 
 def time_mix_operator(p: dict, x, cfg: Config, variant: str = "full") -> Mamba2Operator:

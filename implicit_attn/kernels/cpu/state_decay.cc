@@ -1768,8 +1768,12 @@ ffi::Error AttentionDenseImpl(ffi::ThreadPool xla,
         const int64_t lo = J0 * kQ, width = std::min(L, (I + 1) * kQ);
         std::memset(orow, 0, sizeof(float) * lo);
         const float inv = 1.0f / tot[ii];  // a product per element: a division costs several times more
-        const v16 iv = splat(inv);
         int64_t j = lo;
+        if (std::isnan(inv)) {  // a NaN logit in the row: NaN on its visible entries, the mask's exact zeros kept
+          const int32_t* sb = sg + static_cast<size_t>(b) * L;
+          for (; j < width; ++j) orow[j] = j <= i && i - j < window && sb[j] == sb[i] ? s[j] * inv : 0.0f;
+        }
+        const v16 iv = splat(inv);
         for (; j + kQ <= width; j += kQ) store(orow + j, load(s + j) * iv);
         for (; j < width; ++j) orow[j] = s[j] * inv;
         if (width < L) std::memset(orow + width, 0, sizeof(float) * (L - width));
