@@ -416,6 +416,8 @@ void materialize_channel(const Channel& ch, const Dims& d, float* out, Scratch& 
       float* dst = width == wp ? o : y;
       head_conv(ch.w, d.K, t + ii * ts, 0, wp, dst);
       if (ch.seg) mask_document(s, I0 + ii, 0, wp, dst);
+      // exact zeros above the diagonal: in a row at or after a NaN the chunk's products put NaN there
+      std::memset(dst + I0 + ii + 1, 0, sizeof(float) * (wp - I0 - ii - 1));
       if (dst != o) std::memcpy(o, dst, sizeof(float) * width);
       if (width < L) std::memset(o + width, 0, sizeof(float) * (L - width));
     }
@@ -1372,6 +1374,7 @@ ffi::Error RwkvDenseImpl(ffi::ThreadPool xla,
           const v16 g = splat(gate.typed_data()[static_cast<size_t>(p) * d.L + i]);
           for (int64_t J = 0; J < wp; J += kQ) store(dst + J, g * load(dst + J));
         }
+        std::memset(dst + i + 1, 0, sizeof(float) * (wp - i - 1));  // exact zeros above the diagonal (NaN rows)
         if (dst != orow) std::memcpy(orow, dst, sizeof(float) * width);
         if (width < d.L) std::memset(orow + width, 0, sizeof(float) * (d.L - width));
       }
