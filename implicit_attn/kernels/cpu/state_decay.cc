@@ -745,6 +745,8 @@ void scalar_band(const Factors& f, const Dims& d, int64_t b, int64_t c0, int64_t
       const float* t0 = u.t.data() + kQ - front;
       for (int64_t ii = 0; ii < rows; ++ii) {
         head_conv(ch.w, d.K, t0 + ii * tw, 0, width, u.y.data());
+        const int64_t past = I0 + ii + 1 - (S - front);  // exact zeros above the diagonal (NaN rows)
+        if (past < width) std::memset(u.y.data() + past, 0, sizeof(float) * (width - past));
         accumulate_row(u.sum.data() + ii * kTile, u.y.data(), 1.0f, qw[cl + I0 + ii], u.kwt.data(), width, 0);
       }
       if (S > 0) {  // row factors qw qp decay(S..i)
@@ -892,6 +894,8 @@ ffi::Error StateDecayReduceImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> q, ff
               for (int64_t ii = 0; ii < rows; ++ii) {
                 head_conv(ch.w, d.K, t.data() + ii * ts, j0, j1, y.data());
                 if (ch.seg) mask_document(s[c], I0 + ii, j0, j1 - j0, y.data());
+                // exact zeros above the diagonal: in a row at or after a NaN the chunk's products put NaN there
+                if (I0 + ii + 1 < j1) std::memset(y.data() + (I0 + ii + 1 - j0), 0, sizeof(float) * (j1 - I0 - ii - 1));
                 accumulate_row(sum.data() + ii * kTile, y.data(), 1.0f,
                                qw.typed_data()[cl + I0 + ii], kwt.data(), j1 - j0, mode);
               }
