@@ -39,7 +39,7 @@ def nan_rows(left, output):
     """An operator's row factor ``left (B, C, L)`` for cores built from ``zero_nan``-ed inputs:
     NaN where the block's own ``output (B, C, L)`` is NaN (so ``H``'s row is NaN exactly where
     the block's output is, as for the cores that keep NaN), its NaN-free values elsewhere."""
-    return jnp.where(jnp.isnan(output), jnp.asarray(jnp.nan, left.dtype), zero_nan(left))
+    return mark_nan(zero_nan(left), jnp.isnan(output))
 
 
 __all__ = ["zero_nan", "from_first", "mark_nan", "nan_rows"]
