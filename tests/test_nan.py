@@ -144,21 +144,19 @@ def test_pallas_kernels_keep_nan_causal(model_type):
 
 # One family per core with a fused CPU kernel: Mamba-2, the delta rule and global attention, DPLR,
 # the mLSTM, the short conv, the short conv and windowed attention, Falcon-H1's parallel Mamba-2 +
-# attention, RWKV-4; and the state-decay kernel (Mamba-1, the RG-LRU), whose chunk factorisation
-# carries a NaN step through its chunk: extra NaN in rows at and after it (found 2026-12-01).
-EXTRA_NAN = pytest.mark.xfail(strict=True, reason="the state-decay kernel puts NaN in entries of rows >= T that "
-                                                  "XLA (and the elementwise form) keeps finite")
-CPU_KERNEL_FAMILIES = ("mamba2", "qwen3_next", "rwkv7", "xlstm", "lfm2", "lfm3", "falcon_h1", "rwkv",
-                       *(pytest.param(m, marks=EXTRA_NAN) for m in ("mamba", "recurrent_gemma")))
+# attention, RWKV-4, and the state-decay kernel (Mamba-1, the RG-LRU).
+CPU_KERNEL_FAMILIES = ("mamba2", "qwen3_next", "rwkv7", "xlstm", "lfm2", "lfm3", "falcon_h1", "rwkv", "mamba",
+                       "recurrent_gemma")
 
 
 @pytest.mark.parametrize("model_type", CPU_KERNEL_FAMILIES)
 def test_cpu_kernels_keep_nan_causal(model_type):
-    """The fused CPU kernels with NaN in the mixer input at ``T``: ``materialize`` and
-    ``reduce`` (``"abs_mean"``; ``"mean"`` for the first two) with rows before ``T`` as without it, exact zeros above the diagonal,
+    """The fused CPU kernels with NaN in the mixer input at ``T``: ``materialize``, ``reduce("abs_mean")``
+    and ``reduce("mean")`` with rows before ``T`` as without it, exact zeros above the diagonal,
     and NaN exactly where the XLA path has it, its values elsewhere. The attention kernel once
-    spread a row's NaN over the whole row (above the diagonal and outside a window too), and
-    the state-decay and RWKV-4 kernels put NaN above the diagonal."""
+    spread a row's NaN over the whole row (above the diagonal and outside a window too), the
+    state-decay and RWKV-4 kernels put NaN above the diagonal, and the state-decay kernel's
+    diagonal block carried a NaN step right of the diagonal, where its conv read it."""
     _, model = tiny(model_type)
     seen = 0
     for i, clean, poisoned in operators_with_nan(model, 2):
@@ -169,9 +167,9 @@ def test_cpu_kernels_keep_nan_causal(model_type):
                      ((poisoned, "cpu"), (clean, "cpu"), (poisoned, "xla")))
         r, r0, rx = (np.asarray(op.reduce("abs_mean", impl=impl)) for op, impl in
                      ((poisoned, "cpu"), (clean, "cpu"), (poisoned, "xla")))
-        # the linear reduce too (the RG-LRU's has a banded path of its own); not against XLA's, whose
-        # Mamba-2 form puts NaN before T (test_xla_linear_reduce_of_mamba2_keeps_rows_before_t)
-        m, m0 = (np.asarray(op.reduce("mean", impl="cpu")) for op in (poisoned, clean))
+        # the linear reduce too (the RG-LRU's has a banded path of its own)
+        m, m0, mx = (np.asarray(op.reduce("mean", impl=impl)) for op, impl in
+                     ((poisoned, "cpu"), (clean, "cpu"), (poisoned, "xla")))
         np.testing.assert_array_equal(H[:, :, :T], H0[:, :, :T], err_msg=f"layer {i}")
         np.testing.assert_allclose(r[:, :T], r0[:, :T], atol=1e-6, err_msg=f"layer {i}")
         np.testing.assert_allclose(m[:, :T], m0[:, :T], atol=1e-6, err_msg=f"layer {i}")
@@ -180,20 +178,29 @@ def test_cpu_kernels_keep_nan_causal(model_type):
         np.testing.assert_allclose(H, Hx, atol=1e-5, err_msg=f"layer {i}")  # NaN where Hx has NaN
         np.testing.assert_array_equal(np.isnan(r), np.isnan(rx), err_msg=f"layer {i}")
         np.testing.assert_allclose(r, rx, atol=1e-5, err_msg=f"layer {i}")
+        np.testing.assert_array_equal(np.isnan(m), np.isnan(mx), err_msg=f"layer {i}")
+        np.testing.assert_allclose(m, mx, atol=1e-5, err_msg=f"layer {i}")
     assert seen, model_type
 
 
-@pytest.mark.xfail(strict=True, reason="XLA's linear reduce of Mamba2Core puts NaN into rows before T (found "
-                                       "2026-12-01, not fixed)")
-def test_xla_linear_reduce_of_mamba2_keeps_rows_before_t():
-    """``reduce("mean")`` on the XLA path with NaN in the mixer input at ``T``: rows before ``T``
-    as without it. Mamba-2's factorised linear reduce puts NaN into 91 entries of rows before
-    ``T`` per layer (Bamba, Granite, Mamba-2, MiniMax, Nemotron-H, Zamba2); the other families'
-    reduces and every ``materialize`` keep them."""
-    _, model = tiny("mamba2")
+@pytest.mark.parametrize("model_type", ["mamba2", "qwen3_next", "rwkv7", "xlstm"])
+def test_xla_linear_reduce_keeps_rows_before_t(model_type):
+    """``reduce("mean")`` on the XLA path with NaN in the mixer input at ``T``, through the heads
+    (``head_weighted_sum``; one family per core that has it): rows before ``T`` as without the
+    NaN, and the mean over channels of ``materialize``, NaN pattern included. Before the fix the
+    conv taps' ``0 * NaN`` put NaN into 91 entries of rows before ``T`` per Mamba-2 layer."""
+    _, model = tiny(model_type)
+    seen = False
     for i, clean, poisoned in operators_with_nan(model, 2):
+        if type(poisoned.core).__name__ == "AttentionCore":
+            continue
+        seen = True
         r, r0 = (np.asarray(op.reduce("mean", impl="xla")) for op in (poisoned, clean))
         np.testing.assert_allclose(r[:, :T], r0[:, :T], atol=1e-6, err_msg=f"layer {i}")
+        want = np.asarray(poisoned.materialize(impl="xla"), np.float64).mean(1)
+        np.testing.assert_array_equal(np.isnan(r), np.isnan(want), err_msg=f"layer {i}")
+        np.testing.assert_allclose(r, want, atol=1e-6, err_msg=f"layer {i}")
+    assert seen, model_type
 
 
 def test_apply_in_blocks_and_under_jit_keeps_the_nan_rule(monkeypatch):

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..ops import (attention_probs, conv_matrix, conv_right, decay_matrix, delta_rule_matrix, dplr_matrix,
+from ..ops import (attention_probs, causal_mask, conv_matrix, conv_right, decay_matrix, delta_rule_matrix, dplr_matrix,
                    full_precision, keep_causal, las_probs, mlstm_matrix, scalar_decay_kernel, softmax_decay_rows,
                    state_decay_kernel)
 from .base import OperatorCore, diag_embed, pytree_dataclass, take
@@ -175,7 +175,7 @@ def head_weighted_sum(core, h, qw=None, kw=None):
     right = ones if core.right is None else sl(core.right)
     w = (jnp.ones((P, 1), f32) if core.conv_w is None
          else jax.lax.dynamic_slice_in_dim(core.conv_w, h * P, P, axis=0))
-    Kc = w.shape[1]
+    Kc, L = w.shape[1], alpha.shape[-1]
     d = core.diagonal() if isinstance(core, HeadMatrixCore) else None
     if d is not None and core.conv_w is not None:
         raise NotImplementedError("a diagonal term and a conv together are not supported in head sums")
@@ -183,7 +183,8 @@ def head_weighted_sum(core, h, qw=None, kw=None):
     for s in range(Kc):
         shift = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, s)))[..., s:]  # x[..., j + s], 0 past L
         X = jnp.einsum("bpi,bpj->bij", a, shift(right) * w[None, :, Kc - 1 - s, None] * kw)
-        out = out + shift(alpha) * X
+        # terms with j + s > i are 0 in H; a NaN in X there must not reach row i (0 * NaN)
+        out = out + jnp.where(causal_mask(L, L + s)[:, s:], shift(alpha) * X, 0.0)
     return out
 
 

@@ -347,6 +347,9 @@ void diagonal_block(const Channel& ch, int64_t I, const Dims& d, const Scratch& 
         G[n] = start ? splat<vw>(s.kp[i * N + n]) : G[n] * splat<vw>(s.dAT[(I * N + n) * kQ + ii]);
         acc += splat<vw>(s.qp[i * N + n]) * G[n];
       }
+      // Lanes right of the diagonal hold 0 * dA products, NaN after a NaN step; the conv
+      // reads them, so they must be exact zeros.
+      acc = lane <= splat<vw>(static_cast<float>(ii - h)) ? acc : splat<vw>(0.0f);
       if (ch.diag && i < d.L && ii >= h && ii < h + kW) acc[ii - h] += ch.diag[i];
       store(c.D.data() + ii * kQ + h, acc);
     }
@@ -416,8 +419,6 @@ void materialize_channel(const Channel& ch, const Dims& d, float* out, Scratch& 
       float* dst = width == wp ? o : y;
       head_conv(ch.w, d.K, t + ii * ts, 0, wp, dst);
       if (ch.seg) mask_document(s, I0 + ii, 0, wp, dst);
-      // exact zeros above the diagonal: in a row at or after a NaN the chunk's products put NaN there
-      std::memset(dst + I0 + ii + 1, 0, sizeof(float) * (wp - I0 - ii - 1));
       if (dst != o) std::memcpy(o, dst, sizeof(float) * width);
       if (width < L) std::memset(o + width, 0, sizeof(float) * (L - width));
     }
@@ -745,8 +746,6 @@ void scalar_band(const Factors& f, const Dims& d, int64_t b, int64_t c0, int64_t
       const float* t0 = u.t.data() + kQ - front;
       for (int64_t ii = 0; ii < rows; ++ii) {
         head_conv(ch.w, d.K, t0 + ii * tw, 0, width, u.y.data());
-        const int64_t past = I0 + ii + 1 - (S - front);  // exact zeros above the diagonal (NaN rows)
-        if (past < width) std::memset(u.y.data() + past, 0, sizeof(float) * (width - past));
         accumulate_row(u.sum.data() + ii * kTile, u.y.data(), 1.0f, qw[cl + I0 + ii], u.kwt.data(), width, 0);
       }
       if (S > 0) {  // row factors qw qp decay(S..i)
@@ -894,8 +893,6 @@ ffi::Error StateDecayReduceImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> q, ff
               for (int64_t ii = 0; ii < rows; ++ii) {
                 head_conv(ch.w, d.K, t.data() + ii * ts, j0, j1, y.data());
                 if (ch.seg) mask_document(s[c], I0 + ii, j0, j1 - j0, y.data());
-                // exact zeros above the diagonal: in a row at or after a NaN the chunk's products put NaN there
-                if (I0 + ii + 1 < j1) std::memset(y.data() + (I0 + ii + 1 - j0), 0, sizeof(float) * (j1 - I0 - ii - 1));
                 accumulate_row(sum.data() + ii * kTile, y.data(), 1.0f,
                                qw.typed_data()[cl + I0 + ii], kwt.data(), j1 - j0, mode);
               }
