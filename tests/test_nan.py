@@ -185,9 +185,9 @@ def test_cpu_kernels_keep_nan_causal(model_type):
 
 @pytest.mark.parametrize("model_type", ["mamba2", "qwen3_next", "rwkv7", "xlstm"])
 def test_xla_linear_reduce_keeps_rows_before_t(model_type):
-    """``reduce("mean")`` on the XLA path with NaN in the mixer input at ``T``, through the heads
+    """``reduce("mean")`` and ``reduce("weighted")`` on the XLA path with NaN in the mixer input at ``T``, through the heads
     (``head_weighted_sum``; one family per core that has it): rows before ``T`` as without the
-    NaN, and the mean over channels of ``materialize``, NaN pattern included. Before the fix the
+    NaN, and the mean (weighted sum) over channels of ``materialize``, NaN pattern included. Before the fix the
     conv taps' ``0 * NaN`` put NaN into 91 entries of rows before ``T`` per Mamba-2 layer."""
     _, model = tiny(model_type)
     seen = False
@@ -195,11 +195,14 @@ def test_xla_linear_reduce_keeps_rows_before_t(model_type):
         if type(poisoned.core).__name__ == "AttentionCore":
             continue
         seen = True
-        r, r0 = (np.asarray(op.reduce("mean", impl="xla")) for op in (poisoned, clean))
-        np.testing.assert_allclose(r[:, :T], r0[:, :T], atol=1e-6, err_msg=f"layer {i}")
-        want = np.asarray(poisoned.materialize(impl="xla"), np.float64).mean(1)
-        np.testing.assert_array_equal(np.isnan(r), np.isnan(want), err_msg=f"layer {i}")
-        np.testing.assert_allclose(r, want, atol=1e-6, err_msg=f"layer {i}")
+        H = np.asarray(poisoned.materialize(impl="xla"), np.float64)
+        w, kw = np.random.default_rng(i).uniform(0.5, 1.5, (2,) + H.shape[:3]).astype(np.float32)
+        for how, kwargs, want in (("mean", {}, H.mean(1)),
+                                  ("weighted", dict(weights=w, key_weights=kw), np.einsum("bci,bcij,bcj->bij", w, H, kw))):
+            r, r0 = (np.asarray(op.reduce(how, impl="xla", **kwargs)) for op in (poisoned, clean))
+            np.testing.assert_allclose(r[:, :T], r0[:, :T], atol=1e-6, err_msg=f"layer {i} {how}")
+            np.testing.assert_array_equal(np.isnan(r), np.isnan(want), err_msg=f"layer {i} {how}")
+            np.testing.assert_allclose(r, want, atol=1e-5, err_msg=f"layer {i} {how}")
     assert seen, model_type
 
 
