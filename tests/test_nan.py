@@ -81,13 +81,14 @@ def test_relative_error_of_an_operator_with_nan_output_is_not_small():
 # Item 7: NaN at position T must not reach rows < T: H, operator outputs and logits, every
 # family (chunked forwards replace NaN by 0 and mark the outputs a sequential pass makes NaN,
 # ops.nan; H keeps exact zeros above the diagonal, ops.keep_causal).
-def operators_with_nan(model, seed: int):
-    """Per layer: the operator of the clean mixer input and of the same input with NaN at T."""
+def operators_with_nan(model, seed: int, value: float = np.nan):
+    """Per layer: the operator of the clean mixer input and of the same input with ``value``
+    (NaN) at T."""
     ids = np.random.default_rng(seed).integers(0, model.config.vocab_size, (1, 40))
     for i, x in model.mixer_inputs(ids).items():
         x = np.asarray(x).copy()
         clean = model.layers[i].mixer.as_operator(x)
-        x[0, T] = np.nan
+        x[0, T] = value
         yield i, clean, model.layers[i].mixer.as_operator(x)
 
 
@@ -132,7 +133,7 @@ def test_pallas_kernels_keep_nan_causal(model_type):
         seen.add(type(poisoned.core).__name__)
         H, H0 = (np.asarray(op.materialize(impl="pallas")) for op in (poisoned, clean))
         Hx = np.asarray(poisoned.materialize(impl="xla"))
-        assert np.isnan(H).any() == np.isnan(Hx).any(), f"layer {i}"  # (the delta rule's H has none)
+        assert np.isnan(H).any() == np.isnan(Hx).any(), f"layer {i}"
         np.testing.assert_array_equal(H[:, :, :T], H0[:, :, :T], err_msg=f"layer {i}")
         assert not np.triu(H, 1).any(), f"layer {i}"  # NaN is nonzero: none above the diagonal
         np.testing.assert_array_equal(np.isnan(H), np.isnan(Hx), err_msg=f"layer {i}")
@@ -147,6 +148,41 @@ def test_pallas_kernels_keep_nan_causal(model_type):
 # attention, RWKV-4, and the state-decay kernel (Mamba-1, the RG-LRU).
 CPU_KERNEL_FAMILIES = ("mamba2", "qwen3_next", "rwkv7", "xlstm", "lfm2", "lfm3", "falcon_h1", "rwkv", "mamba",
                        "recurrent_gemma")
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_overflowing_input_at_t_leaves_rows_before_t_unchanged(model_type):
+    """A finite but huge mixer input at ``T`` (``±1e30``, reachable through ``mixer.hook_in``):
+    the block's output and ``H`` before ``T`` as without it, through the CPU kernels where a
+    forward has one. The state input it makes overflows to inf, and Mamba-2's and RWKV-7's
+    chunked forms' masked products carried that into earlier rows as ``0 * inf`` until
+    2026-12-02 (``test_overflowing_input_keeps_the_chunked_forwards_causal``)."""
+    _, model = tiny(model_type)
+    for value in (1e30, -1e30):
+        for i, clean, huge in operators_with_nan(model, 2, value):
+            out, out0 = np.asarray(huge.output), np.asarray(clean.output)
+            np.testing.assert_allclose(out[:, :, :T], out0[:, :, :T], atol=1e-6, err_msg=f"layer {i} {value}")
+            H, H0 = (np.asarray(op.materialize(impl="xla")) for op in (huge, clean))
+            np.testing.assert_allclose(H[:, :, :T], H0[:, :, :T], atol=1e-6, err_msg=f"layer {i} {value}")
+            assert not np.triu(H, 1).any(), f"layer {i} {value}"
+
+
+# One family per forward with a CPU kernel (Mamba-1's scan, Mamba-2's SSD, the delta rule, the
+# mLSTM, RWKV-4's WKV, DPLR): the tests above see the kernels' recurrences, not the chunked forms.
+FORWARD_KERNEL_FAMILIES = ("mamba", "mamba2", "qwen3_next", "xlstm", "rwkv", "rwkv7")
+
+
+@pytest.mark.parametrize("model_type", FORWARD_KERNEL_FAMILIES)
+def test_overflowing_input_keeps_the_chunked_forwards_causal(model_type, monkeypatch):
+    """As above through the forwards' chunked XLA forms (an accelerator's, and the CPU's below
+    the kernels' size threshold; the forward is traced anew under ``disable_jit`` with the
+    threshold out of reach): the block's output before ``T`` as without the huge input."""
+    _, model = tiny(model_type)
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 1 << 62)
+    with jax.disable_jit():
+        for i, clean, huge in operators_with_nan(model, 2, 1e30):
+            out, out0 = np.asarray(huge.output), np.asarray(clean.output)
+            np.testing.assert_allclose(out[:, :, :T], out0[:, :, :T], atol=1e-6, err_msg=f"layer {i}")
 
 
 @pytest.mark.parametrize("model_type", CPU_KERNEL_FAMILIES)

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from .scan import linear_scan
-from .segsum import segment_sum
+from .segsum import keep_causal, segment_sum
 
 f32 = jnp.float32
 SEGSUM_CHUNK = 16  # the split of the in-chunk segment sums (a performance knob)
@@ -44,7 +44,8 @@ def ssd_chunked(x, dt, A, Bm, Cm, chunk: int = 64):
 
     # Diagonal blocks: (C_i . B_j) exp(segment sum) masked.
     dec = jnp.exp(segment_sum(la, SEGSUM_CHUNK))  # (b, c, g, h, i, j)
-    y = ((Cc @ jnp.swapaxes(Bc, -1, -2))[:, :, :, None] * dec) @ xs  # (b, c, g, h, i, p)
+    # keep_causal: C_i . B_j of huge finite B, C can overflow, and 0 * inf above the diagonal is NaN
+    y = keep_causal((Cc @ jnp.swapaxes(Bc, -1, -2))[:, :, :, None] * dec) @ xs  # (b, c, g, h, i, p)
 
     # State at the end of each chunk, then passed from chunk to chunk.
     cs = jnp.cumsum(la, axis=-1)

@@ -95,11 +95,18 @@ def ssd(x, dt, A, Bm, Cm, chunk: int, D=None):
       ``(B, L, H, P)`` float32.
     """
     hg = x.shape[2] // Bm.shape[2]
-    # NaN stays causal (ops.nan): x, dt, B feed the state (NaN from there on), C only its row.
-    per_head = lambda g: jnp.repeat(jnp.isnan(g).any(-1), hg, axis=2)  # (B, L, G, N) -> (B, L, H)
-    state_bad = from_first(jnp.isnan(x).any(-1) | jnp.isnan(dt) | per_head(Bm), axis=1)
-    bad = (state_bad | per_head(Cm))[..., None]
-    x, dt, Bm, Cm = (zero_nan(a) for a in (x, dt, Bm, Cm))
+    per_head = lambda g: jnp.repeat(g, hg, axis=2)  # (B, L, G) -> (B, L, H)
+    # NaN stays causal (ops.nan): the state input (dt x) B^T makes the state NaN from there on,
+    # and so does one that overflows (finite but huge x, dt or B: its largest entry is
+    # max|dt x| max|B|); C only its row. From there on x and dt are zeroed for the computation
+    # (a masked product would carry the overflow into earlier rows as 0 * inf), B where not finite.
+    size = jnp.max(jnp.abs(x.astype(f32) * dt.astype(f32)[..., None]), axis=-1) * per_head(
+        jnp.max(jnp.abs(Bm.astype(f32)), axis=-1))
+    state_bad = from_first(~jnp.isfinite(size), axis=1)
+    bad = (state_bad | per_head(jnp.isnan(Cm).any(-1)))[..., None]
+    x = jnp.where(state_bad[..., None], jnp.zeros((), x.dtype), zero_nan(x))
+    dt = jnp.where(state_bad, jnp.zeros((), dt.dtype), zero_nan(dt))
+    Bm, Cm = jnp.where(jnp.isfinite(Bm), Bm, jnp.zeros((), Bm.dtype)), zero_nan(Cm)
     chunked = functools.partial(ssd_chunked, chunk=chunk)
     cpu = cpu_kernels.ssd_scan if cpu_kernels.ssd_pays_off(x, Bm) else chunked
     y = run_scan("auto", cpu, chunked, x, dt, A, Bm, Cm)

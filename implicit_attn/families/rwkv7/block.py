@@ -86,10 +86,15 @@ def time_mix_parts(p: dict, x_ext, cfg: Config, first=None) -> dict:
     rh, kh, ah = heads(r, H), heads(k, H), heads(a, H)
     outside = jnp.einsum("bhlk,hk->bhl", rh * kh, p["r_k"].astype(f32))
     vh, lw = heads(v, H), heads(log_w, H)
-    bad = from_first(jnp.isnan(kh).any(-1) | jnp.isnan(vh).any(-1) | jnp.isnan(lw).any(-1) | jnp.isnan(kk).any(-1)
-                     | jnp.isnan(ah).any(-1), axis=2)
-    bad = bad | jnp.isnan(rh).any(-1) | jnp.isnan(outside)
-    return dict(r=zero_nan(rh), k=zero_nan(kh), v=zero_nan(vh), log_w=zero_nan(lw), kk=zero_nan(kk),
+    # The state input v k^T overflows (finite but huge k, v: its largest entry is max|k| max|v|)
+    # or holds NaN: the state is NaN from there on (ops.nan), and k, v are zeroed there for the
+    # computation (a masked product would carry the overflow into earlier rows as 0 * inf).
+    size = jnp.max(jnp.abs(kh), axis=-1) * jnp.max(jnp.abs(vh), axis=-1)
+    state_bad = from_first(~jnp.isfinite(size) | jnp.isnan(lw).any(-1) | jnp.isnan(kk).any(-1)
+                           | jnp.isnan(ah).any(-1), axis=2)
+    bad = state_bad | jnp.isnan(rh).any(-1) | jnp.isnan(outside)
+    zero_after = lambda t: jnp.where(state_bad[..., None], 0.0, zero_nan(t))
+    return dict(r=zero_nan(rh), k=zero_after(kh), v=zero_after(vh), log_w=zero_nan(lw), kk=zero_nan(kk),
                 a=zero_nan(ah), outside=zero_nan(outside), gate=gate, v_own=v_own, bad=bad)
 
 
