@@ -143,6 +143,22 @@ def test_pallas_kernels_keep_nan_causal(model_type):
     assert seen == {PALLAS_CORES[model_type]}, seen
 
 
+def test_pallas_kernels_keep_exact_zeros_above_the_diagonal_after_an_overflow():
+    """A huge finite mixer input at ``T`` (``1e30``) overflows ``H``'s entries to inf inside the
+    tiles, with no NaN in the inputs (so the plain tiles): the conv's band matmul once spread
+    ``inf * 0 = NaN`` over those rows, above the diagonal too (Mamba-1: 3,235 entries of layer
+    0). ``materialize`` and ``reduce`` with rows before ``T`` as without it, zeros above the
+    diagonal. (Mamba-2's tiles, also with a conv, showed none.)"""
+    _, model = tiny("mamba")
+    for i, clean, huge in operators_with_nan(model, 2, 1e30):
+        if not pallas.has_kernel(huge.core):
+            continue
+        for run in (lambda op: op.materialize(impl="pallas"), lambda op: op.reduce("abs_mean", impl="pallas")):
+            H, H0 = (np.asarray(run(op)) for op in (huge, clean))
+            np.testing.assert_array_equal(H[..., :T, :], H0[..., :T, :], err_msg=f"layer {i}")
+            assert not np.triu(H, 1).any(), f"layer {i}"
+
+
 # One family per core with a fused CPU kernel: Mamba-2, the delta rule and global attention, DPLR,
 # the mLSTM, the short conv, the short conv and windowed attention, Falcon-H1's parallel Mamba-2 +
 # attention, RWKV-4, and the state-decay kernel (Mamba-1, the RG-LRU).

@@ -224,6 +224,9 @@ def _tile(R: _Tile, I, J):
         H = band(_pre_tile(R, I, J, "j0"), M0, B0)
         H = H + jax.lax.cond(J + 1 <= I, lambda: band(_pre_tile(R, I, J + 1, "j1"), M1, B1),
                              lambda: jnp.zeros((T, T), f32))
+        # an inf of H (overflow of huge finite inputs: not NaN, so the plain band matmul) times
+        # the band's zeros is NaN in every column of its row, above the diagonal too
+        H = tiles.keep_lower(H, J == I)
     if R.has("seg_col"):
         H = jnp.where(R.shared("seg_col", "i") == R.shared("seg_row", "j0"), H, 0.0)
     return H
