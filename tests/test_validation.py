@@ -255,6 +255,30 @@ def test_empty_channel_selections_are_clear_errors(ckpts):
         op.reduce("mean", channels=True)
     np.testing.assert_allclose(np.asarray(op.reduce("mean", channels=slice(0, 2))),
                                np.asarray(op.reduce("mean", channels=[0, 1])), rtol=1e-6)
+    # block sizes: a positive int (a float once failed inside jnp.pad, True counted as 1)
+    for bad, error in ((0, ValueError), (-2, ValueError), (2.5, TypeError), (True, TypeError), ("4", TypeError)):
+        with pytest.raises(error, match="block_channels must be"):
+            op.reduce("mean", channels=[0, 1, 2], impl="xla", block_channels=bad)
+    np.testing.assert_allclose(np.asarray(op.reduce("mean", channels=[0, 1, 2], impl="xla", block_channels=np.int64(2))),
+                               np.asarray(op.reduce("mean", channels=[0, 1, 2], impl="xla")), rtol=1e-6)
+
+
+def test_layer_selections_and_hook_shapes_are_named(ckpts):
+    """``layers`` takes None, an int or ints (negatives from the end); a float or a bool was
+    once "out of range" or taken as layer 1. A hook array of the wrong shape names the activation."""
+    model = ckpts["mamba"][1]
+    ids = np.array([[1, 2, 3]])
+    n = len(model.layers)
+    for bad in ([0.0], [True], True, "0", [np.bool_(False)]):
+        with pytest.raises(ValueError, match="layers must be"):
+            model.operators(ids, layers=bad)
+    with pytest.raises(ValueError, match=f"layer {n} out of range for a model with {n} layers"):
+        model.operators(ids, layers=[n])
+    assert [op.shape for op in model.operators(ids, layers=np.int64(-1))] == [model.operators(ids, layers=[n - 1])[0].shape]
+    D = model.config.hidden_size
+    with pytest.raises(ValueError, match=r"adds\['hook_embed'\] must have the shape of hook_embed's activation = "
+                                         rf"\(1, 3, {D}\), got \(1, 2, {D}\)"):
+        model.run_with_hooks(ids, adds={"hook_embed": np.zeros((1, 2, D), np.float32)})
 
 
 def id_oracle(x):

@@ -95,11 +95,15 @@ def check_layers(layers, num_layers: int) -> list[int]:
     """Normalise a layer selection (None, int or list; negatives count from the end)."""
     if layers is None:
         return list(range(num_layers))
-    if isinstance(layers, (int, np.integer)):
+    if isinstance(layers, (int, np.integer)) and not isinstance(layers, (bool, np.bool_)):
         layers = [int(layers)]
+    if isinstance(layers, (str, bytes, bool, np.bool_)) or not hasattr(layers, "__iter__"):
+        raise ValueError(f"layers must be None, an int or a list of ints, got {layers!r}")
     out = []
     for i in layers:
-        if not isinstance(i, (int, np.integer)) or not -num_layers <= i < num_layers:
+        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+            raise ValueError(f"layers must be ints (negatives count from the end), got {i!r}")
+        if not -num_layers <= i < num_layers:
             raise ValueError(f"layer {i!r} out of range for a model with {num_layers} layers")
         out.append(int(i) % num_layers)
     return out
@@ -164,14 +168,15 @@ def check_taps(taps, expected_shape: Callable[[int], tuple], num_layers: int,
 
 
 def check_tap(tap, shape: tuple, what: str = "(batch, channels, length)", name: str = "tap",
-              owner: str = "the block's"):
-    """Validate one tap: exactly ``shape`` (the operator output's; no silent broadcasting)
-    and floating point. Returns it as a jax array; ValueError naming the problem otherwise."""
+              owner: str = "the block's", of: str = "operator output"):
+    """Validate one tap: exactly ``shape`` (``owner``'s ``of``, by default the operator output's;
+    no silent broadcasting) and floating point. Returns it as a jax array; ValueError naming
+    the problem otherwise."""
     t = as_device_array(tap)
     want = tuple(shape)
     if tuple(t.shape) != want:
-        raise ValueError(f"{name} must have the shape of {owner} operator output {what} = {want}, "
-                         f"got {tuple(t.shape)}")
+        described = " ".join(part for part in (owner, of, what) if part)
+        raise ValueError(f"{name} must have the shape of {described} = {want}, got {tuple(t.shape)}")
     if not jnp.issubdtype(t.dtype, jnp.floating):
         raise ValueError(f"{name} must be floating point, got dtype {t.dtype}")
     return t

@@ -222,7 +222,8 @@ class LanguageModel(nnx.Module):
         if not isinstance(arrays, dict):
             raise ValueError(f"{what} must be a dict {{hook name: array}}, got {type(arrays).__name__}")
         self.check_hook_names(list(arrays))
-        return {n: check_tap(a, self.hook_shape(n, B, L), "", name=f"{what}[{n!r}]", owner=f"{n}'s")
+        return {n: check_tap(a, self.hook_shape(n, B, L), "", name=f"{what}[{n!r}]", owner=f"{n}'s",
+                             of="activation")
                 for n, a in arrays.items()}
 
     def run_with_hooks(self, input_ids, adds: dict | None = None, sets: dict | None = None, segment_pos=None):

@@ -184,6 +184,8 @@ def block_size(n: int, B: int, L: int, block_channels: int | None) -> int:
     """Channels per step of a blocked materialize/reduce: ``block_channels`` or as many as
     keep one block's ``(B, block, L, L)`` under ``BLOCK_BUDGET`` elements."""
     if block_channels is not None:
+        if isinstance(block_channels, bool) or not isinstance(block_channels, (int, np.integer)):
+            raise TypeError(f"block_channels must be an int or None, got {block_channels!r}")
         if block_channels < 1:
             raise ValueError(f"block_channels must be >= 1, got {block_channels}")
         return min(block_channels, n)
