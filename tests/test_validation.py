@@ -281,6 +281,29 @@ def test_layer_selections_and_hook_shapes_are_named(ckpts):
         model.run_with_hooks(ids, adds={"hook_embed": np.zeros((1, 2, D), np.float32)})
 
 
+def test_explain_arguments_are_named(ckpts):
+    """A float or bool query position, a float start layer and a relevance with NaN among the
+    ranked positions are named errors (they were "out of range", taken as position 1, a
+    TypeError from ``range``, and a curve from an arbitrary order)."""
+    ex = ia.explain
+    model = ckpts["mamba"][1]
+    ids = np.array([[1, 2, 3, 4]])
+    for q in (1.0, True):
+        with pytest.raises(ValueError, match="query position must be an int"):
+            ex.explain(model, ids, query=q)
+    maps = np.full((2, 1, 4, 4), 0.25, np.float32)
+    for bad in (0.5, True):
+        with pytest.raises(ValueError, match="start_layer must be an int"):
+            ex.rollout(maps, start_layer=bad)
+    with pytest.raises(ValueError, match=r"start_layer must be in \[0, 2\) for 2 layer maps, got 2"):
+        ex.rollout(maps, start_layer=2)
+    rel = np.array([[0.1, np.nan, 0.3, 0.2]])
+    with pytest.raises(ValueError, match=r"relevance is NaN or infinite at \(example, position\) \[\[0, 1\]\]"):
+        ex.comprehensiveness(model, ids, rel)
+    # after the query the relevance is not ranked: NaN there is allowed
+    ex.comprehensiveness(model, ids, np.array([[0.1, 0.2, 0.3, np.nan]]), query=2)
+
+
 def id_oracle(x):
     """The ``(B, L)`` int array ``x`` stands for when it is valid token ids, else None."""
     if isinstance(x, (np.ndarray, jax.Array)):

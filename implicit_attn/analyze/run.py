@@ -55,7 +55,7 @@ from jax.sharding import PartitionSpec as P
 from tqdm import tqdm
 
 from ..explain.maps import HOWS, iter_operators, operator_map, position_mean
-from ..explain.methods import METHODS, combine, contribution_map, query_gradients
+from ..explain.methods import METHODS, check_start_layer, combine, contribution_map, query_gradients
 from ..explain.metrics import AUC_GRID, ERASER_BINS, FULL_GRID, SCORES, faithfulness
 from ..io import load, load_tokenizer
 from ..nn import check_layers
@@ -98,8 +98,7 @@ class Settings:
             raise ValueError(f"how must be one of {HOWS}, got {self.how!r}")
         model.check_variant(self.variant)
         layers = tuple(check_layers(None if self.layers is None else list(self.layers), len(model.layers)))
-        if not 0 <= self.start_layer < len(layers):
-            raise ValueError(f"start_layer must be in [0, {len(layers)}), got {self.start_layer}")
+        check_start_layer(self.start_layer, len(layers), "layers")
         for name in ("pad_multiple", "batch_size"):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or v < 1:

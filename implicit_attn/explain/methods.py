@@ -66,11 +66,17 @@ def _keep_mask(L: int, exclude: Sequence[int]):
     return jnp.asarray(_keep_mask_np(L, exclude))
 
 
-def _check_start(maps, start_layer: int) -> int:
-    n = maps.shape[0]
+def check_start_layer(start_layer, n: int, what: str) -> int:
+    """``start_layer`` as an int in ``[0, n)`` (``n`` layers of ``what``); ValueError otherwise."""
+    if isinstance(start_layer, (bool, np.bool_)) or not isinstance(start_layer, (int, np.integer)):
+        raise ValueError(f"start_layer must be an int, got {start_layer!r}")
     if not 0 <= start_layer < n:
-        raise ValueError(f"start_layer must be in [0, {n}) for {n} layer maps, got {start_layer}")
-    return start_layer
+        raise ValueError(f"start_layer must be in [0, {n}) for {n} {what}, got {start_layer}")
+    return int(start_layer)
+
+
+def _check_start(maps, start_layer: int) -> int:
+    return check_start_layer(start_layer, maps.shape[0], "layer maps")
 
 
 def _check_maps(maps):
@@ -171,7 +177,9 @@ _contribution_map = jax.jit(full_precision(_contribution_map_impl), static_argnu
 
 def check_query(query: int, L: int) -> int:
     """Normalise a query position (negative counts from the end)."""
-    if not isinstance(query, (int, np.integer)) or not -L <= query < L:
+    if isinstance(query, (bool, np.bool_)) or not isinstance(query, (int, np.integer)):
+        raise ValueError(f"query position must be an int (negative counts from the end), got {query!r}")
+    if not -L <= query < L:
         raise ValueError(f"query position {query!r} out of range for length {L}")
     return int(query) % L
 
@@ -368,8 +376,7 @@ def explain(model, ids, method: str = "rollout", variant: str = "full", layers=N
     sel = check_layers(layers, len(model.layers))
     kw = model_kwargs(model, ids, segment_pos)
     keep = _keep_mask_np(L, exclude)
-    if not 0 <= start_layer < len(sel):
-        raise ValueError(f"start_layer must be in [0, {len(sel)}) for {len(sel)} layers, got {start_layer}")
+    check_start_layer(start_layer, len(sel), "layers")
     grads = xs = None
     if method in ("attribution", "contributions"):  # the mixer inputs come from the gradients' forward pass
         grads, q, t, xs = _output_gradients(model, ids, sel, q, target, segment_pos, True)
@@ -395,4 +402,4 @@ def explain(model, ids, method: str = "rollout", variant: str = "full", layers=N
 
 
 __all__ = ["METHODS", "Explanation", "explain", "raw_attention", "rollout", "attribution_maps",
-           "contribution_map", "output_gradients", "query_gradients", "combine", "resolve_target", "check_query", "as_ids"]
+           "contribution_map", "output_gradients", "query_gradients", "combine", "resolve_target", "check_query", "check_start_layer", "as_ids"]

@@ -162,6 +162,10 @@ def _setup(model, ids, relevance, query, target, candidates, segment_pos=None):
                              f"got {c.dtype} {c.shape}")
         cand = cand & c
     cand = np.broadcast_to(cand, (B, L))
+    unranked = cand & ~np.isfinite(rel)  # NaN has no rank: the order, and so the curve, would be arbitrary
+    if unranked.any():
+        raise ValueError(f"relevance is NaN or infinite at (example, position) {np.argwhere(unranked)[:8].tolist()} "
+                         f"among the positions ranked (up to the query)")
     n = cand.sum(axis=1)
     if np.any(n == 0):
         raise ValueError("no candidate positions to perturb")
