@@ -13,10 +13,11 @@ import jax
 import jax.numpy as jnp
 
 
-def zero_nan(x):
-    """``x`` with NaN entries replaced by 0 (for a computation whose NaN outputs are
-    restored by ``mark_nan``)."""
-    return jnp.where(jnp.isnan(x), jnp.zeros((), x.dtype), x)
+def zero_nan(x, also=None):
+    """``x`` with NaN entries, and those where ``also`` (a bool array broadcast against ``x``)
+    is True, replaced by 0 (for a computation whose NaN outputs are restored by ``mark_nan``)."""
+    drop = jnp.isnan(x) if also is None else jnp.isnan(x) | also
+    return jnp.where(drop, jnp.zeros((), x.dtype), x)
 
 
 def from_first(bad, axis: int = 1):

@@ -104,9 +104,8 @@ def ssd(x, dt, A, Bm, Cm, chunk: int, D=None):
         jnp.max(jnp.abs(Bm.astype(f32)), axis=-1))
     state_bad = from_first(~jnp.isfinite(size), axis=1)
     bad = (state_bad | per_head(jnp.isnan(Cm).any(-1)))[..., None]
-    x = jnp.where(state_bad[..., None], jnp.zeros((), x.dtype), zero_nan(x))
-    dt = jnp.where(state_bad, jnp.zeros((), dt.dtype), zero_nan(dt))
-    Bm, Cm = jnp.where(jnp.isfinite(Bm), Bm, jnp.zeros((), Bm.dtype)), zero_nan(Cm)
+    x, dt = zero_nan(x, state_bad[..., None]), zero_nan(dt, state_bad)
+    Bm, Cm = zero_nan(Bm, jnp.isinf(Bm)), zero_nan(Cm)
     chunked = functools.partial(ssd_chunked, chunk=chunk)
     cpu = cpu_kernels.ssd_scan if cpu_kernels.ssd_pays_off(x, Bm) else chunked
     y = run_scan("auto", cpu, chunked, x, dt, A, Bm, Cm)

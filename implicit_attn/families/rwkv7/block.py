@@ -93,8 +93,8 @@ def time_mix_parts(p: dict, x_ext, cfg: Config, first=None) -> dict:
     state_bad = from_first(~jnp.isfinite(size) | jnp.isnan(lw).any(-1) | jnp.isnan(kk).any(-1)
                            | jnp.isnan(ah).any(-1), axis=2)
     bad = state_bad | jnp.isnan(rh).any(-1) | jnp.isnan(outside)
-    zero_after = lambda t: jnp.where(state_bad[..., None], 0.0, zero_nan(t))
-    return dict(r=zero_nan(rh), k=zero_after(kh), v=zero_after(vh), log_w=zero_nan(lw), kk=zero_nan(kk),
+    return dict(r=zero_nan(rh), k=zero_nan(kh, state_bad[..., None]), v=zero_nan(vh, state_bad[..., None]),
+                log_w=zero_nan(lw), kk=zero_nan(kk),
                 a=zero_nan(ah), outside=zero_nan(outside), gate=gate, v_own=v_own, bad=bad)
 
 
