@@ -19,8 +19,10 @@ def ssd_chunked(x, dt, A, Bm, Cm, chunk: int = 64):
     recurrence ``S_t = exp(dt_t A_h) S_{t-1} + (dt_t x_t) B_t^T``, ``y_t = S_t C_t`` per head.
 
     Intra-chunk blocks are masked matmuls with stable segment sums; chunk states are passed on
-    by a scan over chunks. Any ``L`` (the tail chunk is zero-padded with ``dt = 0``). No NaN
-    handling and no skip: the caller's (``mamba2.block.ssd``).
+    by a scan over chunks. Any ``L`` (the tail chunk is zero-padded with ``dt = 0``). NaN inputs,
+    a state input that overflows, and the skip are the caller's (``mamba2.block.ssd``); here the
+    in-chunk products keep exact zeros above the diagonal, where ``C_i . B_j`` of huge finite
+    ``B``, ``C`` may be inf.
 
     Args:
       x: ``(B, L, H, P)`` head inputs; dt: ``(B, L, H)`` step sizes; A: ``(H,)`` (negative);
