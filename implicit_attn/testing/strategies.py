@@ -340,11 +340,12 @@ def kimi_linear_configs(draw) -> dict:
 
 @st.composite
 def bailing_hybrid_configs(draw) -> dict:
-    """``BailingHybridConfig`` kwargs: Kimi-Linear's draw with Bailing's constraints (no q latent;
-    the KDA heads are the attention heads, of ``head_dim``, and ``qk_rope_head_dim = head_dim``),
+    """``BailingHybridConfig`` kwargs: Kimi-Linear's draw (the q latent included) with Bailing's
+    constraints (the KDA heads are the attention heads, of ``head_dim``, and ``qk_rope_head_dim =
+    head_dim``),
     the bounded forget gate on or off and its bound, RoPE's base."""
     kw = {k: v for k, v in draw(kimi_linear_configs()).items()
-          if k not in ("q_lora_rank", "linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim")}
+          if k not in ("linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim")}
     d = draw(st.sampled_from([2, 4]))
     return {**family("bailing_hybrid").tiny, **kw, "head_dim": d, "qk_rope_head_dim": d,
             "short_conv_kernel_size": draw(st.integers(1, 4)), "kda_safe_gate": draw(st.booleans()),

@@ -18,8 +18,8 @@ from ...nn.config import MAX_LAYERS, read_rope_parameters
 from ..kimi_linear import Config as KimiLinearConfig
 from ..kimi_linear.config import read_attribute_names
 
-# fields of Kimi-Linear's config that HF's Bailing config does not have (or derives)
-NOT_BAILING = ("q_lora_rank", "linear_head_dim", "linear_num_heads", "linear_conv_kernel_dim")
+# fields of Kimi-Linear's config that HF's Bailing config derives (from head_dim, the heads, the conv width)
+NOT_BAILING = ("linear_head_dim", "linear_num_heads", "linear_conv_kernel_dim")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,9 +64,6 @@ class Config(KimiLinearConfig):
         self.check_bools("kda_safe_gate")
         self.check_floats("kda_lower_bound", high=0.0)
         self.check_floats("rope_theta", above=0.0)
-        if self.q_lora_rank is not None:
-            raise ValueError(f"q_lora_rank must be None for {self.label} (its MLA has a plain q_proj), "
-                             f"got {self.q_lora_rank!r}")
         for name, value in (("linear_head_dim", self.head_dim), ("linear_num_heads", self.num_attention_heads),
                             ("linear_conv_kernel_dim", self.short_conv_kernel_size)):
             object.__setattr__(self, name, value)
