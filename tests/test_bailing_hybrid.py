@@ -18,21 +18,25 @@ LING_3 = dict(vocab_size=64, hidden_size=64, intermediate_size=96, moe_intermedi
               pad_token_id=None, bos_token_id=None, eos_token_id=None, num_mtp_layers=0)
 
 
-@pytest.mark.parametrize("safe_gate, q_latent", [(True, False), (False, False), (True, True)],
-                         ids=["bounded_gate", "softplus_gate", "q_latent"])
-def test_released_layout_matches_torch_and_is_exact(safe_gate, q_latent):
-    """Also with a query latent (``q_lora_rank``, with the biases HF gives it under
-    ``attention_bias``): HF's Bailing MLA builds it as Kimi's does (it was refused until HF's was
-    read)."""
+# a query latent (``q_lora_rank``) with the bias HF gives it under ``attention_bias``, as Kimi's MLA
+# has it; KDA sizes given in config.json apart from the MLA's (HF sets them after deriving them)
+VARIANTS = {"bounded_gate": {}, "softplus_gate": {"kda_safe_gate": False},
+            "q_latent": {"q_lora_rank": 12, "attention_bias": True},
+            "kda_sizes_given": {"linear_head_dim": 6, "linear_num_heads": 2, "linear_conv_kernel_dim": 3}}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_released_layout_matches_torch_and_is_exact(variant):
+    """Until 2026-12-02 the two last variants were not read: the load failed on tensor shapes."""
     torch_or_skip()
     from implicit_attn.testing import assert_hf_parity
 
-    kw = {**LING_3, "kda_safe_gate": safe_gate}
-    if q_latent:
-        kw.update(q_lora_rank=12, attention_bias=True)
+    kw = {**LING_3, **VARIANTS[variant]}
+    safe_gate = kw.get("kda_safe_gate", True)
     cfg = bailing_hybrid.Config.from_hf(kw)
     assert cfg.layer_types == ("delta",) * 5 + ("attention",) and cfg.mlp_layer_types == ("mlp",) * 2 + ("moe",) * 4
     assert cfg.gate_lower_bound == (-5.0 if safe_gate else None)
+    assert all(getattr(cfg, k) == v for k, v in VARIANTS[variant].items())
     ids = np.random.default_rng(1).integers(0, 64, (2, 17))
     report = assert_hf_parity("bailing_hybrid", kw, ids)
     assert report["logits"] <= 1e-4 and len(report["mixers"]) == 6
@@ -49,7 +53,7 @@ def test_config_forms():
     assert cfg.layer_types == ("delta", "delta", "delta", "attention") * 3 and cfg.mla_rope_theta == 1e5
     assert cfg.mlp_layer_types == ("mlp",) * 3 + ("moe",) * 9 and cfg.linear_num_heads == 4
     d = cfg.to_hf()
-    assert d["q_lora_rank"] is None and "linear_head_dim" not in d and d["rope_parameters"]["rope_theta"] == 1e5
+    assert d["q_lora_rank"] is None and d["linear_head_dim"] == 8 and d["rope_parameters"]["rope_theta"] == 1e5
     assert bailing_hybrid.Config.from_hf(d) == cfg
     for bad, match in ((dict(qk_rope_head_dim=4), "qk_rope_head_dim .* must equal head_dim"),
                        (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}), "rope_type"),

@@ -2,7 +2,8 @@
 (``kimi_linear.Config``) with Bailing's defaults and its own ones.
 
 The KDA heads are the attention heads (``num_attention_heads`` of ``head_dim``; conv width
-``short_conv_kernel_size``), as HF derives them. Layer kinds: ``layer_types``, or the last
+``short_conv_kernel_size``), as HF derives them where config.json does not give
+``linear_num_heads``, ``linear_head_dim`` or ``linear_conv_kernel_dim``. Layer kinds: ``layer_types``, or the last
 layer of every ``layer_group_size`` is MLA; feed-forward kinds: ``mlp_layer_types``, or the
 first ``first_k_dense_replace`` (default 2) dense. The KDA forget gate is bounded
 (``kda_safe_gate``: log decays ``kda_lower_bound * sigmoid(exp(A_log) g)``) or Kimi's. MLA has
@@ -18,8 +19,10 @@ from ...nn.config import MAX_LAYERS, read_rope_parameters
 from ..kimi_linear import Config as KimiLinearConfig
 from ..kimi_linear.config import read_attribute_names
 
-# fields of Kimi-Linear's config that HF's Bailing config derives (from head_dim, the heads, the conv width)
-NOT_BAILING = ("linear_head_dim", "linear_num_heads", "linear_conv_kernel_dim")
+# Kimi-Linear's KDA sizes, which HF's Bailing config derives from these fields of its own
+# unless config.json gives them (its keyword arguments are set after the derivation)
+DERIVED = {"linear_head_dim": "head_dim", "linear_num_heads": "num_attention_heads",
+           "linear_conv_kernel_dim": "short_conv_kernel_size"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +57,9 @@ class Config(KimiLinearConfig):
     kda_safe_gate: bool = True
     kda_lower_bound: float = -5.0
     rope_theta: float = 6_000_000.0
+    linear_head_dim: int | None = None
+    linear_num_heads: int | None = None
+    linear_conv_kernel_dim: int | None = None
 
     def __post_init__(self):
         """HF's derived sizes and defaults, then Kimi-Linear's checks and Bailing's (``ValueError``
@@ -64,9 +70,9 @@ class Config(KimiLinearConfig):
         self.check_bools("kda_safe_gate")
         self.check_floats("kda_lower_bound", high=0.0)
         self.check_floats("rope_theta", above=0.0)
-        for name, value in (("linear_head_dim", self.head_dim), ("linear_num_heads", self.num_attention_heads),
-                            ("linear_conv_kernel_dim", self.short_conv_kernel_size)):
-            object.__setattr__(self, name, value)
+        for name, source in DERIVED.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, getattr(self, source))
         n = self.num_hidden_layers
         if self.layer_types is None:
             object.__setattr__(self, "layer_types", tuple(
@@ -90,7 +96,7 @@ class Config(KimiLinearConfig):
     @classmethod
     def read_hf(cls, d: dict, kw: dict) -> dict:
         """HF's ``attribute_map`` names and ``rope_parameters`` (``rope_type`` default only)."""
-        kw = read_rope_parameters(d, {k: v for k, v in kw.items() if k not in NOT_BAILING}, cls.label)
+        kw = read_rope_parameters(d, kw, cls.label)
         kw.pop("partial_rotary_factor", None)
         if "pad_token_id" in d and d["pad_token_id"] is None:
             kw["pad_token_id"] = None
@@ -98,10 +104,8 @@ class Config(KimiLinearConfig):
 
     def write_hf(self, d: dict) -> dict:
         d = super().write_hf(d)
-        for k in NOT_BAILING:
-            d.pop(k, None)
         d["rope_parameters"] = {"rope_type": "default", "rope_theta": d["rope_theta"]}
         return d
 
 
-__all__ = ["Config", "NOT_BAILING"]
+__all__ = ["Config", "DERIVED"]
