@@ -294,6 +294,19 @@ def test_packed_positions_match_torch_where_its_conv_cannot_leak(tmp_path, rng):
     assert np.abs(ref_flat[0, 5:] - ref[0, 5:]).max() > 1e-2
 
 
+def test_head_dim_given_apart_from_the_width_matches_torch(tmp_path, rng):
+    """HF derives ``head_dim`` as ``hidden_size // num_attention_heads`` and then sets the value
+    config.json gives: heads of 12 at width 32 (before 2026-12-02 the load failed on tensor
+    shapes). The local attention's operator stays exact."""
+    tm = griffin_hf(tmp_path, head_dim=12)
+    model = ia.load(tmp_path)
+    assert model.config.head_dim == 12 and tm.config.head_dim == 12
+    ids = rng.integers(0, model.config.vocab_size, (2, 13))
+    ref, _ = torch_run(tm, ids)
+    assert np.abs(np.asarray(model(ids)) - ref).max() <= 1e-4
+    assert max(op.relative_error() for op in model.operators(ids)) <= 1e-5
+
+
 def test_packed_recurrent_operator_against_float64(one, rng):
     _, model, _ = one
     ids, pos = _packed(rng, model.config.vocab_size)

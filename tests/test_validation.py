@@ -81,7 +81,9 @@ LOAD_CASES = [
     ("mamba2", ("time_step_limit",), [{"__float__": "huge"}, 1.0], ["time_step_limit", "huge"]),
     ("mamba2", ("n_groups",), 3, ["n_groups", "3"]),
     ("recurrent_gemma", ("num_attention_heads",), 0, ["num_attention_heads", "0"]),
-    ("recurrent_gemma", ("num_attention_heads",), 3, ["num_attention_heads (3)", "hidden_size (32)"]),
+    # config.json gives head_dim (HF writes it), so the heads must divide lru_width, not hidden_size
+    ("recurrent_gemma", ("num_attention_heads",), 5, ["num_attention_heads (5)", "lru_width (24)"]),
+    ("recurrent_gemma", ("head_dim",), 0, ["head_dim", "0"]),
     ("recurrent_gemma", ("num_key_value_heads",), 3, ["num_key_value_heads (3)"]),
     ("recurrent_gemma", ("block_types",), "recurrent", ["block_types", "'recurrent'"]),
     ("recurrent_gemma", ("block_types",), [["attention"]], ["block_types"]),

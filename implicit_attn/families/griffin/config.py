@@ -37,10 +37,12 @@ class Config(AttentionFields, HFConfig):
     block_types: tuple = ("recurrent", "recurrent", "attention")
     attention_bias: bool = False
     tie_word_embeddings: bool = True
+    # HF derives it from hidden_size / num_attention_heads, but config.json's value is set after
+    head_dim: int | None = None
 
     def __post_init__(self):
         """Validate every field (``ValueError`` naming the field and its value) and fill
-        the derived defaults (``lru_width`` and ``num_key_value_heads`` 0)."""
+        the derived defaults (``lru_width`` and ``num_key_value_heads`` 0, ``head_dim`` None)."""
         self.check_ints("vocab_size", "hidden_size", "num_attention_heads", "attention_window_size",
                         "conv1d_width")
         self.check_ints("num_hidden_layers", high=MAX_LAYERS)
@@ -51,6 +53,9 @@ class Config(AttentionFields, HFConfig):
         self.check_floats("partial_rotary_factor", low=0.0, high=1.0)
         self.check_bools("attention_bias", "tie_word_embeddings")
         self.check_choice("hidden_activation", ("gelu_pytorch_tanh",), "RecurrentGemma")
+        if self.head_dim is None:
+            self.check_multiple("hidden_size", "num_attention_heads")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
         if not self.lru_width:
             object.__setattr__(self, "lru_width", self.hidden_size)
         if not self.num_key_value_heads:
@@ -76,7 +81,6 @@ class Config(AttentionFields, HFConfig):
 
     def write_hf(self, d: dict) -> dict:
         d["block_types"] = list(self.block_types)
-        d["head_dim"] = self.head_dim
         return write_rope_parameters(d)
 
 
