@@ -21,7 +21,7 @@ import numpy as np
 from .nn.checkpoint import (INDEX, SINGLE, CheckpointError, check_floating, floating_dtype, read_config, read_hf_dir,
                             release, write_hf_dir)
 from .nn.checks import as_device_array
-from .registry import FAMILIES, family
+from .registry import FAMILIES, checkpoint_family, family
 
 # ORG/NAME with Hugging Face's characters (letters, digits, "-", "_", "."); exactly one "/".
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -157,7 +157,9 @@ def load(path_or_repo_id, dtype=None, revision: str | None = None, sharding_of=N
       path_or_repo_id: directory with ``config.json`` and ``model.safetensors`` (or shards with
         ``model.safetensors.index.json``), or a repository id ``"ORG/NAME"`` (e.g.
         ``"state-spaces/mamba-130m-hf"``) already in the local Hugging Face cache (see
-        ``resolve``; nothing is downloaded). ``model_type`` in the config picks the family.
+        ``resolve``; nothing is downloaded). ``model_type`` in the config picks the family;
+        for a container type (``registry.CONTAINERS``: Qwen3.5's vision-language checkpoints)
+        its language model is loaded, and the vision tower is not read.
       dtype: optional floating dtype to cast parameters to (default: keep the checkpoint's).
       revision: branch, tag or commit of a cached repository (default ``"main"``).
       sharding_of: optional ``(tensor name, shape) -> jax.sharding.Sharding``: each tensor is
@@ -179,10 +181,12 @@ def load(path_or_repo_id, dtype=None, revision: str | None = None, sharding_of=N
         if pickle_files(path):  # e.g. mamba_ssm's config.json + pytorch_model.bin: say how to convert
             _check_safetensors(path, path_or_repo_id)
         raise CheckpointError(f"{path}: config.json has no model_type; supported: {sorted(FAMILIES)}")
-    spec = family(model_type)  # fails early for unknown types
+    spec, container = checkpoint_family(model_type)  # fails early for unknown types
     _check_safetensors(path, path_or_repo_id)
     dt = floating_dtype(dtype)
     config, tensors = read_hf_dir(path)  # header-checked views into memory maps: nothing read yet
+    if container is not None:  # e.g. a vision-language checkpoint: its language model alone
+        config, tensors = container.unwrap(config, tensors, path)
     check_floating(tensors, where=str(path))
     config, tensors = _untie_like_hf(spec, config, tensors, path)
     spec.to_params(config, tensors)  # config and every name and shape checked before any data is read

@@ -18,6 +18,8 @@ _SPECS = (mamba.SPEC, mamba2.SPEC, griffin.SPEC, rwkv.SPEC, falcon_mamba.SPEC, b
           lfm2.LFM3_SPEC, xlstm.SPEC)
 
 FAMILIES: dict[str, FamilySpec] = {s.model_type: s for s in _SPECS}
+# checkpoint types holding a family's model as their language model: model_type -> (spec, container)
+CONTAINERS: dict[str, tuple] = {c.model_type: (s, c) for s in _SPECS for c in s.containers}
 
 
 def family(model_type) -> FamilySpec:
@@ -27,9 +29,21 @@ def family(model_type) -> FamilySpec:
     return FAMILIES[model_type]
 
 
+def checkpoint_family(model_type):
+    """``(spec, container)`` for a checkpoint's ``model_type``: a family's own type gives
+    ``(spec, None)``; a container type (``CONTAINERS``) the family of its language model and
+    the ``checkpoint.Container`` that reads it. ``ValueError`` naming the supported types otherwise."""
+    if isinstance(model_type, str) and model_type in CONTAINERS:
+        return CONTAINERS[model_type]
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
+        raise ValueError(f"unknown model_type {model_type!r}; supported: {sorted(FAMILIES)}, and the language "
+                         f"models of {sorted(CONTAINERS)}")
+    return FAMILIES[model_type], None
+
+
 def model_types() -> list[str]:
     """Every supported ``model_type``, sorted."""
     return sorted(FAMILIES)
 
 
-__all__ = ["FAMILIES", "FamilySpec", "family", "model_types"]
+__all__ = ["FAMILIES", "CONTAINERS", "FamilySpec", "family", "checkpoint_family", "model_types"]

@@ -1,10 +1,14 @@
 """Qwen3.5 and Qwen3.5-MoE beyond the conformance suite: the fields HF's Qwen3.5 configs delete
-(a config.json may still carry them; HF ignores them, and so do we), and Qwen3.5-35B-A3B's layout
-scaled down against torch."""
+(a config.json may still carry them; HF ignores them, and so do we), Qwen3.5-35B-A3B's layout
+scaled down against torch, and the vision-language checkpoints' language model."""
 from __future__ import annotations
 
-import numpy as np
+import json
 
+import numpy as np
+import pytest
+
+import implicit_attn as ia
 from implicit_attn.families import qwen3_5
 from conftest import torch_or_skip
 
@@ -40,3 +44,50 @@ def test_moe_layout_matches_torch_where_hf_ignores_the_layer_rules():
     report = assert_hf_parity("qwen3_5_moe_text", kw, ids)
     assert report["logits"] <= 1e-4 and len(report["mixers"]) == 4
     assert max(report["exactness"]["full"]) <= 1e-5
+
+
+# the released checkpoints' type: the text model of test_moe_layout... scaled down, a one-block
+# vision tower, and the text config's RoPE with the multimodal sections the released configs carry
+VISION = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=32, patch_size=2, num_position_embeddings=16)
+ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "mrope_section": [1, 1, 0],
+        "mrope_interleaved": True}
+
+
+@pytest.mark.parametrize("text_type, tie", [("qwen3_5_text", False), ("qwen3_5_moe_text", True)])
+def test_vision_language_checkpoints_load_their_language_model(text_type, tie, tmp_path):
+    """``Qwen3_5ForConditionalGeneration`` (and the MoE one), saved by transformers with an
+    ``mtp.`` tensor added: ``ia.load`` gives the text family's model with HF's logits on text ids
+    and exact operators. The outer config's ``tie_word_embeddings`` decides the tie (the text
+    config says the opposite here); before 2026-12-02 the type was unknown."""
+    torch, transformers = torch_or_skip()
+    from safetensors.numpy import load_file, save_file
+
+    from implicit_attn.testing import hf_config_kwargs
+
+    text = {**hf_config_kwargs(text_type), "head_dim": 8, "rope_parameters": ROPE, "tie_word_embeddings": not tie}
+    outer = "Qwen3_5MoeConfig" if "moe" in text_type else "Qwen3_5Config"
+    torch.manual_seed(0)
+    cfg = getattr(transformers, outer)(text_config=text, vision_config={**VISION, "out_hidden_size": text["hidden_size"]},
+                                       tie_word_embeddings=tie)
+    tm = getattr(transformers, outer.replace("Config", "ForConditionalGeneration"))(cfg).eval()
+    qwen3_5.SPEC.hf_setup(tm, torch, 0)
+    tm.save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    assert any(n.startswith("model.visual.") for n in tensors)
+    save_file({**tensors, "mtp.fc.weight": np.ones((4, 4), np.float32)}, tmp_path / "model.safetensors",
+              metadata={"format": "pt"})
+    ids = np.random.default_rng(3).integers(0, text["vocab_size"], (2, 13))
+    with torch.no_grad():
+        ref = tm(input_ids=torch.tensor(ids)).logits.numpy()
+    model = ia.load(tmp_path)
+    assert model.family == text_type and model.config.tie_word_embeddings == tie
+    assert np.abs(np.asarray(model(ids)) - ref).max() <= 1e-4
+    assert max(op.relative_error() for op in model.operators(ids)) <= 1e-5
+
+
+def test_a_vision_language_config_without_its_text_config_is_an_error(tmp_path):
+    ia.save(qwen3_5.LM(cfg := qwen3_5.Config.from_hf(qwen3_5.SPEC.tiny), qwen3_5.SPEC.init_params(cfg, 0)), tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "qwen3_5"}))
+    with pytest.raises(ia.CheckpointError, match="no 'text_config' object"):
+        ia.load(tmp_path)

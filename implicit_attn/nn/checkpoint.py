@@ -16,6 +16,7 @@ supersedes.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import mmap
@@ -308,6 +309,52 @@ def read_index(path) -> dict[str, str]:
     return wmap
 
 
+@dataclasses.dataclass(frozen=True)
+class Container:
+    """A checkpoint type whose language model is a family's model inside a larger one (a
+    vision-language model's text part), read as that family's checkpoint by ``unwrap``.
+
+    Attributes:
+      model_type: the outer ``config.json`` ``model_type`` (e.g. ``"qwen3_5"``).
+      config_key: the key of the language model's config in it (``"text_config"``).
+      prefix: the language model's tensor names start with it (``"model.language_model."``);
+        it is replaced by ``"model."``, the family's own prefix.
+      skipped: prefixes of the tensors that are not read (the vision tower, a
+        multi-token-prediction head); any other tensor is kept for the family's strict
+        name check.
+      shared: keys of the outer config that apply to the language model and replace its
+        own (the outer class ties the output head: ``tie_word_embeddings``), with their
+        values where the outer config leaves them out (its class's defaults).
+    """
+
+    model_type: str
+    config_key: str
+    prefix: str
+    skipped: tuple[str, ...] = ()
+    shared: dict = dataclasses.field(default_factory=dict)
+
+    def unwrap(self, config: dict, tensors: dict, where) -> tuple[dict, dict]:
+        """``(config, tensors)`` of the language model alone: its config (with ``shared``
+        keys from the outer one) and the tensors renamed to the family's names, the
+        ``skipped`` ones dropped. ``CheckpointError`` if the config has no
+        ``config_key`` object."""
+        inner = config.get(self.config_key)
+        if not isinstance(inner, dict):
+            raise CheckpointError(f"{where}: config.json of model_type {self.model_type!r} has no "
+                                  f"{self.config_key!r} object (the language model's config)")
+        inner = {**inner, **{k: config.get(k, default) for k, default in self.shared.items()}}
+        out = {}
+        for name, t in tensors.items():
+            if name.startswith(self.skipped):
+                continue
+            target = "model." + name[len(self.prefix):] if name.startswith(self.prefix) else name
+            if target in out:
+                raise CheckpointError(f"{where}: tensors {target!r} and {self.prefix + target[6:]!r} would both be "
+                                      f"the language model's {target!r}")
+            out[target] = t
+        return inner, out
+
+
 def read_hf_dir(path) -> tuple[dict, dict[str, np.ndarray]]:
     """Read a Hugging Face directory: ``config.json`` plus ``model.safetensors`` or shards
     listed in ``model.safetensors.index.json`` (``model.safetensors`` wins when both exist,
@@ -460,6 +507,6 @@ def cast_floating(tensors: Mapping[str, np.ndarray], dtype) -> dict[str, np.ndar
     return {k: (v.astype(dt) if _is_floating(v.dtype) else v) for k, v in tensors.items()}
 
 
-__all__ = ["CheckpointError", "read_header", "read_safetensors", "release", "write_safetensors", "read_config",
+__all__ = ["CheckpointError", "Container", "read_header", "read_safetensors", "release", "write_safetensors", "read_config",
            "read_index", "shard_path", "read_hf_dir", "write_hf_dir", "check_tensors", "check_floating",
            "floating_dtype", "cast_floating", "SINGLE", "INDEX", "FLOAT_CODES", "MAX_HEADER_BYTES"]

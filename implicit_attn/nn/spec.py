@@ -45,6 +45,9 @@ class FamilySpec:
       hf_mixer_input: ``(torch, module, args, kwargs) -> our mixer's input`` from the HF mixer
         module and the arguments of its call, for a mixer that reads more than its first argument (RWKV-7's value
         residual); None: the first argument (or ``hidden_states``).
+      containers: ``checkpoint.Container``s of the checkpoint types that hold this family's
+        model as their language model (Qwen3.5's vision-language type); ``io.load`` reads
+        their language model as this family's.
     """
 
     model_type: str
@@ -68,6 +71,7 @@ class FamilySpec:
     hf_mixer_layers: Callable | None = None
     hf_mixer_output: Callable | None = None
     hf_mixer_input: Callable | None = None
+    containers: tuple = ()
 
 
 def perturb_parameters(model, torch, scale: float = 0.05, seed: int = 0):

@@ -3,17 +3,31 @@
 attention layers (``qwen3_next.block``, its exact operator and variants), with the DeltaNet's
 input projections stored as four plain matrices, and a SwiGLU MLP (dense) or a mixture of experts
 with a gated shared expert (MoE) in every layer. Two specs: ``SPEC`` and ``MOE_SPEC``.
+
+The released checkpoints are the vision-language types ``qwen3_5`` and ``qwen3_5_moe``
+(``Qwen3_5ForConditionalGeneration``): their language model (``text_config``, tensors under
+``model.language_model.``) loads as the text family; the vision tower and the
+multi-token-prediction head (``mtp.``, which transformers does not read either) are not read.
 """
 from ...nn import FamilySpec
+from ...nn.checkpoint import Container
 from ..qwen3_next import EXACT_VARIANTS, VARIANTS, hf_setup, naive_operator
 from ..qwen3_next import SPEC as QWEN3_NEXT
 from .checkpoint import MOE, TEXT
 from .config import Config, MoeConfig
 from .modules import LM, AttentionMixer, DeltaMixer, MoeLM, Qwen3_5Layer
 
-def family_spec(config, lm, checkpoint, hf_class: str, hf_config_class: str) -> FamilySpec:
+def vision_language(model_type: str) -> Container:
+    """The vision-language checkpoint type ``model_type``, whose output head is tied (or not) by
+    its own ``tie_word_embeddings`` (HF's default False), not the text config's."""
+    return Container(model_type=model_type, config_key="text_config", prefix="model.language_model.",
+                     skipped=("model.visual.", "mtp."), shared={"tie_word_embeddings": False})
+
+
+def family_spec(config, lm, checkpoint, hf_class: str, hf_config_class: str, container: Container) -> FamilySpec:
     """Qwen3-Next's spec with Qwen3.5's config, classes and checkpoint (Qwen3-Next's tiny and bench
-    keys without the fields the HF config class deletes, ``config.ignored``)."""
+    keys without the fields the HF config class deletes, ``config.ignored``), read from its own
+    checkpoints and from ``container``'s."""
     keep = lambda d: {k: v for k, v in d.items() if k not in config.ignored}
     return FamilySpec(
         model_type=config.model_type, label=config.label, config=config, lm=lm, variants=VARIANTS,
@@ -21,11 +35,12 @@ def family_spec(config, lm, checkpoint, hf_class: str, hf_config_class: str) -> 
         expected_shapes=checkpoint.expected_shapes, init_params=checkpoint.init_params,
         naive_operator=naive_operator, hf_class=hf_class, hf_config_class=hf_config_class,
         tiny=keep(QWEN3_NEXT.tiny), hf_setup=hf_setup, hf_mixer=QWEN3_NEXT.hf_mixer, has_heads=True,
-        bench={k: keep(v) for k, v in QWEN3_NEXT.bench.items()})
+        bench={k: keep(v) for k, v in QWEN3_NEXT.bench.items()}, containers=(container,))
 
 
-SPEC = family_spec(Config, LM, TEXT, "Qwen3_5ForCausalLM", "Qwen3_5TextConfig")
-MOE_SPEC = family_spec(MoeConfig, MoeLM, MOE, "Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig")
+SPEC = family_spec(Config, LM, TEXT, "Qwen3_5ForCausalLM", "Qwen3_5TextConfig", vision_language("qwen3_5"))
+MOE_SPEC = family_spec(MoeConfig, MoeLM, MOE, "Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig",
+                       vision_language("qwen3_5_moe"))
 
 __all__ = ["SPEC", "MOE_SPEC", "Config", "MoeConfig", "LM", "MoeLM", "DeltaMixer", "AttentionMixer",
-           "Qwen3_5Layer", "family_spec"]
+           "Qwen3_5Layer", "family_spec", "vision_language"]
