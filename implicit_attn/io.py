@@ -181,12 +181,12 @@ def load(path_or_repo_id, dtype=None, revision: str | None = None, sharding_of=N
         if pickle_files(path):  # e.g. mamba_ssm's config.json + pytorch_model.bin: say how to convert
             _check_safetensors(path, path_or_repo_id)
         raise CheckpointError(f"{path}: config.json has no model_type; supported: {sorted(FAMILIES)}")
-    spec, container = checkpoint_family(model_type)  # fails early for unknown types
+    spec, container = checkpoint_family(config, path)  # fails early for unknown types
     _check_safetensors(path, path_or_repo_id)
     dt = floating_dtype(dtype)
     config, tensors = read_hf_dir(path)  # header-checked views into memory maps: nothing read yet
     if container is not None:  # e.g. a vision-language checkpoint: its language model alone
-        config, tensors = container.unwrap(config, tensors, path)
+        config, tensors = container.language_config(config, path), container.language_tensors(tensors, path)
     check_floating(tensors, where=str(path))
     config, tensors = _untie_like_hf(spec, config, tensors, path)
     spec.to_params(config, tensors)  # config and every name and shape checked before any data is read

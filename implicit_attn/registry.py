@@ -18,8 +18,8 @@ _SPECS = (mamba.SPEC, mamba2.SPEC, griffin.SPEC, rwkv.SPEC, falcon_mamba.SPEC, b
           lfm2.LFM3_SPEC, xlstm.SPEC)
 
 FAMILIES: dict[str, FamilySpec] = {s.model_type: s for s in _SPECS}
-# checkpoint types holding a family's model as their language model: model_type -> (spec, container)
-CONTAINERS: dict[str, tuple] = {c.model_type: (s, c) for s in _SPECS for c in s.containers}
+# checkpoint types holding a family's model as their language model: model_type -> Container
+CONTAINERS: dict = {c.model_type: c for s in _SPECS for c in s.containers}
 
 
 def family(model_type) -> FamilySpec:
@@ -29,16 +29,26 @@ def family(model_type) -> FamilySpec:
     return FAMILIES[model_type]
 
 
-def checkpoint_family(model_type):
-    """``(spec, container)`` for a checkpoint's ``model_type``: a family's own type gives
-    ``(spec, None)``; a container type (``CONTAINERS``) the family of its language model and
-    the ``checkpoint.Container`` that reads it. ``ValueError`` naming the supported types otherwise."""
-    if isinstance(model_type, str) and model_type in CONTAINERS:
-        return CONTAINERS[model_type]
-    if not isinstance(model_type, str) or model_type not in FAMILIES:
-        raise ValueError(f"unknown model_type {model_type!r}; supported: {sorted(FAMILIES)}, and the language "
-                         f"models of {sorted(CONTAINERS)}")
-    return FAMILIES[model_type], None
+def checkpoint_family(config: dict, where="config.json"):
+    """``(spec, container)`` of a checkpoint's ``config.json`` dict: for a family's own
+    ``model_type`` ``(spec, None)``; for a container type (``CONTAINERS``) the family of its
+    language model (the ``model_type`` of ``config[container.config_key]``, which must list
+    the container in ``FamilySpec.containers``) and the ``checkpoint.Container``.
+    ``ValueError`` naming the supported types otherwise (``CheckpointError``, naming ``where``,
+    for a container config without its language model's)."""
+    model_type = config.get("model_type")
+    container = CONTAINERS.get(model_type) if isinstance(model_type, str) else None
+    if container is None:
+        if not isinstance(model_type, str) or model_type not in FAMILIES:
+            raise ValueError(f"unknown model_type {model_type!r}; supported: {sorted(FAMILIES)}, and the language "
+                             f"models of {sorted(CONTAINERS)}")
+        return FAMILIES[model_type], None
+    inner = container.language_config(config, where)["model_type"]
+    readers = sorted(s.model_type for s in _SPECS if container in s.containers)
+    if inner not in readers:
+        raise ValueError(f"the language model of a {model_type!r} checkpoint is of model_type {inner!r}; "
+                         f"supported there: {readers}")
+    return FAMILIES[inner], container
 
 
 def model_types() -> list[str]:

@@ -1,7 +1,10 @@
 """LFM2, LFM2-MoE and LFM3 beyond the conformance suite: the released layouts scaled down, the
 SwiGLU width rule and the RoPE frequencies against HF's modules, the short conv's operator
-(bias offset, both variants, the band), the sliding window, and config forms."""
+(bias offset, both variants, the band), the sliding window, config forms, and the
+vision-language checkpoints' language model."""
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
@@ -124,3 +127,49 @@ def test_config_forms():
                        (dict(rope_parameters={"rope_theta": 1.0}), "rope_parameters")):
         with pytest.raises(ValueError, match=match):
             lfm2.Lfm3Config.from_hf({**lfm2.LFM3_SPEC.tiny, **bad})
+
+
+# a one-block vision tower of each vision-language generation (its numbers are never read)
+SIGLIP2 = dict(model_type="siglip2_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+               num_attention_heads=2, num_patches=16, patch_size=2)
+LFM3_VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, patch_size=2)
+VL_CASES = {"lfm2": ("Lfm2Vl", SIGLIP2), "lfm2_moe": ("Lfm2Vl", SIGLIP2), "lfm3": ("Lfm3Vl", LFM3_VISION)}
+
+
+@pytest.mark.parametrize("text_type", list(VL_CASES))
+def test_vision_language_checkpoints_load_their_language_model(text_type, tmp_path):
+    """``Lfm2VlForConditionalGeneration`` (on LFM2 and on LFM2-MoE) and
+    ``Lfm3VlForConditionalGeneration`` saved by transformers: ``ia.load`` gives the text family's
+    model with HF's logits on text ids and exact operators. LFM2-VL is saved tied (no output head
+    in the file) and its config.json then says ``tie_word_embeddings: false`` but
+    ``tie_embedding: true``: HF's config lets the alias win, and so does the load (without it,
+    the head would be missing). LFM3-VL is saved untied. Before 2026-12-02 these types were
+    unknown."""
+    torch, transformers = torch_or_skip()
+    from implicit_attn.testing import assert_loads_as_language_model, hf_config_kwargs
+
+    outer, vision = VL_CASES[text_type]
+    tied = outer == "Lfm2Vl"
+    text = {**hf_config_kwargs(text_type), "model_type": text_type, "tie_word_embeddings": not tied}
+    cfg = getattr(transformers, outer + "Config")(text_config=text, vision_config=vision, projector_hidden_size=16,
+                                                  tie_word_embeddings=tied)
+    tm = getattr(transformers, outer + "ForConditionalGeneration")(cfg).eval()
+    lfm2.hf_setup(tm, torch, 0)
+    tm.save_pretrained(tmp_path)
+    if tied:
+        config = json.loads((tmp_path / "config.json").read_text())
+        (tmp_path / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False,
+                                                          "tie_embedding": True}))
+        tm = getattr(transformers, outer + "ForConditionalGeneration").from_pretrained(tmp_path).eval()
+        assert tm.config.tie_word_embeddings is True
+    ids = np.random.default_rng(3).integers(0, text["vocab_size"], (2, 13))
+    assert_loads_as_language_model(tm, tmp_path, text_type, tied, ids)
+
+
+def test_a_vision_language_checkpoint_of_another_language_model_names_the_supported_ones():
+    from implicit_attn.registry import checkpoint_family
+
+    with pytest.raises(ValueError, match=r"lfm2_vl.* of model_type 'lfm3'; supported there: \['lfm2', 'lfm2_moe'\]"):
+        checkpoint_family({"model_type": "lfm2_vl", "text_config": {"model_type": "lfm3"}})
+    spec, container = checkpoint_family({"model_type": "lfm3_vl", "text_config": {"model_type": "lfm3"}})
+    assert spec is lfm2.LFM3_SPEC and container.model_type == "lfm3_vl"

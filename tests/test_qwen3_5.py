@@ -62,7 +62,7 @@ def test_vision_language_checkpoints_load_their_language_model(text_type, tie, t
     torch, transformers = torch_or_skip()
     from safetensors.numpy import load_file, save_file
 
-    from implicit_attn.testing import hf_config_kwargs
+    from implicit_attn.testing import assert_loads_as_language_model, hf_config_kwargs
 
     text = {**hf_config_kwargs(text_type), "head_dim": 8, "rope_parameters": ROPE, "tie_word_embeddings": not tie}
     outer = "Qwen3_5MoeConfig" if "moe" in text_type else "Qwen3_5Config"
@@ -77,12 +77,7 @@ def test_vision_language_checkpoints_load_their_language_model(text_type, tie, t
     save_file({**tensors, "mtp.fc.weight": np.ones((4, 4), np.float32)}, tmp_path / "model.safetensors",
               metadata={"format": "pt"})
     ids = np.random.default_rng(3).integers(0, text["vocab_size"], (2, 13))
-    with torch.no_grad():
-        ref = tm(input_ids=torch.tensor(ids)).logits.numpy()
-    model = ia.load(tmp_path)
-    assert model.family == text_type and model.config.tie_word_embeddings == tie
-    assert np.abs(np.asarray(model(ids)) - ref).max() <= 1e-4
-    assert max(op.relative_error() for op in model.operators(ids)) <= 1e-5
+    assert_loads_as_language_model(tm, tmp_path, text_type, tie, ids)
 
 
 def test_a_vision_language_config_without_its_text_config_is_an_error(tmp_path):

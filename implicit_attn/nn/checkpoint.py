@@ -312,11 +312,12 @@ def read_index(path) -> dict[str, str]:
 @dataclasses.dataclass(frozen=True)
 class Container:
     """A checkpoint type whose language model is a family's model inside a larger one (a
-    vision-language model's text part), read as that family's checkpoint by ``unwrap``.
+    vision-language model's text part), read as that family's checkpoint.
 
     Attributes:
       model_type: the outer ``config.json`` ``model_type`` (e.g. ``"qwen3_5"``).
-      config_key: the key of the language model's config in it (``"text_config"``).
+      config_key: the key of the language model's config in it (``"text_config"``); that
+        config's own ``model_type`` names the family.
       prefix: the language model's tensor names start with it (``"model.language_model."``);
         it is replaced by ``"model."``, the family's own prefix.
       skipped: prefixes of the tensors that are not read (the vision tower, a
@@ -325,6 +326,8 @@ class Container:
       shared: keys of the outer config that apply to the language model and replace its
         own (the outer class ties the output head: ``tie_word_embeddings``), with their
         values where the outer config leaves them out (its class's defaults).
+      aliases: other names of ``shared`` keys in the outer config, which win where present
+        (LFM2-VL's ``tie_embedding``).
     """
 
     model_type: str
@@ -332,17 +335,23 @@ class Container:
     prefix: str
     skipped: tuple[str, ...] = ()
     shared: dict = dataclasses.field(default_factory=dict)
+    aliases: dict = dataclasses.field(default_factory=dict)
 
-    def unwrap(self, config: dict, tensors: dict, where) -> tuple[dict, dict]:
-        """``(config, tensors)`` of the language model alone: its config (with ``shared``
-        keys from the outer one) and the tensors renamed to the family's names, the
-        ``skipped`` ones dropped. ``CheckpointError`` if the config has no
-        ``config_key`` object."""
+    def language_config(self, config: dict, where) -> dict:
+        """The language model's config dict: ``config[config_key]`` with the ``shared`` keys
+        taken from ``config``. ``CheckpointError`` if there is no such object or it has no
+        ``model_type``."""
         inner = config.get(self.config_key)
-        if not isinstance(inner, dict):
+        if not isinstance(inner, dict) or not isinstance(inner.get("model_type"), str):
             raise CheckpointError(f"{where}: config.json of model_type {self.model_type!r} has no "
-                                  f"{self.config_key!r} object (the language model's config)")
-        inner = {**inner, **{k: config.get(k, default) for k, default in self.shared.items()}}
+                                  f"{self.config_key!r} object with a model_type (the language model's config)")
+        shared = {k: config.get(k, default) for k, default in self.shared.items()}
+        shared.update({key: config[alias] for alias, key in self.aliases.items() if alias in config})
+        return {**inner, **shared}
+
+    def language_tensors(self, tensors: dict, where) -> dict:
+        """The language model's tensors under the family's names (``prefix`` -> ``"model."``),
+        the ``skipped`` ones dropped. ``CheckpointError`` if two would get one name."""
         out = {}
         for name, t in tensors.items():
             if name.startswith(self.skipped):
@@ -352,7 +361,18 @@ class Container:
                 raise CheckpointError(f"{where}: tensors {target!r} and {self.prefix + target[6:]!r} would both be "
                                       f"the language model's {target!r}")
             out[target] = t
-        return inner, out
+        return out
+
+
+def vision_language(model_type: str, skipped: tuple[str, ...], tied: bool, aliases: dict | None = None) -> Container:
+    """The ``Container`` of a transformers vision-language checkpoint type laid out as its
+    ``*ForConditionalGeneration`` saves it: the language model's config under
+    ``text_config``, its tensors under ``model.language_model.``, the output head tied by the
+    outer config's ``tie_word_embeddings`` (default ``tied``, the class's; ``aliases`` of it
+    win), and the tensors under ``skipped`` (vision tower, projector) not read."""
+    return Container(model_type=model_type, config_key="text_config", prefix="model.language_model.",
+                     skipped=skipped, shared={"tie_word_embeddings": tied},
+                     aliases={alias: "tie_word_embeddings" for alias in (aliases or ())})
 
 
 def read_hf_dir(path) -> tuple[dict, dict[str, np.ndarray]]:
@@ -507,6 +527,6 @@ def cast_floating(tensors: Mapping[str, np.ndarray], dtype) -> dict[str, np.ndar
     return {k: (v.astype(dt) if _is_floating(v.dtype) else v) for k, v in tensors.items()}
 
 
-__all__ = ["CheckpointError", "Container", "read_header", "read_safetensors", "release", "write_safetensors", "read_config",
+__all__ = ["CheckpointError", "Container", "vision_language", "read_header", "read_safetensors", "release", "write_safetensors", "read_config",
            "read_index", "shard_path", "read_hf_dir", "write_hf_dir", "check_tensors", "check_floating",
            "floating_dtype", "cast_floating", "SINGLE", "INDEX", "FLOAT_CODES", "MAX_HEADER_BYTES"]

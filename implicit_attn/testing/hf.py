@@ -255,5 +255,21 @@ def assert_hf_parity(model, config: dict | None = None, input_ids=None, *, seed:
     return report
 
 
-__all__ = ["REFERENCE_MODULES", "reference_class", "build_hf_model", "hf_config_kwargs", "save_hf_model",
+def assert_loads_as_language_model(torch_model, path, model_type: str, tied: bool, input_ids) -> None:
+    """Assert that the vision-language checkpoint at ``path`` (saved from ``torch_model``, a
+    transformers ``*ForConditionalGeneration``) loads as its language model: a ``model_type``
+    model tied as ``tied`` says, whose logits on the text ids ``input_ids (B, L)`` are the torch
+    model's to 1e-4 and whose operators are exact to 1e-5."""
+    with torch.no_grad():
+        ref = torch_model(input_ids=torch.tensor(np.asarray(input_ids))).logits.numpy()
+    model = io.load(path)
+    assert model.family == model_type, (model.family, model_type)
+    assert model.config.tie_word_embeddings == tied, model.config.tie_word_embeddings
+    err = float(np.abs(np.asarray(model(input_ids)) - ref).max())
+    assert err <= 1e-4, f"logits differ from torch by {err:.2e}"
+    exact = max(op.relative_error() for op in model.operators(input_ids))
+    assert exact <= 1e-5, f"operators' relative error {exact:.2e}"
+
+
+__all__ = ["REFERENCE_MODULES", "assert_loads_as_language_model", "reference_class", "build_hf_model", "hf_config_kwargs", "save_hf_model",
            "load_jax_from_hf", "hf_module", "torch_forward", "max_rel_error", "random_ids", "assert_hf_parity"]

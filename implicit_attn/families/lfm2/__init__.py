@@ -9,6 +9,7 @@ sandwich norms), with SwiGLU MLPs or (LFM2-MoE) sigmoid-routed experts.
 (float64 references).
 """
 from ...nn import FamilySpec, perturb_parameters
+from ...nn.checkpoint import vision_language
 from .block import EXACT_VARIANTS, VARIANTS, conv_forward, conv_operator, lm_forward, mixer_forward, mixer_operator
 from .checkpoint import CHECKPOINT, LFM3_CHECKPOINT, MOE_CHECKPOINT
 from .config import Config, Lfm3Config, MoeConfig
@@ -30,7 +31,14 @@ def hf_setup(model, torch, seed: int = 0):
                 b.copy_(0.1 * torch.randn(b.shape, generator=g))
 
 
-def spec(model_type, label, config, lm, checkpoint, hf_class, tiny, bench) -> FamilySpec:
+# the vision-language checkpoints (LFM2-VL on LFM2 or LFM2-MoE, LFM3-VL): their vision tower and
+# projector are not read; LFM2-VL's config may name the tie ``tie_embedding``
+NOT_READ = ("model.vision_tower.", "model.multi_modal_projector.")
+LFM2_VL = vision_language("lfm2_vl", NOT_READ, tied=True, aliases=("tie_embedding",))
+LFM3_VL = vision_language("lfm3_vl", NOT_READ, tied=True)
+
+
+def spec(model_type, label, config, lm, checkpoint, hf_class, tiny, bench, containers) -> FamilySpec:
     """The ``FamilySpec`` of one LFM generation (they share everything but these)."""
     return FamilySpec(
         model_type=model_type, label=label, config=config, lm=lm, variants=VARIANTS, exact_variants=EXACT_VARIANTS,
@@ -38,7 +46,7 @@ def spec(model_type, label, config, lm, checkpoint, hf_class, tiny, bench) -> Fa
         expected_shapes=checkpoint.expected_shapes, init_params=checkpoint.init_params,
         naive_operator=naive_operator, hf_class=hf_class, hf_config_class=hf_class.replace("ForCausalLM", "Config"),
         tiny=tiny, hf_setup=hf_setup, hf_mixer="model.layers.{i}.conv|model.layers.{i}.self_attn",
-        bench=bench)
+        bench=bench, containers=containers)
 
 
 # LFM2-1.2B's layout scaled down: 16 layers, attention at 2, 5, 8, 10, 12, 14 (of 16)
@@ -53,7 +61,8 @@ SPEC = spec(
     bench={"full": dict(vocab_size=1024, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
                         num_attention_heads=8, num_key_value_heads=2, layer_types=LFM2_PATTERN),
            "quick": dict(vocab_size=256, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, layer_types=LFM2_PATTERN[:4])})
+                         num_attention_heads=4, num_key_value_heads=2, layer_types=LFM2_PATTERN[:4])},
+    containers=(LFM2_VL,))
 
 MOE_SPEC = spec(
     "lfm2_moe", "LFM2-MoE", MoeConfig, MoeLM, MOE_CHECKPOINT, "Lfm2MoeForCausalLM",
@@ -66,7 +75,8 @@ MOE_SPEC = spec(
                         num_experts=16, num_experts_per_tok=4, layer_types=LFM2_PATTERN),
            "quick": dict(vocab_size=256, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
                          num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, num_dense_layers=1,
-                         num_experts=4, num_experts_per_tok=2, layer_types=LFM2_PATTERN[:4])})
+                         num_experts=4, num_experts_per_tok=2, layer_types=LFM2_PATTERN[:4])},
+    containers=(LFM2_VL,))
 
 LFM3_SPEC = spec(
     "lfm3", "LFM3", Lfm3Config, Lfm3LM, LFM3_CHECKPOINT, "Lfm3ForCausalLM",
@@ -81,7 +91,8 @@ LFM3_SPEC = spec(
                         bos_token_id=None, eos_token_id=None),
            "quick": dict(vocab_size=256, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=32, pad_token_id=None,
-                         bos_token_id=None, eos_token_id=None)})
+                         bos_token_id=None, eos_token_id=None)},
+    containers=(LFM3_VL,))
 
 __all__ = ["SPEC", "MOE_SPEC", "LFM3_SPEC", "Config", "MoeConfig", "Lfm3Config", "LM", "MoeLM", "Lfm3LM",
            "ConvMixer", "AttentionMixer", "SlidingAttentionMixer", "Lfm2Layer", "VARIANTS", "EXACT_VARIANTS",

@@ -10,19 +10,12 @@ The released checkpoints are the vision-language types ``qwen3_5`` and ``qwen3_5
 multi-token-prediction head (``mtp.``, which transformers does not read either) are not read.
 """
 from ...nn import FamilySpec
-from ...nn.checkpoint import Container
+from ...nn.checkpoint import Container, vision_language
 from ..qwen3_next import EXACT_VARIANTS, VARIANTS, hf_setup, naive_operator
 from ..qwen3_next import SPEC as QWEN3_NEXT
 from .checkpoint import MOE, TEXT
 from .config import Config, MoeConfig
 from .modules import LM, AttentionMixer, DeltaMixer, MoeLM, Qwen3_5Layer
-
-def vision_language(model_type: str) -> Container:
-    """The vision-language checkpoint type ``model_type``, whose output head is tied (or not) by
-    its own ``tie_word_embeddings`` (HF's default False), not the text config's."""
-    return Container(model_type=model_type, config_key="text_config", prefix="model.language_model.",
-                     skipped=("model.visual.", "mtp."), shared={"tie_word_embeddings": False})
-
 
 def family_spec(config, lm, checkpoint, hf_class: str, hf_config_class: str, container: Container) -> FamilySpec:
     """Qwen3-Next's spec with Qwen3.5's config, classes and checkpoint (Qwen3-Next's tiny and bench
@@ -38,9 +31,12 @@ def family_spec(config, lm, checkpoint, hf_class: str, hf_config_class: str, con
         bench={k: keep(v) for k, v in QWEN3_NEXT.bench.items()}, containers=(container,))
 
 
-SPEC = family_spec(Config, LM, TEXT, "Qwen3_5ForCausalLM", "Qwen3_5TextConfig", vision_language("qwen3_5"))
+# the vision tower and the multi-token-prediction head (which transformers skips too) are not read
+NOT_READ = ("model.visual.", "mtp.")
+SPEC = family_spec(Config, LM, TEXT, "Qwen3_5ForCausalLM", "Qwen3_5TextConfig",
+                   vision_language("qwen3_5", NOT_READ, tied=False))
 MOE_SPEC = family_spec(MoeConfig, MoeLM, MOE, "Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig",
-                       vision_language("qwen3_5_moe"))
+                       vision_language("qwen3_5_moe", NOT_READ, tied=False))
 
 __all__ = ["SPEC", "MOE_SPEC", "Config", "MoeConfig", "LM", "MoeLM", "DeltaMixer", "AttentionMixer",
-           "Qwen3_5Layer", "family_spec", "vision_language"]
+           "Qwen3_5Layer", "family_spec", "NOT_READ"]
