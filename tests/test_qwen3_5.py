@@ -86,3 +86,25 @@ def test_a_vision_language_config_without_its_text_config_is_an_error(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "qwen3_5"}))
     with pytest.raises(ia.CheckpointError, match="no 'text_config' object"):
         ia.load(tmp_path)
+
+
+# OpenBMB's vision-language models on Qwen3.5's text model, with a two-layer vision tower
+MINICPM_VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=8,
+                      patch_size=2, insert_layer_id=1)
+
+
+@pytest.mark.parametrize("name", ["MiniCPMV4_6", "MiniCPMV4_7", "MiniCPMOcr"])
+def test_minicpm_checkpoints_load_their_language_model(name, tmp_path):
+    """MiniCPM-V 4.6 / 4.7 (untied by default) and MiniCPM-OCR (tied) saved by transformers load
+    as ``qwen3_5_text`` with HF's logits on text ids and exact operators."""
+    torch, transformers = torch_or_skip()
+    from implicit_attn.testing import assert_loads_as_language_model, hf_config_kwargs
+
+    text = {**hf_config_kwargs("qwen3_5_text"), "model_type": "qwen3_5_text"}
+    cfg = getattr(transformers, name + "Config")(text_config=text, vision_config=MINICPM_VISION, insert_layer_id=1,
+                                                 image_size=8)
+    tm = getattr(transformers, name + "ForConditionalGeneration")(cfg).eval()
+    qwen3_5.SPEC.hf_setup(tm, torch, 0)
+    tm.save_pretrained(tmp_path)
+    ids = np.random.default_rng(5).integers(0, text["vocab_size"], (2, 9))
+    assert_loads_as_language_model(tm, tmp_path, "qwen3_5_text", name == "MiniCPMOcr", ids)

@@ -8,6 +8,8 @@ The released checkpoints are the vision-language types ``qwen3_5`` and ``qwen3_5
 (``Qwen3_5ForConditionalGeneration``): their language model (``text_config``, tensors under
 ``model.language_model.``) loads as the text family; the vision tower and the
 multi-token-prediction head (``mtp.``, which transformers does not read either) are not read.
+So do MiniCPM-V 4.6 / 4.7 and MiniCPM-OCR (``minicpmv4_6``, ``minicpmv4_7``, ``minicpm_ocr``),
+vision-language models on Qwen3.5's text model.
 """
 from ...nn import FamilySpec
 from ...nn.checkpoint import Container, vision_language
@@ -17,10 +19,11 @@ from .checkpoint import MOE, TEXT
 from .config import Config, MoeConfig
 from .modules import LM, AttentionMixer, DeltaMixer, MoeLM, Qwen3_5Layer
 
-def family_spec(config, lm, checkpoint, hf_class: str, hf_config_class: str, container: Container) -> FamilySpec:
+def family_spec(config, lm, checkpoint, hf_class: str, hf_config_class: str,
+                containers: tuple[Container, ...]) -> FamilySpec:
     """Qwen3-Next's spec with Qwen3.5's config, classes and checkpoint (Qwen3-Next's tiny and bench
     keys without the fields the HF config class deletes, ``config.ignored``), read from its own
-    checkpoints and from ``container``'s."""
+    checkpoints and from ``containers``'."""
     keep = lambda d: {k: v for k, v in d.items() if k not in config.ignored}
     return FamilySpec(
         model_type=config.model_type, label=config.label, config=config, lm=lm, variants=VARIANTS,
@@ -28,15 +31,20 @@ def family_spec(config, lm, checkpoint, hf_class: str, hf_config_class: str, con
         expected_shapes=checkpoint.expected_shapes, init_params=checkpoint.init_params,
         naive_operator=naive_operator, hf_class=hf_class, hf_config_class=hf_config_class,
         tiny=keep(QWEN3_NEXT.tiny), hf_setup=hf_setup, hf_mixer=QWEN3_NEXT.hf_mixer, has_heads=True,
-        bench={k: keep(v) for k, v in QWEN3_NEXT.bench.items()}, containers=(container,))
+        bench={k: keep(v) for k, v in QWEN3_NEXT.bench.items()}, containers=containers)
 
 
-# the vision tower and the multi-token-prediction head (which transformers skips too) are not read
+# the vision tower and the multi-token-prediction head (which transformers skips too) are not read;
+# nor the vision side of OpenBMB's MiniCPM-V 4.6 / 4.7 and MiniCPM-OCR, built on Qwen3.5's text model
 NOT_READ = ("model.visual.", "mtp.")
+MINICPM_NOT_READ = ("model.vision_tower.", "model.merger.")
 SPEC = family_spec(Config, LM, TEXT, "Qwen3_5ForCausalLM", "Qwen3_5TextConfig",
-                   vision_language("qwen3_5", NOT_READ, tied=False))
+                   (vision_language("qwen3_5", NOT_READ, tied=False),
+                    vision_language("minicpmv4_6", MINICPM_NOT_READ, tied=False),
+                    vision_language("minicpmv4_7", MINICPM_NOT_READ, tied=False),
+                    vision_language("minicpm_ocr", MINICPM_NOT_READ, tied=True)))
 MOE_SPEC = family_spec(MoeConfig, MoeLM, MOE, "Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig",
-                       vision_language("qwen3_5_moe", NOT_READ, tied=False))
+                       (vision_language("qwen3_5_moe", NOT_READ, tied=False),))
 
 __all__ = ["SPEC", "MOE_SPEC", "Config", "MoeConfig", "LM", "MoeLM", "DeltaMixer", "AttentionMixer",
-           "Qwen3_5Layer", "family_spec", "NOT_READ"]
+           "Qwen3_5Layer", "family_spec", "NOT_READ", "MINICPM_NOT_READ"]
