@@ -8,6 +8,7 @@ them; the ``time_step_min`` clamp is seen by the parity test; the router equals 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -151,3 +152,29 @@ def test_hub_config_forms_load():
 def test_bad_config_values_are_named(bad, msg):
     with pytest.raises(ValueError, match=msg):
         nemotron_h.Config.from_hf({**nemotron_h.SPEC.tiny, **bad})
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["text_config", "llm_config"])
+def test_omni_checkpoints_load_their_language_model(legacy, tmp_path):
+    """Nemotron-H Omni (``NemotronH_Omni_Reasoning_V3``, a one-layer RADIO vision tower, no audio)
+    saved by transformers: ``ia.load`` reads the Nemotron-H ``*ForCausalLM`` under
+    ``language_model.`` with HF's logits on text ids and exact operators; also with the text
+    config under the released configs' name ``llm_config`` (HF reads that too)."""
+    torch, transformers = torch_or_skip()
+    from implicit_attn.testing import assert_loads_as_language_model, hf_config_kwargs
+
+    text = {**hf_config_kwargs("nemotron_h"), "model_type": "nemotron_h"}
+    vision = dict(model_type="radio", video_temporal_patch_size=2, hidden_size=16, num_hidden_layers=1,
+                  num_attention_heads=2, patch_size=2, image_size=8, max_img_size=16)
+    cfg = transformers.NemotronH_Omni_Reasoning_V3_Config(text_config=text, vision_config=vision,
+                                                          projector_hidden_size=16, vision_hidden_size=16)
+    tm = transformers.NemotronH_Omni_Reasoning_V3(cfg).eval()
+    nemotron_h.SPEC.hf_setup(tm.language_model, torch, 0)
+    tm.save_pretrained(tmp_path)
+    if legacy:
+        config = json.loads((tmp_path / "config.json").read_text())
+        config["llm_config"] = config.pop("text_config")
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        tm = transformers.NemotronH_Omni_Reasoning_V3.from_pretrained(tmp_path).eval()
+    ids = np.random.default_rng(6).integers(0, text["vocab_size"], (2, 9))
+    assert_loads_as_language_model(tm, tmp_path, "nemotron_h", False, ids)

@@ -317,9 +317,11 @@ class Container:
     Attributes:
       model_type: the outer ``config.json`` ``model_type`` (e.g. ``"qwen3_5"``).
       config_key: the key of the language model's config in it (``"text_config"``); that
-        config's own ``model_type`` names the family.
+        config's own ``model_type`` names the family. ``legacy_config_key``: its older name,
+        read where ``config_key`` is absent.
       prefix: the language model's tensor names start with it (``"model.language_model."``);
-        it is replaced by ``"model."``, the family's own prefix.
+        it is replaced by ``target`` (``"model."``, the family's own prefix; ``""`` where the
+        container holds the whole ``*ForCausalLM``).
       skipped: prefixes of the tensors that are not read (the vision tower, a
         multi-token-prediction head); any other tensor is kept for the family's strict
         name check.
@@ -336,12 +338,16 @@ class Container:
     skipped: tuple[str, ...] = ()
     shared: dict = dataclasses.field(default_factory=dict)
     aliases: dict = dataclasses.field(default_factory=dict)
+    target: str = "model."
+    legacy_config_key: str | None = None
 
     def language_config(self, config: dict, where) -> dict:
         """The language model's config dict: ``config[config_key]`` with the ``shared`` keys
         taken from ``config``. ``CheckpointError`` if there is no such object or it has no
         ``model_type``."""
         inner = config.get(self.config_key)
+        if inner is None and self.legacy_config_key is not None:
+            inner = config.get(self.legacy_config_key)
         if not isinstance(inner, dict) or not isinstance(inner.get("model_type"), str):
             raise CheckpointError(f"{where}: config.json of model_type {self.model_type!r} has no "
                                   f"{self.config_key!r} object with a model_type (the language model's config)")
@@ -350,17 +356,17 @@ class Container:
         return {**inner, **shared}
 
     def language_tensors(self, tensors: dict, where) -> dict:
-        """The language model's tensors under the family's names (``prefix`` -> ``"model."``),
+        """The language model's tensors under the family's names (``prefix`` -> ``target``),
         the ``skipped`` ones dropped. ``CheckpointError`` if two would get one name."""
-        out = {}
+        out, source = {}, {}
         for name, t in tensors.items():
             if name.startswith(self.skipped):
                 continue
-            target = "model." + name[len(self.prefix):] if name.startswith(self.prefix) else name
+            target = self.target + name[len(self.prefix):] if name.startswith(self.prefix) else name
             if target in out:
-                raise CheckpointError(f"{where}: tensors {target!r} and {self.prefix + target[6:]!r} would both be "
-                                      f"the language model's {target!r}")
-            out[target] = t
+                raise CheckpointError(f"{where}: tensors {source[target]!r} and {name!r} would both be the "
+                                      f"language model's {target!r}")
+            out[target], source[target] = t, name
         return out
 
 

@@ -8,8 +8,13 @@ expert (``hybrid_override_pattern`` ``M`` / ``*`` / ``-`` / ``E``). Our layer ``
 ``block`` (pure functions), ``modules`` (NNX), ``checkpoint`` (shape table, ``backbone.``
 names, per-expert tensors, init), ``naive`` (float64 references). The mixer math is
 ``mamba2.block``'s and ``nn.attention``'s.
+
+``nemotron_h_omni`` checkpoints (Nemotron-H Omni, ``NemotronH_Omni_Reasoning_V3``: vision,
+audio and a Nemotron-H ``*ForCausalLM`` under ``language_model.``) load as their language model
+(``OMNI``).
 """
 from ...nn import FamilySpec, move_off_initial_values, perturb_parameters
+from ...nn.checkpoint import Container
 from .block import VARIANTS, decoder_layer, ffn_forward, lm_forward, mixer_forward, mixer_operator, moe_forward
 from .checkpoint import expected_shapes, from_params, init_params, to_params
 from .config import Config
@@ -44,6 +49,11 @@ def hf_mixer_layers(hf_config) -> list[int]:
     return [i for i, t in enumerate(hf_config.layers_block_type) if t in TOKEN_MIXING]
 
 
+# the whole NemotronHForCausalLM under language_model.; its own text config ties (or not) the head;
+# released configs name that config llm_config; the vision tower, projector and audio are not read
+OMNI = Container(model_type="nemotron_h_omni", config_key="text_config", legacy_config_key="llm_config",
+                 prefix="language_model.", target="", skipped=("vision_model.", "mlp1.", "audio_tower."))
+
 SPEC = FamilySpec(
     model_type="nemotron_h", label="Nemotron-H", config=Config, lm=LM, variants=VARIANTS,
     exact_variants=("full", "no_conv"), to_params=to_params, from_params=from_params,
@@ -63,8 +73,9 @@ SPEC = FamilySpec(
            "quick": dict(vocab_size=256, hidden_size=128, hybrid_override_pattern="M-*E", num_attention_heads=4,
                          num_key_value_heads=2, head_dim=32, intermediate_size=256, ssm_state_size=16,
                          mamba_num_heads=8, mamba_head_dim=16, n_groups=2, chunk_size=64, n_routed_experts=4,
-                         num_experts_per_tok=2, moe_intermediate_size=64, moe_shared_expert_intermediate_size=64)})
+                         num_experts_per_tok=2, moe_intermediate_size=64, moe_shared_expert_intermediate_size=64)},
+    containers=(OMNI,))
 
 __all__ = ["SPEC", "Config", "LM", "AttentionMixer", "FeedForwardLayer", "NemotronLayer", "VARIANTS",
            "to_params", "from_params", "expected_shapes", "init_params", "naive_operator", "decoder_layer",
-           "lm_forward", "mixer_forward", "mixer_operator", "moe_forward", "ffn_forward", "hf_mixer_layers"]
+           "lm_forward", "mixer_forward", "mixer_operator", "moe_forward", "ffn_forward", "hf_mixer_layers", "OMNI"]
