@@ -489,3 +489,38 @@ def test_a_numpy_input_changed_right_after_the_call_is_not_seen():
         x[:] = np.nan
         assert np.array_equal(np.asarray(got), np.arange(64 * 4096, dtype=np.float32).reshape(64, 4096))
         x[:] = np.arange(64 * 4096, dtype=np.float32).reshape(64, 4096)
+
+
+# the multi-token-prediction tensors released checkpoints carry, which HF's classes skip
+UNREAD = {mt: ["mtp.fc.weight", "mtp.layers.0.mlp.gate_proj.weight"] for mt in
+          ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid", "nemotron_h")}
+UNREAD["bailing_hybrid"] = ["model.layers.3.attention.dense.weight", "model.layers.3.mlp.gate_proj.weight"]
+
+
+@pytest.mark.parametrize("mt", sorted(UNREAD))
+def test_tensors_hf_skips_are_skipped(ckpts, tmp_path, mt):
+    """A checkpoint holding a family's multi-token-prediction tensors (``FamilySpec.unread_tensors``,
+    HF's ``_keys_to_ignore_on_load_unexpected``; Bailing's: the layers after the last one) loads
+    as without them, and HF's class loads the same file to the same logits; before 2026-12-02
+    the strict name check refused it. Any other extra tensor is still refused."""
+    torch = pytest.importorskip("torch")
+    from safetensors.numpy import load_file, save_file
+
+    from implicit_attn.testing import reference_class
+
+    src, model = ckpts[mt]
+    assert FAMILIES[mt].unread_tensors is not None
+    dst = shutil.copytree(src, tmp_path / "c")
+    (weights,) = dst.glob("*.safetensors")
+    tensors = load_file(weights)
+    extra = {name: np.ones((4, 4), np.float32) for name in UNREAD[mt]}
+    save_file({**tensors, **extra}, weights, metadata={"format": "pt"})
+    ids = np.random.default_rng(0).integers(0, model.config.vocab_size, (1, 9))
+    np.testing.assert_array_equal(np.asarray(ia.load(dst)(ids)), np.asarray(model(ids)))
+    tm = reference_class(FAMILIES[mt].hf_class).from_pretrained(dst).eval()
+    with torch.no_grad():
+        ref = tm(torch.tensor(ids)).logits.numpy()
+    assert np.abs(ref - np.asarray(model(ids))).max() <= 1e-4 * np.abs(ref).max()
+    save_file({**tensors, **extra, "model.extra.weight": np.ones(2, np.float32)}, weights, metadata={"format": "pt"})
+    with pytest.raises(ia.CheckpointError, match="unexpected tensors: model.extra.weight$"):
+        ia.load(dst)

@@ -370,6 +370,13 @@ class Container:
         return out
 
 
+def without_unread(tensors: dict, patterns) -> dict:
+    """``tensors`` without the names any of the regex ``patterns`` finds (``re.search``, as
+    transformers applies ``_keys_to_ignore_on_load_unexpected``)."""
+    found = [re.compile(p) for p in patterns]
+    return {k: v for k, v in tensors.items() if not any(f.search(k) for f in found)}
+
+
 def vision_language(model_type: str, skipped: tuple[str, ...], tied: bool, aliases: dict | None = None) -> Container:
     """The ``Container`` of a transformers vision-language checkpoint type laid out as its
     ``*ForConditionalGeneration`` saves it: the language model's config under
@@ -533,6 +540,6 @@ def cast_floating(tensors: Mapping[str, np.ndarray], dtype) -> dict[str, np.ndar
     return {k: (v.astype(dt) if _is_floating(v.dtype) else v) for k, v in tensors.items()}
 
 
-__all__ = ["CheckpointError", "Container", "vision_language", "read_header", "read_safetensors", "release", "write_safetensors", "read_config",
+__all__ = ["CheckpointError", "Container", "vision_language", "without_unread", "read_header", "read_safetensors", "release", "write_safetensors", "read_config",
            "read_index", "shard_path", "read_hf_dir", "write_hf_dir", "check_tensors", "check_floating",
            "floating_dtype", "cast_floating", "SINGLE", "INDEX", "FLOAT_CODES", "MAX_HEADER_BYTES"]

@@ -9,6 +9,18 @@ from .checkpoint import expected_shapes, from_params, init_params, to_params
 from .config import Config
 from .modules import LM, AttentionMixer, BailingHybridLayer, DeltaMixer
 
+def unread_tensors(config: dict) -> tuple[str, ...]:
+    """The tensors HF's model does not read: the ``num_mtp_layers`` (HF's default 1; saved as
+    ``num_nextn_predict_layers``) multi-token-prediction layers stored after the last layer
+    (``layers.{n}.`` on), as HF's ``_keys_to_ignore_on_load_unexpected`` lists them; none where
+    the two counts are not integers (the config check then names the field)."""
+    n = config.get("num_hidden_layers", Config.num_hidden_layers)
+    m = config.get("num_nextn_predict_layers", config.get("num_mtp_layers", 1))
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (n, m)):
+        return ()
+    return tuple(rf"(^|\.)layers\.{i}\." for i in range(n, n + m))
+
+
 SPEC = FamilySpec(
     model_type="bailing_hybrid", label="Bailing-Hybrid", config=Config, lm=LM, variants=VARIANTS,
     exact_variants=EXACT_VARIANTS, to_params=to_params, from_params=from_params, expected_shapes=expected_shapes,
@@ -34,7 +46,9 @@ SPEC = FamilySpec(
                          num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
                          qk_rope_head_dim=16, v_head_dim=16, qk_nope_head_dim=16, head_dim=16, n_group=2,
                          topk_group=1, num_experts_per_tok=2, num_local_experts=4, layer_group_size=3,
-                         pad_token_id=None, bos_token_id=None, eos_token_id=None, num_mtp_layers=0)})
+                         pad_token_id=None, bos_token_id=None, eos_token_id=None, num_mtp_layers=0)},
+    unread_tensors=unread_tensors)
 
 __all__ = ["SPEC", "Config", "LM", "DeltaMixer", "AttentionMixer", "BailingHybridLayer", "VARIANTS",
-           "EXACT_VARIANTS", "to_params", "from_params", "expected_shapes", "init_params", "naive_operator"]
+           "EXACT_VARIANTS", "to_params", "from_params", "expected_shapes", "init_params", "naive_operator",
+           "unread_tensors"]

@@ -49,6 +49,12 @@ def hf_mixer_layers(hf_config) -> list[int]:
     return [i for i, t in enumerate(hf_config.layers_block_type) if t in TOKEN_MIXING]
 
 
+def unread_tensors(config: dict) -> tuple[str, ...]:
+    """The tensors HF's class does not read (its ``_keys_to_ignore_on_load_unexpected``, found
+    anywhere in the name as HF searches it): the multi-token-prediction layers (``mtp``)."""
+    return (r"mtp.*",)
+
+
 # the whole NemotronHForCausalLM under language_model.; its own text config ties (or not) the head;
 # released configs name that config llm_config; the vision tower, projector and audio are not read
 OMNI = Container(model_type="nemotron_h_omni", config_key="text_config", legacy_config_key="llm_config",
@@ -74,8 +80,9 @@ SPEC = FamilySpec(
                          num_key_value_heads=2, head_dim=32, intermediate_size=256, ssm_state_size=16,
                          mamba_num_heads=8, mamba_head_dim=16, n_groups=2, chunk_size=64, n_routed_experts=4,
                          num_experts_per_tok=2, moe_intermediate_size=64, moe_shared_expert_intermediate_size=64)},
-    containers=(OMNI,))
+    containers=(OMNI,), unread_tensors=unread_tensors)
 
 __all__ = ["SPEC", "Config", "LM", "AttentionMixer", "FeedForwardLayer", "NemotronLayer", "VARIANTS",
            "to_params", "from_params", "expected_shapes", "init_params", "naive_operator", "decoder_layer",
-           "lm_forward", "mixer_forward", "mixer_operator", "moe_forward", "ffn_forward", "hf_mixer_layers", "OMNI"]
+           "lm_forward", "mixer_forward", "mixer_operator", "moe_forward", "ffn_forward", "hf_mixer_layers", "OMNI",
+           "unread_tensors"]

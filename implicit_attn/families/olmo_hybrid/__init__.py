@@ -9,7 +9,7 @@ with a SwiGLU MLP.
 """
 from ...nn import FamilySpec
 from ..qwen3_next import SPEC as QWEN3_NEXT
-from ..qwen3_next import hf_setup
+from ..qwen3_next import hf_setup, unread_tensors
 from .block import EXACT_VARIANTS, VARIANTS, lm_forward, mixer_forward, mixer_operator
 from .checkpoint import expected_shapes, from_params, init_params, standard_form, to_params
 from .config import Config
@@ -31,7 +31,8 @@ SPEC = FamilySpec(
     bench={"full": dict(vocab_size=1024, hidden_size=512, intermediate_size=1024, num_hidden_layers=8,
                         num_attention_heads=8, pad_token_id=None, eos_token_id=None),
            "quick": dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-                         num_attention_heads=4, pad_token_id=None, eos_token_id=None)})
+                         num_attention_heads=4, pad_token_id=None, eos_token_id=None)},
+    unread_tensors=unread_tensors)
 
 __all__ = ["SPEC", "Config", "LM", "DeltaMixer", "AttentionMixer", "OlmoHybridLayer", "VARIANTS", "EXACT_VARIANTS",
            "to_params", "from_params", "expected_shapes", "init_params", "standard_form", "naive_operator",

@@ -13,7 +13,7 @@ vision-language models on Qwen3.5's text model.
 """
 from ...nn import FamilySpec
 from ...nn.checkpoint import Container, vision_language
-from ..qwen3_next import EXACT_VARIANTS, VARIANTS, hf_setup, naive_operator
+from ..qwen3_next import EXACT_VARIANTS, VARIANTS, hf_setup, naive_operator, unread_tensors
 from ..qwen3_next import SPEC as QWEN3_NEXT
 from .checkpoint import MOE, TEXT
 from .config import Config, MoeConfig
@@ -31,12 +31,13 @@ def family_spec(config, lm, checkpoint, hf_class: str, hf_config_class: str,
         expected_shapes=checkpoint.expected_shapes, init_params=checkpoint.init_params,
         naive_operator=naive_operator, hf_class=hf_class, hf_config_class=hf_config_class,
         tiny=keep(QWEN3_NEXT.tiny), hf_setup=hf_setup, hf_mixer=QWEN3_NEXT.hf_mixer, has_heads=True,
-        bench={k: keep(v) for k, v in QWEN3_NEXT.bench.items()}, containers=containers)
+        bench={k: keep(v) for k, v in QWEN3_NEXT.bench.items()}, containers=containers,
+        unread_tensors=unread_tensors)
 
 
-# the vision tower and the multi-token-prediction head (which transformers skips too) are not read;
-# nor the vision side of OpenBMB's MiniCPM-V 4.6 / 4.7 and MiniCPM-OCR, built on Qwen3.5's text model
-NOT_READ = ("model.visual.", "mtp.")
+# the vision tower is not read (nor the multi-token-prediction head: ``unread_tensors``), nor the
+# vision side of OpenBMB's MiniCPM-V 4.6 / 4.7 and MiniCPM-OCR, built on Qwen3.5's text model
+NOT_READ = ("model.visual.",)
 MINICPM_NOT_READ = ("model.vision_tower.", "model.merger.")
 SPEC = family_spec(Config, LM, TEXT, "Qwen3_5ForCausalLM", "Qwen3_5TextConfig",
                    (vision_language("qwen3_5", NOT_READ, tied=False),

@@ -35,6 +35,12 @@ def hf_setup(model, torch, seed: int = 0):
                 b.copy_(0.1 * torch.randn(b.shape, generator=g))
 
 
+def unread_tensors(config: dict) -> tuple[str, ...]:
+    """The tensors HF's class does not read (its ``_keys_to_ignore_on_load_unexpected``): the
+    multi-token-prediction head (``mtp.``) the released checkpoints carry."""
+    return (r"^mtp.*",)
+
+
 SPEC = FamilySpec(
     model_type="qwen3_next", label="Qwen3-Next", config=Config, lm=LM, variants=VARIANTS,
     exact_variants=EXACT_VARIANTS, to_params=to_params, from_params=from_params, expected_shapes=expected_shapes,
@@ -56,9 +62,10 @@ SPEC = FamilySpec(
            "quick": dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_key_head_dim=16,
                          linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, num_experts=4,
-                         num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64)})
+                         num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64)},
+    unread_tensors=unread_tensors)
 
 __all__ = ["SPEC", "Config", "LM", "DeltaMixer", "AttentionMixer", "Qwen3NextLayer", "VARIANTS", "EXACT_VARIANTS",
            "to_params", "from_params", "expected_shapes", "init_params", "naive_operator", "lm_forward",
            "mixer_forward", "mixer_operator", "delta_forward", "delta_operator", "attention_forward",
-           "attention_operator"]
+           "attention_operator", "unread_tensors"]
