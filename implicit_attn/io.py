@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from .nn.checkpoint import (INDEX, SINGLE, CheckpointError, check_floating, floating_dtype, read_config, read_hf_dir,
-                            release, without_unread, write_hf_dir)
+                            release, with_prefixes, without_unread, write_hf_dir)
 from .nn.checks import as_device_array
 from .registry import FAMILIES, checkpoint_family, family
 
@@ -189,6 +189,7 @@ def load(path_or_repo_id, dtype=None, revision: str | None = None, sharding_of=N
         config, tensors = container.language_config(config, path), container.language_tensors(tensors, path)
     if spec.unread_tensors is not None:  # e.g. multi-token-prediction layers, which HF skips too
         tensors = without_unread(tensors, spec.unread_tensors(config))
+    tensors = with_prefixes(tensors, spec.tensor_prefixes, path)
     check_floating(tensors, where=str(path))
     config, tensors = _untie_like_hf(spec, config, tensors, path)
     spec.to_params(config, tensors)  # config and every name and shape checked before any data is read

@@ -108,3 +108,24 @@ def test_minicpm_checkpoints_load_their_language_model(name, tmp_path):
     tm.save_pretrained(tmp_path)
     ids = np.random.default_rng(5).integers(0, text["vocab_size"], (2, 9))
     assert_loads_as_language_model(tm, tmp_path, "qwen3_5_text", name == "MiniCPMOcr", ids)
+
+
+@pytest.mark.parametrize("text_type", ["qwen3_5_text", "qwen3_5_moe_text"])
+def test_text_checkpoint_with_the_vision_language_names_loads(text_type, tmp_path):
+    """A ``qwen3_5_text`` / ``qwen3_5_moe_text`` config with its tensors under
+    ``model.language_model.`` (transformers reads it by a prefix change): HF's logits."""
+    torch, _ = torch_or_skip()
+    from safetensors.numpy import load_file, save_file
+
+    from implicit_attn.testing import build_hf_model, reference_class
+
+    build_hf_model(text_type).save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    save_file({"model.language_model." + k[6:] if k.startswith("model.") else k: v for k, v in tensors.items()},
+              tmp_path / "model.safetensors", metadata={"format": "pt"})
+    tm = reference_class(qwen3_5.SPEC.hf_class if text_type == "qwen3_5_text" else qwen3_5.MOE_SPEC.hf_class)
+    tm = tm.from_pretrained(tmp_path).eval()
+    ids = np.random.default_rng(7).integers(0, 64, (1, 9))
+    with torch.no_grad():
+        ref = tm(torch.tensor(ids)).logits.numpy()
+    assert np.abs(np.asarray(ia.load(tmp_path)(ids)) - ref).max() <= 1e-4

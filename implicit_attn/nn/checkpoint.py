@@ -309,6 +309,19 @@ def read_index(path) -> dict[str, str]:
     return wmap
 
 
+def with_prefixes(tensors: dict, renames, where) -> dict:
+    """``tensors`` with every name that starts with a ``(source, target)`` pair's source prefix
+    renamed to start with its target (the first pair that applies). ``CheckpointError``
+    naming both if two tensors would get one name."""
+    out, source = {}, {}
+    for name, t in tensors.items():
+        target = next((new + name[len(old):] for old, new in renames if name.startswith(old)), name)
+        if target in out:
+            raise CheckpointError(f"{where}: tensors {source[target]!r} and {name!r} would both be {target!r}")
+        out[target], source[target] = t, name
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Container:
     """A checkpoint type whose language model is a family's model inside a larger one (a
@@ -358,16 +371,8 @@ class Container:
     def language_tensors(self, tensors: dict, where) -> dict:
         """The language model's tensors under the family's names (``prefix`` -> ``target``),
         the ``skipped`` ones dropped. ``CheckpointError`` if two would get one name."""
-        out, source = {}, {}
-        for name, t in tensors.items():
-            if name.startswith(self.skipped):
-                continue
-            target = self.target + name[len(self.prefix):] if name.startswith(self.prefix) else name
-            if target in out:
-                raise CheckpointError(f"{where}: tensors {source[target]!r} and {name!r} would both be the "
-                                      f"language model's {target!r}")
-            out[target], source[target] = t, name
-        return out
+        kept = {k: v for k, v in tensors.items() if not k.startswith(self.skipped)}
+        return with_prefixes(kept, ((self.prefix, self.target),), where)
 
 
 def without_unread(tensors: dict, patterns) -> dict:
@@ -540,6 +545,6 @@ def cast_floating(tensors: Mapping[str, np.ndarray], dtype) -> dict[str, np.ndar
     return {k: (v.astype(dt) if _is_floating(v.dtype) else v) for k, v in tensors.items()}
 
 
-__all__ = ["CheckpointError", "Container", "vision_language", "without_unread", "read_header", "read_safetensors", "release", "write_safetensors", "read_config",
+__all__ = ["CheckpointError", "Container", "vision_language", "without_unread", "with_prefixes", "read_header", "read_safetensors", "release", "write_safetensors", "read_config",
            "read_index", "shard_path", "read_hf_dir", "write_hf_dir", "check_tensors", "check_floating",
            "floating_dtype", "cast_floating", "SINGLE", "INDEX", "FLOAT_CODES", "MAX_HEADER_BYTES"]

@@ -48,6 +48,9 @@ class FamilySpec:
       containers: ``checkpoint.Container``s of the checkpoint types that hold this family's
         model as their language model (Qwen3.5's vision-language type); ``io.load`` reads
         their language model as this family's.
+      tensor_prefixes: ``(source, target)`` name prefixes renamed before the names are checked:
+        transformers' ``PrefixChange`` conversions for the class (Qwen3.5's text model read
+        from names under ``model.language_model.``).
       unread_tensors: ``config dict -> regex patterns`` of the checkpoint tensors the model
         does not read (``re.search`` on the name): transformers' ``_keys_to_ignore_on_load_unexpected``
         of the HF class, e.g. multi-token-prediction layers; None: every tensor is read.
@@ -76,6 +79,7 @@ class FamilySpec:
     hf_mixer_input: Callable | None = None
     containers: tuple = ()
     unread_tensors: Callable | None = None
+    tensor_prefixes: tuple = ()
 
 
 def perturb_parameters(model, torch, scale: float = 0.05, seed: int = 0):

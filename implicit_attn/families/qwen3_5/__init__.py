@@ -9,7 +9,8 @@ The released checkpoints are the vision-language types ``qwen3_5`` and ``qwen3_5
 ``model.language_model.``) loads as the text family; the vision tower and the
 multi-token-prediction head (``mtp.``, which transformers does not read either) are not read.
 So do MiniCPM-V 4.6 / 4.7 and MiniCPM-OCR (``minicpmv4_6``, ``minicpmv4_7``, ``minicpm_ocr``),
-vision-language models on Qwen3.5's text model.
+vision-language models on Qwen3.5's text model. A text checkpoint whose tensors keep the
+vision-language names (``model.language_model.``) loads too, as transformers reads it.
 """
 from ...nn import FamilySpec
 from ...nn.checkpoint import Container, vision_language
@@ -32,7 +33,7 @@ def family_spec(config, lm, checkpoint, hf_class: str, hf_config_class: str,
         naive_operator=naive_operator, hf_class=hf_class, hf_config_class=hf_config_class,
         tiny=keep(QWEN3_NEXT.tiny), hf_setup=hf_setup, hf_mixer=QWEN3_NEXT.hf_mixer, has_heads=True,
         bench={k: keep(v) for k, v in QWEN3_NEXT.bench.items()}, containers=containers,
-        unread_tensors=unread_tensors)
+        unread_tensors=unread_tensors, tensor_prefixes=(("model.language_model.", "model."),))
 
 
 # the vision tower is not read (nor the multi-token-prediction head: ``unread_tensors``), nor the
