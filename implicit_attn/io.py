@@ -158,8 +158,8 @@ def load(path_or_repo_id, dtype=None, revision: str | None = None, sharding_of=N
         ``model.safetensors.index.json``), or a repository id ``"ORG/NAME"`` (e.g.
         ``"state-spaces/mamba-130m-hf"``) already in the local Hugging Face cache (see
         ``resolve``; nothing is downloaded). ``model_type`` in the config picks the family;
-        for a container type (``registry.CONTAINERS``: Qwen3.5's vision-language checkpoints)
-        its language model is loaded, and the vision tower is not read.
+        for a container type (``registry.CONTAINERS``: vision-language checkpoints such as
+        Qwen3.5's) its language model is loaded, and the vision side is not read.
       dtype: optional floating dtype to cast parameters to (default: keep the checkpoint's).
       revision: branch, tag or commit of a cached repository (default ``"main"``).
       sharding_of: optional ``(tensor name, shape) -> jax.sharding.Sharding``: each tensor is

@@ -19,7 +19,11 @@ _SPECS = (mamba.SPEC, mamba2.SPEC, griffin.SPEC, rwkv.SPEC, falcon_mamba.SPEC, b
 
 FAMILIES: dict[str, FamilySpec] = {s.model_type: s for s in _SPECS}
 # checkpoint types holding a family's model as their language model: model_type -> Container
-CONTAINERS: dict = {c.model_type: c for s in _SPECS for c in s.containers}
+# (one definition per type, however many families it may hold)
+CONTAINERS: dict = {}
+for _container in (c for s in _SPECS for c in s.containers):
+    if CONTAINERS.setdefault(_container.model_type, _container) != _container:
+        raise ValueError(f"two different definitions of the container type {_container.model_type!r}")
 
 
 def family(model_type) -> FamilySpec:

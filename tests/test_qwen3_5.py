@@ -67,8 +67,8 @@ def test_vision_language_checkpoints_load_their_language_model(text_type, tie, t
     text = {**hf_config_kwargs(text_type), "head_dim": 8, "rope_parameters": ROPE, "tie_word_embeddings": not tie}
     outer = "Qwen3_5MoeConfig" if "moe" in text_type else "Qwen3_5Config"
     torch.manual_seed(0)
-    cfg = getattr(transformers, outer)(text_config=text, vision_config={**VISION, "out_hidden_size": text["hidden_size"]},
-                                       tie_word_embeddings=tie)
+    vision = {**VISION, "out_hidden_size": text["hidden_size"]}
+    cfg = getattr(transformers, outer)(text_config=text, vision_config=vision, tie_word_embeddings=tie)
     tm = getattr(transformers, outer.replace("Config", "ForConditionalGeneration"))(cfg).eval()
     qwen3_5.SPEC.hf_setup(tm, torch, 0)
     tm.save_pretrained(tmp_path)

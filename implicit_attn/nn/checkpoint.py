@@ -335,9 +335,8 @@ class Container:
       prefix: the language model's tensor names start with it (``"model.language_model."``);
         it is replaced by ``target`` (``"model."``, the family's own prefix; ``""`` where the
         container holds the whole ``*ForCausalLM``).
-      skipped: prefixes of the tensors that are not read (the vision tower, a
-        multi-token-prediction head); any other tensor is kept for the family's strict
-        name check.
+      skipped: prefixes of the tensors that are not read (the vision tower, the projector);
+        any other tensor is kept for the family's strict name check.
       shared: keys of the outer config that apply to the language model and replace its
         own (the outer class ties the output head: ``tie_word_embeddings``), with their
         values where the outer config leaves them out (its class's defaults).
@@ -382,7 +381,7 @@ def without_unread(tensors: dict, patterns) -> dict:
     return {k: v for k, v in tensors.items() if not any(f.search(k) for f in found)}
 
 
-def vision_language(model_type: str, skipped: tuple[str, ...], tied: bool, aliases: dict | None = None) -> Container:
+def vision_language(model_type: str, skipped: tuple[str, ...], tied: bool, aliases: tuple[str, ...] = ()) -> Container:
     """The ``Container`` of a transformers vision-language checkpoint type laid out as its
     ``*ForConditionalGeneration`` saves it: the language model's config under
     ``text_config``, its tensors under ``model.language_model.``, the output head tied by the
@@ -390,7 +389,7 @@ def vision_language(model_type: str, skipped: tuple[str, ...], tied: bool, alias
     win), and the tensors under ``skipped`` (vision tower, projector) not read."""
     return Container(model_type=model_type, config_key="text_config", prefix="model.language_model.",
                      skipped=skipped, shared={"tie_word_embeddings": tied},
-                     aliases={alias: "tie_word_embeddings" for alias in (aliases or ())})
+                     aliases={alias: "tie_word_embeddings" for alias in aliases})
 
 
 def read_hf_dir(path) -> tuple[dict, dict[str, np.ndarray]]:
@@ -545,6 +544,7 @@ def cast_floating(tensors: Mapping[str, np.ndarray], dtype) -> dict[str, np.ndar
     return {k: (v.astype(dt) if _is_floating(v.dtype) else v) for k, v in tensors.items()}
 
 
-__all__ = ["CheckpointError", "Container", "vision_language", "without_unread", "with_prefixes", "read_header", "read_safetensors", "release", "write_safetensors", "read_config",
-           "read_index", "shard_path", "read_hf_dir", "write_hf_dir", "check_tensors", "check_floating",
-           "floating_dtype", "cast_floating", "SINGLE", "INDEX", "FLOAT_CODES", "MAX_HEADER_BYTES"]
+__all__ = ["CheckpointError", "Container", "vision_language", "without_unread", "with_prefixes", "read_header",
+           "read_safetensors", "release", "write_safetensors", "read_config", "read_index", "shard_path",
+           "read_hf_dir", "write_hf_dir", "check_tensors", "check_floating", "floating_dtype", "cast_floating",
+           "SINGLE", "INDEX", "FLOAT_CODES", "MAX_HEADER_BYTES"]

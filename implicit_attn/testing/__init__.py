@@ -17,10 +17,10 @@
 Needs the ``test`` extra (torch, transformers, hypothesis): ``pip install implicit-attn[test]``.
 Nothing else in ``implicit_attn`` imports this package.
 """
-from .hf import (assert_hf_parity, assert_loads_as_language_model, build_hf_model, hf_config_kwargs, hf_module, load_jax_from_hf, max_rel_error,
-                 random_ids, reference_class, save_hf_model, torch_forward)
+from .hf import (assert_hf_parity, assert_loads_as_language_model, build_hf_model, hf_config_kwargs, hf_module,
+                 load_jax_from_hf, max_rel_error, random_ids, reference_class, save_hf_model, torch_forward)
 from .strategies import configs, input_ids, model_inputs, model_types
 
-__all__ = ["assert_hf_parity", "assert_loads_as_language_model", "build_hf_model", "hf_config_kwargs", "hf_module", "load_jax_from_hf", "max_rel_error",
-           "random_ids", "reference_class", "save_hf_model", "torch_forward", "configs", "input_ids", "model_inputs",
-           "model_types"]
+__all__ = ["assert_hf_parity", "assert_loads_as_language_model", "build_hf_model", "hf_config_kwargs", "hf_module",
+           "load_jax_from_hf", "max_rel_error", "random_ids", "reference_class", "save_hf_model", "torch_forward",
+           "configs", "input_ids", "model_inputs", "model_types"]

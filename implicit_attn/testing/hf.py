@@ -271,5 +271,6 @@ def assert_loads_as_language_model(torch_model, path, model_type: str, tied: boo
     assert exact <= 1e-5, f"operators' relative error {exact:.2e}"
 
 
-__all__ = ["REFERENCE_MODULES", "assert_loads_as_language_model", "reference_class", "build_hf_model", "hf_config_kwargs", "save_hf_model",
-           "load_jax_from_hf", "hf_module", "torch_forward", "max_rel_error", "random_ids", "assert_hf_parity"]
+__all__ = ["REFERENCE_MODULES", "assert_loads_as_language_model", "reference_class", "build_hf_model",
+           "hf_config_kwargs", "save_hf_model", "load_jax_from_hf", "hf_module", "torch_forward", "max_rel_error",
+           "random_ids", "assert_hf_parity"]
