@@ -189,7 +189,8 @@ def load(path_or_repo_id, dtype=None, revision: str | None = None, sharding_of=N
         config, tensors = container.language_config(config, path), container.language_tensors(tensors, path)
     if spec.unread_tensors is not None:  # e.g. multi-token-prediction layers, which HF skips too
         tensors = without_unread(tensors, spec.unread_tensors(config))
-    tensors = with_prefixes(tensors, spec.tensor_prefixes, path)
+    if spec.tensor_prefixes:  # names transformers maps by a prefix change (Qwen3.5's text model)
+        tensors = with_prefixes(tensors, spec.tensor_prefixes, path)
     check_floating(tensors, where=str(path))
     config, tensors = _untie_like_hf(spec, config, tensors, path)
     spec.to_params(config, tensors)  # config and every name and shape checked before any data is read

@@ -9,6 +9,7 @@ from .checkpoint import expected_shapes, from_params, init_params, to_params
 from .config import Config
 from .modules import LM, AttentionMixer, BailingHybridLayer, DeltaMixer
 
+
 def unread_tensors(config: dict) -> tuple[str, ...]:
     """The tensors HF's model does not read: the ``num_mtp_layers`` (HF's default 1; saved as
     ``num_nextn_predict_layers``) multi-token-prediction layers stored after the last layer
