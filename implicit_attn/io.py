@@ -13,15 +13,13 @@ import os
 import re
 from pathlib import Path
 
-import warnings
-
 import jax
 import numpy as np
 
 from .nn.checkpoint import (INDEX, SINGLE, CheckpointError, check_floating, floating_dtype, read_config, read_hf_dir,
-                            release, with_prefixes, without_unread, write_hf_dir)
+                            release, write_hf_dir)
 from .nn.checks import as_device_array
-from .registry import FAMILIES, checkpoint_family, family
+from .registry import FAMILIES, checkpoint_family, family, family_checkpoint
 
 # ORG/NAME with Hugging Face's characters (letters, digits, "-", "_", "."); exactly one "/".
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -159,7 +157,9 @@ def load(path_or_repo_id, dtype=None, revision: str | None = None, sharding_of=N
         ``"state-spaces/mamba-130m-hf"``) already in the local Hugging Face cache (see
         ``resolve``; nothing is downloaded). ``model_type`` in the config picks the family;
         for a container type (``registry.CONTAINERS``: vision-language checkpoints such as
-        Qwen3.5's) its language model is loaded, and the vision side is not read.
+        Qwen3.5's) its language model is loaded, and the vision side is not read. Tensors
+        may carry the names transformers saves or those of its ``state_dict()``
+        (``registry.family_checkpoint``).
       dtype: optional floating dtype to cast parameters to (default: keep the checkpoint's).
       revision: branch, tag or commit of a cached repository (default ``"main"``).
       sharding_of: optional ``(tensor name, shape) -> jax.sharding.Sharding``: each tensor is
@@ -181,18 +181,12 @@ def load(path_or_repo_id, dtype=None, revision: str | None = None, sharding_of=N
         if pickle_files(path):  # e.g. mamba_ssm's config.json + pytorch_model.bin: say how to convert
             _check_safetensors(path, path_or_repo_id)
         raise CheckpointError(f"{path}: config.json has no model_type; supported: {sorted(FAMILIES)}")
-    spec, container = checkpoint_family(config, path)  # fails early for unknown types
+    checkpoint_family(config, path)  # fails early for unknown types
     _check_safetensors(path, path_or_repo_id)
     dt = floating_dtype(dtype)
-    config, tensors = read_hf_dir(path)  # header-checked views into memory maps: nothing read yet
-    if container is not None:  # e.g. a vision-language checkpoint: its language model alone
-        config, tensors = container.language_config(config, path), container.language_tensors(tensors, path)
-    if spec.unread_tensors is not None:  # e.g. multi-token-prediction layers, which HF skips too
-        tensors = without_unread(tensors, spec.unread_tensors(config))
-    if spec.tensor_prefixes:  # names transformers maps by a prefix change (Qwen3.5's text model)
-        tensors = with_prefixes(tensors, spec.tensor_prefixes, path)
+    # header-checked views into memory maps (nothing read yet), as the family reads them
+    spec, config, tensors = family_checkpoint(*read_hf_dir(path), path)
     check_floating(tensors, where=str(path))
-    config, tensors = _untie_like_hf(spec, config, tensors, path)
     spec.to_params(config, tensors)  # config and every name and shape checked before any data is read
     arrays = {}
     for name in sorted(tensors):  # one tensor at a time: its pages are dropped once copied
@@ -217,49 +211,6 @@ def sharded_array(view, sharding, dtype=None):
         return part if dtype is None else part.astype(dtype)
 
     return jax.make_array_from_callback(view.shape, sharding, read).block_until_ready()
-
-
-def _head_names(spec, config: dict) -> tuple[set, set] | None:
-    """``(output-head tensor names, required names)`` of a tied ``config``: the tensors of a
-    module named ``*head`` the untied form of the config requires on top of the tied one (Zamba2's
-    untied form also requires every shared block: not heads); None when the config is not tied
-    (or not parseable: ``to_params`` reports that)."""
-    try:
-        tied = spec.config.from_hf(config)
-        if not getattr(tied, "tie_word_embeddings", False):
-            return None
-        untied = spec.config.from_hf({**config, "tie_word_embeddings": False})
-    except (TypeError, ValueError, ArithmeticError):
-        return None
-    req_tied = set(spec.expected_shapes(tied)[0])
-    heads = {n for n in set(spec.expected_shapes(untied)[0]) - req_tied if n.rsplit(".", 2)[-2].endswith("head")}
-    return heads, req_tied
-
-
-def _untie_like_hf(spec, config: dict, tensors: dict, path) -> tuple[dict, dict]:
-    """Follow ``transformers`` (checked against 5.23 for every family) when a config ties
-    the output head to the embeddings but the file also holds an output head: if the head
-    equals the embedding matrix it is dropped (tied, same numbers); if it differs, HF does
-    not tie and uses the file's head, so the model is loaded untied (``tie_word_embeddings``
-    False, a warning names the tensors) and gives HF's logits."""
-    names = _head_names(spec, config)
-    if names is None:
-        return config, tensors
-    heads, required = names
-    present = sorted(h for h in heads if h in tensors)
-    if not present:
-        return config, tensors
-    embeds = [n for n in sorted(required) if "embed" in n and n in tensors]
-    same = all(len(embeds) == 1 and tensors[h].shape == tensors[embeds[0]].shape
-               and tensors[h].dtype == tensors[embeds[0]].dtype and np.array_equal(tensors[h], tensors[embeds[0]])
-               for h in present)
-    if same:
-        return config, {k: v for k, v in tensors.items() if k not in heads}
-    warnings.warn(f"{path}: config.json ties the output head to the embeddings (tie_word_embeddings) but the "
-                  f"checkpoint holds a different {', '.join(present)}; like transformers, the file's head is "
-                  f"used and the model is loaded untied (set tie_word_embeddings to false to silence this)",
-                  stacklevel=3)
-    return {**config, "tie_word_embeddings": False}, tensors
 
 
 def load_tokenizer(path_or_repo_id, revision: str | None = None):

@@ -21,7 +21,7 @@ import implicit_attn as ia
 from implicit_attn.kernels import pallas
 from implicit_attn.operator import AttentionOperator, ImplicitOperator, Mamba2Operator
 from implicit_attn.registry import FAMILIES
-from weights_convert import CheckpointError, read_hf_dir, write_hf_dir
+from weights_convert import CheckpointError, convert, read_hf_dir, write_hf_dir
 
 from bad_inputs import BAD_BLOCK_INPUTS
 from hf_build import build_hf
@@ -299,6 +299,36 @@ def test_save_load_round_trip_and_torch_reads_ours(fam, tmp_path):
     with torch.no_grad():
         ref = tm(torch.tensor(ids), use_cache=False).logits.numpy()
     assert np.max(np.abs(want - ref)) <= 1e-4
+
+
+def test_a_file_of_the_torch_state_dict_loads_as_the_saved_form(fam, tmp_path):
+    """A checkpoint written from the torch model itself (``safetensors.torch.save_model``: the
+    names of transformers' ``state_dict()``, with fused experts and renamed modules, and one
+    name of each tied pair, ``lm_head.weight`` where it sorts first) loads to the logits of the
+    checkpoint ``save_pretrained`` wrote, and HF's class reads it to its own. Before 2026-12-02
+    the families with a ``StateDictNames`` refused such files by name, and tied LFM2 and
+    RecurrentGemma missed their embeddings."""
+    import torch
+    from safetensors.numpy import load_file
+    from safetensors.torch import save_model
+
+    spec, _, model, path = fam
+    (tmp_path / "config.json").write_text((path / "config.json").read_text())
+    # a torch model that has not run: HF's RWKV rescales its weights in place on its first forward
+    tm = testing.reference_class(spec.hf_class).from_pretrained(path).eval()
+    save_model(tm, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    names = set(load_file(tmp_path / "model.safetensors"))
+    saved = set(load_file(path / "model.safetensors"))
+    if spec.state_dict_names is not None:  # (OLMo-Hybrid's own standard_form reads its other names)
+        assert names - saved - {"lm_head.weight"}
+    ids = ids_for(model, seed=5)
+    np.testing.assert_array_equal(np.asarray(ia.load(tmp_path)(ids)), np.asarray(model(ids)))
+    if spec.state_dict_names is not None:  # the public converter reads the same form
+        assert convert(tmp_path)[0] == model.config
+    hf = testing.reference_class(spec.hf_class).from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        ref = hf(torch.tensor(ids), use_cache=False).logits.numpy()
+    assert rel(np.asarray(model(ids)), ref) <= 1e-5
 
 
 def test_init_params_follow_the_shape_table(fam):

@@ -36,6 +36,32 @@ def test_released_layout_matches_torch_and_is_exact():
     assert max(report["exactness"]["full"]) <= 1e-5
 
 
+def test_released_names_of_the_dense_layers_load(tmp_path):
+    """The released Kimi-Linear files name the dense layers' MLP ``mlp.`` (Moonshot's modelling
+    code: ``self.mlp`` for the first ``first_k_dense_replace`` layers), where transformers' writer
+    names it ``block_sparse_moe.`` as the MoE layers' (it renames every ``mlp.`` back). Both load
+    to the same model; HF's class reads the released form to the same logits. Before 2026-12-02
+    the released form failed with "missing tensors"."""
+    torch, _ = torch_or_skip()
+    from safetensors.numpy import load_file, save_file
+
+    from implicit_attn.testing import build_hf_model, max_rel_error, reference_class
+
+    build_hf_model("kimi_linear", KIMI_LINEAR_48B, path=tmp_path)
+    ids = np.random.default_rng(2).integers(0, 64, (1, 13))
+    want = np.asarray(ia.load(tmp_path)(ids))
+    (weights,) = tmp_path.glob("*.safetensors")
+    dense = "model.layers.0.block_sparse_moe."
+    tensors = load_file(weights)
+    assert {k for k in tensors if k.startswith(dense)} == {dense + f"{n}_proj.weight" for n in ("gate", "up", "down")}
+    save_file({k.replace(dense, "model.layers.0.mlp."): v for k, v in tensors.items()}, weights,
+              metadata={"format": "pt"})
+    np.testing.assert_array_equal(np.asarray(ia.load(tmp_path)(ids)), want)
+    with torch.no_grad():
+        ref = reference_class("KimiLinearForCausalLM").from_pretrained(tmp_path).eval()(torch.tensor(ids)).logits
+    assert max_rel_error(want, ref.numpy()) <= 1e-5
+
+
 def test_no_delta_is_far_from_the_exact_operator(tmp_path):
     """Leaving out the erasure ``(I - b k kᵀ)`` misses the KDA output by a large margin; the
     decays are per key dimension (``log_decay (B, H, L, d)``)."""

@@ -524,3 +524,36 @@ def test_tensors_hf_skips_are_skipped(ckpts, tmp_path, mt):
     save_file({**tensors, **extra, "model.extra.weight": np.ones(2, np.float32)}, weights, metadata={"format": "pt"})
     with pytest.raises(ia.CheckpointError, match="unexpected tensors: model.extra.weight$"):
         ia.load(dst)
+
+
+def test_state_dict_names_that_clash_or_do_not_split_are_named(ckpts, tmp_path):
+    """A file holding a tensor in both forms (the saved experts and transformers' stacked
+    ones), a stacked tensor whose second axis does not split into its parts, or a fused conv
+    whose rows are not its parts' fails with a ``CheckpointError`` naming the tensors."""
+    from safetensors.numpy import load_file, save_file
+
+    def with_tensors(mt, edit):
+        dst = tmp_path / f"{mt}_{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(ckpts[mt][0], dst)
+        (weights,) = dst.glob("*.safetensors")
+        save_file(edit(load_file(weights)), weights, metadata={"format": "pt"})
+        return dst
+
+    mlp = "model.layers.0.mlp."
+    both = with_tensors("qwen3_next", lambda t: {**t, mlp + "experts.down_proj": np.stack(
+        [t[f"{mlp}experts.{e}.down_proj.weight"] for e in range(4)])})
+    with pytest.raises(ia.CheckpointError, match=re.escape(
+            f"tensors '{mlp}experts.0.down_proj.weight' and '{mlp}experts.down_proj' would both be "
+            f"'{mlp}experts.0.down_proj.weight'")):
+        ia.load(both)
+    odd = with_tensors("qwen3_next", lambda t: {**t, mlp + "experts.gate_up_proj": np.ones((4, 15, 16), np.float32)})
+    with pytest.raises(ia.CheckpointError, match=r"tensor 'model\.layers\.0\.mlp\.experts\.gate_up_proj' of shape "
+                                                 r"\(4, 15, 16\) should hold the experts on its first axis and 2 equal"):
+        ia.load(odd)
+    attn = "model.layers.0.self_attn."
+    fused = with_tensors("kimi_linear", lambda t: {**{k: v for k, v in t.items() if "_conv1d" not in k},
+                                                   attn + "conv1d.weight": np.ones((23, 1, 4), np.float32)})
+    with pytest.raises(ia.CheckpointError, match=re.escape(
+            f"tensor '{attn}conv1d.weight' of shape (23, 1, 4) should be {attn}q_conv1d.weight, {attn}k_conv1d.weight, "
+            f"{attn}v_conv1d.weight joined (8 + 8 + 8 rows)")):
+        ia.load(fused)

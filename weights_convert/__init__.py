@@ -13,7 +13,7 @@ from __future__ import annotations
 from implicit_attn.nn.checkpoint import (INDEX, SINGLE, CheckpointError, cast_floating, check_floating,
                                          check_tensors, read_config, read_header, read_hf_dir, read_index,
                                          read_safetensors, release, write_hf_dir, write_safetensors)
-from implicit_attn.registry import family, model_types
+from implicit_attn.registry import family, family_checkpoint, model_types
 
 
 def to_params(config: dict, tensors: dict):
@@ -33,12 +33,14 @@ def expected_shapes(cfg) -> tuple[dict, dict]:
 
 
 def convert(path, dtype=None):
-    """Read an HF directory into ``(Config, params)`` (optionally cast to a float ``dtype``).
-    Without ``dtype`` the params are read-only views into memory maps of the files (see
-    ``read_safetensors``); a non-floating tensor is a ``CheckpointError``."""
-    config, tensors = read_hf_dir(path)
+    """Read an HF directory into ``(Config, params)`` (optionally cast to a float ``dtype``):
+    the family's own checkpoint, a container's language model, or a file under transformers'
+    ``state_dict()`` names (``registry.family_checkpoint``). Without ``dtype`` the params are
+    read-only views into memory maps of the files (see ``read_safetensors``); a non-floating
+    tensor is a ``CheckpointError``."""
+    spec, config, tensors = family_checkpoint(*read_hf_dir(path), path)
     check_floating(tensors, where=str(path))
-    return to_params(config, cast_floating(tensors, dtype))
+    return spec.to_params(config, cast_floating(tensors, dtype))
 
 
 __all__ = ["CheckpointError", "read_header", "read_safetensors", "release", "check_floating", "write_safetensors", "read_config", "read_index", "read_hf_dir",

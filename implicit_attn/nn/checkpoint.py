@@ -381,6 +381,92 @@ def without_unread(tensors: dict, patterns) -> dict:
     return {k: v for k, v in tensors.items() if not any(f.search(k) for f in found)}
 
 
+@dataclasses.dataclass(frozen=True)
+class StateDictNames:
+    """How transformers (5.x) names a family's tensors in ``model.state_dict()`` where that
+    differs from the names it saves and the released checkpoints use (its conversion mapping
+    undone): a checkpoint written from a raw state dict is read as the saved form. Each rule
+    applies to the names it finds, so files in the saved form, in the state-dict form or in
+    a mix of the two all load.
+
+    Attributes:
+      renamed: ``(regex, replacement)`` pairs applied in order with ``re.sub`` to every name
+        (state-dict names -> saved names); they run first, so the other rules name saved forms.
+      stacked: ``{"experts.NAME": [part, ...]}`` (``nn.moe.stack_experts``' table): a tensor
+        whose name ends with ``experts.NAME`` holds every expert on its first axis, ``(E, F, ...)``;
+        expert ``e``'s slice is its ``experts.{e}.{part}`` tensors joined in equal sizes along
+        ``F`` (transformers' fused ``experts.gate_up_proj``: the gate's rows, then the up
+        projection's).
+      concatenated: ``(suffix, parts)``: a tensor whose name ends with ``suffix`` is the
+        concatenation of ``parts`` (replacing ``suffix``) along its first axis, sized as the
+        family's shape table says (the q, k and v convolutions fused into one).
+    """
+
+    renamed: tuple[tuple[str, str], ...] = ()
+    stacked: Mapping[str, list] = dataclasses.field(default_factory=dict)
+    concatenated: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def saved_tensors(self, tensors: dict, shapes: Mapping[str, tuple], where) -> dict:
+        """``tensors`` under the saved names; the parts are views of the fused tensors (no copy).
+        A name is changed only where the result is in ``shapes``, so a tensor the family does
+        not read keeps the file's name for the strict check to name.
+
+        Args:
+          tensors: ``{name: array}`` as read.
+          shapes: ``{saved name: shape}``, the family's shape table for the checkpoint's config
+            (required and optional names); it sizes the parts of a ``concatenated`` tensor.
+          where: named in errors.
+        Raises:
+          ``CheckpointError`` naming the tensors when two would get one name, when a stacked
+          tensor's second axis does not split into its parts, or when a concatenated tensor's
+          rows are not the sum of its parts' rows.
+        """
+        out, source = {}, {}
+
+        def put(new, old, t):
+            if new in out:
+                raise CheckpointError(f"{where}: tensors {source[new]!r} and {old!r} would both be {new!r} "
+                                      f"(a checkpoint holds each tensor once, in the saved or the state-dict form)")
+            out[new], source[new] = t, old
+
+        def rule(rules, name):  # the parts of the rule whose suffix ends ``name`` at a dot, and the name's head
+            for suffix, parts in rules:
+                if name.endswith("." + suffix):
+                    return parts, name[:-len(suffix)]
+            return None, None
+
+        for old, t in tensors.items():
+            name = old
+            for pattern, replacement in self.renamed:
+                name = re.sub(pattern, replacement, name)
+            parts, head = rule(self.stacked.items(), name)
+            if parts is not None and t.ndim >= 1:
+                names = [[f"{head}experts.{e}.{part}" for part in parts] for e in range(t.shape[0])]
+                if all(n in shapes for row in names for n in row):
+                    if t.ndim < 2 or t.shape[1] % len(parts):
+                        raise CheckpointError(f"{where}: tensor {old!r} of shape {tuple(t.shape)} should hold the "
+                                              f"experts on its first axis and {len(parts)} equal parts on its second")
+                    rows = t.shape[1] // len(parts)
+                    for e, row in enumerate(names):
+                        for k, n in enumerate(row):
+                            put(n, old, t[e, k * rows:(k + 1) * rows])
+                    continue
+            parts, head = rule(self.concatenated, name)
+            if parts is not None and all(head + part in shapes for part in parts):
+                names = [head + part for part in parts]
+                sizes = [shapes[n][0] for n in names]
+                if t.ndim < 1 or t.shape[0] != sum(sizes):
+                    raise CheckpointError(f"{where}: tensor {old!r} of shape {tuple(t.shape)} should be "
+                                          f"{', '.join(names)} joined ({' + '.join(map(str, sizes))} rows)")
+                lo = 0
+                for n, size in zip(names, sizes):
+                    put(n, old, t[lo:lo + size])
+                    lo += size
+                continue
+            put(name if name in shapes else old, old, t)
+        return out
+
+
 def vision_language(model_type: str, skipped: tuple[str, ...], tied: bool, aliases: tuple[str, ...] = ()) -> Container:
     """The ``Container`` of a transformers vision-language checkpoint type laid out as its
     ``*ForConditionalGeneration`` saves it: the language model's config under
@@ -544,7 +630,7 @@ def cast_floating(tensors: Mapping[str, np.ndarray], dtype) -> dict[str, np.ndar
     return {k: (v.astype(dt) if _is_floating(v.dtype) else v) for k, v in tensors.items()}
 
 
-__all__ = ["CheckpointError", "Container", "vision_language", "without_unread", "with_prefixes", "read_header",
+__all__ = ["CheckpointError", "Container", "StateDictNames", "vision_language", "without_unread", "with_prefixes", "read_header",
            "read_safetensors", "release", "write_safetensors", "read_config", "read_index", "shard_path",
            "read_hf_dir", "write_hf_dir", "check_tensors", "check_floating", "floating_dtype", "cast_floating",
            "SINGLE", "INDEX", "FLOAT_CODES", "MAX_HEADER_BYTES"]

@@ -54,6 +54,9 @@ class FamilySpec:
       unread_tensors: ``config dict -> regex patterns`` of the checkpoint tensors the model
         does not read (``re.search`` on the name): transformers' ``_keys_to_ignore_on_load_unexpected``
         of the HF class, e.g. multi-token-prediction layers; None: every tensor is read.
+      state_dict_names: a ``checkpoint.StateDictNames``: the names transformers' class gives the
+        tensors in ``state_dict()`` where they differ from the saved names (fused experts,
+        renamed modules), read as the saved ones; None: the same names.
     """
 
     model_type: str
@@ -80,6 +83,7 @@ class FamilySpec:
     containers: tuple = ()
     unread_tensors: Callable | None = None
     tensor_prefixes: tuple = ()
+    state_dict_names: object = None
 
 
 def perturb_parameters(model, torch, scale: float = 0.05, seed: int = 0):

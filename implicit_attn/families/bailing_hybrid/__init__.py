@@ -5,7 +5,7 @@ output gate, DeepSeek-V3's mixture of experts; the checkpoint names as HF writes
 """
 from ...nn import FamilySpec
 from ..kimi_linear import EXACT_VARIANTS, VARIANTS, hf_setup, naive_operator
-from .checkpoint import expected_shapes, from_params, init_params, to_params
+from .checkpoint import STATE_DICT_NAMES, expected_shapes, from_params, init_params, to_params
 from .config import Config
 from .modules import LM, AttentionMixer, BailingHybridLayer, DeltaMixer
 
@@ -48,7 +48,7 @@ SPEC = FamilySpec(
                          qk_rope_head_dim=16, v_head_dim=16, qk_nope_head_dim=16, head_dim=16, n_group=2,
                          topk_group=1, num_experts_per_tok=2, num_local_experts=4, layer_group_size=3,
                          pad_token_id=None, bos_token_id=None, eos_token_id=None, num_mtp_layers=0)},
-    unread_tensors=unread_tensors)
+    unread_tensors=unread_tensors, state_dict_names=STATE_DICT_NAMES)
 
 __all__ = ["SPEC", "Config", "LM", "DeltaMixer", "AttentionMixer", "BailingHybridLayer", "VARIANTS",
            "EXACT_VARIANTS", "to_params", "from_params", "expected_shapes", "init_params", "naive_operator",

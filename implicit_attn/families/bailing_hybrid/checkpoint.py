@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from ...nn.checkpoint import StateDictNames
 from ...nn.moe import split_experts, stack_experts
 from ..bamba.checkpoint import layout_checkpoint
+from ..kimi_linear.block import CONVS
 from ..kimi_linear.checkpoint import LAYOUT as KIMI_LAYOUT
 from ..kimi_linear.checkpoint import init_rule as kimi_init_rule
 from ..kimi_linear.checkpoint import kda_shapes as kimi_kda_shapes
@@ -21,6 +23,13 @@ from ..kimi_linear.checkpoint import swiglu_shapes
 from .config import Config
 
 FUSED = {"experts.gate_up_proj": ["gate_proj.weight", "up_proj.weight"], "experts.down_proj": ["down_proj.weight"]}
+# transformers' state_dict(): Kimi's module names (``embed_tokens``, ``self_attn``, ``o_proj``, the
+# forget gate's own module, ``e_score_correction_bias``), the three convs as one, the experts stacked
+STATE_DICT_NAMES = StateDictNames(
+    renamed=((r"^model\.embed_tokens\.", "model.word_embeddings."), (r"\.self_attn\.forget_gate\.", ".self_attn."),
+             (r"\.self_attn\.o_proj\.", ".self_attn.dense."), (r"\.self_attn\.", ".attention."),
+             (r"\.mlp\.gate\.e_score_correction_bias$", ".mlp.gate.expert_bias")),
+    stacked=FUSED, concatenated=(("attention.conv1d.weight", tuple("attention." + c for c in CONVS)),))
 
 
 def kda_shapes(cfg: Config) -> dict:
@@ -69,5 +78,5 @@ CHECKPOINT = layout_checkpoint(Config, LAYOUT, init_rule)
 expected_shapes, params_from_tensors = CHECKPOINT.expected_shapes, CHECKPOINT.params_from_tensors
 to_params, from_params, init_params = CHECKPOINT.to_params, CHECKPOINT.from_params, CHECKPOINT.init_params
 
-__all__ = ["FUSED", "kda_shapes", "mla_shapes", "ffn_shapes", "LAYOUT", "init_rule", "CHECKPOINT", "expected_shapes",
+__all__ = ["FUSED", "STATE_DICT_NAMES", "kda_shapes", "mla_shapes", "ffn_shapes", "LAYOUT", "init_rule", "CHECKPOINT", "expected_shapes",
            "params_from_tensors", "to_params", "from_params", "init_params"]

@@ -9,7 +9,7 @@ references). The mixers are Bamba's: ``mamba2.block`` and ``nn.attention``.
 """
 from ...nn import FamilySpec, move_off_initial_values, perturb_parameters
 from .block import VARIANTS, decoder_layer, ffn_forward, lm_forward, mixer_forward, mixer_operator, moe_forward
-from .checkpoint import expected_shapes, from_params, init_params, to_params
+from .checkpoint import STATE_DICT_NAMES, expected_shapes, from_params, init_params, to_params
 from .config import Config
 from .modules import LM, AttentionMixer, GraniteLayer
 from .naive import naive_operator
@@ -46,7 +46,8 @@ SPEC = FamilySpec(
            "quick": dict(vocab_size=256, hidden_size=128, intermediate_size=64, shared_intermediate_size=256,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          layer_types=["mamba", "attention"], num_local_experts=8, num_experts_per_tok=2,
-                         mamba_n_heads=8, mamba_d_state=16, mamba_chunk_size=64)})
+                         mamba_n_heads=8, mamba_d_state=16, mamba_chunk_size=64)},
+    state_dict_names=STATE_DICT_NAMES)
 
 __all__ = ["SPEC", "Config", "LM", "AttentionMixer", "GraniteLayer", "VARIANTS", "to_params", "from_params",
            "expected_shapes", "init_params", "naive_operator", "decoder_layer", "lm_forward", "mixer_forward",

@@ -10,6 +10,7 @@ mixer (``mamba.*``, HF Mamba-2 names, or ``self_attn.{q,k,v,o}_proj.*``),
 """
 from __future__ import annotations
 
+from ...nn.checkpoint import StateDictNames
 from ..bamba.checkpoint import Layout, layout_checkpoint
 from .config import Config
 
@@ -25,6 +26,12 @@ def ffn_shapes(cfg: Config) -> dict:
     return m
 
 
+# transformers' state_dict() names the fused experts and the router as its MoE modules do
+STATE_DICT_NAMES = StateDictNames(renamed=(
+    (r"\.block_sparse_moe\.experts\.gate_up_proj$", ".block_sparse_moe.input_linear.weight"),
+    (r"\.block_sparse_moe\.experts\.down_proj$", ".block_sparse_moe.output_linear.weight"),
+    (r"\.block_sparse_moe\.router\.weight$", ".block_sparse_moe.router.layer.weight")))
+
 LAYOUT = Layout("granitemoehybrid", "model.norm.weight", "post_attention_layernorm.weight", "",
                 lambda cfg, i: ffn_shapes(cfg))
 
@@ -34,5 +41,5 @@ expected_shapes, params_from_tensors = CHECKPOINT.expected_shapes, CHECKPOINT.pa
 to_params, from_params, init_params = CHECKPOINT.to_params, CHECKPOINT.from_params, CHECKPOINT.init_params
 
 
-__all__ = ["LAYOUT", "ffn_shapes", "CHECKPOINT", "expected_shapes", "params_from_tensors", "to_params", "from_params",
+__all__ = ["LAYOUT", "STATE_DICT_NAMES", "ffn_shapes", "CHECKPOINT", "expected_shapes", "params_from_tensors", "to_params", "from_params",
            "init_params"]

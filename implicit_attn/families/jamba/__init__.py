@@ -10,7 +10,7 @@ references). The mixer math is ``mamba.block``'s and ``nn.attention``'s.
 """
 from ...nn import FamilySpec, move_off_initial_values, perturb_parameters
 from .block import VARIANTS, decoder_layer, ffn_forward, lm_forward, mixer_forward, mixer_operator, moe_forward
-from .checkpoint import expected_shapes, from_params, init_params, to_params
+from .checkpoint import STATE_DICT_NAMES, expected_shapes, from_params, init_params, to_params
 from .config import Config, MixerConfig
 from .modules import LM, AttentionMixer, JambaLayer
 from .naive import naive_operator
@@ -44,7 +44,8 @@ SPEC = FamilySpec(
            "quick": dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
                          expert_layer_period=2, expert_layer_offset=1, attn_layer_period=2, attn_layer_offset=1,
-                         mamba_d_state=16)})
+                         mamba_d_state=16)},
+    state_dict_names=STATE_DICT_NAMES)
 
 __all__ = ["SPEC", "Config", "MixerConfig", "LM", "AttentionMixer", "JambaLayer", "VARIANTS", "to_params",
            "from_params", "expected_shapes", "init_params", "naive_operator", "decoder_layer", "lm_forward",

@@ -12,6 +12,7 @@ stacked as HF holds them in memory: ``experts.gate_up_proj (E, 2I, D)``, ``exper
 """
 from __future__ import annotations
 
+from ...nn.checkpoint import StateDictNames
 from ...nn.moe import split_experts, stack_experts
 from ..bamba.checkpoint import Layout, layout_checkpoint, mlp_shapes
 from ..mamba.checkpoint import mixer_shapes as mamba_shapes
@@ -32,6 +33,8 @@ def ffn_shapes(cfg: Config, layer: int) -> dict:
 
 # The per-expert tensors stacked as HF holds them in memory.
 FUSED = {"experts.gate_up_proj": ["gate_proj.weight", "up_proj.weight"], "experts.down_proj": ["down_proj.weight"]}
+# transformers' state_dict() holds the experts stacked as in the params
+STATE_DICT_NAMES = StateDictNames(stacked=FUSED)
 
 
 def stacked_ffn(cfg: Config, layer: int, t: dict) -> dict:
@@ -53,5 +56,5 @@ expected_shapes, params_from_tensors = CHECKPOINT.expected_shapes, CHECKPOINT.pa
 to_params, from_params, init_params = CHECKPOINT.to_params, CHECKPOINT.from_params, CHECKPOINT.init_params
 
 
-__all__ = ["LAYOUT", "FUSED", "ffn_shapes", "stacked_ffn", "stored_ffn", "CHECKPOINT", "expected_shapes",
+__all__ = ["LAYOUT", "FUSED", "STATE_DICT_NAMES", "ffn_shapes", "stacked_ffn", "stored_ffn", "CHECKPOINT", "expected_shapes",
            "params_from_tensors", "to_params", "from_params", "init_params"]

@@ -10,7 +10,7 @@ layout builder under Kimi-Linear's names), ``naive`` (float64 references).
 from ...nn import FamilySpec
 from ..qwen3_next import hf_setup
 from .block import EXACT_VARIANTS, VARIANTS, kda_operator, lm_forward, mixer_forward, mixer_operator
-from .checkpoint import expected_shapes, from_params, init_params, to_params
+from .checkpoint import STATE_DICT_NAMES, expected_shapes, from_params, init_params, to_params
 from .config import Config
 from .modules import LM, AttentionMixer, DeltaMixer, KimiLinearLayer
 from .naive import naive_operator
@@ -40,7 +40,8 @@ SPEC = FamilySpec(
                          num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
                          qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=16, n_group=1, topk_group=1,
                          num_experts_per_tok=2, num_local_experts=4, linear_head_dim=16, linear_num_heads=4,
-                         pad_token_id=None, bos_token_id=None, eos_token_id=None)})
+                         pad_token_id=None, bos_token_id=None, eos_token_id=None)},
+    state_dict_names=STATE_DICT_NAMES)
 
 __all__ = ["SPEC", "Config", "LM", "DeltaMixer", "AttentionMixer", "KimiLinearLayer", "VARIANTS", "EXACT_VARIANTS",
            "hf_setup", "to_params", "from_params", "expected_shapes", "init_params", "naive_operator", "lm_forward",

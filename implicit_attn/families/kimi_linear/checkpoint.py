@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...nn.checkpoint import StateDictNames
 from ...nn.moe import split_experts, stack_experts
 from ..bamba.checkpoint import Layout, layout_checkpoint
 from ..bamba.checkpoint import init_rule as bamba_init_rule
@@ -20,6 +21,11 @@ from .block import CONVS
 from .config import Config
 
 FUSED = {"experts.gate_up_proj": ["w1.weight", "w3.weight"], "experts.down_proj": ["w2.weight"]}
+# transformers' state_dict() (and the released checkpoints' dense layers) name the feed-forward part
+# ``mlp.``; the forget gate's tensors sit under ``self_attn.forget_gate.``, the three convs are one
+STATE_DICT_NAMES = StateDictNames(
+    renamed=((r"\.self_attn\.forget_gate\.", ".self_attn."), (r"\.mlp\.", ".block_sparse_moe.")), stacked=FUSED,
+    concatenated=(("self_attn.conv1d.weight", tuple("self_attn." + c for c in CONVS)),))
 
 
 def swiglu_shapes(D: int, F: int, prefix: str = "") -> dict:
@@ -98,5 +104,5 @@ CHECKPOINT = layout_checkpoint(Config, LAYOUT, init_rule)
 expected_shapes, params_from_tensors = CHECKPOINT.expected_shapes, CHECKPOINT.params_from_tensors
 to_params, from_params, init_params = CHECKPOINT.to_params, CHECKPOINT.from_params, CHECKPOINT.init_params
 
-__all__ = ["FUSED", "kda_shapes", "mla_shapes", "ffn_shapes", "LAYOUT", "init_rule", "CHECKPOINT", "expected_shapes",
+__all__ = ["FUSED", "STATE_DICT_NAMES", "kda_shapes", "mla_shapes", "ffn_shapes", "LAYOUT", "init_rule", "CHECKPOINT", "expected_shapes",
            "params_from_tensors", "to_params", "from_params", "init_params"]

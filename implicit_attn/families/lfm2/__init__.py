@@ -11,7 +11,7 @@ sandwich norms), with SwiGLU MLPs or (LFM2-MoE) sigmoid-routed experts.
 from ...nn import FamilySpec, perturb_parameters
 from ...nn.checkpoint import vision_language
 from .block import EXACT_VARIANTS, VARIANTS, conv_forward, conv_operator, lm_forward, mixer_forward, mixer_operator
-from .checkpoint import CHECKPOINT, LFM3_CHECKPOINT, MOE_CHECKPOINT
+from .checkpoint import CHECKPOINT, LFM3_CHECKPOINT, LFM3_STATE_DICT_NAMES, MOE_CHECKPOINT, MOE_STATE_DICT_NAMES
 from .config import Config, Lfm3Config, MoeConfig
 from .modules import LM, AttentionMixer, ConvMixer, Lfm2Layer, Lfm3LM, MoeLM, SlidingAttentionMixer
 from .naive import naive_operator
@@ -38,7 +38,8 @@ LFM2_VL = vision_language("lfm2_vl", NOT_READ, tied=True, aliases=("tie_embeddin
 LFM3_VL = vision_language("lfm3_vl", NOT_READ, tied=True)
 
 
-def spec(model_type, label, config, lm, checkpoint, hf_class, tiny, bench, containers) -> FamilySpec:
+def spec(model_type, label, config, lm, checkpoint, hf_class, tiny, bench, containers,
+         state_dict_names=None) -> FamilySpec:
     """The ``FamilySpec`` of one LFM generation (they share everything but these)."""
     return FamilySpec(
         model_type=model_type, label=label, config=config, lm=lm, variants=VARIANTS, exact_variants=EXACT_VARIANTS,
@@ -46,7 +47,7 @@ def spec(model_type, label, config, lm, checkpoint, hf_class, tiny, bench, conta
         expected_shapes=checkpoint.expected_shapes, init_params=checkpoint.init_params,
         naive_operator=naive_operator, hf_class=hf_class, hf_config_class=hf_class.replace("ForCausalLM", "Config"),
         tiny=tiny, hf_setup=hf_setup, hf_mixer="model.layers.{i}.conv|model.layers.{i}.self_attn",
-        bench=bench, containers=containers)
+        bench=bench, containers=containers, state_dict_names=state_dict_names)
 
 
 # LFM2-1.2B's layout scaled down: 16 layers, attention at 2, 5, 8, 10, 12, 14 (of 16)
@@ -76,7 +77,7 @@ MOE_SPEC = spec(
            "quick": dict(vocab_size=256, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
                          num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, num_dense_layers=1,
                          num_experts=4, num_experts_per_tok=2, layer_types=LFM2_PATTERN[:4])},
-    containers=(LFM2_VL,))
+    containers=(LFM2_VL,), state_dict_names=MOE_STATE_DICT_NAMES)
 
 LFM3_SPEC = spec(
     "lfm3", "LFM3", Lfm3Config, Lfm3LM, LFM3_CHECKPOINT, "Lfm3ForCausalLM",
@@ -92,7 +93,7 @@ LFM3_SPEC = spec(
            "quick": dict(vocab_size=256, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=32, pad_token_id=None,
                          bos_token_id=None, eos_token_id=None)},
-    containers=(LFM3_VL,))
+    containers=(LFM3_VL,), state_dict_names=LFM3_STATE_DICT_NAMES)
 
 __all__ = ["SPEC", "MOE_SPEC", "LFM3_SPEC", "Config", "MoeConfig", "Lfm3Config", "LM", "MoeLM", "Lfm3LM",
            "ConvMixer", "AttentionMixer", "SlidingAttentionMixer", "Lfm2Layer", "VARIANTS", "EXACT_VARIANTS",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...nn.checkpoint import StateDictNames
 from ...nn.moe import split_experts, stack_experts
 from ..bamba.checkpoint import Layout, layout_checkpoint
 from ..bamba.checkpoint import init_rule as bamba_init_rule
@@ -91,6 +92,10 @@ def init_rule(name: str, shape: tuple, g: np.random.Generator) -> np.ndarray:
     return bamba_init_rule(name, shape, g)
 
 
+# transformers' state_dict(): LFM2-MoE's experts stacked; LFM3's attention output gate named ``g_proj``
+MOE_STATE_DICT_NAMES = StateDictNames(stacked=FUSED)
+LFM3_STATE_DICT_NAMES = StateDictNames(renamed=((r"\.self_attn\.g_proj\.", ".self_attn.gate_proj."),))
+
 LAYOUT = layout("lfm2")
 MOE_LAYOUT = layout("lfm2_moe")
 LFM3_LAYOUT = layout("lfm3", lambda cfg: SANDWICH if cfg.use_sandwich_norm else {})
@@ -100,4 +105,4 @@ LFM3_CHECKPOINT = layout_checkpoint(Lfm3Config, LFM3_LAYOUT, init_rule)
 
 __all__ = ["FUSED", "SANDWICH", "conv_shapes", "attention_shapes", "mixer_tables", "swiglu_shapes", "ffn_shapes",
            "layout", "init_rule", "LAYOUT", "MOE_LAYOUT", "LFM3_LAYOUT", "CHECKPOINT", "MOE_CHECKPOINT",
-           "LFM3_CHECKPOINT"]
+           "LFM3_CHECKPOINT", "MOE_STATE_DICT_NAMES", "LFM3_STATE_DICT_NAMES"]

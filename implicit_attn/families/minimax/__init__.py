@@ -12,7 +12,7 @@ with ``dt = 1``, ``D = 0``, ``A_h = -s_h``), ``modules`` (NNX, Bamba's classes),
 from ...nn import FamilySpec, perturb_parameters
 from .block import (EXACT_VARIANTS, VARIANTS, lightning_forward, lightning_operator, lm_forward, mixer_forward,
                     mixer_operator, moe_forward, slope_rates)
-from .checkpoint import expected_shapes, from_params, init_params, to_params
+from .checkpoint import STATE_DICT_NAMES, expected_shapes, from_params, init_params, to_params
 from .config import Config
 from .modules import LM, AttentionMixer, LightningMixer, MiniMaxLayer
 from .naive import naive_operator
@@ -50,7 +50,8 @@ SPEC = FamilySpec(
                         layer_types=["linear_attention"] * 7 + ["full_attention"]),
            "quick": dict(vocab_size=256, hidden_size=128, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_local_experts=4,
-                         num_experts_per_tok=2, block_size=64, layer_types=["linear_attention", "full_attention"])})
+                         num_experts_per_tok=2, block_size=64, layer_types=["linear_attention", "full_attention"])},
+    state_dict_names=STATE_DICT_NAMES)
 
 __all__ = ["SPEC", "Config", "LM", "LightningMixer", "AttentionMixer", "MiniMaxLayer", "VARIANTS", "EXACT_VARIANTS",
            "hf_setup", "to_params", "from_params", "expected_shapes", "init_params", "naive_operator", "slope_rates",

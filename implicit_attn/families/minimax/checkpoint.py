@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...nn import CheckpointError, hf_from_params, init_from_table, params_from_hf
+from ...nn.checkpoint import StateDictNames
 from ...nn.moe import split_experts, stack_experts
 from ..bamba.checkpoint import Layout, attention_shapes, layout_params, layout_shapes
 from ..bamba.checkpoint import init_rule as bamba_init_rule
@@ -28,6 +29,8 @@ from .block import decay_tables, slope_rates
 from .config import Config
 
 BUFFERS = ("query_decay", "key_decay", "diagonal_decay")
+# transformers' state_dict() names the MoE ``mlp.`` and holds its experts stacked
+STATE_DICT_NAMES = StateDictNames(renamed=((r"\.mlp\.", ".block_sparse_moe."),), stacked=FUSED)
 
 
 def lightning_shapes(cfg: Config) -> dict:
@@ -133,6 +136,6 @@ def init_params(cfg: Config, key, dtype=jnp.float32) -> dict:
 CHECKPOINT = SimpleNamespace(expected_shapes=expected_shapes, params_from_tensors=params_from_tensors,
                              to_params=to_params, from_params=from_params, init_params=init_params)
 
-__all__ = ["LAYOUT", "BUFFERS", "lightning_shapes", "buffer_shapes", "mixer_tables", "ffn_shapes", "lightning_layers",
+__all__ = ["LAYOUT", "BUFFERS", "STATE_DICT_NAMES", "lightning_shapes", "buffer_shapes", "mixer_tables", "ffn_shapes", "lightning_layers",
            "expected_shapes", "checked_slope", "params_from_tensors", "init_rule", "to_params", "from_params",
            "init_params", "CHECKPOINT"]

@@ -16,7 +16,7 @@ audio and a Nemotron-H ``*ForCausalLM`` under ``language_model.``) load as their
 from ...nn import FamilySpec, move_off_initial_values, perturb_parameters
 from ...nn.checkpoint import Container
 from .block import VARIANTS, decoder_layer, ffn_forward, lm_forward, mixer_forward, mixer_operator, moe_forward
-from .checkpoint import expected_shapes, from_params, init_params, to_params
+from .checkpoint import STATE_DICT_NAMES, expected_shapes, from_params, init_params, to_params
 from .config import Config
 from .modules import LM, AttentionMixer, FeedForwardLayer, NemotronLayer
 from .naive import naive_operator
@@ -80,7 +80,7 @@ SPEC = FamilySpec(
                          num_key_value_heads=2, head_dim=32, intermediate_size=256, ssm_state_size=16,
                          mamba_num_heads=8, mamba_head_dim=16, n_groups=2, chunk_size=64, n_routed_experts=4,
                          num_experts_per_tok=2, moe_intermediate_size=64, moe_shared_expert_intermediate_size=64)},
-    containers=(OMNI,), unread_tensors=unread_tensors)
+    containers=(OMNI,), unread_tensors=unread_tensors, state_dict_names=STATE_DICT_NAMES)
 
 __all__ = ["SPEC", "Config", "LM", "AttentionMixer", "FeedForwardLayer", "NemotronLayer", "VARIANTS",
            "to_params", "from_params", "expected_shapes", "init_params", "naive_operator", "decoder_layer",

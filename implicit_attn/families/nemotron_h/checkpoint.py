@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...nn import hf_from_params, init_from_table, params_from_hf
+from ...nn.checkpoint import StateDictNames
 from ...nn.moe import split_experts, stack_experts
 from ..bamba.checkpoint import attention_shapes, sub
 from ..mamba.checkpoint import init_rule as mamba_init_rule
@@ -24,6 +25,8 @@ from ..mamba2.checkpoint import mixer_shapes as mamba_shapes
 from .config import Config
 
 FUSED = {"experts.up_proj": ["up_proj.weight"], "experts.down_proj": ["down_proj.weight"]}
+# transformers' state_dict() holds the model under ``model.`` and the experts stacked
+STATE_DICT_NAMES = StateDictNames(renamed=((r"^model\.", "backbone."),), stacked=FUSED)
 
 
 def mlp_shapes(cfg: Config, width: int, d_in: int | None = None, prefix: str = "") -> dict:
@@ -128,5 +131,5 @@ def init_params(cfg: Config, key, dtype=jnp.float32) -> dict:
     return init_from_table(cfg, expected_shapes, init_rule, params_from_tensors, key, dtype)
 
 
-__all__ = ["FUSED", "mlp_shapes", "layer_shapes", "expected_shapes", "ffn_params", "params_from_tensors",
+__all__ = ["FUSED", "STATE_DICT_NAMES", "mlp_shapes", "layer_shapes", "expected_shapes", "ffn_params", "params_from_tensors",
            "tensors_from_params", "to_params", "from_params", "init_rule", "init_params"]

@@ -9,7 +9,7 @@ under Qwen3-Next's names, experts stacked), ``naive`` (float64 references).
 from ...nn import FamilySpec, perturb_parameters
 from .block import (EXACT_VARIANTS, VARIANTS, attention_forward, attention_operator, delta_forward, delta_operator,
                     lm_forward, mixer_forward, mixer_operator)
-from .checkpoint import expected_shapes, from_params, init_params, to_params
+from .checkpoint import STATE_DICT_NAMES, expected_shapes, from_params, init_params, to_params
 from .config import Config
 from .modules import LM, AttentionMixer, DeltaMixer, Qwen3NextLayer
 from .naive import naive_operator
@@ -63,7 +63,7 @@ SPEC = FamilySpec(
                          num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_key_head_dim=16,
                          linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, num_experts=4,
                          num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64)},
-    unread_tensors=unread_tensors)
+    unread_tensors=unread_tensors, state_dict_names=STATE_DICT_NAMES)
 
 __all__ = ["SPEC", "Config", "LM", "DeltaMixer", "AttentionMixer", "Qwen3NextLayer", "VARIANTS", "EXACT_VARIANTS",
            "to_params", "from_params", "expected_shapes", "init_params", "naive_operator", "lm_forward",

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...nn.checkpoint import StateDictNames
 from ...nn.moe import split_experts, stack_experts
 from ..bamba.checkpoint import Layout, layout_checkpoint
 from ..bamba.checkpoint import init_rule as bamba_init_rule
 from .config import Config
 
 FUSED = {"experts.gate_up_proj": ["gate_proj.weight", "up_proj.weight"], "experts.down_proj": ["down_proj.weight"]}
+# transformers' state_dict() holds the experts stacked as in the params
+STATE_DICT_NAMES = StateDictNames(stacked=FUSED)
 
 
 def swiglu_shapes(D: int, F: int, prefix: str = "") -> dict:
@@ -88,5 +91,5 @@ CHECKPOINT = layout_checkpoint(Config, LAYOUT, init_rule)
 expected_shapes, params_from_tensors = CHECKPOINT.expected_shapes, CHECKPOINT.params_from_tensors
 to_params, from_params, init_params = CHECKPOINT.to_params, CHECKPOINT.from_params, CHECKPOINT.init_params
 
-__all__ = ["FUSED", "delta_shapes", "attention_shapes", "ffn_shapes", "LAYOUT", "init_rule", "CHECKPOINT",
+__all__ = ["FUSED", "STATE_DICT_NAMES", "delta_shapes", "attention_shapes", "ffn_shapes", "LAYOUT", "init_rule", "CHECKPOINT",
            "expected_shapes", "params_from_tensors", "to_params", "from_params", "init_params"]
