@@ -40,8 +40,9 @@ def test_released_names_of_the_dense_layers_load(tmp_path):
     """The released Kimi-Linear files name the dense layers' MLP ``mlp.`` (Moonshot's modelling
     code: ``self.mlp`` for the first ``first_k_dense_replace`` layers), where transformers' writer
     names it ``block_sparse_moe.`` as the MoE layers' (it renames every ``mlp.`` back). Both load
-    to the same model; HF's class reads the released form to the same logits. Before 2026-12-02
-    the released form failed with "missing tensors"."""
+    to the same model; HF's class reads the released form to the same logits, and ``ia.save``
+    writes it. Before 2026-12-02 the released form failed with "missing tensors" (and ``ia.save``
+    wrote transformers' form, which Moonshot's code does not read)."""
     torch, _ = torch_or_skip()
     from safetensors.numpy import load_file, save_file
 
@@ -56,7 +57,12 @@ def test_released_names_of_the_dense_layers_load(tmp_path):
     assert {k for k in tensors if k.startswith(dense)} == {dense + f"{n}_proj.weight" for n in ("gate", "up", "down")}
     save_file({k.replace(dense, "model.layers.0.mlp."): v for k, v in tensors.items()}, weights,
               metadata={"format": "pt"})
-    np.testing.assert_array_equal(np.asarray(ia.load(tmp_path)(ids)), want)
+    model = ia.load(tmp_path)
+    np.testing.assert_array_equal(np.asarray(model(ids)), want)
+    ia.save(model, tmp_path / "ours")
+    ours = load_file(tmp_path / "ours" / "model.safetensors")
+    assert {k for k in ours if k.startswith("model.layers.0.") and "_proj" in k and "attn" not in k} == \
+        {f"model.layers.0.mlp.{n}_proj.weight" for n in ("gate", "up", "down")}
     with torch.no_grad():
         ref = reference_class("KimiLinearForCausalLM").from_pretrained(tmp_path).eval()(torch.tensor(ids)).logits
     assert max_rel_error(want, ref.numpy()) <= 1e-5

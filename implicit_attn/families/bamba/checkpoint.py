@@ -52,7 +52,8 @@ class Layout:
       family: the model_type, for messages.
       final_norm: the final norm's tensor name.
       ffn_norm: the local name of each layer's norm before the feed-forward part.
-      ffn_prefix: the local prefix of the feed-forward tensors (``""``: at layer level).
+      ffn_prefix: the local prefix of the feed-forward tensors (``""``: at layer level), or
+        ``(Config, layer) -> prefix`` where it depends on the layer (Kimi-Linear's dense layers).
       ffn_shapes: ``(Config, layer) -> {local name: shape}`` of that layer's feed-forward
         tensors as stored.
       mamba_shapes: ``mixer config -> {local name: shape}`` of a Mamba mixer.
@@ -70,7 +71,7 @@ class Layout:
     family: str
     final_norm: str
     ffn_norm: str
-    ffn_prefix: str
+    ffn_prefix: str | Callable
     ffn_shapes: Callable
     mamba_shapes: Callable = mamba_shapes
     ffn_params: Callable = lambda cfg, i, t: t
@@ -80,6 +81,10 @@ class Layout:
     embed: str = "model.embed_tokens.weight"
     mixer_norm: str = "input_layernorm.weight"
     extra_norms: Callable = lambda cfg: {}
+
+    def ffn_prefix_at(self, cfg, i: int) -> str:
+        """The local prefix of layer ``i``'s feed-forward tensors."""
+        return self.ffn_prefix(cfg, i) if callable(self.ffn_prefix) else self.ffn_prefix
 
 
 LAYOUT = Layout("bamba", "model.final_layernorm.weight", "pre_ff_layernorm.weight", "feed_forward.",
@@ -114,7 +119,7 @@ def layout_shapes(cfg, layout: Layout) -> tuple[dict, dict]:
         req[p + layout.ffn_norm] = (D,)
         req.update({p + name: (D,) for name in layout.extra_norms(cfg).values()})
         req.update({p + layout.mixer_prefix[kind] + k: s for k, s in mixers[kind].items()})
-        req.update({p + layout.ffn_prefix + k: s for k, s in layout.ffn_shapes(cfg, i).items()})
+        req.update({p + layout.ffn_prefix_at(cfg, i) + k: s for k, s in layout.ffn_shapes(cfg, i).items()})
     opt = {}
     if cfg.tie_word_embeddings:
         opt["lm_head.weight"] = (V, D)
@@ -135,12 +140,12 @@ def layout_params(cfg, tensors: dict, layout: Layout) -> dict:
     layers = []
     mixers = layout_mixers(cfg, layout)
     for i, kind in enumerate(cfg.layer_types):
-        p = f"model.layers.{i}."
+        p, f = f"model.layers.{i}.", layout.ffn_prefix_at(cfg, i)
         layers.append({"input_layernorm": tensors[p + layout.mixer_norm],
                        "pre_ff_layernorm": tensors[p + layout.ffn_norm],
                        **{key: tensors[p + name] for key, name in layout.extra_norms(cfg).items()},
                        "mixer": {k: tensors[p + layout.mixer_prefix[kind] + k] for k in mixers[kind]},
-                       "feed_forward": layout.ffn_params(cfg, i, {k: tensors[p + layout.ffn_prefix + k]
+                       "feed_forward": layout.ffn_params(cfg, i, {k: tensors[p + f + k]
                                                                   for k in layout.ffn_shapes(cfg, i)})})
     return {"embed_tokens": tensors[layout.embed], "layers": layers,
             "final_layernorm": tensors[layout.final_norm],
@@ -156,7 +161,7 @@ def layout_tensors(cfg, params: dict, layout: Layout) -> dict:
         t[p + layout.ffn_norm] = layer["pre_ff_layernorm"]
         t.update({p + name: layer[key] for key, name in layout.extra_norms(cfg).items()})
         t.update({p + layout.mixer_prefix[kind] + k: v for k, v in layer["mixer"].items()})
-        t.update({p + layout.ffn_prefix + k: v
+        t.update({p + layout.ffn_prefix_at(cfg, i) + k: v
                   for k, v in layout.ffn_tensors(cfg, i, layer["feed_forward"]).items()})
     if not cfg.tie_word_embeddings:
         if params.get("lm_head") is None:

@@ -4,8 +4,9 @@ the names HF writes: ``model.norm.weight``; per layer ``input_layernorm.weight``
 ``{q,k,v}_conv1d``, ``f_a_proj``, ``f_b_proj``, ``dt_bias (H d,)``, ``A_log (1, 1, H, 1)``,
 ``b_proj``, ``g_a_proj``, ``g_b_proj``, ``o_norm``, ``o_proj``; MLA: ``q_proj`` or
 ``q_a_proj``/``q_a_layernorm``/``q_b_proj``, ``kv_a_proj_with_mqa``, ``kv_a_layernorm``,
-``kv_b_proj``, ``o_proj``), and the feed-forward part under ``block_sparse_moe.``: a SwiGLU MLP,
-or ``gate.weight``, ``gate.e_score_correction_bias``, experts one by one
+``kv_b_proj``, ``o_proj``), and the feed-forward part: a SwiGLU MLP under ``mlp.`` (as in the
+released files; transformers' writer puts it under ``block_sparse_moe.``, also read), or under
+``block_sparse_moe.`` ``gate.weight``, ``gate.e_score_correction_bias``, experts one by one
 (``experts.{e}.w1/w3/w2.weight``: gate, up, down; stacked in the params as
 ``experts.gate_up_proj (E, 2I, D)``, ``experts.down_proj (E, D, I)``) and ``shared_experts.*``.
 """
@@ -21,11 +22,14 @@ from .block import CONVS
 from .config import Config
 
 FUSED = {"experts.gate_up_proj": ["w1.weight", "w3.weight"], "experts.down_proj": ["w2.weight"]}
-# transformers' state_dict() (and the released checkpoints' dense layers) name the feed-forward part
-# ``mlp.``; the forget gate's tensors sit under ``self_attn.forget_gate.``, the three convs are one
+# transformers' state_dict() names every feed-forward part ``mlp.`` (the MoE's, saved under
+# ``block_sparse_moe.``), and its writer every one ``block_sparse_moe.`` (the dense MLP's too, which
+# the released files keep under ``mlp.``); the forget gate's tensors sit under
+# ``self_attn.forget_gate.``, the three convs are one
 STATE_DICT_NAMES = StateDictNames(
-    renamed=((r"\.self_attn\.forget_gate\.", ".self_attn."), (r"\.mlp\.", ".block_sparse_moe.")), stacked=FUSED,
-    concatenated=(("self_attn.conv1d.weight", tuple("self_attn." + c for c in CONVS)),))
+    renamed=((r"\.self_attn\.forget_gate\.", ".self_attn."), (r"\.mlp\.", ".block_sparse_moe."),
+             (r"\.block_sparse_moe\.((?:gate|up|down)_proj\.weight)$", r".mlp.\1")),
+    stacked=FUSED, concatenated=(("self_attn.conv1d.weight", tuple("self_attn." + c for c in CONVS)),))
 
 
 def swiglu_shapes(D: int, F: int, prefix: str = "") -> dict:
@@ -67,7 +71,7 @@ def mixer_tables(cfg: Config, layout) -> dict:
 
 
 def ffn_shapes(cfg: Config, i: int) -> dict:
-    """Local names (under ``block_sparse_moe.``) -> shapes of layer ``i``'s MLP or MoE as stored."""
+    """Local names (under ``mlp.`` or ``block_sparse_moe.``) -> shapes of layer ``i``'s MLP or MoE as stored."""
     D, E = cfg.hidden_size, cfg.num_experts
     if cfg.mlp_layer_types[i] == "mlp":
         return swiglu_shapes(D, cfg.intermediate_size)
@@ -80,7 +84,8 @@ def ffn_shapes(cfg: Config, i: int) -> dict:
 
 
 LAYOUT = Layout(
-    "kimi_linear", "model.norm.weight", "post_attention_layernorm.weight", "block_sparse_moe.", ffn_shapes,
+    "kimi_linear", "model.norm.weight", "post_attention_layernorm.weight",
+    lambda cfg, i: "mlp." if cfg.ffn_kinds[i] == "mlp" else "block_sparse_moe.", ffn_shapes,
     ffn_params=lambda cfg, i, t: stack_experts(t, cfg.num_experts, FUSED) if cfg.ffn_kinds[i] == "moe" else t,
     ffn_tensors=lambda cfg, i, p: split_experts(p, cfg.num_experts, FUSED) if cfg.ffn_kinds[i] == "moe" else p,
     mixer_prefix={"delta": "self_attn.", "attention": "self_attn."}, mixer_tables=mixer_tables)
