@@ -158,9 +158,10 @@ def load(path_or_repo_id, dtype=None, revision: str | None = None, sharding_of=N
         ``resolve``; nothing is downloaded). ``model_type`` in the config picks the family;
         for a container type (``registry.CONTAINERS``: vision-language checkpoints such as
         Qwen3.5's) its language model is loaded, and the vision side is not read. Tensors
-        may carry the names transformers saves or those of its ``state_dict()``
-        (``registry.family_checkpoint``).
-      dtype: optional floating dtype to cast parameters to (default: keep the checkpoint's).
+        may carry the names transformers saves or those of its ``state_dict()``, and a
+        fine-grained FP8 checkpoint is dequantized (``registry.family_checkpoint``).
+      dtype: optional floating dtype to cast parameters to (default: keep the checkpoint's;
+        FP8 weights take the dtype of its other tensors).
       revision: branch, tag or commit of a cached repository (default ``"main"``).
       sharding_of: optional ``(tensor name, shape) -> jax.sharding.Sharding``: each tensor is
         then built with ``jax.make_array_from_callback``, every device reading only its own
@@ -185,7 +186,7 @@ def load(path_or_repo_id, dtype=None, revision: str | None = None, sharding_of=N
     _check_safetensors(path, path_or_repo_id)
     dt = floating_dtype(dtype)
     # header-checked views into memory maps (nothing read yet), as the family reads them
-    spec, config, tensors = family_checkpoint(*read_hf_dir(path), path)
+    spec, config, tensors = family_checkpoint(*read_hf_dir(path), path, dt)
     check_floating(tensors, where=str(path))
     spec.to_params(config, tensors)  # config and every name and shape checked before any data is read
     arrays = {}

@@ -34,7 +34,8 @@ _DTYPES = {
     "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
     "BF16": np.dtype(ml_dtypes.bfloat16), "I64": np.dtype("<i8"), "I32": np.dtype("<i4"),
     "I16": np.dtype("<i2"), "I8": np.dtype(np.int8), "U8": np.dtype(np.uint8),
-    "BOOL": np.dtype(np.bool_),
+    "BOOL": np.dtype(np.bool_), "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
 }
 _CODES = {v: k for k, v in _DTYPES.items()}
 FLOAT_CODES = ("F64", "F32", "F16", "BF16")
@@ -467,6 +468,85 @@ class StateDictNames:
         return out
 
 
+# transformers' fine-grained FP8 checkpoints: ``X.weight`` in FP8, ``X.weight_scale_inv`` its per-block scales
+FP8_SCALE = "_scale_inv"
+
+
+def fp8_blocks(config: dict, where) -> tuple[int, int] | None:
+    """The ``weight_block_size`` ``(rows, columns)`` of a checkpoint whose ``config.json`` says it is
+    quantized by transformers' fine-grained FP8 (``quantization_config.quant_method`` ``"fp8"``,
+    dynamic activations; default blocks 128 x 128), None for an unquantized one.
+    ``CheckpointError`` naming any other quantization (not read) or a bad block size."""
+    q = config.get("quantization_config")
+    if q is None:
+        return None
+    method = q.get("quant_method") if isinstance(q, dict) else None
+    if method != "fp8":
+        raise CheckpointError(f"{where}: config.json's quantization_config has quant_method {method!r}; only "
+                              f"transformers' block-wise FP8 checkpoints ('fp8') are read (dequantized on load)")
+    if q.get("activation_scheme", "dynamic") != "dynamic":
+        raise CheckpointError(f"{where}: the FP8 quantization_config's activation_scheme is "
+                              f"{q['activation_scheme']!r}; only 'dynamic' is read")
+    block = q.get("weight_block_size", [128, 128])
+    if (not isinstance(block, (list, tuple)) or len(block) != 2
+            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+        raise CheckpointError(f"{where}: the FP8 quantization_config's weight_block_size must be two positive "
+                              f"ints, got {block!r}")
+    return tuple(block)
+
+
+def dequantized_fp8(tensors: dict, blocks: tuple[int, int], dtype, where) -> dict:
+    """``tensors`` with every FP8 weight ``X.weight (..., R, C)`` (E4M3 or E5M2) replaced by its value,
+    ``X.weight`` times ``X.weight_scale_inv (..., ceil(R / rows), ceil(C / columns))`` broadcast over
+    its ``blocks`` (computed in float32, then cast to ``dtype``), and the scales dropped, as
+    transformers dequantizes them; the FP8 pages are released once read.
+
+    Args:
+      tensors: ``{name: array}`` as read (memory-mapped views).
+      blocks: ``(rows, columns)`` of a scale's block (``fp8_blocks``).
+      dtype: the dequantized weights' dtype; None: the one dtype of the other floating tensors
+        (the checkpoint's, usually bfloat16), float32 where they have several or none.
+      where: named in errors.
+    Raises:
+      ``CheckpointError`` naming an FP8 tensor without its scale, a scale without its FP8
+      weight, or a scale of the wrong shape or dtype.
+    """
+    others = {np.dtype(t.dtype) for n, t in tensors.items()
+              if _is_floating(np.dtype(t.dtype)) and not n.endswith(FP8_SCALE) and not _is_fp8(t.dtype)}
+    out_dtype = np.dtype(dtype) if dtype is not None else (others.pop() if len(others) == 1 else np.dtype(np.float32))
+    rows, cols = blocks
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith(FP8_SCALE):
+            weight = name[:-len(FP8_SCALE)]
+            if weight not in tensors or not _is_fp8(tensors[weight].dtype):
+                raise CheckpointError(f"{where}: tensor {name!r} scales no FP8 tensor {weight!r}")
+            continue
+        if not _is_fp8(t.dtype):
+            out[name] = t
+            continue
+        scale = tensors.get(name + FP8_SCALE)
+        if scale is None:
+            raise CheckpointError(f"{where}: FP8 tensor {name!r} has no scales ({name + FP8_SCALE!r})")
+        R, C = t.shape[-2:] if t.ndim >= 2 else (None, None)
+        if R is None or scale.shape != (*t.shape[:-2], -(-R // rows), -(-C // cols)):
+            raise CheckpointError(f"{where}: FP8 tensor {name!r} of shape {tuple(t.shape)} needs scales of shape "
+                                  f"(..., ceil(R / {rows}), ceil(C / {cols})) for its {rows} x {cols} blocks; "
+                                  f"{name + FP8_SCALE!r} has shape {tuple(scale.shape)}")
+        if not _is_floating(np.dtype(scale.dtype)):
+            raise CheckpointError(f"{where}: FP8 scales {name + FP8_SCALE!r} must be floating point, got "
+                                  f"{_CODES.get(np.dtype(scale.dtype), scale.dtype)}")
+        s = np.repeat(np.repeat(np.asarray(scale, np.float32), rows, axis=-2), cols, axis=-1)[..., :R, :C]
+        out[name] = (np.asarray(t, np.float32) * s).astype(out_dtype)
+        release(t)
+        release(scale)
+    return out
+
+
+def _is_fp8(dt) -> bool:
+    return np.dtype(dt) in (_DTYPES["F8_E4M3"], _DTYPES["F8_E5M2"])
+
+
 def vision_language(model_type: str, skipped: tuple[str, ...], tied: bool, aliases: tuple[str, ...] = ()) -> Container:
     """The ``Container`` of a transformers vision-language checkpoint type laid out as its
     ``*ForConditionalGeneration`` saves it: the language model's config under
@@ -605,8 +685,11 @@ def check_floating(tensors: Mapping[str, np.ndarray], where: str = "checkpoint")
     if bad:
         what = ", ".join(f"{n} ({_CODES.get(d, str(d))})" for n, d in bad[:5])
         more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        fp8 = (" (FP8 tensors are read from transformers' fine-grained FP8 checkpoints only: quantization_config "
+               "with quant_method 'fp8' and X.weight_scale_inv scales; ModelOpt's, described in "
+               "hf_quant_config.json, are not)") if any(_is_fp8(d) for _, d in bad) else ""
         raise CheckpointError(f"{where}: parameters must be floating point ({', '.join(FLOAT_CODES)}); "
-                              f"non-floating tensors: {what}{more}")
+                              f"non-floating tensors: {what}{more}{fp8}")
 
 
 def floating_dtype(dtype):
@@ -630,7 +713,8 @@ def cast_floating(tensors: Mapping[str, np.ndarray], dtype) -> dict[str, np.ndar
     return {k: (v.astype(dt) if _is_floating(v.dtype) else v) for k, v in tensors.items()}
 
 
-__all__ = ["CheckpointError", "Container", "StateDictNames", "vision_language", "without_unread", "with_prefixes", "read_header",
+__all__ = ["CheckpointError", "Container", "StateDictNames", "FP8_SCALE", "fp8_blocks", "dequantized_fp8",
+           "vision_language", "without_unread", "with_prefixes", "read_header",
            "read_safetensors", "release", "write_safetensors", "read_config", "read_index", "shard_path",
            "read_hf_dir", "write_hf_dir", "check_tensors", "check_floating", "floating_dtype", "cast_floating",
            "SINGLE", "INDEX", "FLOAT_CODES", "MAX_HEADER_BYTES"]
