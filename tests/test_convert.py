@@ -264,10 +264,10 @@ def test_config_without_model_type(ckpt):
 
 def test_unsupported_dtype(ckpt):
     f = ckpt / "model.safetensors"
-    header = json.dumps({"backbone.norm_f.weight": {"dtype": "F8_E4M3", "shape": [8], "data_offsets": [0, 8]}})
+    header = json.dumps({"backbone.norm_f.weight": {"dtype": "F8_E8M0", "shape": [8], "data_offsets": [0, 8]}})
     _raw_safetensors(f, header.encode(), bytes(8))
     with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor 'backbone\.norm_f\.weight' has "
-                                              r"unsupported dtype 'F8_E4M3' \(supported: F64, F32"):
+                                              r"unsupported dtype 'F8_E8M0' \(supported: F64, F32"):
         ia.load(ckpt)
     with pytest.raises(CheckpointError, match="tensor 'c': dtype complex64 cannot be stored in safetensors"):
         write_safetensors(ckpt / "x.safetensors", {"c": np.zeros(2, np.complex64)})
