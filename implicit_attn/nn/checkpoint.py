@@ -314,12 +314,19 @@ def with_prefixes(tensors: dict, renames, where) -> dict:
     """``tensors`` with every name that starts with a ``(source, target)`` pair's source prefix
     renamed to start with its target (the first pair that applies). ``CheckpointError``
     naming both if two tensors would get one name."""
+    return renamed_tensors(((next((new + name[len(old):] for old, new in renames if name.startswith(old)), name),
+                             name, t) for name, t in tensors.items()), where)
+
+
+def renamed_tensors(items, where) -> dict:
+    """``{new name: tensor}`` of ``(new name, file name, tensor)`` items; ``CheckpointError``
+    naming both file names if two tensors would get one name (a checkpoint holds each tensor
+    once, under one of the names it may take)."""
     out, source = {}, {}
-    for name, t in tensors.items():
-        target = next((new + name[len(old):] for old, new in renames if name.startswith(old)), name)
-        if target in out:
-            raise CheckpointError(f"{where}: tensors {source[target]!r} and {name!r} would both be {target!r}")
-        out[target], source[target] = t, name
+    for new, old, t in items:
+        if new in out:
+            raise CheckpointError(f"{where}: tensors {source[new]!r} and {old!r} would both be {new!r}")
+        out[new], source[new] = t, old
     return out
 
 
@@ -422,21 +429,13 @@ class StateDictNames:
           tensor's second axis does not split into its parts, or when a concatenated tensor's
           rows are not the sum of its parts' rows.
         """
-        out, source = {}, {}
-
-        def put(new, old, t):
-            if new in out:
-                raise CheckpointError(f"{where}: tensors {source[new]!r} and {old!r} would both be {new!r} "
-                                      f"(a checkpoint holds each tensor once, in the saved or the state-dict form)")
-            out[new], source[new] = t, old
-
         def rule(rules, name):  # the parts of the rule whose suffix ends ``name`` at a dot, and the name's head
             for suffix, parts in rules:
                 if name.endswith("." + suffix):
                     return parts, name[:-len(suffix)]
             return None, None
 
-        for old, t in tensors.items():
+        def saved(old, t):  # ``(saved name, file name, tensor)`` of one tensor or of each of its parts
             name = old
             for pattern, replacement in self.renamed:
                 name = re.sub(pattern, replacement, name)
@@ -448,10 +447,8 @@ class StateDictNames:
                         raise CheckpointError(f"{where}: tensor {old!r} of shape {tuple(t.shape)} should hold the "
                                               f"experts on its first axis and {len(parts)} equal parts on its second")
                     rows = t.shape[1] // len(parts)
-                    for e, row in enumerate(names):
-                        for k, n in enumerate(row):
-                            put(n, old, t[e, k * rows:(k + 1) * rows])
-                    continue
+                    return [(n, old, t[e, k * rows:(k + 1) * rows]) for e, row in enumerate(names)
+                            for k, n in enumerate(row)]
             parts, head = rule(self.concatenated, name)
             if parts is not None and all(head + part in shapes for part in parts):
                 names = [head + part for part in parts]
@@ -459,13 +456,11 @@ class StateDictNames:
                 if t.ndim < 1 or t.shape[0] != sum(sizes):
                     raise CheckpointError(f"{where}: tensor {old!r} of shape {tuple(t.shape)} should be "
                                           f"{', '.join(names)} joined ({' + '.join(map(str, sizes))} rows)")
-                lo = 0
-                for n, size in zip(names, sizes):
-                    put(n, old, t[lo:lo + size])
-                    lo += size
-                continue
-            put(name if name in shapes else old, old, t)
-        return out
+                starts = np.cumsum([0, *sizes]).tolist()
+                return [(n, old, t[lo:hi]) for n, lo, hi in zip(names, starts, starts[1:])]
+            return [(name if name in shapes else old, old, t)]
+
+        return renamed_tensors((item for old, t in tensors.items() for item in saved(old, t)), where)
 
 
 # transformers' fine-grained FP8 checkpoints: ``X.weight`` in FP8, ``X.weight_scale_inv`` its per-block scales
@@ -714,7 +709,7 @@ def cast_floating(tensors: Mapping[str, np.ndarray], dtype) -> dict[str, np.ndar
 
 
 __all__ = ["CheckpointError", "Container", "StateDictNames", "FP8_SCALE", "fp8_blocks", "dequantized_fp8",
-           "vision_language", "without_unread", "with_prefixes", "read_header",
+           "vision_language", "without_unread", "with_prefixes", "renamed_tensors", "read_header",
            "read_safetensors", "release", "write_safetensors", "read_config", "read_index", "shard_path",
            "read_hf_dir", "write_hf_dir", "check_tensors", "check_floating", "floating_dtype", "cast_floating",
            "SINGLE", "INDEX", "FLOAT_CODES", "MAX_HEADER_BYTES"]
