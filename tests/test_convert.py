@@ -147,6 +147,14 @@ def test_bad_operator_arguments(model):
         op.reduce("weighted")
     with pytest.raises(ValueError, match="weights must have shape"):
         op.reduce("weighted", weights=np.ones(3))
+    C = op.shape[1]
+    with pytest.raises(TypeError, match=r"weights must be real floating or boolean, got dtype int64 \(cast"):
+        op.reduce("weighted", weights=np.ones(C, np.int64))
+    with pytest.raises(TypeError, match="key_weights must be real floating or boolean, got dtype complex64"):
+        op.reduce("weighted", weights=np.ones(C), key_weights=np.ones(C, np.complex64))
+    mask = np.arange(C) % 2 == 0  # a boolean channel mask is exact in float32
+    np.testing.assert_array_equal(op.reduce("weighted", weights=mask, impl="xla"),
+                                  op.reduce("weighted", weights=mask.astype(np.float32), impl="xla"))
     with pytest.raises(ValueError, match="impl must be one of"):
         op.materialize(impl="cuda")
     with pytest.raises(ValueError, match="mixer input must have shape"):

@@ -193,7 +193,13 @@ def block_size(n: int, B: int, L: int, block_channels: int | None) -> int:
 
 
 def channel_weights(w, name: str, B: int, C: int, L: int):
-    """Broadcast ``(C,)``, ``(B, C)`` or ``(B, C, L)`` weights to ``(B, C, L)`` float32."""
+    """Broadcast ``(C,)``, ``(B, C)`` or ``(B, C, L)`` real floating or boolean weights to
+    ``(B, C, L)`` float32 (the precision every reduction computes in). Integer weights are a
+    ``TypeError``: float32 holds them exactly only up to 2**24, so the caller casts them."""
+    dtype = w.dtype if hasattr(w, "dtype") else np.asarray(w).dtype  # as given, before jax's int64 -> int32
+    if dtype != np.bool_ and not jnp.issubdtype(dtype, jnp.floating):
+        hint = f" (cast them: {name}.astype(float))" if jnp.issubdtype(dtype, jnp.integer) else ""
+        raise TypeError(f"{name} must be real floating or boolean, got dtype {dtype}{hint}")
     w = jnp.asarray(w, jnp.float32)
     if w.shape == (C,):
         w = w[None, :, None]

@@ -90,7 +90,8 @@ class ImplicitOperator:
         ``"pos_mean"``: mean of ``max(H, 0)``; ``"weighted"``:
         ``sum_c weights[b,c,i] * H[b,c,i,j] * key_weights[b,c,j]``
         (``weights`` required, ``key_weights`` optional; each ``(C',)``, ``(B, C')``
-        or ``(B, C', L)`` over the selected channels).
+        or ``(B, C', L)`` over the selected channels, real floating or boolean: integer
+        weights are a ``TypeError``, as float32 holds them exactly only up to 2**24).
 
         Works in blocks of channels (``lax.scan`` with rematerialisation), so memory is
         ``O(B L^2 * block)`` in the forward and backward pass. ``impl``: "xla" forms each
