@@ -15,6 +15,7 @@ from .families import (bailing_hybrid, bamba, falcon_h1, falcon_mamba, granite, 
                        rwkv7, xlstm, zamba, zamba2)
 from .nn import FamilySpec
 from .nn.checkpoint import dequantized_fp8, fp8_blocks, with_prefixes, without_unread
+from .nn.compressed import compressed_schemes, dequantized_compressed
 
 _SPECS = (mamba.SPEC, mamba2.SPEC, griffin.SPEC, rwkv.SPEC, falcon_mamba.SPEC, bamba.SPEC, granite.SPEC, jamba.SPEC,
           nemotron_h.SPEC, falcon_h1.SPEC, zamba2.SPEC, zamba.SPEC, qwen3_next.SPEC,
@@ -64,8 +65,9 @@ def family_checkpoint(config: dict, tensors: dict, where="checkpoint", dtype=Non
     """``(spec, config, tensors)`` of a checkpoint's ``config.json`` dict and tensors, put in
     the form the family's ``to_params`` reads: for a container type its language model's
     config and tensors (``checkpoint_family``), without the tensors the family does not read
-    (``FamilySpec.unread_tensors``), FP8 weights of a fine-grained FP8 checkpoint dequantized
-    (as ``dtype``; None: the checkpoint's other tensors' dtype, see ``dequantized_fp8``),
+    (``FamilySpec.unread_tensors``), the weights of a fine-grained FP8 or compressed-tensors
+    checkpoint dequantized (as ``dtype``; None: the checkpoint's other tensors' dtype, see
+    ``dequantized_fp8``, ``nn.compressed.dequantized_compressed``),
     under the saved names (``tensor_prefixes``, and
     ``state_dict_names`` for a file written from transformers' ``state_dict()``), with an
     output head a tied config does not use handled as transformers does (``_untie_like_hf``).
@@ -73,13 +75,17 @@ def family_checkpoint(config: dict, tensors: dict, where="checkpoint", dtype=Non
     FP8 weights are computed). ``CheckpointError`` naming ``where`` (or
     ``ValueError`` for an unknown type) as ``checkpoint_family`` and ``StateDictNames`` say."""
     spec, container = checkpoint_family(config, where)
-    blocks = fp8_blocks(config, where)  # the outer config's, for a container
+    # the outer config's quantization, for a container
+    schemes = compressed_schemes(config, where)
+    blocks = fp8_blocks(config, where) if schemes is None else None
     if container is not None:  # e.g. a vision-language checkpoint: its language model alone
         config, tensors = container.language_config(config, where), container.language_tensors(tensors, where)
     if spec.unread_tensors is not None:  # e.g. multi-token-prediction layers, which HF skips too
         tensors = without_unread(tensors, spec.unread_tensors(config))
     if blocks is not None:  # each weight next to its scales, before any renaming
         tensors = dequantized_fp8(tensors, blocks, dtype, where)
+    if schemes is not None:
+        tensors = dequantized_compressed(tensors, schemes, dtype, where)
     if spec.tensor_prefixes:  # names transformers maps by a prefix change (Qwen3.5's text model)
         tensors = with_prefixes(tensors, spec.tensor_prefixes, where)
     if spec.state_dict_names is not None:  # a file written from transformers' state_dict(): fused experts...

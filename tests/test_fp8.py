@@ -157,5 +157,6 @@ def test_fp8_tensors_of_a_checkpoint_without_the_fp8_config_are_named(tmp_path):
     tensors[name] = tensors[name].astype(ml_dtypes.float8_e4m3fn)
     save_file({**tensors, name.replace("weight", "weight_scale"): np.ones((), np.float32)}, tmp_path / "model.safetensors")
     with pytest.raises(ia.CheckpointError, match=rf"non-floating tensors: {name} \(F8_E4M3\) \(FP8 tensors are read "
-                                                 r"from transformers' fine-grained FP8 checkpoints only"):
+                                                 r"from transformers' fine-grained FP8 checkpoints, .* and from "
+                                                 r"compressed-tensors ones; ModelOpt's"):
         ia.load(tmp_path)

@@ -478,7 +478,8 @@ def fp8_blocks(config: dict, where) -> tuple[int, int] | None:
     method = q.get("quant_method") if isinstance(q, dict) else None
     if method != "fp8":
         raise CheckpointError(f"{where}: config.json's quantization_config has quant_method {method!r}; only "
-                              f"transformers' block-wise FP8 checkpoints ('fp8') are read (dequantized on load)")
+                              f"transformers' block-wise FP8 checkpoints ('fp8') and compressed-tensors "
+                              f"checkpoints ('compressed-tensors') are read (dequantized on load)")
     if q.get("activation_scheme", "dynamic") != "dynamic":
         raise CheckpointError(f"{where}: the FP8 quantization_config's activation_scheme is "
                               f"{q['activation_scheme']!r}; only 'dynamic' is read")
@@ -506,18 +507,16 @@ def dequantized_fp8(tensors: dict, blocks: tuple[int, int], dtype, where) -> dic
       ``CheckpointError`` naming an FP8 tensor without its scale, a scale without its FP8
       weight, or a scale of the wrong shape or dtype.
     """
-    others = {np.dtype(t.dtype) for n, t in tensors.items()
-              if _is_floating(np.dtype(t.dtype)) and not n.endswith(FP8_SCALE) and not _is_fp8(t.dtype)}
-    out_dtype = np.dtype(dtype) if dtype is not None else (others.pop() if len(others) == 1 else np.dtype(np.float32))
+    out_dtype = dequantized_dtype(tensors, dtype, lambda n, t: n.endswith(FP8_SCALE) or is_fp8_dtype(t.dtype))
     rows, cols = blocks
     out = {}
     for name, t in tensors.items():
         if name.endswith(FP8_SCALE):
             weight = name[:-len(FP8_SCALE)]
-            if weight not in tensors or not _is_fp8(tensors[weight].dtype):
+            if weight not in tensors or not is_fp8_dtype(tensors[weight].dtype):
                 raise CheckpointError(f"{where}: tensor {name!r} scales no FP8 tensor {weight!r}")
             continue
-        if not _is_fp8(t.dtype):
+        if not is_fp8_dtype(t.dtype):
             out[name] = t
             continue
         scale = tensors.get(name + FP8_SCALE)
@@ -528,7 +527,7 @@ def dequantized_fp8(tensors: dict, blocks: tuple[int, int], dtype, where) -> dic
             raise CheckpointError(f"{where}: FP8 tensor {name!r} of shape {tuple(t.shape)} needs scales of shape "
                                   f"(..., ceil(R / {rows}), ceil(C / {cols})) for its {rows} x {cols} blocks; "
                                   f"{name + FP8_SCALE!r} has shape {tuple(scale.shape)}")
-        if not _is_floating(np.dtype(scale.dtype)):
+        if not is_floating_dtype(np.dtype(scale.dtype)):
             raise CheckpointError(f"{where}: FP8 scales {name + FP8_SCALE!r} must be floating point, got "
                                   f"{_CODES.get(np.dtype(scale.dtype), scale.dtype)}")
         s = np.repeat(np.repeat(np.asarray(scale, np.float32), rows, axis=-2), cols, axis=-1)[..., :R, :C]
@@ -538,7 +537,19 @@ def dequantized_fp8(tensors: dict, blocks: tuple[int, int], dtype, where) -> dic
     return out
 
 
-def _is_fp8(dt) -> bool:
+def dequantized_dtype(tensors: Mapping[str, np.ndarray], dtype, quantized) -> np.dtype:
+    """The dtype dequantized weights are given: ``dtype`` where one is asked for; otherwise the one
+    dtype of the floating tensors that ``quantized(name, tensor)`` does not mark as quantized
+    values or scales (the checkpoint's, usually bfloat16), float32 where they have several or none."""
+    if dtype is not None:
+        return np.dtype(dtype)
+    others = {np.dtype(t.dtype) for n, t in tensors.items()
+              if is_floating_dtype(np.dtype(t.dtype)) and not quantized(n, t)}
+    return others.pop() if len(others) == 1 else np.dtype(np.float32)
+
+
+def is_fp8_dtype(dt) -> bool:
+    """Whether ``dt`` is one of the safetensors FP8 types (E4M3, E5M2)."""
     return np.dtype(dt) in (_DTYPES["F8_E4M3"], _DTYPES["F8_E5M2"])
 
 
@@ -668,7 +679,8 @@ def check_tensors(tensors: Mapping[str, np.ndarray], expected: Mapping[str, tupl
         raise CheckpointError(f"{where}: " + "; ".join(problems))
 
 
-def _is_floating(dt) -> bool:
+def is_floating_dtype(dt) -> bool:
+    """Whether ``dt`` (an ``np.dtype``) is a floating type the models compute in: numpy's or bfloat16 (not FP8)."""
     return np.issubdtype(dt, np.floating) or dt == _DTYPES["BF16"]
 
 
@@ -676,13 +688,13 @@ def check_floating(tensors: Mapping[str, np.ndarray], where: str = "checkpoint")
     """Raise ``CheckpointError`` naming every tensor whose dtype is not floating: model
     parameters are floating point, and an integer or boolean weight would otherwise load
     and silently truncate what is computed from it."""
-    bad = [(n, np.dtype(t.dtype)) for n, t in sorted(tensors.items()) if not _is_floating(np.dtype(t.dtype))]
+    bad = [(n, np.dtype(t.dtype)) for n, t in sorted(tensors.items()) if not is_floating_dtype(np.dtype(t.dtype))]
     if bad:
         what = ", ".join(f"{n} ({_CODES.get(d, str(d))})" for n, d in bad[:5])
         more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
-        fp8 = (" (FP8 tensors are read from transformers' fine-grained FP8 checkpoints only: quantization_config "
-               "with quant_method 'fp8' and X.weight_scale_inv scales; ModelOpt's, described in "
-               "hf_quant_config.json, are not)") if any(_is_fp8(d) for _, d in bad) else ""
+        fp8 = (" (FP8 tensors are read from transformers' fine-grained FP8 checkpoints, quantization_config "
+               "with quant_method 'fp8' and X.weight_scale_inv scales, and from compressed-tensors ones; "
+               "ModelOpt's, described in hf_quant_config.json, are not)") if any(is_fp8_dtype(d) for _, d in bad) else ""
         raise CheckpointError(f"{where}: parameters must be floating point ({', '.join(FLOAT_CODES)}); "
                               f"non-floating tensors: {what}{more}{fp8}")
 
@@ -695,7 +707,7 @@ def floating_dtype(dtype):
         dt = np.dtype(dtype)
     except TypeError:
         raise ValueError(f"dtype {dtype!r} is not a dtype (use e.g. 'float32', 'bfloat16')") from None
-    if not _is_floating(dt):
+    if not is_floating_dtype(dt):
         raise ValueError(f"dtype must be a floating type, got {dtype!r}")
     return dt
 
@@ -705,10 +717,11 @@ def cast_floating(tensors: Mapping[str, np.ndarray], dtype) -> dict[str, np.ndar
     dt = floating_dtype(dtype)
     if dt is None:
         return dict(tensors)
-    return {k: (v.astype(dt) if _is_floating(v.dtype) else v) for k, v in tensors.items()}
+    return {k: (v.astype(dt) if is_floating_dtype(v.dtype) else v) for k, v in tensors.items()}
 
 
 __all__ = ["CheckpointError", "Container", "StateDictNames", "FP8_SCALE", "fp8_blocks", "dequantized_fp8",
+           "dequantized_dtype", "is_floating_dtype", "is_fp8_dtype",
            "vision_language", "without_unread", "with_prefixes", "renamed_tensors", "read_header",
            "read_safetensors", "release", "write_safetensors", "read_config", "read_index", "shard_path",
            "read_hf_dir", "write_hf_dir", "check_tensors", "check_floating", "floating_dtype", "cast_floating",
