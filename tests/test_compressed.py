@@ -17,8 +17,6 @@ from implicit_attn.nn.compressed import (WeightScheme, compressed_schemes, dequa
                                          unpacked_ints)
 from implicit_attn.registry import FAMILIES, family_checkpoint
 
-ct = pytest.importorskip("compressed_tensors")
-
 # name: (the package's weight arguments, storage format, input activations)
 SCHEMES = {
     "fp8_channel": (dict(num_bits=8, type="float", strategy="channel"), "float-quantized",
@@ -101,6 +99,7 @@ def test_compressed_checkpoint_loads_as_transformers_dequantizes_it(mt, name, tm
     """Our model of the compressed file gives transformers' logits (its dequantizing load of the
     same file) and exact operators, and it is not the unquantized model. FP8 with dynamic
     per-token and with static activation scales included: neither side quantizes activations."""
+    pytest.importorskip("compressed_tensors")  # imported here: 2.5 s at collection otherwise
     from implicit_attn.testing import build_hf_model, max_rel_error, torch_forward
 
     spec = FAMILIES[mt]
@@ -125,6 +124,7 @@ def test_nvfp4_weights_are_the_packages_values(tmp_path):
     """NVFP4 (FP4 E2M1 values, FP8 scales per 16 inputs, a global scale): each weight equals the
     compressed-tensors decompression bit for bit once rounded to bfloat16 (the package's
     decompressor gives bfloat16 values; ours keeps float32), and the logits follow."""
+    pytest.importorskip("compressed_tensors")  # imported here: 2.5 s at collection otherwise
     import torch
 
     from implicit_attn.testing import build_hf_model, max_rel_error, torch_forward
@@ -149,6 +149,7 @@ def test_nvfp4_weights_are_the_packages_values(tmp_path):
 @pytest.mark.parametrize("bits", [2, 3, 4, 8])
 def test_unpacking_is_the_packages_packing_reversed(bits):
     """Any bit width, values crossing int32 words (3 bits), and the zero points packed along rows."""
+    pytest.importorskip("compressed_tensors")  # imported here: 2.5 s at collection otherwise
     import torch
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 
@@ -169,6 +170,7 @@ def test_asymmetric_groups_and_group_order_match_float64():
     """Asymmetric int4 groups with zero points, packed by the package's compressor (neither
     transformers nor the package's decompressor unpacks those zero points: the reference is float64
     arithmetic), then a ``weight_g_idx`` group order."""
+    pytest.importorskip("compressed_tensors")  # imported here: 2.5 s at collection otherwise
     import torch
     from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
@@ -261,6 +263,7 @@ def test_mixture_of_experts_releases_with_each_expert_quantized(tmp_path):
     (``mlp.experts.{e}.gate_proj``): int4 groups packed by the package's compressor, module by
     module. Reference: transformers' model of a plain file holding the package's decompressed
     weights."""
+    pytest.importorskip("compressed_tensors")  # imported here: 2.5 s at collection otherwise
     import torch
     from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
