@@ -16,10 +16,10 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from .nn.checkpoint import (INDEX, SINGLE, CheckpointError, check_floating, floating_dtype, read_config, read_hf_dir,
-                            release, write_hf_dir)
+from .nn.checkpoint import (INDEX, SINGLE, CheckpointError, check_floating, floating_dtype, read_config, release,
+                            write_hf_dir)
 from .nn.checks import as_device_array
-from .registry import FAMILIES, checkpoint_family, family, family_checkpoint
+from .registry import FAMILIES, checkpoint_family, family, read_family_checkpoint
 
 # ORG/NAME with Hugging Face's characters (letters, digits, "-", "_", "."); exactly one "/".
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -159,7 +159,8 @@ def load(path_or_repo_id, dtype=None, revision: str | None = None, sharding_of=N
         for a container type (``registry.CONTAINERS``: vision-language checkpoints such as
         Qwen3.5's) its language model is loaded, and the vision side is not read. Tensors
         may carry the names transformers saves or those of its ``state_dict()``, and a
-        fine-grained FP8 checkpoint is dequantized (``registry.family_checkpoint``).
+        fine-grained FP8, compressed-tensors or ModelOpt checkpoint is dequantized
+        (``registry.read_family_checkpoint``).
       dtype: optional floating dtype to cast parameters to (default: keep the checkpoint's;
         FP8 weights take the dtype of its other tensors).
       revision: branch, tag or commit of a cached repository (default ``"main"``).
@@ -186,7 +187,7 @@ def load(path_or_repo_id, dtype=None, revision: str | None = None, sharding_of=N
     _check_safetensors(path, path_or_repo_id)
     dt = floating_dtype(dtype)
     # header-checked views into memory maps (nothing read yet), as the family reads them
-    spec, config, tensors = family_checkpoint(*read_hf_dir(path), path, dt)
+    spec, config, tensors = read_family_checkpoint(path, dt)
     check_floating(tensors, where=str(path))
     spec.to_params(config, tensors)  # config and every name and shape checked before any data is read
     arrays = {}

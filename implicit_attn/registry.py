@@ -14,8 +14,9 @@ from .families import (bailing_hybrid, bamba, falcon_h1, falcon_mamba, granite, 
                        mamba, mamba2, minimax, nemotron_h, olmo_hybrid, qwen3_5, qwen3_next, rwkv, rwkv5, rwkv6,
                        rwkv7, xlstm, zamba, zamba2)
 from .nn import FamilySpec
-from .nn.checkpoint import dequantized_fp8, fp8_blocks, with_prefixes, without_unread
+from .nn.checkpoint import dequantized_fp8, fp8_blocks, read_hf_dir, with_prefixes, without_unread
 from .nn.compressed import compressed_schemes, dequantized_compressed
+from .nn.modelopt import dequantized_modelopt, modelopt_scheme, with_hf_quant_config
 
 _SPECS = (mamba.SPEC, mamba2.SPEC, griffin.SPEC, rwkv.SPEC, falcon_mamba.SPEC, bamba.SPEC, granite.SPEC, jamba.SPEC,
           nemotron_h.SPEC, falcon_h1.SPEC, zamba2.SPEC, zamba.SPEC, qwen3_next.SPEC,
@@ -65,9 +66,9 @@ def family_checkpoint(config: dict, tensors: dict, where="checkpoint", dtype=Non
     """``(spec, config, tensors)`` of a checkpoint's ``config.json`` dict and tensors, put in
     the form the family's ``to_params`` reads: for a container type its language model's
     config and tensors (``checkpoint_family``), without the tensors the family does not read
-    (``FamilySpec.unread_tensors``), the weights of a fine-grained FP8 or compressed-tensors
-    checkpoint dequantized (as ``dtype``; None: the checkpoint's other tensors' dtype, see
-    ``dequantized_fp8``, ``nn.compressed.dequantized_compressed``),
+    (``FamilySpec.unread_tensors``), the weights of a fine-grained FP8, compressed-tensors or
+    ModelOpt checkpoint dequantized (as ``dtype``; None: the checkpoint's other tensors' dtype, see
+    ``dequantized_fp8``, ``nn.compressed.dequantized_compressed``, ``nn.modelopt.dequantized_modelopt``),
     under the saved names (``tensor_prefixes``, and
     ``state_dict_names`` for a file written from transformers' ``state_dict()``), with an
     output head a tied config does not use handled as transformers does (``_untie_like_hf``).
@@ -76,8 +77,8 @@ def family_checkpoint(config: dict, tensors: dict, where="checkpoint", dtype=Non
     ``ValueError`` for an unknown type) as ``checkpoint_family`` and ``StateDictNames`` say."""
     spec, container = checkpoint_family(config, where)
     # the outer config's quantization, for a container
-    schemes = compressed_schemes(config, where)
-    blocks = fp8_blocks(config, where) if schemes is None else None
+    schemes, modelopt = compressed_schemes(config, where), modelopt_scheme(config, where)
+    blocks = fp8_blocks(config, where) if schemes is None and modelopt is None else None
     if container is not None:  # e.g. a vision-language checkpoint: its language model alone
         config, tensors = container.language_config(config, where), container.language_tensors(tensors, where)
     if spec.unread_tensors is not None:  # e.g. multi-token-prediction layers, which HF skips too
@@ -86,12 +87,22 @@ def family_checkpoint(config: dict, tensors: dict, where="checkpoint", dtype=Non
         tensors = dequantized_fp8(tensors, blocks, dtype, where)
     if schemes is not None:
         tensors = dequantized_compressed(tensors, schemes, dtype, where)
+    if modelopt is not None:
+        tensors = dequantized_modelopt(tensors, modelopt, dtype, where)
     if spec.tensor_prefixes:  # names transformers maps by a prefix change (Qwen3.5's text model)
         tensors = with_prefixes(tensors, spec.tensor_prefixes, where)
     if spec.state_dict_names is not None:  # a file written from transformers' state_dict(): fused experts...
         tensors = spec.state_dict_names.saved_tensors(tensors, _shape_table(spec, config), where)
     config, tensors = _untie_like_hf(spec, config, tensors, where)
     return spec, config, tensors
+
+
+def read_family_checkpoint(path, dtype=None) -> tuple[FamilySpec, dict, dict]:
+    """``family_checkpoint`` of the Hugging Face directory ``path`` (``read_hf_dir``), where a
+    ModelOpt export that describes its quantization in ``hf_quant_config.json`` only reads that
+    file as its ``quantization_config`` (``nn.modelopt.with_hf_quant_config``)."""
+    config, tensors = read_hf_dir(path)
+    return family_checkpoint(with_hf_quant_config(config, path), tensors, path, dtype)
 
 
 def _shape_table(spec: FamilySpec, config: dict) -> dict:
@@ -159,4 +170,5 @@ def model_types() -> list[str]:
     return sorted(FAMILIES)
 
 
-__all__ = ["FAMILIES", "CONTAINERS", "FamilySpec", "family", "checkpoint_family", "family_checkpoint", "model_types"]
+__all__ = ["FAMILIES", "CONTAINERS", "FamilySpec", "family", "checkpoint_family", "family_checkpoint", "read_family_checkpoint",
+           "model_types"]

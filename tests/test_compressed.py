@@ -254,7 +254,7 @@ def test_what_is_not_read_is_named():
     only = (WeightScheme("float-quantized", 8, "float", "channel", None, None, True, ("re:.*mlp.*",)),)
     with pytest.raises(CheckpointError, match="quantized tensors of 'm', which no compressed-tensors config group targets"):
         dequantized_compressed({"m.weight": w, "m.weight_scale": np.ones((4, 1), np.float32)}, only, None, "c")
-    with pytest.raises(CheckpointError, match=r"quant_method 'awq'; only .*\('fp8'\) and compressed-tensors"):
+    with pytest.raises(CheckpointError, match=r"quant_method 'awq'; only .*\('fp8'\), compressed-tensors .* and ModelOpt exports"):
         fp8_blocks({"quantization_config": {"quant_method": "awq"}}, "c")
 
 

@@ -145,8 +145,8 @@ def test_fp8_tensors_without_their_scales_are_named():
 
 
 def test_fp8_tensors_of_a_checkpoint_without_the_fp8_config_are_named(tmp_path):
-    """ModelOpt's FP8 checkpoints (NVIDIA's FP8 releases) describe their quantization in
-    hf_quant_config.json, not in config.json: their FP8 tensors are refused by name."""
+    """FP8 tensors in a checkpoint that describes no quantization (neither a quantization_config in
+    config.json nor a ModelOpt hf_quant_config.json) are refused by name, saying what is read."""
     from safetensors.numpy import load_file, save_file
 
     spec = FAMILIES["mamba2"]
@@ -157,6 +157,6 @@ def test_fp8_tensors_of_a_checkpoint_without_the_fp8_config_are_named(tmp_path):
     tensors[name] = tensors[name].astype(ml_dtypes.float8_e4m3fn)
     save_file({**tensors, name.replace("weight", "weight_scale"): np.ones((), np.float32)}, tmp_path / "model.safetensors")
     with pytest.raises(ia.CheckpointError, match=rf"non-floating tensors: {name} \(F8_E4M3\) \(FP8 tensors are read "
-                                                 r"from transformers' fine-grained FP8 checkpoints, .* and from "
-                                                 r"compressed-tensors ones; ModelOpt's"):
+                                                 r"from transformers' fine-grained FP8 checkpoints, .* from "
+                                                 r"compressed-tensors ones, and from ModelOpt exports"):
         ia.load(tmp_path)

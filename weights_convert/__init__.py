@@ -13,7 +13,7 @@ from __future__ import annotations
 from implicit_attn.nn.checkpoint import (INDEX, SINGLE, CheckpointError, cast_floating, check_floating,
                                          check_tensors, floating_dtype, read_config, read_header, read_hf_dir, read_index,
                                          read_safetensors, release, write_hf_dir, write_safetensors)
-from implicit_attn.registry import family, family_checkpoint, model_types
+from implicit_attn.registry import family, model_types, read_family_checkpoint
 
 
 def to_params(config: dict, tensors: dict):
@@ -35,11 +35,11 @@ def expected_shapes(cfg) -> tuple[dict, dict]:
 def convert(path, dtype=None):
     """Read an HF directory into ``(Config, params)`` (optionally cast to a float ``dtype``):
     the family's own checkpoint, a container's language model, a file under transformers'
-    ``state_dict()`` names, or a fine-grained FP8 checkpoint, dequantized
-    (``registry.family_checkpoint``). Without ``dtype`` the params are
+    ``state_dict()`` names, or a fine-grained FP8, compressed-tensors or ModelOpt checkpoint, dequantized
+    (``registry.read_family_checkpoint``). Without ``dtype`` the params are
     read-only views into memory maps of the files (see ``read_safetensors``); a non-floating
     tensor is a ``CheckpointError``."""
-    spec, config, tensors = family_checkpoint(*read_hf_dir(path), path, floating_dtype(dtype))
+    spec, config, tensors = read_family_checkpoint(path, floating_dtype(dtype))
     check_floating(tensors, where=str(path))
     return spec.to_params(config, cast_floating(tensors, dtype))
 

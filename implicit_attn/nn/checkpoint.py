@@ -267,12 +267,18 @@ def read_config(path) -> dict:
     cfg = path / "config.json"
     if not cfg.exists():
         raise CheckpointError(f"{path}: no config.json")
+    return read_json_object(cfg)
+
+
+def read_json_object(file) -> dict:
+    """The JSON object in ``file``; ``CheckpointError`` naming the file where it is not valid JSON
+    or not an object."""
     try:
-        config = json.loads(cfg.read_bytes())
+        config = json.loads(Path(file).read_bytes())
     except (ValueError, RecursionError) as e:
-        raise CheckpointError(f"{cfg}: not valid JSON ({e})") from None
+        raise CheckpointError(f"{file}: not valid JSON ({e})") from None
     if not isinstance(config, dict):
-        raise CheckpointError(f"{cfg}: a JSON object is expected, got {type(config).__name__}")
+        raise CheckpointError(f"{file}: a JSON object is expected, got {type(config).__name__}")
     return config
 
 
@@ -478,8 +484,9 @@ def fp8_blocks(config: dict, where) -> tuple[int, int] | None:
     method = q.get("quant_method") if isinstance(q, dict) else None
     if method != "fp8":
         raise CheckpointError(f"{where}: config.json's quantization_config has quant_method {method!r}; only "
-                              f"transformers' block-wise FP8 checkpoints ('fp8') and compressed-tensors "
-                              f"checkpoints ('compressed-tensors') are read (dequantized on load)")
+                              f"transformers' block-wise FP8 checkpoints ('fp8'), compressed-tensors "
+                              f"checkpoints ('compressed-tensors') and ModelOpt exports ('modelopt') are read "
+                              f"(dequantized on load)")
     if q.get("activation_scheme", "dynamic") != "dynamic":
         raise CheckpointError(f"{where}: the FP8 quantization_config's activation_scheme is "
                               f"{q['activation_scheme']!r}; only 'dynamic' is read")
@@ -693,8 +700,8 @@ def check_floating(tensors: Mapping[str, np.ndarray], where: str = "checkpoint")
         what = ", ".join(f"{n} ({_CODES.get(d, str(d))})" for n, d in bad[:5])
         more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
         fp8 = (" (FP8 tensors are read from transformers' fine-grained FP8 checkpoints, quantization_config "
-               "with quant_method 'fp8' and X.weight_scale_inv scales, and from compressed-tensors ones; "
-               "ModelOpt's, described in hf_quant_config.json, are not)") if any(is_fp8_dtype(d) for _, d in bad) else ""
+               "with quant_method 'fp8' and X.weight_scale_inv scales, from compressed-tensors ones, and "
+               "from ModelOpt exports, described in hf_quant_config.json)") if any(is_fp8_dtype(d) for _, d in bad) else ""
         raise CheckpointError(f"{where}: parameters must be floating point ({', '.join(FLOAT_CODES)}); "
                               f"non-floating tensors: {what}{more}{fp8}")
 
@@ -723,6 +730,6 @@ def cast_floating(tensors: Mapping[str, np.ndarray], dtype) -> dict[str, np.ndar
 __all__ = ["CheckpointError", "Container", "StateDictNames", "FP8_SCALE", "fp8_blocks", "dequantized_fp8",
            "dequantized_dtype", "is_floating_dtype", "is_fp8_dtype",
            "vision_language", "without_unread", "with_prefixes", "renamed_tensors", "read_header",
-           "read_safetensors", "release", "write_safetensors", "read_config", "read_index", "shard_path",
+           "read_safetensors", "release", "write_safetensors", "read_config", "read_json_object", "read_index", "shard_path",
            "read_hf_dir", "write_hf_dir", "check_tensors", "check_floating", "floating_dtype", "cast_floating",
            "SINGLE", "INDEX", "FLOAT_CODES", "MAX_HEADER_BYTES"]
