@@ -85,10 +85,11 @@ def family_checkpoint(config: dict, tensors: dict, where="checkpoint", dtype=Non
         tensors = without_unread(tensors, spec.unread_tensors(config))
     if blocks is not None:  # each weight next to its scales, before any renaming
         tensors = dequantized_fp8(tensors, blocks, dtype, where)
+    file_name = None if container is None else container.file_name  # the outer config names modules so
     if schemes is not None:
-        tensors = dequantized_compressed(tensors, schemes, dtype, where)
+        tensors = dequantized_compressed(tensors, schemes, dtype, where, file_name)
     if modelopt is not None:
-        tensors = dequantized_modelopt(tensors, modelopt, dtype, where)
+        tensors = dequantized_modelopt(tensors, modelopt, dtype, where, file_name)
     if spec.tensor_prefixes:  # names transformers maps by a prefix change (Qwen3.5's text model)
         tensors = with_prefixes(tensors, spec.tensor_prefixes, where)
     if spec.state_dict_names is not None:  # a file written from transformers' state_dict(): fused experts...

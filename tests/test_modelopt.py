@@ -66,30 +66,31 @@ def test_dequantization_is_the_format_in_float64(algo):
     assert default["X.weight"].dtype == ml_dtypes.bfloat16  # the checkpoint's other tensors' dtype
 
 
-def write_modelopt(path, torch_model, algos, in_config: bool) -> None:
+def write_modelopt(path, torch_model, algos, in_config: bool, under: str = "") -> None:
     """Rewrite the checkpoint at ``path`` (saved from ``torch_model``) as a ModelOpt export: every
     ``nn.Linear`` but the head quantized with ``algos[i % len(algos)]`` (a mixed-precision export
-    when several), described in ``hf_quant_config.json`` and, with ``in_config``, in
-    ``config.json`` too. Returns nothing; the plain file of the dequantized weights is kept as
-    ``path/reference``."""
+    when several; only those whose names start with ``under``), described in
+    ``hf_quant_config.json`` and, with ``in_config``, in ``config.json`` too. The plain file of the
+    dequantized weights is written to ``path/reference``."""
     import torch
     from safetensors.torch import load_file, save_file
     from safetensors.numpy import save_file as save_numpy
 
-    linears = [n for n, m in torch_model.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"]
+    linears = [n for n, m in torch_model.named_modules()
+               if isinstance(m, torch.nn.Linear) and n != "lm_head" and n.startswith(under)]
     tensors = {k: v.numpy() for k, v in load_file(path / "model.safetensors").items()}
     layers, plain = {}, dict(tensors)
     for i, module in enumerate(linears):
         name = f"{module}.weight" if f"{module}.weight" in tensors else f"{module.replace('model.', 'backbone.', 1)}.weight"
         w = tensors.pop(name)
         algo = algos[i % len(algos)]
-        if algo == "NVFP4" and w.shape[1] % 16:
+        if "NVFP4" in algo and w.shape[1] % 16:
             tensors[name] = w
             continue
-        parts, value = quantized(w, algo)
+        parts, value = quantized(w, algo.removeprefix("W4A16_"))
         tensors.update({k.replace("X", name.removesuffix(".weight"), 1): v for k, v in parts.items()})
         plain[name] = value.astype(np.float32)
-        layers[name.removesuffix(".weight")] = {"quant_algo": algo, **({"group_size": 16} if algo == "NVFP4" else {})}
+        layers[name.removesuffix(".weight")] = {"quant_algo": algo, **({"group_size": 16} if "NVFP4" in algo else {})}
     assert {layer["quant_algo"] for layer in layers.values()} == set(algos)
     save_numpy(tensors, path / "model.safetensors", metadata={"format": "pt"})
     (path / "reference").mkdir()
@@ -132,6 +133,37 @@ def test_export_loads_as_its_dequantized_weights(mt, algos, in_config, tmp_path)
     assert max(op.relative_error() for op in model.operators(ids)) <= 1e-5
 
 
+def test_vision_language_export_names_its_layers_as_the_file_does(tmp_path):
+    """The layout of NVIDIA's Qwen3.6 NVFP4 releases: a ``Qwen3_5ForConditionalGeneration``
+    checkpoint, ``MIXED_PRECISION`` of FP8 and W4A16_NVFP4 in ``config.json``, its
+    ``quantized_layers`` named as in the file (``model.language_model.``): the language model loads
+    with the logits transformers computes from the dequantized weights."""
+    import torch
+    import transformers
+    from test_qwen3_5 import ROPE, VISION
+
+    from implicit_attn.families import qwen3_5
+    from implicit_attn.testing import hf_config_kwargs, max_rel_error
+
+    text = {**hf_config_kwargs("qwen3_5_text"), "head_dim": 8, "rope_parameters": ROPE}
+    torch.manual_seed(0)
+    cfg = transformers.Qwen3_5Config(text_config=text, vision_config={**VISION, "out_hidden_size": 16})
+    tm = transformers.Qwen3_5ForConditionalGeneration(cfg).eval()
+    qwen3_5.SPEC.hf_setup(tm, torch, 0)
+    tm.save_pretrained(tmp_path)
+    write_modelopt(tmp_path, tm, ("W4A16_NVFP4", "FP8"), True, under="model.language_model.")
+    quantized_layers = json.loads((tmp_path / "config.json").read_text())["quantization_config"]["quantized_layers"]
+    assert all(n.startswith("model.language_model.layers.") for n in quantized_layers)
+    hf = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(tmp_path / "reference",
+                                                                      dtype=torch.float32).eval()
+    ids = np.random.default_rng(3).integers(0, text["vocab_size"], (2, 13))
+    with torch.no_grad():
+        ref = hf(input_ids=torch.tensor(ids)).logits.numpy()
+    model = ia.load(tmp_path, dtype="float32")
+    assert model.family == "qwen3_5_text"
+    assert max_rel_error(np.asarray(model(ids)), ref) <= 1e-5
+
+
 def test_what_is_not_read_is_named(tmp_path):
     """Other algorithms (AWQ, MXFP8, ...), AWQ's input smoothing scales, NVFP4 groups other than
     16, a quantized weight without scales or of the wrong dtype, scales of the wrong shape, a
@@ -146,8 +178,13 @@ def test_what_is_not_read_is_named(tmp_path):
     for section, match in cases:
         with pytest.raises(CheckpointError, match=match):
             modelopt_scheme({"quantization_config": {"quant_method": "modelopt", **section}}, "c")
-    with pytest.raises(CheckpointError, match="is not a ModelOpt export"):
+    with pytest.raises(CheckpointError, match="is not a ModelOpt export .producer 'other'"):
         quant_config_section({"producer": {"name": "other"}, "quantization": {}}, "c")
+    with pytest.raises(CheckpointError, match="no quantization section"):
+        quant_config_section({"producer": {"name": "modelopt"}}, "c")
+    # the quantization section alone (as copies of the released files hold it) is read
+    assert quant_config_section({"quantization": {"quant_algo": "FP8"}}, "c") == {"quant_algo": "FP8",
+                                                                                 "quant_method": "modelopt"}
     g = np.random.default_rng(0)
     w = g.standard_normal((4, 32)).astype(np.float32)
     fp8, _ = quantized(w, "FP8")

@@ -387,6 +387,11 @@ class Container:
         kept = {k: v for k, v in tensors.items() if not k.startswith(self.skipped)}
         return with_prefixes(kept, ((self.prefix, self.target),), where)
 
+    def file_name(self, name: str) -> str:
+        """The name in the container's file of the language model's tensor (or module) ``name``
+        (``target`` -> ``prefix``), as the outer config's quantization names them."""
+        return self.prefix + name[len(self.target):] if name.startswith(self.target) else name
+
 
 def without_unread(tensors: dict, patterns) -> dict:
     """``tensors`` without the names any of the regex ``patterns`` finds (``re.search``, as

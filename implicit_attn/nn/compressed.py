@@ -187,11 +187,13 @@ def expanded_scale(scale: np.ndarray, scheme: WeightScheme, shape: tuple[int, in
     return np.repeat(s, scheme.group_size, axis=1)[:, :C]
 
 
-def dequantized_compressed(tensors: dict, schemes: tuple[WeightScheme, ...], dtype, where) -> dict:
+def dequantized_compressed(tensors: dict, schemes: tuple[WeightScheme, ...], dtype, where, file_name=None) -> dict:
     """``tensors`` with every compressed-tensors quantized linear's parts replaced by its weight
     ``X.weight (R, C)``, computed in float32 as the module docstring says and cast to ``dtype``
     (None: the checkpoint's other floating tensors' dtype, ``dequantized_dtype``); activation and
-    KV-cache scales are dropped. Memory-mapped parts are released once read.
+    KV-cache scales are dropped. Memory-mapped parts are released once read. ``file_name``
+    (default: the identity) maps a module's name here to the one the config's targets use (a
+    container's language model, ``Container.file_name``).
 
     Raises:
       ``CheckpointError`` naming a part without its values or scales, values of the wrong dtype
@@ -211,7 +213,7 @@ def dequantized_compressed(tensors: dict, schemes: tuple[WeightScheme, ...], dty
         if module not in quantized and leaf not in ACTIVATION_PARTS:
             raise CheckpointError(f"{where}: {name!r} belongs to no quantized weight ({module}.weight_scale is missing)")
     for module in sorted(quantized):
-        scheme = scheme_of(module, schemes, where)
+        scheme = scheme_of(module if file_name is None else file_name(module), schemes, where)
         out[module + ".weight"] = dequantized_weight(tensors, module, scheme, where).astype(out_dtype)
     for name in owner:
         release(tensors[name])

@@ -59,8 +59,9 @@ def quant_config_section(hf_quant_config: dict, where) -> dict:
     ``"quant_method": "modelopt"``. ``CheckpointError`` where the file is not ModelOpt's."""
     producer = hf_quant_config.get("producer") or {}
     section = hf_quant_config.get("quantization")
-    if producer.get("name") != METHOD or not isinstance(section, dict):
-        raise CheckpointError(f"{where}: {QUANT_CONFIG} is not a ModelOpt export (producer {producer.get('name')!r})")
+    if producer.get("name", METHOD) != METHOD or not isinstance(section, dict):  # copies may omit the producer
+        raise CheckpointError(f"{where}: {QUANT_CONFIG} is not a ModelOpt export (producer "
+                              f"{producer.get('name')!r}, {'a' if isinstance(section, dict) else 'no'} quantization section)")
     return {**section, "quant_method": METHOD}
 
 
@@ -108,11 +109,13 @@ def _check_group(group_size, algo, what) -> None:
         raise CheckpointError(f"{what} has NVFP4 groups of {group_size!r}; read: {NVFP4_GROUP}")
 
 
-def dequantized_modelopt(tensors: dict, scheme: ModelOptScheme, dtype, where) -> dict:
+def dequantized_modelopt(tensors: dict, scheme: ModelOptScheme, dtype, where, file_name=None) -> dict:
     """``tensors`` with every ModelOpt quantized linear's weight ``X.weight (R, C)`` computed in
     float32 from its values and scales (module docstring) and cast to ``dtype`` (None: the
     checkpoint's other floating tensors' dtype, ``dequantized_dtype``), its scales and the
     activation and KV-cache scales dropped. Memory-mapped parts are released once read.
+    ``file_name`` (default: the identity) maps a module's name here to the one
+    ``quantized_layers`` uses (a container's language model, ``Container.file_name``).
 
     Raises:
       ``CheckpointError`` naming values without scales, scales without values, an AWQ
@@ -135,7 +138,8 @@ def dequantized_modelopt(tensors: dict, scheme: ModelOptScheme, dtype, where) ->
     for weight in sorted(quantized):
         if weight not in tensors:
             raise CheckpointError(f"{where}: {weight + '_scale'!r} scales no weight {weight!r}")
-        algo = scheme.algo_of(weight.removesuffix(".weight"), where)
+        module = weight.removesuffix(".weight")
+        algo = scheme.algo_of(module if file_name is None else file_name(module), where)
         out[weight] = dequantized_weight(tensors, weight, algo, where).astype(out_dtype)
     for name in parts & set(tensors):
         release(tensors[name])
