@@ -78,17 +78,11 @@ def test_fp8_vision_language_checkpoint_loads_its_language_model(tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    from test_qwen3_5 import ROPE, VISION
+    from test_qwen3_5 import saved_vision_language_model
 
-    from implicit_attn.families import qwen3_5
-    from implicit_attn.testing import hf_config_kwargs, max_rel_error
+    from implicit_attn.testing import max_rel_error
 
-    text = {**hf_config_kwargs("qwen3_5_moe_text"), "head_dim": 8, "rope_parameters": ROPE}
-    torch.manual_seed(0)
-    cfg = transformers.Qwen3_5MoeConfig(text_config=text, vision_config={**VISION, "out_hidden_size": 16})
-    tm = transformers.Qwen3_5MoeForConditionalGeneration(cfg).eval()
-    qwen3_5.MOE_SPEC.hf_setup(tm, torch, 0)
-    tm.save_pretrained(tmp_path)
+    tm, text = saved_vision_language_model("qwen3_5_moe_text", tmp_path)
     quantize(tmp_path, tm)
     scales = [n for n in read_header(tmp_path / "model.safetensors")[0] if n.endswith("_scale_inv")]
     assert any(n.startswith("model.language_model.layers.0.mlp.experts.") for n in scales)

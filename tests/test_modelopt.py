@@ -140,17 +140,11 @@ def test_vision_language_export_names_its_layers_as_the_file_does(tmp_path):
     with the logits transformers computes from the dequantized weights."""
     import torch
     import transformers
-    from test_qwen3_5 import ROPE, VISION
+    from test_qwen3_5 import saved_vision_language_model
 
-    from implicit_attn.families import qwen3_5
-    from implicit_attn.testing import hf_config_kwargs, max_rel_error
+    from implicit_attn.testing import max_rel_error
 
-    text = {**hf_config_kwargs("qwen3_5_text"), "head_dim": 8, "rope_parameters": ROPE}
-    torch.manual_seed(0)
-    cfg = transformers.Qwen3_5Config(text_config=text, vision_config={**VISION, "out_hidden_size": 16})
-    tm = transformers.Qwen3_5ForConditionalGeneration(cfg).eval()
-    qwen3_5.SPEC.hf_setup(tm, torch, 0)
-    tm.save_pretrained(tmp_path)
+    tm, text = saved_vision_language_model("qwen3_5_text", tmp_path)
     write_modelopt(tmp_path, tm, ("W4A16_NVFP4", "FP8"), True, under="model.language_model.")
     quantized_layers = json.loads((tmp_path / "config.json").read_text())["quantization_config"]["quantized_layers"]
     assert all(n.startswith("model.language_model.layers.") for n in quantized_layers)

@@ -53,25 +53,38 @@ ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 
         "mrope_interleaved": True}
 
 
+def saved_vision_language_model(text_type: str, path, tie: bool | None = None):
+    """``(torch model, text config dict)`` of a tiny ``Qwen3_5ForConditionalGeneration`` (the MoE
+    one for ``"qwen3_5_moe_text"``) with the released configs' RoPE sections and a one-layer vision
+    tower, saved by transformers to ``path``. ``tie``: the outer config's ``tie_word_embeddings``
+    (the text config then says the opposite); None leaves both at their defaults."""
+    torch, transformers = torch_or_skip()
+    from implicit_attn.testing import hf_config_kwargs
+
+    ties = {} if tie is None else {"tie_word_embeddings": tie}
+    text = {**hf_config_kwargs(text_type), "head_dim": 8, "rope_parameters": ROPE,
+            **({} if tie is None else {"tie_word_embeddings": not tie})}
+    outer = "Qwen3_5MoeConfig" if "moe" in text_type else "Qwen3_5Config"
+    torch.manual_seed(0)
+    cfg = getattr(transformers, outer)(text_config=text, vision_config={**VISION, "out_hidden_size": text["hidden_size"]},
+                                       **ties)
+    tm = getattr(transformers, outer.replace("Config", "ForConditionalGeneration"))(cfg).eval()
+    (qwen3_5.MOE_SPEC if "moe" in text_type else qwen3_5.SPEC).hf_setup(tm, torch, 0)
+    tm.save_pretrained(path)
+    return tm, text
+
+
 @pytest.mark.parametrize("text_type, tie", [("qwen3_5_text", False), ("qwen3_5_moe_text", True)])
 def test_vision_language_checkpoints_load_their_language_model(text_type, tie, tmp_path):
     """``Qwen3_5ForConditionalGeneration`` (and the MoE one), saved by transformers with an
     ``mtp.`` tensor added: ``ia.load`` gives the text family's model with HF's logits on text ids
     and exact operators. The outer config's ``tie_word_embeddings`` decides the tie (the text
     config says the opposite here); before 2026-12-02 the type was unknown."""
-    torch, transformers = torch_or_skip()
     from safetensors.numpy import load_file, save_file
 
-    from implicit_attn.testing import assert_loads_as_language_model, hf_config_kwargs
+    from implicit_attn.testing import assert_loads_as_language_model
 
-    text = {**hf_config_kwargs(text_type), "head_dim": 8, "rope_parameters": ROPE, "tie_word_embeddings": not tie}
-    outer = "Qwen3_5MoeConfig" if "moe" in text_type else "Qwen3_5Config"
-    torch.manual_seed(0)
-    vision = {**VISION, "out_hidden_size": text["hidden_size"]}
-    cfg = getattr(transformers, outer)(text_config=text, vision_config=vision, tie_word_embeddings=tie)
-    tm = getattr(transformers, outer.replace("Config", "ForConditionalGeneration"))(cfg).eval()
-    qwen3_5.SPEC.hf_setup(tm, torch, 0)
-    tm.save_pretrained(tmp_path)
+    tm, text = saved_vision_language_model(text_type, tmp_path, tie)
     tensors = load_file(tmp_path / "model.safetensors")
     assert any(n.startswith("model.visual.") for n in tensors)
     save_file({**tensors, "mtp.fc.weight": np.ones((4, 4), np.float32)}, tmp_path / "model.safetensors",
