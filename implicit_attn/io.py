@@ -162,7 +162,7 @@ def load(path_or_repo_id, dtype=None, revision: str | None = None, sharding_of=N
         fine-grained FP8, compressed-tensors or ModelOpt checkpoint is dequantized
         (``registry.read_family_checkpoint``).
       dtype: optional floating dtype to cast parameters to (default: keep the checkpoint's;
-        FP8 weights take the dtype of its other tensors).
+        dequantized weights take the dtype of its other tensors).
       revision: branch, tag or commit of a cached repository (default ``"main"``).
       sharding_of: optional ``(tensor name, shape) -> jax.sharding.Sharding``: each tensor is
         then built with ``jax.make_array_from_callback``, every device reading only its own

@@ -137,12 +137,12 @@ def test_vision_language_export_names_its_layers_as_the_file_does(tmp_path):
     """The layout of NVIDIA's Qwen3.6 NVFP4 releases: a ``Qwen3_5ForConditionalGeneration``
     checkpoint, ``MIXED_PRECISION`` of FP8 and W4A16_NVFP4 in ``config.json``, its
     ``quantized_layers`` named as in the file (``model.language_model.``): the language model loads
-    with the logits transformers computes from the dequantized weights."""
+    with the logits transformers computes from the dequantized weights, and exact operators."""
     import torch
     import transformers
     from test_qwen3_5 import saved_vision_language_model
 
-    from implicit_attn.testing import max_rel_error
+    from implicit_attn.testing import assert_loads_as_language_model
 
     tm, text = saved_vision_language_model("qwen3_5_text", tmp_path)
     write_modelopt(tmp_path, tm, ("W4A16_NVFP4", "FP8"), True, under="model.language_model.")
@@ -151,11 +151,7 @@ def test_vision_language_export_names_its_layers_as_the_file_does(tmp_path):
     hf = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(tmp_path / "reference",
                                                                       dtype=torch.float32).eval()
     ids = np.random.default_rng(3).integers(0, text["vocab_size"], (2, 13))
-    with torch.no_grad():
-        ref = hf(input_ids=torch.tensor(ids)).logits.numpy()
-    model = ia.load(tmp_path, dtype="float32")
-    assert model.family == "qwen3_5_text"
-    assert max_rel_error(np.asarray(model(ids)), ref) <= 1e-5
+    assert_loads_as_language_model(hf, tmp_path, "qwen3_5_text", hf.config.tie_word_embeddings, ids)
 
 
 def test_what_is_not_read_is_named(tmp_path):

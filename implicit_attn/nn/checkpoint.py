@@ -704,9 +704,10 @@ def check_floating(tensors: Mapping[str, np.ndarray], where: str = "checkpoint")
     if bad:
         what = ", ".join(f"{n} ({_CODES.get(d, str(d))})" for n, d in bad[:5])
         more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
-        fp8 = (" (FP8 tensors are read from transformers' fine-grained FP8 checkpoints, quantization_config "
-               "with quant_method 'fp8' and X.weight_scale_inv scales, from compressed-tensors ones, and "
-               "from ModelOpt exports, described in hf_quant_config.json)") if any(is_fp8_dtype(d) for _, d in bad) else ""
+        fp8 = "" if not any(is_fp8_dtype(d) for _, d in bad) else (
+            " (FP8 tensors are read from transformers' fine-grained FP8 checkpoints, quantization_config "
+            "with quant_method 'fp8' and X.weight_scale_inv scales, from compressed-tensors ones, and "
+            "from ModelOpt exports, described in hf_quant_config.json)")
         raise CheckpointError(f"{where}: parameters must be floating point ({', '.join(FLOAT_CODES)}); "
                               f"non-floating tensors: {what}{more}{fp8}")
 
@@ -735,6 +736,7 @@ def cast_floating(tensors: Mapping[str, np.ndarray], dtype) -> dict[str, np.ndar
 __all__ = ["CheckpointError", "Container", "StateDictNames", "FP8_SCALE", "fp8_blocks", "dequantized_fp8",
            "dequantized_dtype", "is_floating_dtype", "is_fp8_dtype",
            "vision_language", "without_unread", "with_prefixes", "renamed_tensors", "read_header",
-           "read_safetensors", "release", "write_safetensors", "read_config", "read_json_object", "read_index", "shard_path",
+           "read_safetensors", "release", "write_safetensors", "read_config", "read_json_object", "read_index",
+           "shard_path",
            "read_hf_dir", "write_hf_dir", "check_tensors", "check_floating", "floating_dtype", "cast_floating",
            "SINGLE", "INDEX", "FLOAT_CODES", "MAX_HEADER_BYTES"]

@@ -142,10 +142,16 @@ def unpacked_ints(packed: np.ndarray, num_bits: int, count: int, where) -> np.nd
     if words.ndim != 2 or words.shape[1] != need:
         raise CheckpointError(f"{where}: packed tensor of shape {tuple(words.shape)} should hold {count} "
                               f"{num_bits}-bit values a row in {need} int32 words")
-    bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :count * num_bits]
-    weights = (1 << np.arange(num_bits, dtype=np.int32))
-    values = bits.reshape(words.shape[0], count, num_bits).astype(np.int32) @ weights
-    return (values - (1 << (num_bits - 1))).astype(np.int32)
+    if 32 % num_bits == 0:  # 1, 2, 4 or 8 bits: whole values a word, taken by shifts
+        per_word = 32 // num_bits
+        shifts = np.arange(per_word, dtype=np.uint32) * num_bits
+        values = (words.view(np.uint32)[:, :, None] >> shifts) & np.uint32((1 << num_bits) - 1)
+        values = values.reshape(words.shape[0], -1)[:, :count].astype(np.int32)
+    else:  # values cross words: through the rows' bit strings
+        bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :count * num_bits]
+        weights = (1 << np.arange(num_bits, dtype=np.int32))
+        values = bits.reshape(words.shape[0], count, num_bits).astype(np.int32) @ weights
+    return values - np.int32(1 << (num_bits - 1))
 
 
 def unpacked_fp4(packed: np.ndarray, where) -> np.ndarray:
