@@ -184,13 +184,15 @@ def test_what_is_not_read_is_named(tmp_path):
         dequantized_modelopt({**fp8, "X.pre_quant_scale": np.ones(32, np.float32)}, scheme, None, "c")
     with pytest.raises(CheckpointError, match=r"quantized weight 'X.weight' has no scales"):
         dequantized_modelopt({"X.weight": fp8["X.weight"]}, scheme, None, "c")
-    with pytest.raises(CheckpointError, match=r"FP8 scales 'X.weight_scale' have shape \(4,\); expected one value"):
+    with pytest.raises(CheckpointError, match=r"'X.weight_scale' of shape \(4,\) does not fit a weight of shape \(4, 32\) with strategy 'tensor'"):
         dequantized_modelopt({**fp8, "X.weight_scale": np.ones(4, np.float32)}, scheme, None, "c")
     with pytest.raises(CheckpointError, match="FP8 weight 'X.weight' must be an FP8 matrix"):
         dequantized_modelopt(nvfp4, scheme, None, "c")
-    with pytest.raises(CheckpointError, match=r"NVFP4 scales 'X.weight_scale' must be FP8 of shape \(4, 2\)"):
+    with pytest.raises(CheckpointError, match=r"'X.weight_scale' of shape \(4, 1\) does not fit .* \(expected \(4, 2\)"):
         dequantized_modelopt({**nvfp4, "X.weight_scale": np.ones((4, 1), ml_dtypes.float8_e4m3fn)},
                              ModelOptScheme("NVFP4"), None, "c")
+    with pytest.raises(CheckpointError, match="NVFP4 scales 'X.weight_scale' must be FP8, got float32"):
+        dequantized_modelopt({**nvfp4, "X.weight_scale": np.ones((4, 2), np.float32)}, ModelOptScheme("NVFP4"), None, "c")
     with pytest.raises(CheckpointError, match="needs one float 'X.weight_scale_2'"):
         dequantized_modelopt({k: v for k, v in nvfp4.items() if k != "X.weight_scale_2"}, ModelOptScheme("NVFP4"),
                              None, "c")

@@ -24,12 +24,19 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import CheckpointError, dequantized_dtype, is_fp8_dtype, read_json_object, release
-from .compressed import unpacked_fp4
+from .compressed import WeightScheme, expanded_scale, unpacked_fp4
 
 METHOD = "modelopt"
 QUANT_CONFIG = "hf_quant_config.json"
 ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "NVFP4", "W4A16_NVFP4")
 NVFP4_GROUP = 16
+# each algorithm's scale layout, as the compressed-tensors strategy that has it
+LAYOUTS = {
+    "FP8": WeightScheme("float-quantized", 8, "float", "tensor", None, None, True, ()),
+    "FP8_PER_CHANNEL_PER_TOKEN": WeightScheme("float-quantized", 8, "float", "channel", None, None, True, ()),
+    "NVFP4": WeightScheme("nvfp4-pack-quantized", 4, "float", "tensor_group", NVFP4_GROUP, None, True, ()),
+    "W4A16_NVFP4": WeightScheme("nvfp4-pack-quantized", 4, "float", "tensor_group", NVFP4_GROUP, None, True, ()),
+}
 # scales of what a serving engine quantizes besides the weights, dropped on load
 ACTIVATION_SCALES = ("input_scale", "output_scale", "k_scale", "v_scale", "q_scale")
 
@@ -148,37 +155,28 @@ def dequantized_modelopt(tensors: dict, scheme: ModelOptScheme, dtype, where, fi
 
 def dequantized_weight(tensors: dict, weight: str, algo: str, where) -> np.ndarray:
     """One quantized linear's weight ``(R, C)`` float32 from ``weight``, ``weight + "_scale"`` and
-    (NVFP4) ``weight + "_scale_2"`` in ``tensors``, as ``algo`` stores them."""
+    (NVFP4) ``weight + "_scale_2"`` in ``tensors``, as ``algo`` stores them (its scales laid out as
+    the compressed-tensors strategy ``LAYOUTS[algo]``, ``compressed.expanded_scale``)."""
     values, scale = tensors[weight], tensors[weight + "_scale"]
-    if algo in ("NVFP4", "W4A16_NVFP4"):
+    nvfp4 = algo in ("NVFP4", "W4A16_NVFP4")
+    if nvfp4:
         second = tensors.get(weight + "_scale_2")
-        if values.dtype != np.uint8 or values.ndim != 2:
-            raise CheckpointError(f"{where}: NVFP4 weight {weight!r} must be a uint8 matrix, got {values.dtype} "
-                                  f"{tuple(values.shape)}")
-        R, C = values.shape[0], 2 * values.shape[1]
-        want = (R, -(-C // NVFP4_GROUP))
-        if not is_fp8_dtype(scale.dtype) or scale.shape != want:
-            raise CheckpointError(f"{where}: NVFP4 scales {weight + '_scale'!r} must be FP8 of shape {want} (one per "
-                                  f"{NVFP4_GROUP} inputs), got {scale.dtype} {tuple(scale.shape)}")
+        if not is_fp8_dtype(scale.dtype):
+            raise CheckpointError(f"{where}: NVFP4 scales {weight + '_scale'!r} must be FP8, got {scale.dtype}")
         if second is None or second.size != 1 or not np.issubdtype(np.dtype(second.dtype), np.floating):
             raise CheckpointError(f"{where}: NVFP4 weight {weight!r} needs one float {weight + '_scale_2'!r}")
-        per_group = np.asarray(scale, np.float32) * np.asarray(second, np.float32).reshape(())
-        return unpacked_fp4(values, weight) * np.repeat(per_group, NVFP4_GROUP, axis=1)[:, :C]
-    if not is_fp8_dtype(values.dtype) or values.ndim != 2:
-        raise CheckpointError(f"{where}: {algo} weight {weight!r} must be an FP8 matrix, got {values.dtype} "
-                              f"{tuple(values.shape)}")
-    R = values.shape[0]
-    s = np.asarray(scale, np.float32)
-    if algo == "FP8" and s.size == 1:
-        s = s.reshape(())
-    elif algo == "FP8_PER_CHANNEL_PER_TOKEN" and s.shape in ((R,), (R, 1)):
-        s = s.reshape(R, 1)
+        q = unpacked_fp4(values, weight)
     else:
-        raise CheckpointError(f"{where}: {algo} scales {weight + '_scale'!r} have shape {tuple(s.shape)}; expected "
-                              + ("one value" if algo == "FP8" else f"({R},), one per output row"))
-    return np.asarray(values, np.float32) * s
+        if not is_fp8_dtype(values.dtype) or values.ndim != 2:
+            raise CheckpointError(f"{where}: {algo} weight {weight!r} must be an FP8 matrix, got {values.dtype} "
+                                  f"{tuple(values.shape)}")
+        q = np.asarray(values, np.float32)
+    s = expanded_scale(scale, LAYOUTS[algo], q.shape, None, weight + "_scale", where)
+    if nvfp4:
+        s = s * np.asarray(second, np.float32).reshape(())  # group scale x second-level scale, then x value
+    return q * s
 
 
-__all__ = ["METHOD", "QUANT_CONFIG", "ALGOS", "ModelOptScheme", "quant_config_section", "with_hf_quant_config",
+__all__ = ["METHOD", "QUANT_CONFIG", "ALGOS", "LAYOUTS", "ModelOptScheme", "quant_config_section", "with_hf_quant_config",
            "modelopt_scheme",
            "dequantized_modelopt", "dequantized_weight"]
