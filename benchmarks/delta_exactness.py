@@ -17,7 +17,7 @@ import tempfile
 
 from benchmarks.common import write_results
 
-TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid", "kimi_linear", "bailing_hybrid")
+TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid", "lara_mini", "kimi_linear", "bailing_hybrid")
 B, L = 2, 32
 
 

@@ -10,9 +10,9 @@ import warnings
 
 import numpy as np
 
-from .families import (bailing_hybrid, bamba, falcon_h1, falcon_mamba, granite, griffin, jamba, kimi_linear, lfm2,
-                       mamba, mamba2, minimax, nemotron_h, olmo_hybrid, qwen3_5, qwen3_next, rwkv, rwkv5, rwkv6,
-                       rwkv7, xlstm, zamba, zamba2)
+from .families import (bailing_hybrid, bamba, falcon_h1, falcon_mamba, granite, griffin, jamba, kimi_linear,
+                       lara_mini, lfm2, mamba, mamba2, minimax, nemotron_h, olmo_hybrid, qwen3_5, qwen3_next, rwkv,
+                       rwkv5, rwkv6, rwkv7, xlstm, zamba, zamba2)
 from .nn import FamilySpec
 from .nn.checkpoint import dequantized_fp8, fp8_blocks, read_hf_dir, with_prefixes, without_unread
 from .nn.compressed import compressed_schemes, dequantized_compressed
@@ -20,7 +20,7 @@ from .nn.modelopt import dequantized_modelopt, modelopt_scheme, with_hf_quant_co
 
 _SPECS = (mamba.SPEC, mamba2.SPEC, griffin.SPEC, rwkv.SPEC, falcon_mamba.SPEC, bamba.SPEC, granite.SPEC, jamba.SPEC,
           nemotron_h.SPEC, falcon_h1.SPEC, zamba2.SPEC, zamba.SPEC, qwen3_next.SPEC,
-          qwen3_5.SPEC, qwen3_5.MOE_SPEC, olmo_hybrid.SPEC, kimi_linear.SPEC,
+          qwen3_5.SPEC, qwen3_5.MOE_SPEC, olmo_hybrid.SPEC, lara_mini.SPEC, kimi_linear.SPEC,
           bailing_hybrid.SPEC, minimax.SPEC, rwkv5.SPEC, rwkv6.SPEC, rwkv7.SPEC, lfm2.SPEC, lfm2.MOE_SPEC,
           lfm2.LFM3_SPEC, xlstm.SPEC)
 

@@ -185,11 +185,12 @@ ONE_FAMILY_BY_DEFAULT = {
 # a flag; GraniteMoeHybrid and Jamba: Bamba's ``hybrid_functions`` with their own feed-forward
 # part; Falcon-H1: Bamba's with its own parallel mixer; Zamba: Zamba2's ``zamba_functions`` with
 # its own Mamba mixer; Qwen3.5 and Qwen3.5-MoE: Qwen3-Next's with a flag; Bailing-Hybrid:
-# Kimi-Linear's with flags; RWKV-5: RWKV-4's block and LM with its own time mix): the checks of that shared forward machinery (hooks, NaN causality, input and tap checks,
+# Kimi-Linear's with flags; RWKV-5: RWKV-4's block and LM with its own time mix; LaraMini: Bamba's
+# with Qwen3-Next's DeltaNet, LFM3's attention and its own mixture of experts): the checks of that shared forward machinery (hooks, NaN causality, input and tap checks,
 # out-of-range ids, causality, forward exports) are repeats for them and run in the deep tier;
 # their parity, exactness, float64 reference, checkpoint and info checks stay in the default tier.
 BUILT_FROM_OTHERS = ("falcon_mamba", "granitemoehybrid", "jamba", "falcon_h1", "zamba", "qwen3_5_text",
-                     "qwen3_5_moe_text", "bailing_hybrid", "rwkv5", "lfm2_moe", "lfm3")
+                     "qwen3_5_moe_text", "bailing_hybrid", "rwkv5", "lfm2_moe", "lfm3", "lara_mini")
 MACHINERY_TESTS = re.compile(r"test_hooks\.py::\w+|test_nan\.py::\w+"
                              r"|test_conformance\.py::test_(bad_inputs_fail_with_named_errors|bad_taps"
                              r"|out_of_range_ids_under_jit_give_nan_logits"
@@ -202,7 +203,7 @@ FIRST_CONFIG_BY_DEFAULT = ("test_mamba.py", "test_mamba2.py", "test_griffin.py",
 DEEP = {
     # README: the full pass on Mamba and the Quickstart on Bamba (a hybrid) by default; the
     # Griffin full pass and the other families' Quickstart repeat them.
-    "test_readme.py": r"test_readme_blocks_run\[(recurrent_gemma|mamba2|rwkv|falcon_mamba|granitemoehybrid|jamba|nemotron_h|falcon_h1|zamba|zamba2|qwen3_next|qwen3_5_text|qwen3_5_moe_text|olmo_hybrid|kimi_linear|bailing_hybrid|minimax|rwkv5|rwkv6|rwkv7|lfm2|lfm2_moe|lfm3|xlstm)\]",
+    "test_readme.py": r"test_readme_blocks_run\[(recurrent_gemma|mamba2|rwkv|falcon_mamba|granitemoehybrid|jamba|nemotron_h|falcon_h1|zamba|zamba2|qwen3_next|qwen3_5_text|qwen3_5_moe_text|olmo_hybrid|lara_mini|kimi_linear|bailing_hybrid|minimax|rwkv5|rwkv6|rwkv7|lfm2|lfm2_moe|lfm3|xlstm)\]",
     # The hybrids' released layouts scaled down: the conformance contract again, on a second
     # configuration of each (the per-file checks of what is specific stay in the default tier).
     "test_bamba.py": r"test_released_layout_matches_torch_and_is_exact",
@@ -232,6 +233,7 @@ DEEP = {
     "test_qwen3_next.py": r"test_released_layout_matches_torch_and_is_exact",
     "test_qwen3_5.py": r"test_moe_layout_matches_torch_where_hf_ignores_the_layer_rules",
     "test_olmo_hybrid.py": r"test_released_layout_matches_torch_and_is_exact",
+    "test_lara_mini.py": r"test_released_layout_matches_torch_and_is_exact",
     "test_kimi_linear.py": r"test_released_layout_matches_torch_and_is_exact",
     # (both gates: the bounded one is the tiny model's in the conformance suite, the unbounded one
     # Kimi-Linear's, whose block Bailing-Hybrid reuses)
@@ -267,7 +269,7 @@ DEEP = {
                                # exported by default (ParallelCore: Falcon-H1's export, by default;
                                # the delta rule: test_delta_rule's cuda export)
                                # (DplrCore: RWKV-7's export by default, RWKV-6's is the same core)
-                               r"|test_operators_export\[(falcon_mamba|granitemoehybrid|jamba|nemotron_h|zamba|zamba2|qwen3_next|qwen3_5_\w+|olmo_hybrid|kimi_linear|bailing_hybrid|minimax|rwkv5|rwkv6|lfm2_moe|lfm3)-cuda\]"
+                               r"|test_operators_export\[(falcon_mamba|granitemoehybrid|jamba|nemotron_h|zamba|zamba2|qwen3_next|qwen3_5_\w+|olmo_hybrid|lara_mini|kimi_linear|bailing_hybrid|minimax|rwkv5|rwkv6|lfm2_moe|lfm3)-cuda\]"
                                r"|test_explain_methods_export\[(?!mamba-)[\w-]+-given-\w+\]"
                                r"|test_explain_(maps|methods)_export\[(?!mamba-|bamba-)[\w-]+\]"),
 }

@@ -134,7 +134,7 @@ def delta_layer(model_type):
     return p, cfg, h
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_next", "qwen3_5_text", "olmo_hybrid"])
+@pytest.mark.parametrize("model_type", ["qwen3_next", "qwen3_5_text", "olmo_hybrid", "lara_mini"])
 def test_delta_forward_takes_the_kernel_on_cpu_and_differentiates_through_xla(model_type):
     """Under jit on CPU the lowering holds the kernel's call (the tests' size threshold is 0) and
     exports for cuda and tpu hold none; the output equals the XLA path's (``delta_output``), and

@@ -311,6 +311,30 @@ def olmo_hybrid_configs(draw) -> dict:
 
 
 @st.composite
+def lara_mini_configs(draw) -> dict:
+    """``LaraMiniConfig`` kwargs: layer kinds (Gated DeltaNet / sliding / full attention), key and
+    value heads and widths, conv width, attention heads (KV heads dividing them) and head width,
+    window (below and above the ids' length), RoPE base, attention biases, experts per token,
+    renormalisation, tie."""
+    types = draw(st.lists(st.sampled_from(["linear_attention", "sliding_attention", "full_attention"]), min_size=1,
+                          max_size=3))
+    k_heads = draw(st.sampled_from([1, 2]))
+    heads = draw(st.sampled_from([1, 2, 4]))
+    return {**family("lara_mini").tiny,
+            "vocab_size": draw(VOCAB), "hidden_size": draw(st.sampled_from([8, 16])),
+            "num_hidden_layers": len(types), "layer_types": types, "linear_num_key_heads": k_heads,
+            "linear_num_value_heads": k_heads * draw(st.sampled_from([1, 2])),
+            "linear_key_head_dim": draw(st.sampled_from([2, 4, 8])),
+            "linear_value_head_dim": draw(st.sampled_from([2, 3, 6])),
+            "linear_conv_kernel_dim": draw(st.integers(1, 4)), "num_attention_heads": heads,
+            "num_key_value_heads": draw(st.sampled_from(divisors(heads))), "head_dim": draw(st.sampled_from([4, 8])),
+            "sliding_window": draw(st.sampled_from([1, 3, 64])),
+            "rope_parameters": {"rope_type": "default", "rope_theta": draw(st.sampled_from([10000.0, 100.0]))},
+            "attention_bias": draw(st.booleans()), "num_experts_per_tok": draw(st.integers(1, 4)),
+            "norm_topk_prob": draw(st.booleans()), "tie_word_embeddings": draw(st.booleans())}
+
+
+@st.composite
 def kimi_linear_configs(draw) -> dict:
     """``KimiLinearConfig`` kwargs: layer kinds (KDA / MLA) and feed-forward kinds (dense /
     sparse), KDA heads and width, conv width, MLA heads, latent ranks (``q_lora_rank`` None or
@@ -513,6 +537,7 @@ CONFIGS = {"mamba": mamba_configs, "mamba2": mamba2_configs, "recurrent_gemma": 
            "falcon_h1": falcon_h1_configs, "zamba2": zamba2_configs, "zamba": zamba_configs,
            "qwen3_next": qwen3_next_configs, "qwen3_5_text": qwen3_5_configs,
            "qwen3_5_moe_text": qwen3_5_moe_configs, "olmo_hybrid": olmo_hybrid_configs,
+           "lara_mini": lara_mini_configs,
            "kimi_linear": kimi_linear_configs, "bailing_hybrid": bailing_hybrid_configs, "minimax": minimax_configs,
            "rwkv5": rwkv5_configs, "rwkv6": rwkv6_configs, "rwkv7": rwkv7_configs,
            "lfm2": lfm2_configs, "lfm2_moe": lfm2_moe_configs, "lfm3": lfm3_configs, "xlstm": xlstm_configs}

@@ -39,8 +39,10 @@ def frequencies(cfg, kind: str):
     return inv / factor
 
 
-def attention_operator(p: dict, x, cfg, kind: str):
-    """Softmax probabilities ``(B, heads, L, L)`` (causal, within the sliding window if any)."""
+def attention_operator(p: dict, x, cfg, kind: str, inv=None):
+    """Softmax probabilities ``(B, heads, L, L)`` (causal, within the sliding window if any).
+    ``inv``: the RoPE frequencies ``(d/2,)`` (zero: no rotation of that pair); default
+    ``frequencies(cfg, kind)``."""
     B, L, _ = x.shape
     H, KV, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     names = cfg.attention_names
@@ -48,7 +50,7 @@ def attention_operator(p: dict, x, cfg, kind: str):
             cfg.norm_eps)
     k = rms((x @ p["k_proj.weight"].T + p.get("k_proj.bias", 0.0)).reshape(B, L, KV, d), p[names["k_norm"]],
             cfg.norm_eps)
-    ang = np.arange(L)[:, None] * frequencies(cfg, kind)[None]
+    ang = np.arange(L)[:, None] * (frequencies(cfg, kind) if inv is None else inv)[None]
     cos, sin = np.cos(ang)[None, :, None], np.sin(ang)[None, :, None]
 
     def rope(t):

@@ -5,7 +5,7 @@ Decoder layer: ``h + mixer(norm(h))``, then ``h + ffn(norm(h))``, every norm zer
 
 * Gated DeltaNet (HF ``Qwen3NextGatedDeltaNet``): ``in_proj_qkvz`` and ``in_proj_ba`` (grouped
   by key head; Qwen3.5: ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``; OLMo-Hybrid:
-  one projection each, ``g_proj`` for ``z``; ``Config.projections``), a causal depthwise conv
+  one projection each, ``g_proj`` for ``z``; LaraMini: one ``in_proj``; ``Config.projections``), a causal depthwise conv
   with SiLU on ``[q, k, v]``, ``q``, ``k`` l2-normalised (``x * rsqrt(sum x^2 + 1e-6)``, ``q`` then
   times ``d_k^-0.5``), ``b = sigmoid(b)``, ``log a = -exp(A_log) softplus(a + dt_bias)``, the
   gated delta rule per value head (``ops.delta_rule``; value head ``h`` reads key head ``h //
@@ -61,7 +61,8 @@ def delta_projections(p: dict, h, cfg: Config):
     L, P_x), xcols, z (B, L, P_z), zcols, b, a (B, L, H_v))`` where ``x[..., xcols]`` are the conv's
     inputs ``[q | k | v]`` (``C_x = 2 H_k d_k + H_v d_v`` channels) and ``z[..., zcols]`` the output
     gate's (``H_v d_v``); ``xcols``, ``zcols`` numpy int32 (for ``cfg.projections == "grouped"`` both
-    pick from ``in_proj_qkvz``'s key-head groups; otherwise ``arange``)."""
+    pick from ``in_proj_qkvz``'s key-head groups; otherwise ``arange``: ``"split"``, ``"separate"``
+    and ``"fused"``, LaraMini's one ``in_proj`` of rows ``[q | k | v | z | b | a]``)."""
     B, L, _ = h.shape
     Hk, Hv, dk, dv = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, \
         cfg.linear_value_head_dim
@@ -70,6 +71,10 @@ def delta_projections(p: dict, h, cfg: Config):
     if cfg.projections == "split":
         x = linear(h, p["in_proj_qkv.weight"])
         z, b, a = (linear(h, p[f"in_proj_{n}.weight"]) for n in "zba")
+        return x, ident(x.shape[-1]), z, ident(z.shape[-1]), b, a
+    if cfg.projections == "fused":  # LaraMini: one ``in_proj``, rows [q | k | v | z | b | a]
+        y = linear(h, p["in_proj.weight"])
+        x, z, b, a = jnp.split(y, np.cumsum([2 * Hk * dk + Hv * dv, Hv * dv, Hv]), axis=-1)
         return x, ident(x.shape[-1]), z, ident(z.shape[-1]), b, a
     if cfg.projections == "separate":
         x = jnp.concatenate([linear(h, p[f"{n}_proj.weight"]) for n in "qkv"], axis=-1)

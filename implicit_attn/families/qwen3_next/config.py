@@ -28,7 +28,8 @@ class DeltaNetFields:
 
     # The Gated DeltaNet's input projections: "grouped" (Qwen3-Next: ``in_proj_qkvz``, ``in_proj_ba``,
     # grouped by key head), "split" (Qwen3.5: ``in_proj_qkv``, ``_z``, ``_b``, ``_a``) or "separate"
-    # (OLMo-Hybrid: ``q_proj``, ``k_proj``, ``v_proj``, ``g_proj``, ``b_proj``, ``a_proj``)
+    # (OLMo-Hybrid: ``q_proj``, ``k_proj``, ``v_proj``, ``g_proj``, ``b_proj``, ``a_proj``) or "fused"
+    # (LaraMini: one ``in_proj``, rows ``[q | k | v | z | b | a]``)
     projections: ClassVar[str] = "grouped"
     # local names of the DeltaNet's output norm weight and output projection
     delta_norm_name: ClassVar[str] = "norm.weight"
