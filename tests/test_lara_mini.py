@@ -123,3 +123,18 @@ def test_layers_are_causal():
         a, b = np.asarray(layer(h)), np.asarray(layer(h2))
         np.testing.assert_array_equal(a[:, :6], b[:, :6])
         assert np.abs(a[:, 6:] - b[:, 6:]).max() > 1e-4
+
+
+def test_hf_default_config_is_lara_4_mini_and_counts_as_hf():
+    """transformers' default ``LaraMiniConfig`` (Lara-4-Mini-Base's): 34 layers, 14 DeltaNet, 13
+    sliding, 7 full; our shape table holds as many parameters as HF's model (7.28 B, built on the
+    meta device) and the config reads back equal."""
+    torch, transformers = torch_or_skip()
+    hf = transformers.LaraMiniConfig()
+    cfg = lara_mini.Config.from_hf(hf.to_dict())
+    assert [cfg.layer_types.count(k) for k in ("delta", "sliding", "attention")] == [14, 13, 7]
+    req, _ = lara_mini.expected_shapes(cfg)
+    with torch.device("meta"):
+        model = transformers.LaraMiniForCausalLM(hf)
+    assert sum(int(np.prod(s)) for s in req.values()) == sum(p.numel() for p in model.parameters()) == 7_281_684_672
+    assert lara_mini.Config.from_hf(cfg.to_hf()) == cfg
