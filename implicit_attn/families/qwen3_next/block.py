@@ -3,15 +3,16 @@
 Decoder layer: ``h + mixer(norm(h))``, then ``h + ffn(norm(h))``, every norm zero-centred
 (``x / rms(x) * (1 + w)``). Mixers:
 
-* Gated DeltaNet (HF ``Qwen3NextGatedDeltaNet``): ``in_proj_qkvz`` and ``in_proj_ba`` (grouped
-  by key head; Qwen3.5: ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``; OLMo-Hybrid:
-  one projection each, ``g_proj`` for ``z``; LaraMini: one ``in_proj``; ``Config.projections``), a causal depthwise conv
-  with SiLU on ``[q, k, v]``, ``q``, ``k`` l2-normalised (``x * rsqrt(sum x^2 + 1e-6)``, ``q`` then
-  times ``d_k^-0.5``), ``b = sigmoid(b)``, ``log a = -exp(A_log) softplus(a + dt_bias)``, the
-  gated delta rule per value head (``ops.delta_rule``; value head ``h`` reads key head ``h //
-  (H_v / H_k)``), a per-head RMSNorm with weight, times ``SiLU(z)``, ``out_proj``. Operator:
-  ``H_c = diag(w_c SiLU(z_c) / rms_h) M_h diag(sigmoid(xc_c)) Conv_c`` on the value projection
-  (``operator.DeltaRuleCore``): every factor of the block is inside ``H``, as for Mamba-2.
+* Gated DeltaNet (HF ``Qwen3NextGatedDeltaNet``): ``in_proj_qkvz`` and ``in_proj_ba`` (grouped by
+  key head; Qwen3.5: ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``; OLMo-Hybrid: one
+  projection each, ``g_proj`` for ``z``; LaraMini: one ``in_proj``; ``Config.projections``), a
+  causal depthwise conv with SiLU on ``[q, k, v]``, ``q``, ``k`` l2-normalised (``x * rsqrt(sum x^2
+  + 1e-6)``, ``q`` then times ``d_k^-0.5``), ``b = sigmoid(b)``, ``log a = -exp(A_log) softplus(a +
+  dt_bias)``, the gated delta rule per value head (``ops.delta_rule``; value head ``h`` reads key
+  head ``h // (H_v / H_k)``), a per-head RMSNorm with weight, times ``SiLU(z)``, ``out_proj``.
+  Operator: ``H_c = diag(w_c SiLU(z_c) / rms_h) M_h diag(sigmoid(xc_c)) Conv_c`` on the value
+  projection (``operator.DeltaRuleCore``): every factor of the block is inside ``H``, as for
+  Mamba-2.
 * Gated attention (HF ``Qwen3NextAttention``): ``q_proj`` gives per head a query and an output
   gate, zero-centred RMSNorm on q and k, partial RoPE, softmax attention, the output times
   ``sigmoid(gate)``, ``o_proj``. Operator: the explicit attention (channels = heads) with output

@@ -43,7 +43,8 @@ def delta_operator(p: dict, x, cfg):
         xs = x @ p["in_proj_qkv.weight"].T
         z, b, a = (x @ p[f"in_proj_{n}.weight"].T for n in "zba")
     elif "in_proj.weight" in p:  # LaraMini's one, rows [q | k | v | z | b | a]
-        xs, z, b, a = np.split(x @ p["in_proj.weight"].T, np.cumsum([2 * Hk * dk + Hv * dv, Hv * dv, Hv]), axis=-1)
+        rows = np.cumsum([2 * Hk * dk + Hv * dv, Hv * dv, Hv])
+        xs, z, b, a = np.split(x @ p["in_proj.weight"].T, rows, axis=-1)
     elif "g_proj.weight" in p:  # OLMo-Hybrid's six
         xs = np.concatenate([x @ p[f"{n}_proj.weight"].T for n in "qkv"], axis=-1)
         z, b, a = (x @ p[f"{n}_proj.weight"].T for n in "gba")
