@@ -14,6 +14,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..kernels import cpu as cpu_kernels
 from ..operator import AttentionCore, AttentionOperator
@@ -104,9 +105,11 @@ def rope(x, pos, inv):
     return jnp.concatenate([xr * cos + rot * sin, xp], axis=-1)
 
 
-def rope_frequencies(theta: float, R: int):
-    """HF's default RoPE frequencies ``theta ** (-2i / R)``, ``i < R/2``: ``(R/2,)`` float32."""
-    return 1.0 / (theta ** (jnp.arange(0, R, 2, dtype=f32) / R))
+def rope_frequencies(theta: float, R: int, count: int | None = None) -> np.ndarray:
+    """HF's default RoPE frequencies ``theta ** (-2i / R)`` for ``i < count`` (default ``R/2``),
+    computed in float32 as HF does: ``(count,)`` float32 numpy (a constant of the config)."""
+    count = R // 2 if count is None else count
+    return (1.0 / np.float32(theta) ** (np.arange(0, 2 * count, 2, dtype=np.float32) / R)).astype(np.float32)
 
 
 def rotary(x, pos, cfg):
@@ -114,7 +117,7 @@ def rotary(x, pos, cfg):
     at positions ``pos (B, L)`` (rotate-half convention; none where ``rotary_dim`` is 0)."""
     if cfg.rotary_dim == 0:
         return x
-    return rope(x, pos, rope_frequencies(cfg.rope_theta, cfg.rotary_dim))
+    return rope(x, pos, jnp.asarray(rope_frequencies(cfg.rope_theta, cfg.rotary_dim)))
 
 
 def projection(p: dict, x, name: str):

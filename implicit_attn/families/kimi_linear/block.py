@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from ...kernels import cpu as cpu_kernels
-from ...nn.attention import attend, operator_of_parts, segment_ids
+from ...nn.attention import attend, operator_of_parts, rope_frequencies, segment_ids
 from ...nn.moe import experts_forward, gated_act, sigmoid_group_topk
 from ...operator import AttentionOperator
 from ...ops import causal_conv, from_first, linear, zero_nan
@@ -92,7 +92,7 @@ def interleaved_rope(x, pos, theta: float):
     rotated by one frequency ``theta^(-2i/R)``, returned as ``[rotated firsts, rotated seconds]``
     (HF's layout; queries and keys get the same permutation, so their products are unchanged)."""
     R = x.shape[-1]
-    ang = pos.astype(f32)[:, None, :, None] * (1.0 / theta ** (jnp.arange(0, R, 2, dtype=f32) / R))
+    ang = pos.astype(f32)[:, None, :, None] * jnp.asarray(rope_frequencies(theta, R))
     cos, sin = cpu_kernels.computed_once(jnp.stack([jnp.cos(ang), jnp.sin(ang)]).astype(x.dtype))
     a, b = x[..., 0::2], x[..., 1::2]
     return jnp.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)

@@ -14,7 +14,7 @@ from typing import ClassVar
 import numpy as np
 
 from ...nn import HFConfig
-from ...nn.attention import FULL_WINDOW, AttentionFields
+from ...nn.attention import FULL_WINDOW, AttentionFields, rope_frequencies
 from ...nn.config import MAX_LAYERS
 from ..qwen3_next.config import DeltaNetFields
 
@@ -110,8 +110,7 @@ class Config(DeltaNetFields, AttentionFields, HFConfig):
         them no rotary embedding)."""
         if kind != "sliding":
             return np.zeros((0,), np.float32)
-        d = self.head_dim
-        return (1.0 / (np.float32(self.rope_theta) ** (np.arange(0, d, 2, dtype=np.float32) / d))).astype(np.float32)
+        return rope_frequencies(self.rope_theta, self.head_dim)
 
     @property
     def ffn_kinds(self) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ from typing import ClassVar
 import numpy as np
 
 from ...nn import HFConfig
-from ...nn.attention import FULL_WINDOW, AttentionFields
+from ...nn.attention import FULL_WINDOW, AttentionFields, rope_frequencies
 from ...nn.config import MAX_LAYERS
 
 LAYER_NAMES = {"conv": "conv", "full_attention": "attention", "sliding_attention": "sliding"}
@@ -117,8 +117,7 @@ class ShortConvFields(AttentionFields, HFConfig):
     def rope_frequencies(self, kind: str) -> np.ndarray:
         """The RoPE angular frequencies of a ``kind`` attention layer, ``(head_dim / 2,)`` float32
         as HF computes them (``theta ** (-2i / head_dim)``)."""
-        d = self.head_dim
-        return (1.0 / (np.float32(self.rope_theta) ** (np.arange(0, d, 2, dtype=np.float32) / d))).astype(np.float32)
+        return rope_frequencies(self.rope_theta, self.head_dim)
 
     def ff_size(self, i: int) -> int:
         """The hidden width of layer ``i``'s dense SwiGLU."""
@@ -302,13 +301,11 @@ class Lfm3Config(ShortConvFields):
         """HF ``Lfm3RotaryEmbedding``'s frequencies of a ``kind`` layer, ``(head_dim / 2,)`` float32."""
         d = self.head_dim
         if kind == "sliding":
-            theta = np.float32(self.sliding_rope_theta)
-            return (1.0 / theta ** (np.arange(0, d, 2, dtype=np.float32) / d)).astype(np.float32)
+            return rope_frequencies(self.sliding_rope_theta, d)
         if self.rope_type == "default":
             return super().rope_frequencies(kind)
         angles = int(self.partial_rotary_factor * d // 2)
-        inv = 1.0 / np.float32(self.rope_theta) ** (np.arange(0, 2 * angles, 2, dtype=np.float32) / d)
-        inv = np.concatenate([inv.astype(np.float32), np.zeros(d // 2 - angles, np.float32)])
+        inv = np.concatenate([rope_frequencies(self.rope_theta, d, angles), np.zeros(d // 2 - angles, np.float32)])
         return (inv / np.float32(self.rope_factor)).astype(np.float32)
 
     @classmethod
