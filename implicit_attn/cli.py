@@ -240,6 +240,7 @@ def main(argv=None) -> int:
     ``CheckpointError``), 1 for any other exception. Errors are one line on stderr,
     never a traceback."""
     try:
+        argv = explain_cli.attach_negative_lists(sys.argv[1:] if argv is None else list(argv))
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # argparse: usage errors (2, message printed), --help (0)
         return e.code if isinstance(e.code, int) else 2

@@ -44,6 +44,20 @@ def test_parser_options():
         p.parse_args(["explain", "ck", "--ids", "1", "--text", "x"])
 
 
+def test_list_options_take_lists_that_start_with_a_negative_number():
+    p = argparse.ArgumentParser()
+    explain_cli.add_parser(p.add_subparsers(dest="command"))
+    argv = ["explain", "ck", "--ids", "1,2", "--layers", "-1,-2", "--exclude", "-3, 0", "--query", "-2", "--out", "o"]
+    with pytest.raises(SystemExit):  # argparse alone reads "-1,-2" as an option
+        p.parse_args(argv)
+    fixed = explain_cli.attach_negative_lists(argv)
+    assert fixed[4:6] == ["--layers=-1,-2", "--exclude=-3, 0"] and fixed[6:8] == ["--query", "-2"]
+    a = p.parse_args(fixed)
+    assert (a.ids, a.layers, a.exclude, a.query, a.out) == ("1,2", "-1,-2", "-3, 0", -2, "o")
+    # the value of an option that is itself a negative list, and a lone negative number, are left alone
+    assert explain_cli.attach_negative_lists(["--layers=-1,2", "-5"]) == ["--layers=-1,2", "-5"]
+
+
 def test_explain_cli_text_with_tokenizer(ckpt, capsys):
     root, model = ckpt
     out = root / "out_text"
@@ -94,6 +108,9 @@ def test_explain_cli_ids_and_errors(ckpt, capsys):
     assert "outside the vocabulary" in capsys.readouterr().err
     assert main(["explain", str(root / "no_tok"), "--ids", "1,2", "--variant", "bad", "--out", str(out)]) == 2
     assert "variant" in capsys.readouterr().err
+    # a list starting with a negative number reaches the list check, not argparse's option parsing
+    assert main(["explain", str(root / "no_tok"), "--ids", "-1,2", "--out", str(out)]) == 2
+    assert "argument --ids: must be integers in [0, " in capsys.readouterr().err
 
 
 

@@ -68,6 +68,22 @@ def int_list_type(what: str, low: int = -INT_ARG_LIMIT):
     return check
 
 
+NEGATIVE_LIST = re.compile(r"-\d+\s*(,\s*-?\d+\s*)+")
+
+
+def attach_negative_lists(argv: list[str]) -> list[str]:
+    """``argv`` with every ``--option -1,2`` written ``--option=-1,2``: argparse reads a value
+    that starts with ``-`` and is not one number as an option, so a list option given a list
+    that starts with a negative number would be refused as "expected one argument"."""
+    out: list[str] = []
+    for a in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and NEGATIVE_LIST.fullmatch(a):
+            out[-1] = f"{out[-1]}={a}"
+        else:
+            out.append(a)
+    return out
+
+
 def plain(text: str | None) -> str | None:
     """Docstring text for ``--help``: reST literals (````x````) become plain ``x``."""
     return None if text is None else re.sub(r"``([^`]*)``", r"\1", text)
@@ -249,4 +265,4 @@ def run(args) -> int:
     return 0
 
 
-__all__ = ["add_parser", "run", "load_tokenizer", "int_list", "int_list_type", "INT_ARG_LIMIT"]
+__all__ = ["add_parser", "run", "load_tokenizer", "int_list", "int_list_type", "attach_negative_lists", "INT_ARG_LIMIT"]
