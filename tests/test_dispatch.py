@@ -2,6 +2,7 @@
 kernel only where one is verified for the platform, and a kernel that fails under auto
 warns once and falls back to XLA. Simulated on CPU by switching the Pallas backend on."""
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -136,10 +137,17 @@ def test_auto_skips_the_cpu_kernels_below_their_size_and_never_builds_for_a_smal
                                rtol=1e-5, atol=1e-6)
 
 
-def test_a_bad_auto_threshold_is_named():
+def test_a_bad_auto_threshold_is_named(monkeypatch):
     """``$IMPLICIT_ATTN_CPU_AUTO_MIN`` that is not a non-negative integer stops the import with
     an error naming the variable (never silently replaced by the default)."""
-    for bad in ("abc", "-1", "1e5"):
-        env = dict(os.environ, IMPLICIT_ATTN_CPU_AUTO_MIN=bad)
-        p = subprocess.run([sys.executable, "-c", "import implicit_attn"], env=env, capture_output=True, text=True)
-        assert p.returncode != 0 and f"IMPLICIT_ATTN_CPU_AUTO_MIN='{bad}' is not a non-negative integer" in p.stderr
+    for bad in ("abc", "-1", "1e5", "1.5"):
+        monkeypatch.setenv("IMPLICIT_ATTN_CPU_AUTO_MIN", bad)
+        with pytest.raises(ValueError, match=re.escape(f"IMPLICIT_ATTN_CPU_AUTO_MIN='{bad}' is not a non-negative")):
+            cpu.auto_min_from_env()
+    for good, want in (("", 1 << 16), (" 7 ", 7), ("0", 0)):
+        monkeypatch.setenv("IMPLICIT_ATTN_CPU_AUTO_MIN", good)
+        assert cpu.auto_min_from_env() == want
+    # the import reads it: one bad value stops the import
+    env = dict(os.environ, IMPLICIT_ATTN_CPU_AUTO_MIN="abc")
+    p = subprocess.run([sys.executable, "-c", "import implicit_attn"], env=env, capture_output=True, text=True)
+    assert p.returncode != 0 and "IMPLICIT_ATTN_CPU_AUTO_MIN='abc' is not a non-negative integer" in p.stderr

@@ -695,7 +695,9 @@ def _require():
 AUTO_MIN_ENV = "IMPLICIT_ATTN_CPU_AUTO_MIN"
 
 
-def _auto_min() -> int:
+def auto_min_from_env() -> int:
+    """The ``impl="auto"`` size threshold ``$IMPLICIT_ATTN_CPU_AUTO_MIN`` (factor elements;
+    unset or empty: 65,536); ``ValueError`` naming the variable unless a non-negative integer."""
     raw = os.environ.get(AUTO_MIN_ENV, "").strip()
     if not raw:
         return 1 << 16
@@ -708,7 +710,7 @@ def _auto_min() -> int:
 # elements: below it XLA takes well under a millisecond, and a first call would otherwise
 # wait several seconds for the library to compile (once per machine). Set from
 # ``$IMPLICIT_ATTN_CPU_AUTO_MIN`` at import (the test suite sets 0: kernels at every size).
-AUTO_MIN_FACTOR_ELEMENTS = _auto_min()
+AUTO_MIN_FACTOR_ELEMENTS = auto_min_from_env()
 
 
 def pays_off(core) -> bool:
@@ -1215,6 +1217,6 @@ for _type in (*_KERNELS, ParallelCore):
     register_core("cpu", _type, _problem)
 
 
-__all__ = ["cpu_dense", "cpu_reduce", "fill", "selective_scan", "scan_pays_off", "ssd_scan", "ssd_pays_off", "delta_scan", "mlstm_scan", "dplr_scan", "recurrence_pays_off", "gated_delta_net", "delta_net_pays_off", "with_reference_derivatives", "wkv_scan", "wkv_pays_off", "attention_forward", "attention_pays_off", "grouped_matmul_from_tokens", "grouped_matmul_to_tokens", "grouped_pays_off", "GROUP_TILE", "computed_once", "head_matrices", "head_matrix_kernel", "available", "has_kernel", "check_core", "load", "build", "build_parts", "compile_flags", "ARCH_ENV",
+__all__ = ["auto_min_from_env", "cpu_dense", "cpu_reduce", "fill", "selective_scan", "scan_pays_off", "ssd_scan", "ssd_pays_off", "delta_scan", "mlstm_scan", "dplr_scan", "recurrence_pays_off", "gated_delta_net", "delta_net_pays_off", "with_reference_derivatives", "wkv_scan", "wkv_pays_off", "attention_forward", "attention_pays_off", "grouped_matmul_from_tokens", "grouped_matmul_to_tokens", "grouped_pays_off", "GROUP_TILE", "computed_once", "head_matrices", "head_matrix_kernel", "available", "has_kernel", "check_core", "load", "build", "build_parts", "compile_flags", "ARCH_ENV",
            "pays_off", "AUTO_MIN_FACTOR_ELEMENTS", "AUTO_MIN_ENV", "SCAN_AUTO_MIN_FACTOR",
            "library_path", "cache_dir", "num_threads", "CpuKernelUnavailable"]
