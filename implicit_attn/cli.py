@@ -55,12 +55,13 @@ def cmd_operator(args) -> int:
     if args.variant != "full" and -n <= args.layer < n and explain_cli.layer_kind(model, args.layer) == "attention":
         raise ValueError(explain_cli.attention_variant_error(model, [args.layer % n], args.variant))
     op, m = _operator_map(model, ids, args.layer, args.variant, args.how)
-    stem = f"layer{args.layer}_{args.variant}_{args.how}"
+    layer = args.layer % n  # files and titles name the layer, not "-1" (which reads as layer 1)
+    stem = f"layer{layer}_{args.variant}_{args.how}"
     np.save(out / f"{stem}.npy", m)
     png = save_heatmap(m, out / f"{stem}.png",
-                       f"{model.family} layer {args.layer}: channel {args.how} of H ({args.variant})",
+                       f"{model.family} layer {layer}: channel {args.how} of H ({args.variant})",
                        tokens=tokens, scale=args.scale)
-    print(f"operator of layer {args.layer}: {op.shape[1]} channels, L = {op.shape[2]}")
+    print(f"operator of layer {layer}: {op.shape[1]} channels, L = {op.shape[2]}")
     if args.variant == "full":
         print(f"exactness (max |H v + offset - output| / max |output|, against the block computed in "
               f"{model.dtype}): {op.relative_error():.2e}")

@@ -44,6 +44,15 @@ def test_info_and_operator(tmp_path, capsys):
     ops = model.operators(np.array([[1, 2, 3, 4, 5]]), layers=[1])
     np.testing.assert_allclose(arr, np.asarray(ops[0].reduce("abs_mean"))[0], rtol=1e-6)
     assert (tmp_path / "o" / "layer1_full_abs_mean.png").exists()
+    # a negative layer is named by its index: -2 of 2 layers writes layer0's files
+    assert main(["operator", str(tmp_path / "m"), "--ids", "1,2,3,4,5", "--layer", "-2",
+                 "--out", str(tmp_path / "neg")]) == 0
+    assert "operator of layer 0:" in capsys.readouterr().out
+    names = sorted(p.name for p in (tmp_path / "neg").iterdir())
+    assert names == ["layer0_full_abs_mean.npy", "layer0_full_abs_mean.png"]
+    first = model.operators(np.array([[1, 2, 3, 4, 5]]), layers=[0])[0]
+    np.testing.assert_allclose(np.load(tmp_path / "neg" / "layer0_full_abs_mean.npy"),
+                               np.asarray(first.reduce("abs_mean"))[0], rtol=1e-6)
     assert main(["operator", str(tmp_path / "m"), "--ids", "1,99", "--out", str(tmp_path / "o")]) == 2
     assert "outside the vocabulary" in capsys.readouterr().err
 
