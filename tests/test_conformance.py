@@ -9,6 +9,7 @@ Per-family test files keep only what is specific to a family.
 """
 from __future__ import annotations
 
+import copy
 import json
 
 import jax
@@ -27,6 +28,7 @@ from bad_inputs import BAD_BLOCK_INPUTS
 from hf_build import build_hf
 
 testing = pytest.importorskip("implicit_attn.testing")  # torch parity helpers (test extra)
+import torch  # noqa: E402  (present once the helpers import)
 rel = testing.max_rel_error
 
 L = 11  # odd, not a multiple of any chunk or tile
@@ -198,6 +200,30 @@ def test_out_of_range_ids_under_jit_give_nan_logits(fam):
         out = np.asarray(f(jnp.array([[1, 2, bad, 3]])))
         assert np.all(np.isnan(out[0, 2:])), bad
         np.testing.assert_allclose(out[0, :2], good[0, :2], atol=1e-5, err_msg=str(bad))
+
+
+# torch's own modules of these refuse bfloat16 on CPU ("mixed dtype", "same dtype" errors)
+NO_TORCH_BFLOAT16 = ("rwkv6", "rwkv7", "xlstm")
+
+
+def test_bfloat16_mixer_input_is_torchs_bit_for_bit(fam):
+    """In bfloat16, layer 0's mixer input (the embeddings, scaled, through the first norm) equals
+    HF's bit for bit: each norm applies its weight before or after the cast back as HF's does,
+    LayerNorm's affine is float32 with one rounding, and a scaled embedding is rounded where HF
+    stores it (XLA would otherwise keep float32 into the norm)."""
+    spec, tm, _, path = fam
+    half = copy.deepcopy(tm).to(torch.bfloat16)
+    ids = ids_for(tm, B=2)
+    if spec.model_type in NO_TORCH_BFLOAT16:
+        with pytest.raises(RuntimeError, match="dtype"):
+            testing.torch_forward(half, ids)
+        return
+    _, io = testing.torch_forward(half, ids)
+    model = ia.load(path, dtype="bfloat16")
+    _, cache = model.run_with_cache(ids, names=["blocks.0.mixer.hook_in"])
+    ours = cache["blocks.0.mixer.hook_in"]
+    assert ours.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(ours, np.float32), io[0][0])
 
 
 def test_low_precision_models_warn_that_operators_are_not_exact(fam):

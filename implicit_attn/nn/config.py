@@ -28,6 +28,9 @@ class HFConfig:
     model_type: ClassVar[str] = ""
     architecture: ClassVar[str] = ""
     required: ClassVar[tuple[str, ...]] = ("vocab_size", "hidden_size")
+    # whether HF's plain RMSNorms apply their weight in float32 before casting back (True) or
+    # in the input dtype after it (False); one rounding apart in half precision
+    norm_weight_in_float32: ClassVar[bool] = False
 
     @classmethod
     def read_hf(cls, d: dict, kw: dict) -> dict:

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from ...nn.attention import attention_forward, attention_operator
 from ...nn.hooks import ForwardHooks, layer_tap, no_hook, out_hook
-from ...ops import embed, full_precision, linear
+from ...ops import embed, full_precision, linear, rounded
 from ..mamba.block import rms_norm
 from ..mamba2 import VARIANTS
 from ..mamba2.block import mixer_forward as mamba_forward
@@ -84,13 +84,13 @@ def hybrid_layer(layer: dict, h, cfg, kind: str, hook, mixer_fn, ffn_fn, residua
     scale = (lambda t: t) if residual_scale is None else (lambda t: t * jnp.asarray(residual_scale, t.dtype))
 
     def post(name, t):
-        return t if name not in layer else rms_norm(t, layer[name], cfg.rms_norm_eps)
+        return t if name not in layer else rms_norm(t, layer[name], cfg.rms_norm_eps, cfg.norm_weight_in_float32)
 
     h = hook("hook_resid_pre", h)
-    hn = hook("mixer.hook_in", rms_norm(h, layer["input_layernorm"], cfg.rms_norm_eps))
+    hn = hook("mixer.hook_in", rms_norm(h, layer["input_layernorm"], cfg.rms_norm_eps, cfg.norm_weight_in_float32))
     h = hook("hook_resid_mid", h + scale(post("post_mixer_norm", mixer_fn(layer["mixer"], hn, cfg, kind,
                                                                          out_hook(hook)))))
-    x = rms_norm(h, layer["pre_ff_layernorm"], cfg.rms_norm_eps)
+    x = rms_norm(h, layer["pre_ff_layernorm"], cfg.rms_norm_eps, cfg.norm_weight_in_float32)
     h = h + scale(post("post_ffn_norm", ffn_fn(layer["feed_forward"], x, cfg)))
     return hook("hook_resid_post", h), hn
 
@@ -106,10 +106,10 @@ def hybrid_lm(params: dict, ids, cfg, layer_fn, capture=(), adds=None, sets=None
     emb = params["embed_tokens"]
     h = hooks("hook_embed", embed(emb, ids))
     if embedding_scale is not None:
-        h = h * jnp.asarray(embedding_scale, h.dtype)
+        h = rounded(h * jnp.asarray(embedding_scale, h.dtype))  # HF's is a stored tensor
     for i, (kind, layer) in enumerate(zip(cfg.layer_types, params["layers"])):
         h, _ = layer_fn(layer, h, cfg, kind, hooks.layer(i))
-    h = rms_norm(h, params["final_layernorm"], cfg.rms_norm_eps)
+    h = rms_norm(h, params["final_layernorm"], cfg.rms_norm_eps, cfg.norm_weight_in_float32)
     head = emb if params.get("lm_head") is None else params["lm_head"]
     logits = h.astype(head.dtype) @ head.T
     if logits_divisor is not None:

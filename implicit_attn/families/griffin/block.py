@@ -29,7 +29,7 @@ from ...nn.attention import (attention_forward, attention_inner, attention_opera
                              rotary, segment_ids)
 from ...nn.hooks import ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
 from ...operator import DocumentMaskedCore, ImplicitOperator, ScalarDecayCore
-from ...ops import causal_conv, embed, full_precision, linear, linear_scan
+from ...ops import causal_conv, embed, full_precision, linear, linear_scan, rounded
 from .config import Config
 
 VARIANTS = ("full", "no_conv", "no_gate")
@@ -261,7 +261,7 @@ def lm_forward(params: dict, ids, pos, cfg: Config, capture: tuple[str, ...] = (
     ``hook_embed`` is the embedding before the ``sqrt(d_model)`` scale)."""
     hooks = ForwardHooks(capture, adds, sets)
     emb = params["embed_tokens"]
-    h = hooks("hook_embed", embed(emb, ids)) * embed_scale(cfg, emb.dtype)
+    h = rounded(hooks("hook_embed", embed(emb, ids)) * embed_scale(cfg, emb.dtype))  # HF's is a stored tensor
     for i, (kind, layer) in enumerate(zip(cfg.layer_types, params["layers"])):
         h, _ = decoder_layer(layer, h, pos, cfg, kind, hooks.layer(i))
     h = rms_norm(h, params["final_norm"], cfg.rms_norm_eps)

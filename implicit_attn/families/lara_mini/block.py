@@ -16,8 +16,8 @@ Decoder layer (Bamba's, ``bamba.block.hybrid_layer``): ``h + mixer(norm(h))``, t
 FFN: a softmax top-k mixture of SwiGLU experts (router logits in float32, top-k weights
 renormalised if ``norm_topk_prob``) plus a shared SwiGLU expert added without a gate.
 
-In float32 this is HF's arithmetic; in half precision the norms apply their weight after the
-cast back (HF before it), a difference of one rounding.
+The RMSNorms apply their weight in float32 before the cast back, as HF's do
+(``Config.norm_weight_in_float32``).
 """
 from __future__ import annotations
 

@@ -32,6 +32,7 @@ class Config(DeltaNetFields, AttentionFields, HFConfig):
     model_type: ClassVar[str] = "lara_mini"
     architecture: ClassVar[str] = "LaraMiniForCausalLM"
     label: ClassVar[str] = "LaraMini"
+    norm_weight_in_float32: ClassVar[bool] = True  # HF applies the norms' weight before the cast
     # the DeltaNet's input projections as stored: one ``in_proj``, rows ``[q | k | v | z | b | a]``;
     # its gated norm stored as ``out_norm``
     projections: ClassVar[str] = "fused"

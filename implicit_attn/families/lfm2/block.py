@@ -92,8 +92,9 @@ def attention_parts(p: dict, h, cfg, kind: str) -> dict:
     names = cfg.attention_names
     pos = positions(B, L)
     split = lambda t, n: t.reshape(B, L, n, d)
-    q = rms_norm(split(linear(h, p["q_proj.weight"], p.get("q_proj.bias")), H), p[names["q_norm"]], cfg.norm_eps)
-    k = rms_norm(split(linear(h, p["k_proj.weight"], p.get("k_proj.bias")), KV), p[names["k_norm"]], cfg.norm_eps)
+    norm = lambda t, w: rms_norm(t, w, cfg.norm_eps, cfg.norm_weight_in_float32)
+    q = norm(split(linear(h, p["q_proj.weight"], p.get("q_proj.bias")), H), p[names["q_norm"]])
+    k = norm(split(linear(h, p["k_proj.weight"], p.get("k_proj.bias")), KV), p[names["k_norm"]])
     v = split(linear(h, p["v_proj.weight"], p.get("v_proj.bias")), KV)
     inv = jnp.asarray(cfg.rope_frequencies(kind))
     q, k = (rope(jnp.swapaxes(t, 1, 2), pos, inv) for t in (q, k))

@@ -31,11 +31,16 @@ f32 = jnp.float32
 BCDT_NORMS = ("dt_layernorm.weight", "b_layernorm.weight", "c_layernorm.weight")
 
 
-def rms_norm(x, w, eps: float):
-    """HF ``MambaRMSNorm``: float32 statistics, weight applied in the input dtype. ``(..., D)``."""
+def rms_norm(x, w, eps: float, weight_in_float32: bool = False):
+    """HF's RMSNorm ``w x / rms(x)`` with float32 statistics: the weight applied in the input
+    dtype after the cast back (``MambaRMSNorm`` and most), or, with ``weight_in_float32``, in
+    float32 before it (``NemotronHRMSNorm``, ``LaraMiniRMSNorm``, ``OlmoHybridRMSNorm``). The two
+    differ by one rounding in half precision. ``x (..., D)``, ``w (D,)`` -> ``(..., D)``."""
     dtype = x.dtype
     xf = x.astype(f32)
     xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    if weight_in_float32:
+        return (w.astype(f32) * xf).astype(dtype)
     return w * xf.astype(dtype)
 
 

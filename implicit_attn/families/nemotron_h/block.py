@@ -72,10 +72,10 @@ def nemotron_layer(layer: dict, h, cfg: Config, kind: str, hook, mixer_fn, ffn_f
     """
     hook = hook or no_hook
     h = hook("hook_resid_pre", h)
-    hn = hook("mixer.hook_in", rms_norm(h, layer["input_layernorm"], cfg.rms_norm_eps))
+    hn = hook("mixer.hook_in", rms_norm(h, layer["input_layernorm"], cfg.rms_norm_eps, cfg.norm_weight_in_float32))
     h = hook("hook_resid_mid", h + mixer_fn(layer["mixer"], hn, cfg, kind, out_hook(hook)))
     for sub in layer["feed_forward"]:
-        h = h + ffn_fn(sub["ffn"], rms_norm(h, sub["norm"], cfg.rms_norm_eps), cfg)
+        h = h + ffn_fn(sub["ffn"], rms_norm(h, sub["norm"], cfg.rms_norm_eps, cfg.norm_weight_in_float32), cfg)
     return hook("hook_resid_post", h), hn
 
 

@@ -50,6 +50,7 @@ class Config(NoPositionFields, HFConfig):
     model_type: ClassVar[str] = "nemotron_h"
     architecture: ClassVar[str] = "NemotronHForCausalLM"
     label: ClassVar[str] = "Nemotron-H"
+    norm_weight_in_float32: ClassVar[bool] = True  # HF applies the norms' weight before the cast
     attention_bias: ClassVar[bool] = False  # HF's q/k/v/o have no biases whatever the config says
     tie_word_embeddings: ClassVar[bool] = False  # HF never ties lm_head
 

@@ -18,7 +18,6 @@ Norms: ``w * x / rms(x)`` in float32. MLP: SwiGLU.
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from ...nn.attention import attend, operator_of_parts, rotary, segment_ids
@@ -26,6 +25,7 @@ from ...nn.hooks import no_hook, out_hook
 from ...operator import AttentionOperator
 from ...ops import linear
 from ..bamba.block import hybrid_functions, mlp_ffn, positions
+from ..mamba.block import rms_norm as mamba_rms_norm
 from ..qwen3_next.block import EXACT_VARIANTS, VARIANTS, delta_forward, delta_operator
 from .config import Config
 
@@ -34,9 +34,7 @@ f32 = jnp.float32
 
 def rms_norm(x, w, eps: float):
     """HF ``OlmoHybridRMSNorm``: ``w * x / rms(x)`` in float32, cast back. ``(..., D)``."""
-    xf = x.astype(f32)
-    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
-    return (w.astype(f32) * xf).astype(x.dtype)
+    return mamba_rms_norm(x, w, eps, weight_in_float32=True)
 
 
 def attention_parts(p: dict, h, cfg: Config) -> dict:

@@ -26,6 +26,7 @@ class Config(DeltaNetFields, AttentionFields, HFConfig):
     model_type: ClassVar[str] = "olmo_hybrid"
     architecture: ClassVar[str] = "OlmoHybridForCausalLM"
     label: ClassVar[str] = "OLMo-Hybrid"
+    norm_weight_in_float32: ClassVar[bool] = True  # HF applies the norms' weight before the cast
     # the Gated DeltaNet's tensors as HF's module names them (``qwen3_next.block`` reads these)
     projections: ClassVar[str] = "separate"
     delta_norm_name: ClassVar[str] = "o_norm.weight"

@@ -35,14 +35,13 @@ FINAL_LN_EPS = 1e-5  # HF builds ln_out with nn.LayerNorm's default eps, not lay
 
 
 def layer_norm(x, w, b, eps: float):
-    """``nn.LayerNorm`` over the last axis: float32 statistics, affine in the input dtype.
-    ``(..., D) -> (..., D)``."""
-    dtype = x.dtype
+    """``nn.LayerNorm`` over the last axis: float32 statistics and affine, one rounding to the
+    input dtype at the end (torch's half-precision kernel). ``x (..., D)``, ``w, b (D,)`` -> ``(..., D)``."""
     xf = x.astype(f32)
     mu = jnp.mean(xf, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(xf - mu), axis=-1, keepdims=True)
-    y = ((xf - mu) * jax.lax.rsqrt(var + eps)).astype(dtype)
-    return y * w + b
+    y = (xf - mu) * jax.lax.rsqrt(var + eps)
+    return (y * w.astype(f32) + b.astype(f32)).astype(x.dtype)
 
 
 def token_shift(x):
