@@ -276,6 +276,14 @@ def test_layer_selections_and_hook_shapes_are_named(ckpts):
             model.operators(ids, layers=bad)
     with pytest.raises(ValueError, match=f"layer {n} out of range for a model with {n} layers"):
         model.operators(ids, layers=[n])
+    # an empty selection, like ``channels=[]``, is named (it gave [] here, and "need at least one
+    # array to stack" or a start-layer error in the maps, explanations and smoothing)
+    for call in (lambda: model.operators(ids, layers=[]), lambda: model.mixer_inputs(ids, layers=()),
+                 lambda: ia.explain.model_maps(model, ids, layers=[]),
+                 lambda: ia.explain.explain(model, ids, layers=np.array([], int)),
+                 lambda: ia.explain.oversmoothing(model, ids, layers=[])):
+        with pytest.raises(ValueError, match=r"layers is empty .*select at least one layer"):
+            call()
     assert [op.shape for op in model.operators(ids, layers=np.int64(-1))] == [model.operators(ids, layers=[n - 1])[0].shape]
     D = model.config.hidden_size
     with pytest.raises(ValueError, match=r"adds\['hook_embed'\] must have the shape of hook_embed's activation = "

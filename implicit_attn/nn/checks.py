@@ -92,7 +92,8 @@ def _leaves(seq):
 
 
 def check_layers(layers, num_layers: int) -> list[int]:
-    """Normalise a layer selection (None, int or list; negatives count from the end)."""
+    """Normalise a layer selection (None: all; an int or a non-empty list; negatives count from
+    the end) to a list of indices in ``[0, num_layers)``."""
     if layers is None:
         return list(range(num_layers))
     if isinstance(layers, (int, np.integer)) and not isinstance(layers, (bool, np.bool_)):
@@ -106,6 +107,8 @@ def check_layers(layers, num_layers: int) -> list[int]:
         if not -num_layers <= i < num_layers:
             raise ValueError(f"layer {i!r} out of range for a model with {num_layers} layers")
         out.append(int(i) % num_layers)
+    if not out:
+        raise ValueError(f"layers is empty ({layers!r}): select at least one layer (None selects all)")
     return out
 
 
