@@ -11,6 +11,7 @@ here and the compiled kernel in the export.
 Lowering is what a CPU machine can check; that the Triton kernels also compile and match
 XLA was measured on an H100 (README), and Mosaic's own compile runs only on a TPU.
 """
+import dataclasses
 import re
 
 import jax
@@ -106,6 +107,34 @@ def test_interpret_flag_is_per_lowering_platform(ops):
     cpu_text = f.lower(op).as_text()
     assert kernel_calls(cpu_text, "cuda") == 0 and kernel_calls(cpu_text, "tpu") == 0
     assert "stablehlo.exponential" in cpu_text  # the interpreter's tile math
+
+
+@pytest.mark.parametrize("what", ["materialize", "reduce"])
+def test_vmapped_kernels_keep_one_branch_for_the_batch(ops, what):
+    """Under ``jax.vmap`` the choice between the plain and the NaN-safe tiles stays a branch:
+    one predicate for the whole batch (``calls.any_in_batch``), where a batched predicate made
+    ``lax.cond`` a select that ran both kernels. The cuda export of the mapped call has as many
+    branch ops as the unmapped one; on this CPU the interpreter's mapped numbers equal XLA's,
+    with a NaN in the keys of one example only (that example takes the NaN-safe tiles' NaNs,
+    the other keeps its numbers)."""
+    op = ops[("mamba2", 2, 37)]
+    if what == "materialize":
+        f = lambda o: o.materialize(impl="pallas")
+        ref_f = lambda o: o.materialize(impl="xla")
+    else:
+        f = lambda o: o.reduce("weighted", weights=o.values, key_weights=o.values, impl="pallas")
+        ref_f = lambda o: o.reduce("weighted", weights=o.values, key_weights=o.values, impl="xla")
+    two = jax.tree.map(lambda a: jnp.stack([a, a]), op)
+    single = export.export(jax.jit(f), platforms=["cuda"], disabled_checks=[TRITON])(op).mlir_module()
+    mapped = export.export(jax.jit(jax.vmap(f)), platforms=["cuda"], disabled_checks=[TRITON])(two).mlir_module()
+    assert kernel_calls(mapped, "cuda") == 2
+    assert mapped.count("stablehlo.case") == single.count("stablehlo.case") > 0
+    if jax.default_backend() == "cpu":
+        core = dataclasses.replace(two.core, k=two.core.k.at[1, 0, 1, 5].set(jnp.nan))  # example 1, key 5
+        bad = dataclasses.replace(two, core=core)
+        out, ref = np.asarray(jax.jit(jax.vmap(f))(bad)), np.asarray(jax.vmap(ref_f)(bad))
+        assert np.array_equal(np.isnan(out), np.isnan(ref)) and np.isnan(out[1]).any() and not np.isnan(out[0]).any()
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * float(np.nanmax(np.abs(ref))))
 
 
 def test_interpreted_export_is_told_apart(ops):
