@@ -10,6 +10,7 @@ Per-family test files keep only what is specific to a family.
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 
 import jax
@@ -19,6 +20,7 @@ import pytest
 from flax import nnx
 
 import implicit_attn as ia
+from implicit_attn.families.mamba.block import rms_norm
 from implicit_attn.kernels import pallas
 from implicit_attn.operator import AttentionOperator, ImplicitOperator, Mamba2Operator
 from implicit_attn.registry import FAMILIES
@@ -224,6 +226,40 @@ def test_bfloat16_mixer_input_is_torchs_bit_for_bit(fam):
     ours = cache["blocks.0.mixer.hook_in"]
     assert ours.dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(ours, np.float32), io[0][0])
+
+
+# HF's plain RMSNorm of each family whose norms are ``mamba.block.rms_norm`` under its config's
+# ``norm_weight_in_float32`` (the residual, final and attention q/k norms of Bamba's layer and
+# LM functions and of LFM2's attention): (transformers module, class)
+HF_RMS_NORMS = {"bamba": ("bamba", "BambaRMSNorm"), "falcon_h1": ("falcon_h1", "FalconH1RMSNorm"),
+                "granitemoehybrid": ("granitemoehybrid", "GraniteMoeHybridRMSNorm"),
+                "jamba": ("jamba", "JambaRMSNorm"), "kimi_linear": ("kimi_linear", "KimiLinearRMSNorm"),
+                "lara_mini": ("lara_mini", "LaraMiniRMSNorm"), "lfm2": ("lfm2", "Lfm2RMSNorm"),
+                "lfm2_moe": ("lfm2_moe", "Lfm2MoeRMSNorm"), "lfm3": ("lfm3", "Lfm3RMSNorm"),
+                "minimax": ("minimax", "MiniMaxRMSNorm"), "nemotron_h": ("nemotron_h", "NemotronHRMSNorm"),
+                "olmo_hybrid": ("olmo_hybrid", "OlmoHybridRMSNorm")}
+
+
+@pytest.mark.parametrize("model_type", sorted(HF_RMS_NORMS))
+def test_rms_norms_round_like_hf_in_bfloat16(model_type):
+    """Each config's ``norm_weight_in_float32`` is HF's choice: ``mamba.block.rms_norm`` under it
+    equals the family's HF RMSNorm bit for bit in bfloat16, and the other choice does not (one
+    rounding apart on a good share of the entries)."""
+    folder, name = HF_RMS_NORMS[model_type]
+    hf_norm = getattr(importlib.import_module(f"transformers.models.{folder}.modeling_{folder}"), name)(64, eps=1e-6)
+    g = np.random.default_rng(0)
+    with torch.no_grad():
+        hf_norm.weight.copy_(torch.tensor(1 + 0.3 * g.standard_normal(64)))
+        hf_norm = hf_norm.to(torch.bfloat16)
+        x = torch.tensor(3 * g.standard_normal((8, 16, 64))).to(torch.bfloat16)
+        ref = hf_norm(x).float().numpy()
+    xj, wj = (jnp.asarray(t.detach().float().numpy()).astype(jnp.bfloat16) for t in (x, hf_norm.weight))
+    flag = FAMILIES[model_type].config.norm_weight_in_float32
+    ours = jax.jit(rms_norm, static_argnums=(2, 3))(xj, wj, 1e-6, flag)
+    assert ours.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(ours, np.float32), ref)
+    other = np.asarray(jax.jit(rms_norm, static_argnums=(2, 3))(xj, wj, 1e-6, not flag), np.float32)
+    assert np.mean(other != ref) > 0.05
 
 
 def test_low_precision_models_warn_that_operators_are_not_exact(fam):
