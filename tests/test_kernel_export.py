@@ -112,7 +112,7 @@ def test_interpret_flag_is_per_lowering_platform(ops):
 @pytest.mark.parametrize("what", ["materialize", "reduce"])
 def test_vmapped_kernels_keep_one_branch_for_the_batch(ops, what):
     """Under ``jax.vmap`` the choice between the plain and the NaN-safe tiles stays a branch:
-    one predicate for the whole batch (``calls.any_in_batch``), where a batched predicate made
+    one predicate for the whole batch (``ops.any_in_batch``), where a batched predicate made
     ``lax.cond`` a select that ran both kernels. The cuda export of the mapped call has as many
     branch ops as the unmapped one; on this CPU the interpreter's mapped numbers equal XLA's,
     with a NaN in the keys of one example only (that example takes the NaN-safe tiles' NaNs,

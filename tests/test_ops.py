@@ -4,8 +4,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from implicit_attn.ops import (attention_output, causal_conv, conv_matrix, conv_right, decay_matrix, decayed_scores,
-                               linear_scan, query_blocks, scalar_decay_kernel, segment_sum, state_decay_kernel)
+from implicit_attn.operator.base import sparse_product
+from implicit_attn.ops import (any_in_batch, attention_output, causal_conv, conv_matrix, conv_right, decay_matrix,
+                               decayed_scores, linear_scan, query_blocks, scalar_decay_kernel, segment_sum,
+                               state_decay_kernel)
 
 
 def brute_segsum(t):
@@ -237,3 +239,24 @@ def test_state_decay_kernel_differentiable(rng):
     fd = (f(dt + eps * v) - f(dt - eps * v)) / (2 * eps)
     assert np.isfinite(np.asarray(g)).all()
     np.testing.assert_allclose(float(jnp.sum(g * v)), float(fd), rtol=2e-2)
+
+
+def test_nan_reach_pass_stays_one_branch_under_vmap():
+    """``operator.sparse_product`` runs its NaN-reach pass only where a value holds a NaN; under
+    ``jax.vmap`` the predicate is one for the batch (``ops.any_in_batch``), so the program keeps
+    its branch (a batched predicate made it a select that ran the pass always), and with a NaN in
+    one example each example's result is its own unmapped one, bit for bit."""
+    g = np.random.default_rng(0)
+    H = jnp.asarray(np.tril(g.standard_normal((2, 1, 3, 6, 6))).astype(np.float32))  # (mapped, B, C, L, L)
+    v = g.standard_normal((2, 1, 3, 6)).astype(np.float32)
+    v[1, 0, 0, 4] = np.nan  # example 1, channel 0, position 4
+    f = lambda H, v: sparse_product("bcij,bcj->bci", H, v)
+    mapped = jax.jit(jax.vmap(f))
+    assert "stablehlo.case" in mapped.lower(H, v).as_text()
+    out = np.asarray(mapped(H, v))
+    for k in range(2):
+        np.testing.assert_array_equal(out[k], np.asarray(f(H[k], jnp.asarray(v[k]))))
+    assert np.isnan(out[1, 0, 0, 4:]).all() and not np.isnan(out[1, 0, 0, :4]).any() and not np.isnan(out[0]).any()
+    # the predicate itself: unchanged alone, the OR over the mapped axis (unbatched) under vmap
+    assert bool(any_in_batch(jnp.array(False))) is False
+    np.testing.assert_array_equal(jax.vmap(lambda b: any_in_batch(b) & True)(jnp.array([False, True])), [True, True])

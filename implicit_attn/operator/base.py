@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..ops import any_in_batch
+
 # Elements of one block's dense output in ``reduce`` and in blocked ``materialize``.
 BLOCK_BUDGET = 1 << 24
 # Elements of the dense operator ``apply`` holds at once (1 GiB of float32): larger
@@ -81,9 +83,10 @@ def sparse_product(spec: str, H, v):
         reach = jnp.einsum(spec, (H != 0).astype(H.dtype), nan.astype(H.dtype))
         return jnp.where(reach > 0, jnp.nan, out)
 
-    # The reach pass reads H again (and forms H != 0): only values holding a NaN need it.
+    # The reach pass reads H again (and forms H != 0): only values holding a NaN need it (under
+    # vmap, any example's: the pass leaves rows without a NaN in reach as they are).
     if isinstance(nan, jax.core.Tracer):
-        return jax.lax.cond(nan.any(), with_reach, lambda o: o, out)
+        return jax.lax.cond(any_in_batch(nan.any()), with_reach, lambda o: o, out)
     return with_reach(out) if bool(nan.any()) else out
 
 

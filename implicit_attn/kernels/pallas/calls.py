@@ -24,12 +24,12 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-from jax import custom_batching
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
 from ...operator import apply_mode
+from ...ops import any_in_batch
 from . import tiles
 from .plans import HeadMatrixPlan, Plan, next_pow2
 
@@ -241,22 +241,10 @@ def has_nan(plan: Plan):
     return jnp.any(jnp.stack(flags)) if flags else jnp.asarray(False)
 
 
-@custom_batching.custom_vmap
-def any_in_batch(flag):
-    """``flag`` (a traced bool scalar) as it is; under ``jax.vmap`` the OR over the mapped axis,
-    unbatched, so a ``lax.cond`` on it stays a branch instead of running both sides."""
-    return flag
-
-
-@any_in_batch.def_vmap
-def _any_in_batch_vmap(axis_size, in_batched, flag):
-    return (jnp.any(flag) if in_batched[0] else flag), False
-
-
 def nan_safe_call(plan: Plan, call):
     """``call(plan)`` with the NaN-safe tiles where the plan's inputs hold a NaN, the plain ones
     (fewer matmuls) elsewhere: the two kernels under one ``lax.cond``; under ``jax.vmap`` the
-    NaN-safe tiles for the whole batch if any example holds a NaN (``any_in_batch``: a batched
+    NaN-safe tiles for the whole batch if any example holds a NaN (``ops.any_in_batch``: a batched
     predicate would run both kernels). Tiles without a matmul that could spread a NaN (no
     in-tile segment sums, no conv: RWKV-4's) are one kernel."""
     if plan.kind == "softmax" and not plan.conv:
