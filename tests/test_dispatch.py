@@ -14,7 +14,7 @@ import pytest
 from implicit_attn.families import mamba
 from implicit_attn.kernels import cpu, pallas
 from implicit_attn.operator import dispatch, resolve_impl
-from kernel_cores import rwkv_op, scalar_lowrank_op
+from kernel_cores import delta_op, dplr_op, kda_op, rwkv_op, scalar_lowrank_op
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +45,23 @@ def test_auto_uses_kernels_verified_for_the_platform(op, on_accelerator, monkeyp
     assert resolve_impl("auto", scalar_lowrank_op().core) == want
     assert resolve_impl("auto", rwkv_op(L_=4, B=1).core) == want
     assert resolve_impl("auto", op.core) == "xla"
+
+
+@pytest.mark.parametrize("make", [delta_op, kda_op, dplr_op], ids=["delta", "kda", "dplr"])
+def test_head_matrix_cores_take_the_cpu_kernel_on_cpu_and_xla_on_accelerators(make, monkeypatch):
+    """The README's Limitations: the delta-rule and DPLR matrices' Pallas kernels are verified
+    on no platform, so ``auto`` computes them with XLA on a GPU or TPU; on CPU it takes the
+    fused CPU kernel (the suite's size threshold is 0)."""
+    core = make(L_=6, B=1).core
+    if jax.default_backend() == "cpu":
+        monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 0)
+        assert resolve_impl("auto", core) == "cpu"
+    monkeypatch.setattr(pallas.BACKEND, "auto", lambda: True)
+    monkeypatch.setattr(cpu.BACKEND, "auto", lambda: False)
+    for platform in ("cuda", "tpu"):
+        monkeypatch.setattr(pallas, "default_platform", lambda: platform)
+        assert pallas.has_kernel(core) and not pallas.trusted(core)
+        assert resolve_impl("auto", core) == "xla"
 
 
 def test_a_failing_kernel_under_auto_warns_once_and_falls_back(op, on_accelerator, monkeypatch):
