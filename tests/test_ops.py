@@ -260,3 +260,26 @@ def test_nan_reach_pass_stays_one_branch_under_vmap():
     # the predicate itself: unchanged alone, the OR over the mapped axis (unbatched) under vmap
     assert bool(any_in_batch(jnp.array(False))) is False
     np.testing.assert_array_equal(jax.vmap(lambda b: any_in_batch(b) & True)(jnp.array([False, True])), [True, True])
+
+
+def test_decay_matrix_stays_one_branch_under_vmap():
+    """``decay_matrix`` longer than a chunk takes the product form unless an increment is positive;
+    under ``jax.vmap`` that predicate is one for the batch (``ops.any_in_batch``), so the program
+    keeps its branch (a batched predicate made it a select computing both forms for every
+    example). Every example's matrix is float64's, whichever form the batch took."""
+    g = np.random.default_rng(1)
+    log_a = -np.abs(g.standard_normal((2, 3, 80))).astype(np.float32) * 0.1  # (mapped, H, L)
+    mapped = jax.jit(jax.vmap(lambda t: decay_matrix(t, chunk=16)))
+    assert "stablehlo.case" in mapped.lower(jnp.asarray(log_a)).as_text()
+    cum = lambda t: np.cumsum(t.astype(np.float64), -1)
+    for positive in (False, True):
+        t = log_a.copy()
+        if positive:
+            t[1, 0, 10] = 0.5  # example 1 grows once: the whole batch takes exp of each entry's sum
+        c = cum(t)
+        want = np.tril(np.exp(np.tril(c[..., :, None] - c[..., None, :])))
+        got = np.asarray(mapped(jnp.asarray(t)))
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-7)
+        assert not np.triu(got, 1).any()
+        for k in range(2):
+            np.testing.assert_allclose(got[k], np.asarray(decay_matrix(jnp.asarray(t[k]), chunk=16)), rtol=2e-5, atol=1e-7)

@@ -12,6 +12,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from .batching import any_in_batch
+
 
 def causal_mask(n: int, m: int | None = None, *, strict: bool = False):
     """Boolean lower-triangular mask ``(n, m)``: ``i >= j`` (``i > j`` if strict)."""
@@ -171,7 +173,8 @@ def decay_matrix(log_a, chunk: int = 32):
     chunk's maximum (``O(L^2 / chunk)`` exponentials and one product per entry instead of an
     exponential per entry: 3-4x less CPU time for Mamba-2's head matrices at L = 512). With a
     positive increment an entry far below its block's largest could underflow where it is a
-    normal float, so such inputs take the exponential of each entry's sum instead.
+    normal float, so such inputs take the exponential of each entry's sum instead (under
+    ``jax.vmap`` the whole batch does, if any example has one: ``any_in_batch``).
 
     Args:
       log_a: ``(..., L)`` per-step log decays (<= 0 for a contracting recurrence; ``-inf`` a
@@ -184,5 +187,5 @@ def decay_matrix(log_a, chunk: int = 32):
     if log_a.shape[-1] <= Q:
         return jnp.exp(_segment_sum_masked(log_a))
     one = jnp.ones(log_a.shape + (1,), jnp.float32)
-    return jax.lax.cond(jnp.any(log_a > 0), lambda t: jnp.exp(segment_sum(t, Q)),
+    return jax.lax.cond(any_in_batch(jnp.any(log_a > 0)), lambda t: jnp.exp(segment_sum(t, Q)),
                         lambda t: decayed_scores(one, one, t, chunk=Q), log_a)
