@@ -201,8 +201,10 @@ def test_expert_columns_put_each_copy_in_its_experts_pack_in_copy_order(route):
     e = case(8, route)[2].reshape(-1)
     _, rank, sizes = expert_order(jnp.asarray(e, jnp.int32), 4)
     for tile in (1, 5, 32):
-        col, owner = (np.asarray(a) for a in expert_columns(rank, sizes, tile))
+        col, owner = (np.asarray(a) for a in expert_columns(jnp.asarray(e), rank, sizes, tile))
         assert len(set(col)) == e.size and np.array_equal(owner[col // tile], e)
+        slot, owner_sorted = (np.asarray(a) for a in expert_packs(sizes, e.size, tile))
+        assert np.array_equal(col, slot[np.asarray(rank)]) and np.array_equal(owner, owner_sorted)
         for x in range(4):  # an expert's copies fill its packs from the start, in copy order
             c = col[e == x]
             assert np.array_equal(c, np.sort(c)) and (c.size == 0 or c[-1] - c[0] == c.size - 1)

@@ -135,14 +135,15 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
     T, k = experts.shape
     E = w_in.shape[0]
     n = T * k
-    order, rank, sizes = expert_order(experts.reshape(-1), E)  # token copies grouped by expert
+    copies = experts.reshape(-1)  # copy t k + j: token t's j-th expert
+    order, rank, sizes = expert_order(copies, E)  # token copies grouped by expert
 
     def combine(o, weights):  # (n, D) copies -> (T, D): each token's weighted sum
         return jnp.einsum("tkd,tk->td", o.reshape(T, k, -1), weights.astype(o.dtype))
 
-    # The routing (order, rank, sizes) is passed to each path, not closed over: a custom_jvp rule
+    # The routing (order, rank, sizes, copies) is passed to each path, not closed over: a custom_jvp rule
     # may not close over values traced outside it (a router's).
-    def grouped(x, weights, w_in, w_out, order, rank, sizes):
+    def grouped(x, weights, w_in, w_out, order, rank, sizes, copies):
         xs = x[order // k]
         u = jax.lax.ragged_dot(xs, jnp.swapaxes(w_in, 1, 2), sizes)
         return combine(jax.lax.ragged_dot(act(u), jnp.swapaxes(w_out, 1, 2), sizes)[rank], weights)
@@ -151,7 +152,7 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
     g = min(granule, block)
     block = min(block, max(g, -(-n // g) * g))
 
-    def chunked(x, weights, w_in, w_out, order, rank, sizes):
+    def chunked(x, weights, w_in, w_out, order, rank, sizes, copies):
         D = w_out.shape[1]
         starts = jnp.cumsum(sizes) - sizes
         dtype = jnp.result_type(x, w_in, w_out)
@@ -181,8 +182,8 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
         out, _ = jax.lax.scan(one, jnp.zeros((n + block, D), dtype), (owner, at, filled))
         return combine(out[rank], weights)
 
-    def packed(x, weights, w_in, w_out, order, rank, sizes):  # the kernels' layout: (packs, features, tile)
-        col, owner = expert_columns(rank, sizes, cpu_kernels.GROUP_TILE)
+    def packed(x, weights, w_in, w_out, order, rank, sizes, copies):  # the kernels' layout: (packs, features, tile)
+        col, owner = expert_columns(copies, rank, sizes, cpu_kernels.GROUP_TILE)
         col = col.reshape(T, k)
         u = cpu_kernels.grouped_matmul_from_tokens(x, col, owner, w_in)
         h = jnp.swapaxes(act(jnp.swapaxes(u, 1, 2)), 1, 2)
@@ -200,7 +201,7 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
                              f"{w_in.dtype} and {w_out.dtype}")
         cpu_kernels.load()
     kernel = impl == "cpu" or (impl == "auto" and f32 and cpu_kernels.grouped_pays_off(n, x.shape[1], w_in.shape[1]))
-    out = jax.lax.platform_dependent(x, weights, w_in, w_out, order, rank, sizes,
+    out = jax.lax.platform_dependent(x, weights, w_in, w_out, order, rank, sizes, copies,
                                      cpu=by_kernel if kernel else chunked, default=grouped)
     return out.astype(x.dtype)
 

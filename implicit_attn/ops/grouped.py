@@ -38,6 +38,28 @@ def expert_order(experts, E: int):
     return order, rank, jnp.bincount(experts, length=E).astype(jnp.int32)
 
 
+def pack_layout(sizes, n: int, tile: int):
+    """Where each expert's copies go in the packs (``expert_packs``' layout), per expert.
+
+    Args:
+      sizes: ``(E,)`` int copies per expert (``sum(sizes) == n``); n: the number of copies
+        (static); tile: columns per pack.
+    Returns:
+      ``shift (E,)`` int32, what an expert's copies add to their place among the sorted copies
+      to give their column (its first pack's first column minus its first sorted copy), and
+      ``owner (P,)`` int32 as ``expert_packs`` gives it.
+    """
+    E = sizes.shape[0]
+    P = -(-(n + E * (tile - 1)) // tile)
+    packs = (sizes + tile - 1) // tile
+    ends = jnp.cumsum(packs)
+    shift = (ends - packs) * tile - (jnp.cumsum(sizes) - sizes)
+    # every pack against every expert's end: P E compares, which XLA compiles in a fraction of
+    # the time of searchsorted's default loop (and E is at most a few hundred)
+    owner = jnp.searchsorted(ends, jnp.arange(P), side="right", method="compare_all")
+    return shift.astype(jnp.int32), jnp.where(owner < E, owner, -1).astype(jnp.int32)
+
+
 def expert_packs(sizes, n: int, tile: int):
     """The pack layout of ``n`` token copies sorted by expert, ``sizes[e]`` of them expert
     ``e``'s (``sum(sizes) == n``): each expert's copies fill whole packs of ``tile`` columns, the
@@ -51,27 +73,25 @@ def expert_packs(sizes, n: int, tile: int):
       -1 for the packs past the copies; ``P = ceil((n + E (tile - 1)) / tile)`` packs hold any
       routing.
     """
-    E = sizes.shape[0]
-    P = -(-(n + E * (tile - 1)) // tile)
-    packs = (sizes + tile - 1) // tile
-    ends = jnp.cumsum(packs)
-    expert = jnp.repeat(jnp.arange(E), sizes, total_repeat_length=n)  # sorted copy i's expert
-    slot = (ends - packs)[expert] * tile + jnp.arange(n) - (jnp.cumsum(sizes) - sizes)[expert]
-    owner = jnp.searchsorted(ends, jnp.arange(P), side="right")
-    return slot.astype(jnp.int32), jnp.where(owner < E, owner, -1).astype(jnp.int32)
+    shift, owner = pack_layout(sizes, n, tile)
+    expert = jnp.repeat(jnp.arange(sizes.shape[0]), sizes, total_repeat_length=n)  # sorted copy i's expert
+    return (shift[expert] + jnp.arange(n)).astype(jnp.int32), owner
 
 
-def expert_columns(rank, sizes, tile: int):
-    """Each copy's column in the packs, for the kernels' layout (``expert_packs``).
+def expert_columns(experts, rank, sizes, tile: int):
+    """Each copy's column in the packs, for the kernels' layout (``expert_packs``): the slot of
+    its place among the sorted copies, found from its own expert (no per-copy expert index is
+    built for the sorted copies, which cost most of a mixture-of-experts layer's compile time).
 
     Args:
-      rank: ``(n,)`` copy ``i``'s place among the copies sorted by expert (``expert_order``);
-      sizes: ``(E,)`` copies per expert; tile: columns per pack.
+      experts: ``(n,)`` int copy ``i``'s expert; rank: ``(n,)`` copy ``i``'s place among the
+        copies sorted by expert (``expert_order``); sizes: ``(E,)`` copies per expert; tile:
+        columns per pack.
     Returns:
       ``col (n,)`` int32, all distinct, and ``owner (P,)`` int32 as ``expert_packs`` gives it.
     """
-    slot, owner = expert_packs(sizes, rank.shape[0], tile)
-    return slot[rank], owner
+    shift, owner = pack_layout(sizes, rank.shape[0], tile)
+    return (shift[experts] + rank).astype(jnp.int32), owner
 
 
 def grouped_matmul_packs(x, owner, w):
@@ -128,5 +148,5 @@ def grouped_matmul_to_tokens(h, col, weights, owner, w):
     return jnp.einsum("tkr,tk->tr", copies, weights.astype(y.dtype), precision=jax.lax.Precision.HIGHEST)
 
 
-__all__ = ["SORT_KEY_LIMIT", "expert_order", "expert_packs", "expert_columns", "grouped_matmul_packs", "packs_from_tokens",
+__all__ = ["SORT_KEY_LIMIT", "expert_order", "pack_layout", "expert_packs", "expert_columns", "grouped_matmul_packs", "packs_from_tokens",
            "grouped_matmul_from_tokens", "grouped_matmul_to_tokens"]
