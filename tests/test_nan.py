@@ -191,14 +191,29 @@ FORWARD_KERNEL_FAMILIES = ("mamba", "mamba2", "qwen3_next", "xlstm", "rwkv", "rw
 @pytest.mark.parametrize("model_type", FORWARD_KERNEL_FAMILIES)
 def test_overflowing_input_keeps_the_chunked_forwards_causal(model_type, monkeypatch):
     """As above through the forwards' chunked XLA forms (an accelerator's, and the CPU's below
-    the kernels' size threshold; the forward is traced anew under ``disable_jit`` with the
-    threshold out of reach): the block's output before ``T`` as without the huge input."""
+    the kernels' size threshold): the block's output before ``T`` as without the huge input.
+    The mixers' jitted operators are traced anew with the threshold out of reach (layer 0's
+    then holds no kernel call, where it held one before) and again after it."""
     _, model = tiny(model_type)
-    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 1 << 62)
-    with jax.disable_jit():
-        for i, clean, huge in operators_with_nan(model, 2, 1e30):
-            out, out0 = np.asarray(huge.output), np.asarray(clean.output)
-            np.testing.assert_allclose(out[:, :, :T], out0[:, :, :T], atol=1e-6, err_msg=f"layer {i}")
+    mixer = model.layers[0].mixer
+    x = np.asarray(model.mixer_inputs(np.zeros((1, 40), np.int32), [0])[0])
+    lowered = lambda: jax.jit(lambda x: mixer.as_operator(x).output).lower(x).as_text()
+    assert "implicit_attn_" in lowered()
+    fns = (type(layer.mixer).operator_fn for layer in model.layers)
+    traced = {getattr(fn, "func", fn) for fn in fns}  # the jitted function under a functools.partial
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 1 << 62)
+            for fn in traced:
+                fn.clear_cache()
+            assert "implicit_attn_" not in lowered()
+            for i, clean, huge in operators_with_nan(model, 2, 1e30):
+                out, out0 = np.asarray(huge.output), np.asarray(clean.output)
+                np.testing.assert_allclose(out[:, :, :T], out0[:, :, :T], atol=1e-6, err_msg=f"layer {i}")
+    finally:
+        for fn in traced:
+            fn.clear_cache()  # later tests must not reuse the programs traced without the kernels
+    assert "implicit_attn_" in lowered()
 
 
 @pytest.mark.parametrize("model_type", CPU_KERNEL_FAMILIES)
