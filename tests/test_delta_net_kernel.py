@@ -146,22 +146,23 @@ def test_delta_forward_takes_the_kernel_on_cpu_and_differentiates_through_xla(mo
     assert "implicit_attn_gated_delta_net" in f.lower(p, h).as_text()
     for platform in ("cuda", "tpu"):
         assert "implicit_attn_gated_delta_net" not in export.export(f, platforms=[platform])(p, h).mlir_module()
-    xla = jax.jit(lambda p, h: qb.delta_output(p, h, cfg))
-    kern = jax.jit(lambda p, h: qb.delta_output_kernel(p, h, cfg))
-    np.testing.assert_allclose(np.asarray(kern(p, h)), np.asarray(xla(p, h)), rtol=1e-4, atol=1e-5)
     g = np.random.default_rng(5)
     tp = jax.tree.map(lambda a: jnp.asarray(g.standard_normal(a.shape), a.dtype), p)
     th = jnp.asarray(g.standard_normal(h.shape), jnp.float32)
-    (_, d1), (_, d2) = jax.jvp(kern, (p, h), (tp, th)), jax.jvp(xla, (p, h), (tp, th))
-    np.testing.assert_allclose(np.asarray(d1), np.asarray(d2), rtol=1e-4, atol=1e-4)
     # A loss linear in the output: its gradient is the reference's transposed tangent map alone, not
     # also the kernel's float32 rounding of the output (a sin loss's cos(y) carried that into
     # gradients of magnitude 10 at the 1e-4 level)
     c = jnp.asarray(g.standard_normal(h.shape[:2] + (cfg.linear_num_value_heads * cfg.linear_value_head_dim,)),
                     jnp.float32)
-    loss = lambda fn: (lambda p, h: jnp.sum(c * fn(p, h)))
-    for g1, g2 in zip(jax.tree.leaves(jax.grad(loss(kern), (0, 1))(p, h)),
-                      jax.tree.leaves(jax.grad(loss(xla), (0, 1))(p, h))):
+
+    def derivatives(p, h, kernel: bool):  # one program per path: output, tangent, gradients
+        fn = lambda p, h: (qb.delta_output_kernel if kernel else qb.delta_output)(p, h, cfg)
+        return fn(p, h), jax.jvp(fn, (p, h), (tp, th))[1], jax.grad(lambda p, h: jnp.sum(c * fn(p, h)), (0, 1))(p, h)
+
+    kern, xla = (jax.jit(derivatives, static_argnums=2)(p, h, k) for k in (True, False))
+    np.testing.assert_allclose(np.asarray(kern[0]), np.asarray(xla[0]), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(kern[1]), np.asarray(xla[1]), rtol=1e-4, atol=1e-4)
+    for g1, g2 in zip(jax.tree.leaves(kern[2]), jax.tree.leaves(xla[2])):
         np.testing.assert_allclose(np.asarray(g1), np.asarray(g2), rtol=1e-5, atol=1e-6)
 
 
