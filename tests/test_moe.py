@@ -70,11 +70,14 @@ def test_nan_token_stays_in_its_row(block, granule):
         assert nan_rows[bad] and nan_rows.sum() == 1
 
 
+# (16, 2): the derivatives' row counts (2, 4, 8, 16) are not the forward's (2, 4, ..., 16), and
+# chunks run up to 4 rows past their group
+@pytest.mark.parametrize("block,granule", [(8, 3), (16, 2)])
 @pytest.mark.parametrize("impl", ["xla", "cpu"])
-def test_gradients_match_a_dense_float64_formula(impl):
-    """Reverse mode through the chunk loop (the kernel's derivatives are the loop's):
-    d(sum out * c)/d(x, w_in, w_out) equal to the gradient of a dense float64 formula (every
-    expert on every token, masked)."""
+def test_gradients_match_a_dense_float64_formula(impl, block, granule):
+    """Reverse mode through the chunk loop with the row counts doubled (the derivatives of both
+    paths): d(sum out * c)/d(x, w_in, w_out) equal to the gradient of a dense float64 formula
+    (every expert on every token, masked)."""
     x, w, e, wi, wo = case(2, "skewed")
     c = np.random.default_rng(3).standard_normal((T, D))
     mask = np.zeros((T, E))
@@ -89,7 +92,7 @@ def test_gradients_match_a_dense_float64_formula(impl):
 
     def ours(x, wi, wo):
         return jnp.sum(experts_forward(x, jnp.asarray(w, jnp.float32), jnp.asarray(e, jnp.int32), wi, wo,
-                                       gated_act(jax.nn.silu), block=8, granule=3, impl=impl) * c)
+                                       gated_act(jax.nn.silu), block=block, granule=granule, impl=impl) * c)
 
     with jax.enable_x64():
         want = jax.grad(dense, argnums=(0, 1, 2))(x, wi, wo)

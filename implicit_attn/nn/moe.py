@@ -106,11 +106,14 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
     (``ops.expert_columns``), the first product gathering each copy's token
     (``kernels.cpu.grouped_matmul_from_tokens``), the second adding each copy's weighted output
     into its token's (``kernels.cpu.grouped_matmul_to_tokens``), the activation between them by
-    XLA; its derivatives are the loop's below. Otherwise a loop runs each
+    XLA. Otherwise a loop runs each
     expert's group in chunks of at most ``block`` rows, each chunk's row count rounded up to
     a multiple of ``granule`` (one static matmul shape per multiple, picked by
     ``lax.switch``), so an expert's weights are read about once per ``block`` of its tokens
-    and at most ``granule - 1`` rows per chunk are wasted. The loop only covers as many
+    and at most ``granule - 1`` rows per chunk are wasted. Derivatives on CPU (of the kernel's
+    path and the loop's) are those of the same loop with the row counts ``granule``,
+    ``2 granule``, ``4 granule``, ... up to ``block``: fewer branches to compile, differentiate
+    and keep residuals for. The loop only covers as many
     chunks as the routing fills. Rows a chunk computes past its expert's group belong to
     later chunks, which run after it and overwrite them (every row depends on its own token
     only). Copies are moved by gathers (XLA:CPU scatters run element by element), and each
@@ -152,35 +155,45 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
     g = min(granule, block)
     block = min(block, max(g, -(-n // g) * g))
 
-    def chunked(x, weights, w_in, w_out, order, rank, sizes, copies):
-        D = w_out.shape[1]
-        starts = jnp.cumsum(sizes) - sizes
-        dtype = jnp.result_type(x, w_in, w_out)
-        padded = (sizes + block - 1) // block * block  # each group as whole chunks
-        end = jnp.cumsum(padded)
-        first = jnp.arange(-(-(n + E * (block - 1)) // block)) * block  # enough chunks for any routing
-        owner = jnp.minimum(jnp.searchsorted(end, first, side="right"), E - 1)
-        within = first - (end - padded)[owner]  # the chunk's first row within its group
-        filled = jnp.clip(sizes[owner] - within, 0, block)
-        at = jnp.where(filled > 0, starts[owner] + within, n)  # unused chunks write past the copies
-        xs = jnp.concatenate([x[order // k], jnp.zeros((block, x.shape[1]), x.dtype)])
-        counts = [*range(g, block, g), block]  # the row counts a chunk can run with
+    def chunked(counts):
+        """The loop with chunks of the row counts ``counts`` (ascending, the last ``block``)."""
+        def run(x, weights, w_in, w_out, order, rank, sizes, copies):
+            D = w_out.shape[1]
+            starts = jnp.cumsum(sizes) - sizes
+            dtype = jnp.result_type(x, w_in, w_out)
+            padded = (sizes + block - 1) // block * block  # each group as whole chunks
+            end = jnp.cumsum(padded)
+            first = jnp.arange(-(-(n + E * (block - 1)) // block)) * block  # enough chunks for any routing
+            owner = jnp.minimum(jnp.searchsorted(end, first, side="right"), E - 1)
+            within = first - (end - padded)[owner]  # the chunk's first row within its group
+            filled = jnp.clip(sizes[owner] - within, 0, block)
+            at = jnp.where(filled > 0, starts[owner] + within, n)  # unused chunks write past the copies
+            xs = jnp.concatenate([x[order // k], jnp.zeros((block, x.shape[1]), x.dtype)])
 
-        def rows(m):
-            def f(e, a):
-                y = (act(jax.lax.dynamic_slice_in_dim(xs, a, m) @ w_in[e].T) @ w_out[e].T).astype(dtype)
-                return jnp.pad(y, ((0, block - m), (0, 0)))
-            return f
+            def rows(m):
+                def f(e, a):
+                    y = (act(jax.lax.dynamic_slice_in_dim(xs, a, m) @ w_in[e].T) @ w_out[e].T).astype(dtype)
+                    return jnp.pad(y, ((0, block - m), (0, 0)))
+                return f
 
-        branches = [lambda e, a: jnp.zeros((block, D), dtype)] + [rows(m) for m in counts]
+            branches = [lambda e, a: jnp.zeros((block, D), dtype)] + [rows(m) for m in counts]
 
-        def one(out, c):  # lax.switch, not a loop of dynamic length: reverse-mode differentiable
-            e, a, f = c
-            y = jax.lax.switch(jnp.minimum((f + g - 1) // g, len(counts)), branches, e, a)
-            return jax.lax.dynamic_update_slice_in_dim(out, y, a, 0), None
+            def one(out, c):  # lax.switch, not a loop of dynamic length: reverse-mode differentiable
+                e, a, f = c  # f rows run as the fewest of counts >= f
+                pick = jnp.where(f > 0, 1 + jnp.searchsorted(jnp.asarray(counts), f, method="compare_all"), 0)
+                y = jax.lax.switch(pick, branches, e, a)
+                return jax.lax.dynamic_update_slice_in_dim(out, y, a, 0), None
 
-        out, _ = jax.lax.scan(one, jnp.zeros((n + block, D), dtype), (owner, at, filled))
-        return combine(out[rank], weights)
+            out, _ = jax.lax.scan(one, jnp.zeros((n + block, D), dtype), (owner, at, filled))
+            return combine(out[rank], weights)
+        return run
+
+    # The forward rounds each chunk's rows up to the granule; derivatives, whose every branch is
+    # differentiated and keeps residuals, round up to the granule doubled up to the block: half
+    # the branches or fewer (at 512 tokens, 8 experts, widths 768 and 1024: the gradient's
+    # compile 5.4 -> 3.3 s, its run 0.72 -> 0.61 s; the forward's run would be 25% slower).
+    loop = chunked([*range(g, block, g), block])
+    loop_derivatives = chunked(sorted({*(g << i for i in range(block.bit_length()) if g << i < block), block}))
 
     def packed(x, weights, w_in, w_out, order, rank, sizes, copies):  # the kernels' layout: (packs, features, tile)
         col, owner = expert_columns(copies, rank, sizes, cpu_kernels.GROUP_TILE)
@@ -189,11 +202,11 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
         h = jnp.swapaxes(act(jnp.swapaxes(u, 1, 2)), 1, 2)
         return cpu_kernels.grouped_matmul_to_tokens(h, col, weights.astype(h.dtype), owner, w_out)
 
-    @jax.custom_jvp
-    def by_kernel(*args):
-        return packed(*args)
+    def differentiated_by_the_loop(forward):  # forward's values, loop_derivatives' tangents
+        f = jax.custom_jvp(forward)
+        f.defjvp(lambda p, t: (f(*p), jax.jvp(loop_derivatives, p, t)[1]))
+        return f
 
-    by_kernel.defjvp(lambda p, t: (by_kernel(*p), jax.jvp(chunked, p, t)[1]))
     f32 = all(a.dtype == jnp.float32 for a in (x, w_in, w_out))
     if impl == "cpu":
         if not f32:
@@ -202,7 +215,7 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
         cpu_kernels.load()
     kernel = impl == "cpu" or (impl == "auto" and f32 and cpu_kernels.grouped_pays_off(n, x.shape[1], w_in.shape[1]))
     out = jax.lax.platform_dependent(x, weights, w_in, w_out, order, rank, sizes, copies,
-                                     cpu=by_kernel if kernel else chunked, default=grouped)
+                                     cpu=differentiated_by_the_loop(packed if kernel else loop), default=grouped)
     return out.astype(x.dtype)
 
 
