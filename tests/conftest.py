@@ -160,7 +160,7 @@ ONE_FAMILY_BY_DEFAULT = {
     # every family's quick benchmark shape in HF's torch class: the checks are the same per family
     "test_bench_forward.py::test_quick_shape_runs_in_hf_torch_with_our_logits": "zamba",
     "test_conformance.py::test_jit_vmap_and_grad": "mamba",
-    # a family without and one with a mixture of experts (whose ragged_dot does not vmap)
+    # a family without and one with a mixture of experts (which fold a mapped axis into their tokens)
     "test_conformance.py::test_vmap_over_examples_equals_the_batch": ("mamba", "qwen3_next"),
     # the converter's checks are nn.mapping's for every family (each family's wiring: round trip)
     "test_conformance.py::test_converter_errors_name_the_problem": "mamba",

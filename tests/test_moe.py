@@ -368,3 +368,87 @@ def test_gradients_through_a_traced_router(impl):
     # the kernel's primal rounds differently from the loop's, and sin' carries it into the gradient
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
     assert np.abs(np.asarray(got)).max() > 0
+
+
+def examples(B: int, seed: int):
+    """``B`` examples of ``case``'s tokens and routing, ``(B, T, ...)``, sharing one set of experts' weights."""
+    parts = [case(seed + b, "uniform") for b in range(B)]
+    x, w, e = (np.stack([p[i] for p in parts]) for i in range(3))
+    return x, w, e, parts[0][3], parts[0][4]
+
+
+def as_jax(*arrays):
+    return tuple(jnp.asarray(a, jnp.int32) if a.dtype.kind == "i" else jnp.asarray(a, jnp.float32) for a in arrays)
+
+
+@pytest.mark.parametrize("impl", ["xla", "cpu"])
+def test_vmap_over_examples_runs_them_as_more_tokens(impl):
+    """``jax.vmap`` over examples: each example's rows are the float64 loop's, and the examples run
+    as one call on ``B T`` tokens (the same numbers as that call; one pair of kernel calls; an
+    export for cuda holds ``ragged_dot``, which jax cannot batch with the weights unmapped)."""
+    from jax import export
+
+    x, w, e, wi, wo = examples(3, 20)
+    xj, wj, ej, wij, woj = as_jax(x, w, e, wi, wo)
+    f = lambda x, w, e: experts_forward(x, w, e, wij, woj, gated_act(jax.nn.silu), impl=impl)
+    got = np.asarray(jax.vmap(f)(xj, wj, ej))
+    for b in range(3):
+        np.testing.assert_allclose(got[b], reference(x[b], w[b], e[b], wi, wo), rtol=1e-4, atol=1e-4)
+    flat = f(xj.reshape(3 * T, D), wj.reshape(3 * T, k), ej.reshape(3 * T, k))
+    np.testing.assert_array_equal(got.reshape(3 * T, D), np.asarray(flat))
+    vf = jax.jit(jax.vmap(f))
+    if impl == "cpu":
+        text = vf.lower(xj, wj, ej).as_text()
+        assert text.count("implicit_attn_grouped_from_tokens") == 1 and text.count("implicit_attn_grouped_to_tokens") == 1
+    assert "ragged_dot" in export.export(vf, platforms=["cuda"])(xj, wj, ej).mlir_module()
+
+
+def test_vmap_with_unmapped_tokens_or_mapped_weights():
+    """Tokens shared by the examples (broadcast, then folded), and experts' weights mapped (one
+    model per example: the examples run one after another), each against the float64 loop."""
+    x, w, e, wi, wo = examples(2, 30)
+    xj, wj, ej, wij, woj = as_jax(x, w, e, wi, wo)
+    act = gated_act(jax.nn.silu)
+    got = np.asarray(jax.vmap(lambda w, e: experts_forward(xj[0], w, e, wij, woj, act))(wj, ej))
+    for b in range(2):
+        np.testing.assert_allclose(got[b], reference(x[0], w[b], e[b], wi, wo), rtol=1e-4, atol=1e-4)
+    wis = jnp.stack([wij, 2 * wij])
+    got = np.asarray(jax.vmap(lambda x, wi: experts_forward(x, wj[0], ej[0], wi, woj, act))(xj, wis))
+    for b in range(2):
+        np.testing.assert_allclose(got[b], reference(x[b], w[0], e[0], (1 + b) * wi, wo), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("impl", ["xla", "cpu"])
+def test_derivatives_under_vmap_are_each_examples(impl):
+    """Reverse mode under ``jax.vmap`` in both orders (tokens, routing weights and the experts'
+    weights: per example, and summed), and forward mode, all under ``jit``, against each
+    example's derivatives unmapped. Derivatives batch the layer with jax's rules (a custom
+    batching rule cannot be transposed): the loop's switch stays one switch for the batch
+    (``ops.most_in_batch``), and the accelerator path maps the experts' weights with the tokens
+    (``ops.zero_mapped_with``: jax batches ``ragged_dot`` only with every operand mapped), which
+    exports for cuda and tpu show."""
+    from jax import export
+
+    xj, wj, ej, wij, woj = as_jax(*examples(2, 40))
+    loss = lambda x, w, e, wi: jnp.sum(jnp.sin(experts_forward(x, w, e, wi, woj, gated_act(jax.nn.silu), impl=impl)))
+    each = [jax.jit(jax.grad(loss, (0, 1, 3)))(xj[b], wj[b], ej[b], wij) for b in range(2)]
+    per_example = jax.jit(jax.vmap(jax.grad(loss, (0, 1, 3)), (0, 0, 0, None)))
+    summed = jax.jit(jax.grad(lambda x, w, wi: jnp.sum(jax.vmap(loss, (0, 0, 0, None))(x, w, ej, wi)), (0, 1, 2)))
+    mapped, of_mapped = per_example(xj, wj, ej, wij), summed(xj, wj, wij)
+    for i in range(3):
+        want = [np.asarray(each[b][i]) for b in range(2)]
+        assert np.abs(want[0]).max() > 0
+        for b in range(2):
+            np.testing.assert_allclose(np.asarray(mapped[i][b]), want[b], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(of_mapped[i]), np.stack(want) if i < 2 else want[0] + want[1],
+                                   rtol=1e-5, atol=1e-5)
+    t = jnp.cos(xj)
+    f = lambda x, w, e: experts_forward(x, w, e, wij, woj, gated_act(jax.nn.silu), impl=impl)
+    tangents = jax.jit(lambda x, t: jax.jvp(lambda x: jax.vmap(f)(x, wj, ej), (x,), (t,))[1])(xj, t)
+    for b in range(2):
+        want = jax.jvp(lambda x: f(x, wj[b], ej[b]), (xj[b],), (t[b],))[1]
+        np.testing.assert_allclose(np.asarray(tangents[b]), np.asarray(want), rtol=1e-5, atol=1e-5)
+    for platform in ("cuda", "tpu"):
+        for fn, args in ((per_example, (xj, wj, ej, wij)), (summed, (xj, wj, wij))):
+            text = export.export(fn, platforms=[platform])(*args).mlir_module()
+            assert "ragged_dot" in text and "implicit_attn_" not in text, platform

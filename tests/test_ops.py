@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from implicit_attn.operator.base import sparse_product
-from implicit_attn.ops import (any_in_batch, attention_output, causal_conv, conv_matrix, conv_right, decay_matrix,
+from implicit_attn.ops import (any_in_batch, most_in_batch, zero_mapped_with, attention_output, causal_conv, conv_matrix, conv_right, decay_matrix,
                                decayed_scores, linear_scan, query_blocks, scalar_decay_kernel, segment_sum,
                                state_decay_kernel)
 
@@ -260,6 +260,36 @@ def test_nan_reach_pass_stays_one_branch_under_vmap():
     # the predicate itself: unchanged alone, the OR over the mapped axis (unbatched) under vmap
     assert bool(any_in_batch(jnp.array(False))) is False
     np.testing.assert_array_equal(jax.vmap(lambda b: any_in_batch(b) & True)(jnp.array([False, True])), [True, True])
+
+
+def test_most_in_batch_keeps_a_switch_under_vmap():
+    """``ops.most_in_batch``: an int as it is alone; under ``jax.vmap`` the maximum over the mapped
+    axis, unbatched, so a ``lax.switch`` on it stays one switch (``stablehlo.case``), not a select
+    over every branch, and reverse mode through the batched switch works."""
+    assert int(most_in_batch(jnp.array(3))) == 3
+    np.testing.assert_array_equal(jax.vmap(lambda i: most_in_batch(i) + 0)(jnp.array([1, 4, 2])), [4, 4, 4])
+    branches = [lambda x: x, lambda x: 2 * x, lambda x: 3 * x]
+    f = lambda i, x: jax.lax.switch(most_in_batch(i), branches, x)
+    text = jax.jit(jax.vmap(f)).lower(jnp.array([0, 1]), jnp.ones(2)).as_text()
+    assert "stablehlo.case" in text and "select" not in text
+    np.testing.assert_array_equal(jax.vmap(f)(jnp.array([0, 1]), jnp.ones(2)), [2.0, 2.0])
+    g = jax.jit(jax.grad(lambda x: jnp.sum(jax.vmap(jax.jvp, (None, 0, 0))(
+        lambda x: f(jnp.array(2), x), (x,), (x,))[1])))(jnp.ones(2))
+    np.testing.assert_array_equal(g, [3.0, 3.0])
+
+
+def test_zero_mapped_with_maps_an_operand_and_is_dropped_alone():
+    """``ops.zero_mapped_with``: ``0.0`` alone, which XLA drops from ``w * (1 + zero)`` (no
+    multiply left in the compiled program); under ``jax.vmap`` one zero per example where any
+    value is mapped, unmapped where none is."""
+    x, w = jnp.ones((2, 3)), jnp.full((3,), 2.0)
+    assert float(zero_mapped_with(x)) == 0.0
+    scaled = lambda x, w: w * (1 + zero_mapped_with(jax.lax.stop_gradient(x)))
+    hlo = jax.jit(scaled).lower(x[0], w).compile().as_text()
+    assert "multiply" not in hlo, hlo
+    out = jax.vmap(scaled, (0, None))(x, w)
+    assert out.shape == (2, 3) and np.asarray(out).tolist() == [[2.0] * 3] * 2
+    assert jax.vmap(lambda x: zero_mapped_with(x, jnp.int32(1)))(x).shape == (2,)
 
 
 def test_decay_matrix_stays_one_branch_under_vmap():

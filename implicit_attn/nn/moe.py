@@ -6,11 +6,13 @@ so the layers keep causality, NaN in one token included.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 
 from ..kernels import cpu as cpu_kernels
-from ..ops import expert_columns, expert_order
+from ..ops import batched_as_tokens, expert_columns, expert_order, most_in_batch, zero_mapped_with
 
 f32 = jnp.float32
 
@@ -117,7 +119,11 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
     chunks as the routing fills. Rows a chunk computes past its expert's group belong to
     later chunks, which run after it and overwrite them (every row depends on its own token
     only). Copies are moved by gathers (XLA:CPU scatters run element by element), and each
-    token sums its ``k`` outputs itself.
+    token sums its ``k`` outputs itself. Under ``jax.vmap`` the mapped examples run as more
+    tokens, in one call (``ops.batched_as_tokens``). Derivatives under ``vmap`` batch with jax's
+    rules: the loop's switch stays one switch for the batch (``ops.most_in_batch``), and the
+    accelerator path maps the experts' weights with the tokens (``ops.zero_mapped_with``: a copy
+    per example), since jax batches ``ragged_dot`` only with every operand mapped.
 
     Args:
       x: ``(T, D)`` tokens; weights: ``(T, k)`` routing weights; experts: ``(T, k)`` int
@@ -135,93 +141,110 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
     if impl not in ("auto", "cpu", "xla"):
         raise ValueError(f"experts_forward: impl must be 'auto', 'cpu' or 'xla', got {impl!r}")
     w_in, w_out = jnp.asarray(w_in), jnp.asarray(w_out)
-    T, k = experts.shape
-    E = w_in.shape[0]
-    n = T * k
-    copies = experts.reshape(-1)  # copy t k + j: token t's j-th expert
-    order, rank, sizes = expert_order(copies, E)  # token copies grouped by expert
 
-    def combine(o, weights):  # (n, D) copies -> (T, D): each token's weighted sum
-        return jnp.einsum("tkd,tk->td", o.reshape(T, k, -1), weights.astype(o.dtype))
+    # Each token's output depends on that token alone: under jax.vmap the examples run as more
+    # tokens (jax batches ragged_dot only with the experts' weights mapped too).
+    @partial(batched_as_tokens, n_tokens=3)
+    def routed(x, weights, experts, w_in, w_out):
+        T, k = experts.shape
+        E = w_in.shape[0]
+        n = T * k
+        copies = experts.reshape(-1)  # copy t k + j: token t's j-th expert
+        order, rank, sizes = expert_order(copies, E)  # token copies grouped by expert
 
-    # The routing (order, rank, sizes, copies) is passed to each path, not closed over: a custom_jvp rule
-    # may not close over values traced outside it (a router's).
-    def grouped(x, weights, w_in, w_out, order, rank, sizes, copies):
-        xs = x[order // k]
-        u = jax.lax.ragged_dot(xs, jnp.swapaxes(w_in, 1, 2), sizes)
-        return combine(jax.lax.ragged_dot(act(u), jnp.swapaxes(w_out, 1, 2), sizes)[rank], weights)
+        def combine(o, weights):  # (n, D) copies -> (T, D): each token's weighted sum
+            return jnp.einsum("tkd,tk->td", o.reshape(T, k, -1), weights.astype(o.dtype))
 
-    # No chunk holds more rows than there are copies: fewer branches to compile for short inputs.
-    g = min(granule, block)
-    block = min(block, max(g, -(-n // g) * g))
+        # The routing (order, rank, sizes, copies) is passed to each path, not closed over: a custom_jvp
+        # rule may not close over values traced outside it (a router's).
+        def grouped(x, weights, w_in, w_out, order, rank, sizes, copies):
+            # jax batches ragged_dot only with every operand mapped: under vmap (derivatives; the
+            # forward folds) the weights, and their tangents, are copied per example. Alone this
+            # multiplies by one (XLA drops it).
+            z = zero_mapped_with(jax.lax.stop_gradient(x), sizes)
+            w_in, w_out = w_in * (1 + z).astype(w_in.dtype), w_out * (1 + z).astype(w_out.dtype)
+            sizes = sizes + z.astype(sizes.dtype)
+            xs = x[order // k]
+            u = jax.lax.ragged_dot(xs, jnp.swapaxes(w_in, 1, 2), sizes)
+            return combine(jax.lax.ragged_dot(act(u), jnp.swapaxes(w_out, 1, 2), sizes)[rank], weights)
 
-    def chunked(counts):
-        """The loop with chunks of the row counts ``counts`` (ascending, the last ``block``)."""
-        def run(x, weights, w_in, w_out, order, rank, sizes, copies):
-            D = w_out.shape[1]
-            starts = jnp.cumsum(sizes) - sizes
-            dtype = jnp.result_type(x, w_in, w_out)
-            padded = (sizes + block - 1) // block * block  # each group as whole chunks
-            end = jnp.cumsum(padded)
-            first = jnp.arange(-(-(n + E * (block - 1)) // block)) * block  # enough chunks for any routing
-            owner = jnp.minimum(jnp.searchsorted(end, first, side="right"), E - 1)
-            within = first - (end - padded)[owner]  # the chunk's first row within its group
-            filled = jnp.clip(sizes[owner] - within, 0, block)
-            at = jnp.where(filled > 0, starts[owner] + within, n)  # unused chunks write past the copies
-            xs = jnp.concatenate([x[order // k], jnp.zeros((block, x.shape[1]), x.dtype)])
+        # No chunk holds more rows than there are copies: fewer branches to compile for short inputs.
+        g = min(granule, block)
+        chunk = min(block, max(g, -(-n // g) * g))  # the most rows one chunk takes
 
-            def rows(m):
-                def f(e, a):
-                    y = (act(jax.lax.dynamic_slice_in_dim(xs, a, m) @ w_in[e].T) @ w_out[e].T).astype(dtype)
-                    return jnp.pad(y, ((0, block - m), (0, 0)))
-                return f
+        def chunked(counts):
+            """The loop with chunks of the row counts ``counts`` (ascending, the last ``chunk``)."""
+            def run(x, weights, w_in, w_out, order, rank, sizes, copies):
+                D = w_out.shape[1]
+                starts = jnp.cumsum(sizes) - sizes
+                dtype = jnp.result_type(x, w_in, w_out)
+                padded = (sizes + chunk - 1) // chunk * chunk  # each group as whole chunks
+                end = jnp.cumsum(padded)
+                first = jnp.arange(-(-(n + E * (chunk - 1)) // chunk)) * chunk  # enough chunks for any routing
+                owner = jnp.minimum(jnp.searchsorted(end, first, side="right"), E - 1)
+                within = first - (end - padded)[owner]  # the chunk's first row within its group
+                filled = jnp.clip(sizes[owner] - within, 0, chunk)
+                at = jnp.where(filled > 0, starts[owner] + within, n)  # unused chunks write past the copies
+                xs = jnp.concatenate([x[order // k], jnp.zeros((chunk, x.shape[1]), x.dtype)])
 
-            branches = [lambda e, a: jnp.zeros((block, D), dtype)] + [rows(m) for m in counts]
+                def rows(m):
+                    def f(e, a):
+                        y = (act(jax.lax.dynamic_slice_in_dim(xs, a, m) @ w_in[e].T) @ w_out[e].T).astype(dtype)
+                        return jnp.pad(y, ((0, chunk - m), (0, 0)))
+                    return f
 
-            def one(out, c):  # lax.switch, not a loop of dynamic length: reverse-mode differentiable
-                e, a, f = c  # f rows run as the fewest of counts >= f
-                pick = jnp.where(f > 0, 1 + jnp.searchsorted(jnp.asarray(counts), f, method="compare_all"), 0)
-                y = jax.lax.switch(pick, branches, e, a)
-                return jax.lax.dynamic_update_slice_in_dim(out, y, a, 0), None
+                branches = [lambda e, a: jnp.zeros((chunk, D), dtype)] + [rows(m) for m in counts]
 
-            out, _ = jax.lax.scan(one, jnp.zeros((n + block, D), dtype), (owner, at, filled))
-            return combine(out[rank], weights)
-        return run
+                def one(out, c):  # lax.switch, not a loop of dynamic length: reverse-mode differentiable
+                    e, a, f = c  # f rows run as the fewest of counts >= f
+                    pick = jnp.where(f > 0, 1 + jnp.searchsorted(jnp.asarray(counts), f, method="compare_all"), 0)
+                    # more rows give the same numbers: under vmap (derivatives; the forward folds) one
+                    # switch for the batch, not a select that reverse mode cannot transpose
+                    pick = most_in_batch(pick)
+                    y = jax.lax.switch(pick, branches, e, a)
+                    return jax.lax.dynamic_update_slice_in_dim(out, y, a, 0), None
 
-    # The forward rounds each chunk's rows up to the granule; derivatives, whose every branch is
-    # differentiated and keeps residuals, round up to the granule doubled up to the block: half
-    # the branches or fewer (at 512 tokens, 8 experts, widths 768 and 1024: the gradient's
-    # compile 5.4 -> 3.3 s, its run 0.72 -> 0.61 s; the forward's run would be 25% slower).
-    counts = [*range(g, block, g), block]
-    doubled = sorted({*(g << i for i in range(block.bit_length()) if g << i < block), block})
-    loop = chunked(counts)
-    loop_derivatives = loop if doubled == counts else chunked(doubled)
+                out, _ = jax.lax.scan(one, jnp.zeros((n + chunk, D), dtype), (owner, at, filled))
+                return combine(out[rank], weights)
+            return run
 
-    def packed(x, weights, w_in, w_out, order, rank, sizes, copies):  # the kernels' layout: (packs, features, tile)
-        col, owner = expert_columns(copies, rank, sizes, cpu_kernels.GROUP_TILE)
-        col = col.reshape(T, k)
-        u = cpu_kernels.grouped_matmul_from_tokens(x, col, owner, w_in)
-        h = jnp.swapaxes(act(jnp.swapaxes(u, 1, 2)), 1, 2)
-        return cpu_kernels.grouped_matmul_to_tokens(h, col, weights.astype(h.dtype), owner, w_out)
+        # The forward rounds each chunk's rows up to the granule; derivatives, whose every branch is
+        # differentiated and keeps residuals, round up to the granule doubled up to the chunk size: half
+        # the branches or fewer (at 512 tokens, 8 experts, widths 768 and 1024: the gradient's
+        # compile 5.4 -> 3.3 s, its run 0.72 -> 0.61 s; the forward's run would be 25% slower).
+        counts = [*range(g, chunk, g), chunk]
+        doubled = sorted({*(g << i for i in range(chunk.bit_length()) if g << i < chunk), chunk})
+        loop = chunked(counts)
+        loop_derivatives = loop if doubled == counts else chunked(doubled)
 
-    def differentiated_by_the_loop(forward):  # forward's values, loop_derivatives' tangents
-        f = jax.custom_jvp(forward)
-        f.defjvp(lambda p, t: (f(*p), jax.jvp(loop_derivatives, p, t)[1]))
-        return f
+        def packed(x, weights, w_in, w_out, order, rank, sizes, copies):  # the kernels' layout: (packs, features, tile)
+            col, owner = expert_columns(copies, rank, sizes, cpu_kernels.GROUP_TILE)
+            col = col.reshape(T, k)
+            u = cpu_kernels.grouped_matmul_from_tokens(x, col, owner, w_in)
+            h = jnp.swapaxes(act(jnp.swapaxes(u, 1, 2)), 1, 2)
+            return cpu_kernels.grouped_matmul_to_tokens(h, col, weights.astype(h.dtype), owner, w_out)
 
-    f32 = all(a.dtype == jnp.float32 for a in (x, w_in, w_out))
-    if impl == "cpu":
-        if not f32:
-            raise ValueError(f"experts_forward: impl='cpu' takes float32 tokens and weights, got {x.dtype}, "
-                             f"{w_in.dtype} and {w_out.dtype}")
-        cpu_kernels.load()
-    kernel = impl == "cpu" or (impl == "auto" and f32 and cpu_kernels.grouped_pays_off(n, x.shape[1], w_in.shape[1]))
-    # the loop alone where its derivatives would run the same counts (no second forward for residuals)
-    on_cpu = differentiated_by_the_loop(packed) if kernel else (
-        loop if loop_derivatives is loop else differentiated_by_the_loop(loop))
-    out = jax.lax.platform_dependent(x, weights, w_in, w_out, order, rank, sizes, copies, cpu=on_cpu,
-                                     default=grouped)
-    return out.astype(x.dtype)
+        def differentiated_by_the_loop(forward):  # forward's values, loop_derivatives' tangents
+            f = jax.custom_jvp(forward)
+            f.defjvp(lambda p, t: (f(*p), jax.jvp(loop_derivatives, p, t)[1]))
+            return f
+
+        f32 = all(a.dtype == jnp.float32 for a in (x, w_in, w_out))
+        if impl == "cpu":
+            if not f32:
+                raise ValueError(f"experts_forward: impl='cpu' takes float32 tokens and weights, got {x.dtype}, "
+                                 f"{w_in.dtype} and {w_out.dtype}")
+            cpu_kernels.load()
+        kernel = impl == "cpu" or (impl == "auto" and f32
+                                   and cpu_kernels.grouped_pays_off(n, x.shape[1], w_in.shape[1]))
+        # the loop alone where its derivatives would run the same counts (no second forward for residuals)
+        on_cpu = differentiated_by_the_loop(packed) if kernel else (
+            loop if loop_derivatives is loop else differentiated_by_the_loop(loop))
+        out = jax.lax.platform_dependent(x, weights, w_in, w_out, order, rank, sizes, copies, cpu=on_cpu,
+                                         default=grouped)
+        return out.astype(x.dtype)
+
+    return routed(x, weights, experts, w_in, w_out)
 
 
 __all__ = ["topk_then_softmax", "softmax_then_topk", "sigmoid_group_topk", "relu2", "gated_act", "experts_forward",
