@@ -122,8 +122,9 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
     token sums its ``k`` outputs itself. Under ``jax.vmap`` the mapped examples run as more
     tokens, in one call (``ops.batched_as_tokens``). Derivatives under ``vmap`` batch with jax's
     rules: the loop's switch stays one switch for the batch (``ops.most_in_batch``), and the
-    accelerator path maps the experts' weights with the tokens (``ops.zero_mapped_with``: a copy
-    per example), since jax batches ``ragged_dot`` only with every operand mapped.
+    accelerator path maps its unmapped operands with the others (``ops.zero_mapped_with``: the
+    experts' weights copied per example), since jax batches ``ragged_dot`` only with every
+    operand mapped.
 
     Args:
       x: ``(T, D)`` tokens; weights: ``(T, k)`` routing weights; experts: ``(T, k)`` int
@@ -159,11 +160,12 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
         # rule may not close over values traced outside it (a router's).
         def grouped(x, weights, w_in, w_out, order, rank, sizes, copies):
             # jax batches ragged_dot only with every operand mapped: under vmap (derivatives; the
-            # forward folds) the weights, and their tangents, are copied per example. Alone this
+            # forward folds) the unmapped operands, and their tangents, are copied per example
+            # (the experts' weights, or the tokens under a vmap over models). Alone this
             # multiplies by one (XLA drops it).
-            z = zero_mapped_with(jax.lax.stop_gradient(x), sizes)
-            w_in, w_out = w_in * (1 + z).astype(w_in.dtype), w_out * (1 + z).astype(w_out.dtype)
-            sizes = sizes + z.astype(sizes.dtype)
+            z = zero_mapped_with(*map(jax.lax.stop_gradient, (x, w_in, w_out)), sizes)
+            mapped = lambda a: a * (1 + z).astype(a.dtype)
+            x, w_in, w_out, sizes = mapped(x), mapped(w_in), mapped(w_out), sizes + z.astype(sizes.dtype)
             xs = x[order // k]
             u = jax.lax.ragged_dot(xs, jnp.swapaxes(w_in, 1, 2), sizes)
             return combine(jax.lax.ragged_dot(act(u), jnp.swapaxes(w_out, 1, 2), sizes)[rank], weights)
