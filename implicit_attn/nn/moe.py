@@ -144,7 +144,7 @@ def experts_forward(x, weights, experts, w_in, w_out, act, block: int = 256, gra
     w_in, w_out = jnp.asarray(w_in), jnp.asarray(w_out)
 
     # Each token's output depends on that token alone: under jax.vmap the examples run as more
-    # tokens (jax batches ragged_dot only with the experts' weights mapped too).
+    # tokens, in one call (jax batches ragged_dot only with every operand mapped).
     @partial(batched_as_tokens, n_tokens=3)
     def routed(x, weights, experts, w_in, w_out):
         T, k = experts.shape
