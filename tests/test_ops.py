@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from implicit_attn.operator.base import sparse_product
-from implicit_attn.ops import (any_in_batch, most_in_batch, zero_mapped_with, attention_output, causal_conv, conv_matrix, conv_right, decay_matrix,
-                               decayed_scores, linear_scan, query_blocks, scalar_decay_kernel, segment_sum,
-                               state_decay_kernel)
+from implicit_attn.ops import (any_in_batch, attention_output, causal_conv, conv_matrix, conv_right, decay_matrix,
+                               decayed_scores, linear_scan, most_in_batch, query_blocks, scalar_decay_kernel,
+                               segment_sum, state_decay_kernel, zero_mapped_with)
 
 
 def brute_segsum(t):
@@ -290,6 +290,11 @@ def test_zero_mapped_with_maps_an_operand_and_is_dropped_alone():
     out = jax.vmap(scaled, (0, None))(x, w)
     assert out.shape == (2, 3) and np.asarray(out).tolist() == [[2.0] * 3] * 2
     assert jax.vmap(lambda x: zero_mapped_with(x, jnp.int32(1)))(x).shape == (2,)
+    # mapped or not, seen from a branch on it: unmapped it stays a branch, mapped it becomes a select
+    branch = lambda x, y: jax.lax.cond(zero_mapped_with(y) == 0, lambda: x, lambda: 2 * x)
+    lowered = lambda in_axes, y: jax.jit(jax.vmap(branch, in_axes)).lower(x, y).as_text()
+    assert "stablehlo.case" in lowered((0, None), jnp.ones(3))
+    assert "stablehlo.case" not in lowered((0, 0), jnp.ones((2, 3)))
 
 
 def test_decay_matrix_stays_one_branch_under_vmap():
