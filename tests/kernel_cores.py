@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from implicit_attn.families import griffin, kimi_linear, mamba, mamba2, qwen3_next, rwkv, rwkv6, rwkv7
+from implicit_attn.families import griffin, kimi_linear, mamba, mamba2, qwen3_next, rwkv, rwkv6, rwkv7, xlstm
 from implicit_attn.operator import ImplicitOperator, ScalarDecayCore
 
 B, L = 2, 37
@@ -89,6 +89,16 @@ def dplr_before_op(L_=L, B=B):
     return rwkv6.block.time_mix_operator_jit(p, x, cfg=cfg)
 
 
+def mlstm_op(L_=L, B=B):
+    """An xLSTM mLSTM layer (2 heads; the stabiliser and normaliser of the layer's forward, input
+    gates up to the soft cap, so ``e^{log i}`` alone would be large)."""
+    spec = xlstm.SPEC
+    cfg = spec.config.from_hf(dict(spec.tiny))
+    p = spec.init_params(cfg, jax.random.PRNGKey(1))["layers"][0]["mlstm_layer"]
+    h = 3.0 * jax.random.normal(jax.random.PRNGKey(2), (B, L_, cfg.hidden_size))
+    return xlstm.block.mixer_operator_jit(p, h, cfg=cfg)
+
+
 def scalar_lowrank_op(L_=L, B=B):
     """A generic ScalarDecayCore with q k^T groups, a diagonal, both scalings, a reset, a conv."""
     r = np.random.default_rng(0)
@@ -105,4 +115,4 @@ def scalar_lowrank_op(L_=L, B=B):
 
 BUILDERS = {"mamba": mamba_op, "mamba2": mamba2_op, "griffin": griffin_op, "rwkv": rwkv_op,
             "scalar_lowrank": scalar_lowrank_op, "delta": delta_op, "kda": kda_op,
-            "dplr": dplr_op, "dplr_before": dplr_before_op}
+            "dplr": dplr_op, "dplr_before": dplr_before_op, "mlstm": mlstm_op}

@@ -14,7 +14,7 @@ import pytest
 from implicit_attn.families import mamba
 from implicit_attn.kernels import cpu, pallas
 from implicit_attn.operator import dispatch, resolve_impl
-from kernel_cores import delta_op, dplr_op, kda_op, rwkv_op, scalar_lowrank_op
+from kernel_cores import delta_op, dplr_op, kda_op, mlstm_op, rwkv_op, scalar_lowrank_op
 
 
 @pytest.fixture(scope="module")
@@ -47,11 +47,11 @@ def test_auto_uses_kernels_verified_for_the_platform(op, on_accelerator, monkeyp
     assert resolve_impl("auto", op.core) == "xla"
 
 
-@pytest.mark.parametrize("make", [delta_op, kda_op, dplr_op], ids=["delta", "kda", "dplr"])
+@pytest.mark.parametrize("make", [delta_op, kda_op, dplr_op, mlstm_op], ids=["delta", "kda", "dplr", "mlstm"])
 def test_head_matrix_cores_take_the_cpu_kernel_on_cpu_and_xla_on_accelerators(make, monkeypatch):
-    """The README's Limitations: the delta-rule and DPLR matrices' Pallas kernels are verified
-    on no platform, so ``auto`` computes them with XLA on a GPU or TPU; on CPU it takes the
-    fused CPU kernel (the suite's size threshold is 0)."""
+    """The README's Limitations: the delta-rule, DPLR and mLSTM matrices' Pallas kernels are
+    verified on no platform, so ``auto`` computes them with XLA on a GPU or TPU; on CPU it takes
+    the fused CPU kernel (the suite's size threshold is 0)."""
     core = make(L_=6, B=1).core
     if jax.default_backend() == "cpu":
         monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 0)

@@ -5,6 +5,8 @@ configs), so the cores are exactly what the models produce. Tile 8 with L = 37 g
 5 x 5 tiles (a ragged last tile, tiles between row and column tiles); L = 1 and
 batch 2 are covered too.
 """
+import dataclasses
+
 import numpy as np
 import jax
 import jax.numpy as jnp
@@ -64,6 +66,33 @@ def test_materialize_and_reduce_match_xla(ops, family):
         b = op.reduce(how, impl="xla", **kwargs)
         assert a.shape == (B, L, L)
         assert rel(a, b) <= 1e-5, (how, rel(a, b))
+
+
+def mlstm_matrices64(core):
+    """Every head's mLSTM matrix in float64 from the core's factors: ``M[b, h, i, j] = exp(F_i - F_j -
+    m_i + log i_j) (q_i . k_j) / norm_i`` for ``j <= i`` (``F`` the cumulative log forget gates)."""
+    q, k, log_f, log_i, m, norm = (np.asarray(x, np.float64) for x in
+                                   (core.q, core.k, core.log_f, core.log_i, core.m, core.norm))
+    F = np.cumsum(log_f, -1)
+    lower = np.tril(np.ones((q.shape[2],) * 2, bool))
+    E = np.where(lower, F[..., :, None] - F[..., None, :] - m[..., :, None] + log_i[..., None, :], -np.inf)
+    return np.exp(E) * np.einsum("bhid,bhjd->bhij", q, k) / norm[..., None]
+
+
+def test_mlstm_kernel_keeps_the_gates_inside_the_exponential(ops):
+    """The mLSTM's tiles (the scalar plan over its heads, ``plans.plan_mlstm``) equal the float64
+    matrices; with the input gates and the stabiliser both raised by 100 (the same matrices: only
+    ``log i_j - m_i`` enters) they still do, where ``e^{log i}`` alone overflows float32."""
+    op = ops["mlstm"]
+    C = op.shape[1]
+    want = op.core.with_head_matrices(jnp.asarray(mlstm_matrices64(op.core), jnp.float32)).dense(jnp.arange(C))
+    assert rel(op.materialize(impl="pallas"), want) <= 1e-5
+    raised = dataclasses.replace(op.core, log_i=op.core.log_i + 100.0, m=op.core.m + 100.0)
+    assert float(raised.log_i.max()) > np.log(np.finfo(np.float32).max)  # e^{log i} alone: inf
+    big = dataclasses.replace(op, core=raised)
+    for impl in ("pallas", "xla"):
+        assert rel(big.materialize(impl=impl), want) <= 1e-4, impl
+    assert rel(big.reduce("abs_mean", impl="pallas"), op.reduce("abs_mean", impl="xla")) <= 1e-4
 
 
 def test_document_mask_zeroes_cross_document_entries(ops):

@@ -113,9 +113,9 @@ def test_nan_at_t_leaves_rows_before_t_of_h_and_outputs_unchanged(model_type):
 
 
 # One family per core with a Pallas kernel: Mamba-1's per-state decay, Mamba-2's heads (q k^T
-# and the conv), Griffin's RG-LRU, RWKV-4's WKV, the delta rule and RWKV-7's DPLR.
+# and the conv), Griffin's RG-LRU, RWKV-4's WKV, the delta rule, RWKV-7's DPLR and the mLSTM.
 PALLAS_CORES = {"mamba": "StateDecayCore", "mamba2": "Mamba2Core", "recurrent_gemma": "ScalarDecayCore",
-                "rwkv": "RwkvCore", "qwen3_next": "DeltaRuleCore", "rwkv7": "DplrCore"}
+                "rwkv": "RwkvCore", "qwen3_next": "DeltaRuleCore", "rwkv7": "DplrCore", "xlstm": "MlstmCore"}
 
 
 @pytest.mark.parametrize("model_type", sorted(PALLAS_CORES))

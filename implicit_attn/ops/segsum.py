@@ -144,10 +144,14 @@ def decayed_scores(q, k, log_a, row=None, col=None, chunk: int = 64):
     Q = max(1, min(int(chunk), L))
     nc = -(-L // Q)
     Lp = nc * Q
-    pad = lambda x, extra: jnp.pad(x, [(0, 0)] * len(lead) + [(0, Lp - L)] + [(0, 0)] * extra)
+    pad = lambda x, extra, value=0.0: jnp.pad(x, [(0, 0)] * len(lead) + [(0, Lp - L)] + [(0, 0)] * extra,
+                                              constant_values=value)
     split = lambda x: x.reshape(*lead, nc, Q, *x.shape[len(lead) + 1:])
     qc, kc = split(pad(q, 1)), split(pad(k, 1))
-    tc, rc, cc = split(pad(log_a, 0)), split(pad(row, 0)), split(pad(col, 0))
+    # The padded rows and columns weigh nothing (-inf), so they never set a chunk's maximum: a
+    # padded 0 above rows whose weights are far below 0 (the mLSTM's -m with large input gates)
+    # once made exp(r - rho) underflow to 0 against an infinite block weight (0 * inf = NaN).
+    tc, rc, cc = split(pad(log_a, 0)), split(pad(row, 0, -jnp.inf)), split(pad(col, 0, -jnp.inf))
     prefix, suffix, between = chunk_sums(tc)
     r, c = prefix + rc, suffix + cc
     rho, gamma = _finite_max(r), _finite_max(c)  # (..., nc)

@@ -7,9 +7,10 @@ math, ``calls.py`` the ``pallas_call``s. The pure-jnp references are the cores' 
 
 Cores with a kernel: every type registered in ``plans.PLANS`` (``StateDecayCore``,
 ``ScalarDecayCore``, ``DocumentMaskedCore`` around a ``ScalarDecayCore``, ``Mamba2Core``,
-``RwkvCore``, and the head-matrix cores ``DeltaRuleCore`` and ``DplrCore``: their kernel is
-the chunk recurrence giving every head's ``M_h``; channels and the channel reduction are then
-XLA elementwise work on ``M_h``). Others (``AttentionCore``) raise ``TypeError`` naming the core under
+``RwkvCore``, and the head-matrix cores ``DeltaRuleCore`` and ``DplrCore``, whose kernel is
+the chunk recurrence giving every head's ``M_h``, and ``MlstmCore``, whose ``M_h`` are the scalar
+tiles over its heads; channels and the channel reduction are then XLA elementwise work on
+``M_h``). Others (``AttentionCore``) raise ``TypeError`` naming the core under
 ``impl="pallas"``; ``impl="auto"`` uses XLA for them.
 
 On CPU the kernels run with ``interpret=True`` (correct, slow); on GPU/TPU compiled.
@@ -56,19 +57,24 @@ def _kernels(target: calls.Target, tile: int):
         return calls.softmax_stats(plan, target) if plan.kind == "softmax" else plan
 
     def with_matrices(core, plan):
-        # Head-matrix cores: the kernel computes every head's M_h; the channels are M_h with
-        # their scalings and conv, per block of channels (O(L^2) elementwise work).
-        return core.with_head_matrices(calls.head_matrices(plan, target))
+        # Head-matrix cores: the kernel computes every head's M_h (the delta rule's and DPLR's by
+        # their chunk recurrence, the mLSTM's as tiles of a plan over its heads); the channels are
+        # M_h with their scalings and conv, per block of channels (O(L^2) elementwise work).
+        if plan.kind == "head_matrices":
+            M = calls.head_matrices(plan, target)
+        else:
+            M = calls.nan_safe_call(plan, lambda p: calls.materialize(p, target))
+        return core.with_head_matrices(M)
 
     def dense(core, idx):
         plan = planned(core, idx)
-        if plan.kind == "head_matrices":
+        if plan.heads:
             return with_matrices(core, plan).dense(idx)
         return calls.nan_safe_call(plan, lambda p: calls.materialize(p, target))
 
     def reduce(core, idx, mode, qw, kw):
         plan = planned(core, idx)
-        if plan.kind == "head_matrices":
+        if plan.heads:
             B, n, L = qw.shape
             return blocked_reduce(with_matrices(core, plan), idx, qw, kw, mode, block_size(n, B, L, None))
         return calls.nan_safe_call(plan, lambda p: calls.reduce(p, mode, qw, kw, target))

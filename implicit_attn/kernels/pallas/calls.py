@@ -113,6 +113,11 @@ class _Inputs:
         self.add((name, side), x[:, :, None, :], (1, self.Cb, 1, T),
                  lambda b, I, J, c: (b, c, 0, self._tile(side, I, J)))
 
+    def per_channel(self, name, x, side, T):
+        """``(B, n, Lp, X)`` -> ``(T, X)`` per channel, of tile ``side``."""
+        self.add((name, side), x, (1, self.Cb, T, x.shape[-1]),
+                 lambda b, I, J, c: (b, c, self._tile(side, I, J), 0))
+
     def param(self, name, p):
         """``(n, X)`` -> ``(1, X)`` per channel."""
         self.add((name, None), p[:, None, :], (self.Cb, 1, p.shape[-1]), lambda b, I, J, c: (c, 0, 0))
@@ -166,6 +171,8 @@ class _Tile:
         if self.qk_cache is not None:
             return self.select_group(self.qk_cache[side])
         q, k = self.refs[("q", "i")], self.refs[("k", side)]
+        if self.plan.heads:
+            return tiles.dot_t(q[0, self.cl], k[0, self.cl])
         return tiles.dot_t(self.select_group([q[0, g] for g in range(q.shape[1])]),
                            self.select_group([k[0, g] for g in range(k.shape[1])]))
 
@@ -189,7 +196,8 @@ def _pre_tile(R: _Tile, I, Jx, side):
         if R.has("gate"):
             H = R.col("gate") * H
     elif plan.kind == "scalar":
-        H = tiles.scalar_decay(R.col("t"), R.col("P"), R.mid(Jx), R.row("S", side), is_diag, plan.nan_safe)
+        offset = R.col("row_log") + R.row("col_log", side) if R.has("row_log") else None
+        H = tiles.scalar_decay(R.col("t"), R.col("P"), R.mid(Jx), R.row("S", side), is_diag, plan.nan_safe, offset)
         if R.has("q"):
             H = H * R.qk(side)
         if R.has("left"):
@@ -268,7 +276,7 @@ def _plan_inputs(plan: Plan, Cb: int) -> _Inputs:
         inp.param("w", plan.param["w"])
         inp.param("u", plan.param["u"])
     else:
-        for name in ("t", "P", "left", "diag"):
+        for name in ("t", "P", "left", "diag", "row_log"):
             if name in v:
                 inp.col(name, v[name], "i", T)
         inp.add(("mid", "i"), plan.mid[:, :, :, None, :], (1, Cb, 1, 1, plan.mid.shape[-1]),
@@ -278,6 +286,8 @@ def _plan_inputs(plan: Plan, Cb: int) -> _Inputs:
                 inp.row("S", v["S"], s, T)
             else:
                 inp.col("S_col", v["S"], s, T)
+            if "col_log" in v:
+                inp.row("col_log", v["col_log"], s, T)
             if "right" in v:
                 inp.row("right", v["right"], s, T)
                 if plan.kind == "state":
@@ -285,7 +295,11 @@ def _plan_inputs(plan: Plan, Cb: int) -> _Inputs:
         for name in ("A", "group"):
             if name in plan.param:
                 inp.param(name, plan.param[name])
-        if "q" in plan.shared:
+        if "q" in plan.shared and plan.heads:  # one q, k per channel
+            inp.per_channel("q", plan.shared["q"], "i", T)
+            for s in sides:
+                inp.per_channel("k", plan.shared["k"], s, T)
+        elif "q" in plan.shared:
             q, k = plan.shared["q"], plan.shared["k"]
             axis = q.ndim - 2
             inp.time_tile("q", q, "i", T, axis)
@@ -354,7 +368,8 @@ def reduce(plan: Plan, mode, qw, kw, target: Target):
 
         def channels():
             # The channels of one step share their group's q k^T tiles: one matmul per group.
-            qk = group_products(refd, ("j0", "j1") if plan.conv else ("j0",)) if Cb > 1 else None
+            shared = Cb > 1 and not plan.heads  # a plan of heads has one q, k per channel: nothing to share
+            qk = group_products(refd, ("j0", "j1") if plan.conv else ("j0",)) if shared else None
 
             def body(cl, acc):
                 R = _Tile(plan, refd, cl, qk)

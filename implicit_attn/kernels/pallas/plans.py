@@ -8,6 +8,10 @@ Three tile kinds serve every block:
 * ``"state"``: ``diag(l) [sum_n q k exp(A_n T^{dt})] diag(r) + diag(d)`` (Mamba-1);
 * ``"softmax"``: ``diag(gate) softmax_rows(l)`` (RWKV-4), with row statistics from a
   first pass;
+* the scalar kind over a core's heads (``Plan.heads``): the mLSTM's matrices ``M_h``
+  (``MlstmCore``), one ``q, k`` per head and the row and column log weights ``-m``, ``log i``
+  inside the exponential; each channel's ``H_c`` is then its head's ``M_h`` with the
+  per-channel scalings and conv (``HeadMatrixCore.dense``);
 * ``"head_matrices"`` (``HeadMatrixPlan``): the per-head matrices ``M_h`` of the gated delta rule
   (``DeltaRuleCore``) or the DPLR recurrence (``DplrCore``: RWKV-5/6/7), computed by a chunk
   recurrence kernel from the per-chunk factors; each channel's ``H_c`` is then its head's
@@ -27,8 +31,8 @@ from typing import Callable
 
 import jax.numpy as jnp
 
-from ...operator import (DeltaRuleCore, DocumentMaskedCore, DplrCore, Mamba2Core, RwkvCore, ScalarDecayCore,
-                         StateDecayCore)
+from ...operator import (DeltaRuleCore, DocumentMaskedCore, DplrCore, Mamba2Core, MlstmCore, RwkvCore,
+                         ScalarDecayCore, StateDecayCore)
 from ...ops import chunk_factors, chunk_sums, dplr_factors
 
 f32 = jnp.float32
@@ -67,16 +71,21 @@ class Plan:
       L, T: true length and tile edge.
       vec: name -> ``(B, n, Lp)`` float32 per-channel rows. Decay kinds: ``t`` (log decays
         or step sizes), ``P`` (inclusive in-tile prefix sums of ``t``), ``S`` (exclusive
-        in-tile suffix sums), optional ``left, right, diag``. Softmax: ``k``, optional
-        ``gate``.
+        in-tile suffix sums), optional ``left, right, diag``; the scalar kind also optional
+        ``row_log, col_log`` (log weights of rows and columns added inside the exponential,
+        both or neither). Softmax: ``k``, optional ``gate``.
       mid: ``(B, n, nt, ntp)`` sums of the whole tiles strictly between row tile ``I`` and
         column tile ``J`` (decay kinds; ``ntp`` = ``nt`` padded to a power of two), else None.
       param: name -> ``(n, X)`` per-channel parameters (``A``, ``conv_w``, ``w``, ``u``, ``group``).
       shared: name -> per-example arrays: ``q, k`` (``(B, G, Lp, N)`` scalar kind,
-        ``(B, Lp, N)`` state kind; ``N`` padded to >= 16, a power of two), ``seg (B, Lp)``.
+        ``(B, Lp, N)`` state kind, ``(B, n, Lp, N)`` for a plan of heads; ``N`` padded to >= 16,
+        a power of two), ``seg (B, Lp)``.
       conv: the conv width ``K`` (0: no conv).
       nan_safe: the tiles keep NaN where the elementwise form has it (two matmuls where one
         does otherwise; ``calls.nan_safe_call`` picks them for inputs that hold a NaN).
+      heads: the plan's channels are the core's heads (``HeadMatrixCore``): one ``q, k`` per
+        channel, and its ``materialize`` gives every ``M_h``, from which the caller forms the
+        channels asked for.
     """
 
     kind: str
@@ -88,6 +97,7 @@ class Plan:
     shared: dict
     conv: int = 0
     nan_safe: bool = False
+    heads: bool = False
 
     @property
     def Lp(self) -> int:
@@ -198,6 +208,22 @@ def plan_softmax(core, idx, T: int) -> Plan:
     return Plan("softmax", L, T, vec, None, param, {})
 
 
+@plan_for(MlstmCore)
+def plan_mlstm(core, idx, T: int) -> Plan:
+    """``MlstmCore`` -> scalar plan of all its heads (``Plan.heads``; the channels ``idx`` are picked
+    from the head matrices afterwards): ``M_h = diag(1 / norm) [exp(T^{log f}[i, j] - m_i + log i_j)
+    * (q k^T)]``, the stabiliser and the input gates inside the exponential as in
+    ``ops.decayed_scores`` (``e^{-m}`` or ``e^{log i}`` alone may overflow)."""
+    B, H, L = core.log_f.shape
+    Lp = _padded_length(L, T)
+    heads = jnp.arange(H)
+    shared = {"q": _feature_pad(_pad_axis(core.q, 2, Lp), 3), "k": _feature_pad(_pad_axis(core.k, 2, Lp), 3)}
+    plan = _decay_plan("scalar", T, _rows(core.log_f, heads, Lp), heads, 1.0 / core.norm.astype(f32), None, None,
+                       None, shared, {}, L)
+    vec = dict(plan.vec, row_log=_rows(-core.m.astype(f32), heads, Lp), col_log=_rows(core.log_i, heads, Lp))
+    return dataclasses.replace(plan, vec=vec, heads=True)
+
+
 @dataclasses.dataclass
 class HeadMatrixPlan:
     """Kernel inputs of a core with one matrix per head computed by a chunk recurrence
@@ -218,6 +244,7 @@ class HeadMatrixPlan:
     rows: list
     decay: object
     kind: str = "head_matrices"
+    heads: bool = True  # as ``Plan.heads``: the kernel gives every head's ``M_h``
 
     @property
     def nt(self) -> int:

@@ -96,16 +96,19 @@ def add_diagonal(H, d_col, is_diag):
     return H + jnp.where(on, d_col, 0.0)
 
 
-def scalar_decay(t_col, P_col, mid, S_row, is_diag, nan_safe: bool = False):
-    """``exp(T[i, j])`` for one tile of a scalar log decay: ``(T, T)``.
+def scalar_decay(t_col, P_col, mid, S_row, is_diag, nan_safe: bool = False, offset=None):
+    """``exp(T[i, j] + offset[i, j])`` for one tile of a scalar log decay: ``(T, T)``.
 
     Args:
       t_col, P_col: ``(T, 1)`` log decays and inclusive prefix sums of the row tile.
       mid: ``(1, 1)`` sum of the tiles between; S_row: ``(1, T)`` suffix sums of the column
         tile (both ignored on the diagonal).
       is_diag: traced bool, row tile == column tile; nan_safe: see ``diag_segment``.
+      offset: ``(T, T)`` log weights added inside the exponential (the mLSTM's ``-m_i + log i_j``,
+        which as separate factors ``e^{-m}``, ``e^{log i}`` could overflow), or None.
     """
-    return jnp.exp(jax.lax.cond(is_diag, lambda: diag_segment(t_col, nan_safe), lambda: P_col + mid + S_row))
+    seg = jax.lax.cond(is_diag, lambda: diag_segment(t_col, nan_safe), lambda: P_col + mid + S_row)
+    return jnp.exp(seg if offset is None else seg + offset)
 
 
 def state_decay(q, k, kT, A_row, t_col, P_col, mid, S_col, is_diag, nan_safe: bool = False):
