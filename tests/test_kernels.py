@@ -15,6 +15,7 @@ import pytest
 from implicit_attn import kernels
 from implicit_attn.families import griffin
 from implicit_attn.kernels import pallas
+from implicit_attn.kernels.pallas import calls, plans
 from implicit_attn.operator import ImplicitOperator, resolve_impl
 from kernel_cores import BUILDERS, griffin_cfg, griffin_op, scalar_lowrank_op
 
@@ -93,6 +94,22 @@ def test_mlstm_kernel_keeps_the_gates_inside_the_exponential(ops):
     for impl in ("pallas", "xla"):
         assert rel(big.materialize(impl=impl), want) <= 1e-4, impl
     assert rel(big.reduce("abs_mean", impl="pallas"), op.reduce("abs_mean", impl="xla")) <= 1e-4
+
+
+def test_a_plan_of_heads_sums_its_heads_in_one_kernel_step(ops):
+    """``calls.reduce`` of the mLSTM's plan (one ``q, k`` per channel; the interpreter, like Triton,
+    loops over every channel inside one kernel step) equals the sum over its heads' float64
+    matrices. The operators' reduce goes through the head matrices instead; this keeps the tiles'
+    per-channel path right for any caller."""
+    core = ops["mlstm"].core
+    H = core.num_heads
+    plan = plans.make_plan(core, jnp.arange(H), TILE)
+    assert plan.heads and H > 1
+    qw, kw = (jax.random.normal(jax.random.PRNGKey(s), (B, H, L)) for s in (7, 8))
+    got = calls.reduce(plan, jnp.asarray(1, jnp.int32), qw, kw, calls.TARGETS["interpret"])
+    M = mlstm_matrices64(core)
+    want = np.einsum("bhi,bhij,bhj->bij", np.asarray(qw, np.float64), np.abs(M), np.asarray(kw, np.float64))
+    assert rel(got, want) <= 1e-5
 
 
 def test_document_mask_zeroes_cross_document_entries(ops):
