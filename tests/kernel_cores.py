@@ -90,8 +90,8 @@ def dplr_before_op(L_=L, B=B):
 
 
 def mlstm_op(L_=L, B=B):
-    """An xLSTM mLSTM layer (2 heads; the stabiliser and normaliser of the layer's forward, input
-    gates up to the soft cap, so ``e^{log i}`` alone would be large)."""
+    """An xLSTM mLSTM layer (2 heads; the stabiliser and normaliser of the layer's forward; inputs
+    scaled by 3, so the input gates span about -8 to 10 of the soft cap's +-15)."""
     spec = xlstm.SPEC
     cfg = spec.config.from_hf(dict(spec.tiny))
     p = spec.init_params(cfg, jax.random.PRNGKey(1))["layers"][0]["mlstm_layer"]

@@ -14,6 +14,7 @@ import pytest
 
 from implicit_attn import kernels
 from implicit_attn.families import griffin
+from implicit_attn.families.xlstm.naive import naive_head_matrix
 from implicit_attn.kernels import pallas
 from implicit_attn.kernels.pallas import calls, plans
 from implicit_attn.operator import ImplicitOperator, resolve_impl
@@ -70,14 +71,11 @@ def test_materialize_and_reduce_match_xla(ops, family):
 
 
 def mlstm_matrices64(core):
-    """Every head's mLSTM matrix in float64 from the core's factors: ``M[b, h, i, j] = exp(F_i - F_j -
-    m_i + log i_j) (q_i . k_j) / norm_i`` for ``j <= i`` (``F`` the cumulative log forget gates)."""
+    """Every head's mLSTM matrix of ``core`` in float64 (``xlstm.naive``), rows divided by the core's
+    own normaliser: ``(B, H, L, L)``."""
     q, k, log_f, log_i, m, norm = (np.asarray(x, np.float64) for x in
                                    (core.q, core.k, core.log_f, core.log_i, core.m, core.norm))
-    F = np.cumsum(log_f, -1)
-    lower = np.tril(np.ones((q.shape[2],) * 2, bool))
-    E = np.where(lower, F[..., :, None] - F[..., None, :] - m[..., :, None] + log_i[..., None, :], -np.inf)
-    return np.exp(E) * np.einsum("bhid,bhjd->bhij", q, k) / norm[..., None]
+    return naive_head_matrix(q, k, log_f, log_i, m, norm=norm)
 
 
 def test_mlstm_kernel_keeps_the_gates_inside_the_exponential(ops):

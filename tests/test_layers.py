@@ -1,6 +1,7 @@
 """The package's import structure: no cycle between modules (function-level imports
 included), imports only downward through the layers, no module reaching into another
-module's ``_private`` names. Static (AST) analysis of every source file."""
+module's ``_private`` names, every ``__all__`` name bound. Static (AST) analysis of every
+source file."""
 from __future__ import annotations
 
 import ast
@@ -205,3 +206,48 @@ def test_the_checks_see_a_planted_violation(tmp_path):
     finally:
         f_rel.unlink()
     assert len(found) == 2, found
+
+
+def module_bindings(tree: ast.Module) -> set[str]:
+    """Names a module binds at its top level (in ``if`` / ``try`` blocks too): assignments,
+    functions, classes and imports."""
+    names, stack = set(), list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            stack += node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", [])
+            stack += [s for h in getattr(node, "handlers", []) for s in h.body]
+    return names
+
+
+def all_names(tree: ast.Module) -> list[str]:
+    """The string entries of a module's ``__all__`` (adjacent literals are one string, as Python
+    reads them)."""
+    out = []
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+                out += [n.value for n in ast.walk(node.value)
+                        if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    return out
+
+
+def test_every_name_in_all_is_bound():
+    """``from module import *`` fails on a name ``__all__`` lists but the module does not bind (a
+    missing comma joins two names into one: ``kernels.pallas`` had ``"on_acceleratorDEFAULT_TILE"``)."""
+    bad = []
+    for mod, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        bound = module_bindings(tree)
+        bad += [f"{mod}: {name}" for name in all_names(tree) if name not in bound]
+    assert not bad, "\n".join(bad)
+    planted = ast.parse('def a(): pass\nB = 1\n__all__ = ["a" "B"]\n')
+    assert all_names(planted) == ["aB"] and "aB" not in module_bindings(planted)

@@ -34,17 +34,21 @@ def naive_stabiliser(log_f, log_i, chunk: int, segment: int):
     return m
 
 
-def naive_head_matrix(q, k, log_f, log_i, m, eps: float):
+def naive_head_matrix(q, k, log_f, log_i, m, eps: float | None = None, norm=None):
     """``M (B, H, L, L)``: ``D[i, j] = exp(sum_{t=j+1..i} f_t + i_j - m_i) (q_i . k_j)`` for ``j <= i``,
-    each row divided by ``max(|sum_j D[i, j]|, exp(-m_i)) + eps``."""
+    each row divided by ``max(|sum_j D[i, j]|, exp(-m_i)) + eps``, or by ``norm (B, H, L)`` when given
+    (a layer's own normaliser)."""
+    if (eps is None) == (norm is None):
+        raise ValueError("naive_head_matrix needs exactly one of eps and norm")
     L = q.shape[2]
     M = np.zeros(q.shape[:2] + (L, L))
     for i in range(L):
         for j in range(i + 1):
             M[..., i, j] = np.exp(log_f[..., j + 1:i + 1].sum(-1) + log_i[..., j] - m[..., i]) \
                 * np.einsum("bhd,bhd->bh", q[:, :, i], k[:, :, j])
-    den = M.sum(-1)
-    return M / (np.maximum(np.abs(den), np.exp(-m)) + eps)[..., None]
+    if norm is None:
+        norm = np.maximum(np.abs(M.sum(-1)), np.exp(-m)) + eps
+    return M / norm[..., None]
 
 
 def naive_parts(p: dict, x, cfg) -> dict:

@@ -175,5 +175,5 @@ for _type, (_, _check) in PLANS.items():
     register_core("pallas", _type, _check)
 
 
-__all__ = ["pallas_dense", "pallas_reduce", "has_kernel", "trusted", "on_accelerator"
+__all__ = ["pallas_dense", "pallas_reduce", "has_kernel", "trusted", "on_accelerator",
            "DEFAULT_TILE", "BACKEND"]
