@@ -6,7 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from implicit_attn.families import griffin, kimi_linear, mamba, mamba2, qwen3_next, rwkv, rwkv6, rwkv7, xlstm
+from implicit_attn.families import (falcon_h1, griffin, kimi_linear, mamba, mamba2, qwen3_next, rwkv, rwkv6, rwkv7,
+                                    xlstm, zamba)
 from implicit_attn.operator import ImplicitOperator, ScalarDecayCore
 
 B, L = 2, 37
@@ -89,14 +90,31 @@ def dplr_before_op(L_=L, B=B):
     return rwkv6.block.time_mix_operator_jit(p, x, cfg=cfg)
 
 
+def tiny_mixer_params(spec, L_, B, mixer="mixer"):
+    """``(cfg, layer 0's mixer params, random mixer input (B, L_, d))`` of the family's tiny model."""
+    cfg = spec.config.from_hf(dict(spec.tiny))
+    p = spec.init_params(cfg, jax.random.PRNGKey(1))["layers"][0][mixer]
+    return cfg, p, jax.random.normal(jax.random.PRNGKey(2), (B, L_, cfg.hidden_size))
+
+
 def mlstm_op(L_=L, B=B):
     """An xLSTM mLSTM layer (2 heads; the stabiliser and normaliser of the layer's forward; inputs
     scaled by 3, so the input gates span about -8 to 10 of the soft cap's +-15)."""
-    spec = xlstm.SPEC
-    cfg = spec.config.from_hf(dict(spec.tiny))
-    p = spec.init_params(cfg, jax.random.PRNGKey(1))["layers"][0]["mlstm_layer"]
-    h = 3.0 * jax.random.normal(jax.random.PRNGKey(2), (B, L_, cfg.hidden_size))
-    return xlstm.block.mixer_operator_jit(p, h, cfg=cfg)
+    cfg, p, h = tiny_mixer_params(xlstm.SPEC, L_, B, "mlstm_layer")
+    return xlstm.block.mixer_operator_jit(p, 3.0 * h, cfg=cfg)
+
+
+def zamba_op(L_=L, B=B):
+    """A Zamba Mamba layer: a ``ParallelCore`` of two Mamba-1 heads, each with its own B and C."""
+    cfg, p, h = tiny_mixer_params(zamba.SPEC, L_, B)
+    return zamba.block.mamba_operator_jit(p, h, cfg=cfg.mixer_config)
+
+
+def falcon_h1_op(L_=L, B=B):
+    """A Falcon-H1 layer: a ``ParallelCore`` of a Mamba-2 core and 4 attention heads (each repeated
+    over its 8 value features), the attention part without a Pallas kernel."""
+    cfg, p, h = tiny_mixer_params(falcon_h1.SPEC, L_, B)
+    return falcon_h1.block.mixer_operator_jit(p, h, cfg=cfg)
 
 
 def scalar_lowrank_op(L_=L, B=B):
@@ -115,4 +133,5 @@ def scalar_lowrank_op(L_=L, B=B):
 
 BUILDERS = {"mamba": mamba_op, "mamba2": mamba2_op, "griffin": griffin_op, "rwkv": rwkv_op,
             "scalar_lowrank": scalar_lowrank_op, "delta": delta_op, "kda": kda_op,
-            "dplr": dplr_op, "dplr_before": dplr_before_op, "mlstm": mlstm_op}
+            "dplr": dplr_op, "dplr_before": dplr_before_op, "mlstm": mlstm_op, "zamba": zamba_op,
+            "falcon_h1": falcon_h1_op}

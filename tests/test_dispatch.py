@@ -13,8 +13,8 @@ import pytest
 
 from implicit_attn.families import mamba
 from implicit_attn.kernels import cpu, pallas
-from implicit_attn.operator import dispatch, resolve_impl
-from kernel_cores import delta_op, dplr_op, kda_op, mlstm_op, rwkv_op, scalar_lowrank_op
+from implicit_attn.operator import ParallelCore, dispatch, resolve_impl
+from kernel_cores import delta_op, dplr_op, falcon_h1_op, kda_op, mlstm_op, rwkv_op, scalar_lowrank_op
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +45,20 @@ def test_auto_uses_kernels_verified_for_the_platform(op, on_accelerator, monkeyp
     assert resolve_impl("auto", scalar_lowrank_op().core) == want
     assert resolve_impl("auto", rwkv_op(L_=4, B=1).core) == want
     assert resolve_impl("auto", op.core) == "xla"
+
+
+@pytest.mark.parametrize("platform", ["cuda", "tpu"])
+def test_a_parallel_core_is_trusted_where_its_kernel_parts_are(op, on_accelerator, monkeypatch, platform):
+    """``auto`` takes a ``ParallelCore``'s kernels where every part that has one is verified:
+    Falcon-H1's Mamba-2 part is not (XLA there); the verified RG-LRU-like core beside an attention
+    part, which has no kernel and runs XLA either way, is on cuda."""
+    monkeypatch.setattr(pallas, "default_platform", lambda: platform)
+    falcon = falcon_h1_op(L_=4, B=1).core
+    assert pallas.has_kernel(falcon) and not pallas.trusted(falcon)
+    assert resolve_impl("auto", falcon) == "xla"
+    mixed = ParallelCore(parts=(scalar_lowrank_op(L_=4, B=1).core, falcon.parts[1]), repeats=(1, 8))
+    assert pallas.trusted(mixed) == (platform == "cuda")
+    assert resolve_impl("auto", mixed) == ("pallas" if platform == "cuda" else "xla")
 
 
 @pytest.mark.parametrize("make", [delta_op, kda_op, dplr_op, mlstm_op], ids=["delta", "kda", "dplr", "mlstm"])

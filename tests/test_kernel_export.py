@@ -32,6 +32,11 @@ KERNEL_CALL = {"cuda": "__gpu$xla.gpu.triton", "tpu": "tpu_custom_call"}
 # (kernels.pallas.calls.nan_safe_call), except RWKV-4's, whose tiles have no matmul to spread a
 # NaN; it runs a row-statistics kernel before its tile kernel.
 CALLS = {"rwkv": 2}
+# ParallelCores run each part that has a kernel through it: the module holds that part's calls in
+# one function, called once per such part (Zamba's two Mamba-1 heads share it). Falcon-H1's
+# attention part has no Pallas kernel and is XLA (softmax exps outside the calls).
+PARTS_WITH_KERNELS = {"zamba": 2, "falcon_h1": 1}
+XLA_PARTS = {"falcon_h1"}
 # The head-matrix kernels (delta rule, DPLR) are the chunk recurrence giving every head's (Lp, Lp)
 # matrix; their O(L C) chunk factors (exps of in-chunk decays) are XLA, so exps outside the call
 # are expected.
@@ -53,14 +58,25 @@ def test_every_kernel_core_type_has_a_builder():
     for name, build in BUILDERS.items():
         core = build(L_=3, B=1).core
         built.add(type(core))
-        if hasattr(core, "inner"):
-            built.add(type(core.inner))
-    assert set(PLANS) <= built, set(PLANS) - built
+        for inner in (getattr(core, "inner", None), *getattr(core, "parts", ())):
+            built.add(type(inner))
+    assert set(PLANS) | set(pallas.BACKEND.cores) <= built, (set(PLANS) | set(pallas.BACKEND.cores)) - built
 
 
 def kernel_calls(text: str, platform: str) -> int:
     """Number of compiled kernel calls in an exported StableHLO module."""
     return len(re.findall(re.escape(KERNEL_CALL[platform]), text))
+
+
+def calls_of_kernel_functions(text: str, platform: str) -> int:
+    """How often the module calls the functions that hold its compiled kernel calls."""
+    holders, current = set(), None
+    for line in text.splitlines():
+        m = re.match(r"\s*func\.func (?:private |public )?@(\w+)", line)
+        current = m[1] if m else current
+        if KERNEL_CALL[platform] in line:
+            holders.add(current)
+    return sum(len(re.findall(rf"call @{h}\(", text)) for h in holders)
 
 
 @pytest.mark.parametrize("platform", ["cuda", "tpu"])
@@ -80,11 +96,13 @@ def test_kernel_exports_as_a_compiled_call(ops, name, what, platform):
         assert exp.platforms == (platform,)
         assert exp.out_avals[0].shape == shape
         assert kernel_calls(text, platform) == CALLS.get(name, 1 if name in HEAD_MATRIX_KERNELS else 2), (name, B, L)
+        if name in PARTS_WITH_KERNELS:
+            assert calls_of_kernel_functions(text, platform) == PARTS_WITH_KERNELS[name], (name, B, L)
         if name in HEAD_MATRIX_KERNELS:  # the call itself returns the (B, H, Lp, Lp) matrices
             calls = [line for line in text.splitlines() if KERNEL_CALL[platform] in line]
             out = re.search(rf"-> tensor<{B}x{op.core.num_heads}x(\d+)x(\d+)xf32>", calls[0])
             assert out and out[1] == out[2] and int(out[1]) >= L, calls[0][-200:]
-        else:  # no interpreted tile math left in the HLO: every exp is inside the kernel calls
+        elif name not in XLA_PARTS:  # no interpreted tile math left in the HLO: every exp is inside the calls
             assert "stablehlo.exponential" not in text
         other = "tpu" if platform == "cuda" else "cuda"
         assert kernel_calls(text, other) == 0

@@ -17,7 +17,7 @@ from implicit_attn.families import griffin
 from implicit_attn.families.xlstm.naive import naive_head_matrix
 from implicit_attn.kernels import pallas
 from implicit_attn.kernels.pallas import calls, plans
-from implicit_attn.operator import ImplicitOperator, resolve_impl
+from implicit_attn.operator import ImplicitOperator, ParallelCore, resolve_impl
 from kernel_cores import BUILDERS, griffin_cfg, griffin_op, scalar_lowrank_op
 
 B, L, TILE = 2, 37, 8  # the builders' default shapes; tile 8 gives 5 x 5 tiles
@@ -166,6 +166,43 @@ def test_reduce_gradient_matches_xla(ops):
     gx = grad(op.core, w, "xla")
     for a, b in zip(jax.tree.leaves(gp), jax.tree.leaves(gx)):
         assert rel(a, b) <= 1e-5
+
+
+def test_a_parallel_core_runs_each_part_through_its_own_kernel(ops):
+    """Falcon-H1's layer: the Mamba-2 part's kernel and the attention part's XLA, side by side.
+    Channels from both parts out of order, the same channels traced under ``jit`` (every part
+    computed, then selected), the reduce over all channels (the attention heads' repeats share
+    each head's matrix) and over traced channels, and the reduce's gradient: each equals XLA."""
+    op = ops["falcon_h1"]
+    core, C = op.core, op.shape[1]
+    split = int(core.starts[1])  # the first attention channel
+    assert pallas.has_kernel(core.parts[0]) and not pallas.has_kernel(core.parts[1])
+    chans = [C - 1, 0, split, split - 1, split + 9]
+    assert rel(op.materialize(chans, impl="pallas"), op.materialize(chans, impl="xla")) <= 1e-5
+    traced = jax.jit(lambda o, c, impl: o.materialize(c, impl=impl), static_argnums=2)
+    assert rel(traced(op, jnp.asarray(chans), "pallas"), op.materialize(chans, impl="xla")) <= 1e-5
+    w = jax.random.normal(jax.random.PRNGKey(7), (B, C, L))
+    for how, kw in (("abs_mean", {}), ("weighted", dict(weights=w))):
+        assert rel(op.reduce(how, impl="pallas", **kw), op.reduce(how, impl="xla", **kw)) <= 1e-5, how
+    some = jax.jit(lambda o, c: o.reduce("pos_mean", channels=c, impl="pallas"))(op, jnp.asarray(chans))
+    assert rel(some, op.reduce("pos_mean", channels=chans, impl="xla")) <= 1e-5
+
+    def loss(core, w, impl):
+        o = ImplicitOperator(op.values, op.offset, op.output, core)
+        return jnp.sum(o.reduce("weighted", weights=w, impl=impl) ** 2)
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1), allow_int=True), static_argnums=2)
+    pairs = [(a, b) for a, b in zip(jax.tree.leaves(grad(core, w, "pallas")), jax.tree.leaves(grad(core, w, "xla")))
+             if a.dtype == jnp.float32]  # (the document ids' float0 left out)
+    assert len(pairs) > 10 and all(rel(a, b) <= 1e-5 for a, b in pairs)
+
+
+def test_a_parallel_core_without_any_kernel_part_is_refused(ops):
+    attention = ops["falcon_h1"].core.parts[1]
+    core = ParallelCore(parts=(attention, attention), repeats=(1, 1))
+    assert not pallas.has_kernel(core)
+    with pytest.raises(TypeError, match="none of its parts has a kernel .parts: AttentionCore, AttentionCore"):
+        kernels.pallas_dense(core, [0])
 
 
 def test_attention_core_has_no_kernel():

@@ -113,9 +113,11 @@ def test_nan_at_t_leaves_rows_before_t_of_h_and_outputs_unchanged(model_type):
 
 
 # One family per core with a Pallas kernel: Mamba-1's per-state decay, Mamba-2's heads (q k^T
-# and the conv), Griffin's RG-LRU, RWKV-4's WKV, the delta rule, RWKV-7's DPLR and the mLSTM.
+# and the conv), Griffin's RG-LRU, RWKV-4's WKV, the delta rule, RWKV-7's DPLR, the mLSTM, and the
+# parallel cores of Zamba (Mamba-1 heads) and Falcon-H1 (Mamba-2 beside attention, which runs XLA).
 PALLAS_CORES = {"mamba": "StateDecayCore", "mamba2": "Mamba2Core", "recurrent_gemma": "ScalarDecayCore",
-                "rwkv": "RwkvCore", "qwen3_next": "DeltaRuleCore", "rwkv7": "DplrCore", "xlstm": "MlstmCore"}
+                "rwkv": "RwkvCore", "qwen3_next": "DeltaRuleCore", "rwkv7": "DplrCore", "xlstm": "MlstmCore",
+                "zamba": "ParallelCore", "falcon_h1": "ParallelCore"}
 
 
 @pytest.mark.parametrize("model_type", sorted(PALLAS_CORES))

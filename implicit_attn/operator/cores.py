@@ -678,18 +678,23 @@ class ParallelCore(OperatorCore):
 
     def dense(self, idx):
         """``(B, len(idx), L, L)`` float32 operators of channels ``idx``."""
+        return self.dense_by(idx, lambda part, i: part.dense(i))
+
+    def dense_by(self, idx, part_dense):
+        """``dense(idx)`` with each part's matrices from ``part_dense(part, local_idx)`` (a
+        kernel's, where the part has one): ``(B, len(idx), L, L)`` float32."""
         starts = self.starts
         local = lambda k, i: (i - starts[k]) // self.repeats[k]
         if not isinstance(idx, jax.core.Tracer):
             idx = np.asarray(idx)
             if idx.size == 0:
-                return self.parts[0].dense(jnp.asarray(idx))
+                return part_dense(self.parts[0], jnp.asarray(idx))
             part = np.searchsorted(starts, idx, side="right") - 1
             blocks, order = [], []
             for k, p in enumerate(self.parts):
                 sel = np.flatnonzero(part == k)
                 if sel.size:
-                    blocks.append(p.dense(jnp.asarray(local(k, idx[sel]))))
+                    blocks.append(part_dense(p, jnp.asarray(local(k, idx[sel]))))
                     order.append(sel)
             if len(blocks) == 1:
                 return blocks[0]
@@ -697,7 +702,7 @@ class ParallelCore(OperatorCore):
             return jnp.take(parts, jnp.asarray(np.argsort(np.concatenate(order))), axis=1)
         out = None
         for k, p in enumerate(self.parts):
-            d = p.dense(jnp.clip(local(k, idx), 0, p.num_channels - 1))
+            d = part_dense(p, jnp.clip(local(k, idx), 0, p.num_channels - 1))
             out = d if out is None else jnp.where((idx >= starts[k])[None, :, None, None], d, out)
         return out
 

@@ -264,6 +264,66 @@ def blocked_reduce(core, idx, qw, kw, how, bc: int, dense=None):
 blocked_reduce_jit = jax.jit(full_precision(blocked_reduce), static_argnums=(4, 5))
 
 
+def repeated_reduce(part, qw, kw, mode, r: int, dense):
+    """``sum_c qw_c f(H_c) kw_c`` over every channel of ``part``, each repeated ``r`` times in a row
+    (an attention head read by each of its value features): the repeats share ``H_m``, so their
+    weights sum first, ``f(H_m) * (Q_m^T K_m)`` with ``Q_m, K_m (r, L)`` the slots' weights; each
+    ``H_m`` is formed once, by ``dense(part, idx)``, one rank-``r`` product per channel.
+
+    Args:
+      part: a core of ``m`` channels; qw, kw: ``(B, m r, L)``; mode: an int of ``MODES`` (may be
+        traced); r: the repeats; dense: ``(core, idx) -> (B, len(idx), L, L)``.
+    Returns:
+      ``(B, L, L)`` float32.
+    """
+    B, _, L = qw.shape
+    m = part.num_channels
+    q = jnp.moveaxis(qw.reshape(B, m, r, L), 1, 0)
+    k = jnp.moveaxis(kw.reshape(B, m, r, L), 1, 0)
+
+    def one(acc, xs):
+        c, qc, kc = xs
+        H = apply_mode(dense(part, c[None])[:, 0], mode)
+        return acc + H * jnp.einsum("bri,brj->bij", qc, kc), None
+
+    out, _ = jax.lax.scan(one, jnp.zeros((B, L, L), jnp.float32), (jnp.arange(m), q, k))
+    return out
+
+
+# ``dense`` is static: pass a module-level function, so one compilation per shape serves every call.
+repeated_reduce_jit = jax.jit(full_precision(repeated_reduce), static_argnums=(4, 5))
+
+
+def parallel_reduce(core, idx, how: str, qw, kw, dense, reduce):
+    """A ``ParallelCore``'s reduce as the sum of its parts' reduces, each part over its own channels
+    with their weights; a part whose channels are all present, each repeated in a row, forms each
+    of its matrices once (``repeated_reduce``).
+
+    Args:
+      core: a ``ParallelCore``; idx: ``(n,)`` concrete int channels; how: a key of ``MODES``;
+      qw, kw: ``(B, n, L)`` float32;
+      dense: ``(part, idx) -> (B, len(idx), L, L)``, a part's matrices (a module-level function);
+      reduce: ``(part, local_idx, how, qw, kw) -> (B, L, L)``, a part's reduce.
+    Returns:
+      ``(B, L, L)`` float32.
+    """
+    idx = np.asarray(idx)
+    part_of = np.searchsorted(core.starts, idx, side="right") - 1
+    B, _, L = qw.shape
+    out = jnp.zeros((B, L, L), jnp.float32)
+    for k, (part, r) in enumerate(zip(core.parts, core.repeats)):
+        sel = np.flatnonzero(part_of == k)
+        if not sel.size:
+            continue
+        local = (idx[sel] - core.starts[k]) // r
+        q, w = jnp.take(qw, jnp.asarray(sel), axis=1), jnp.take(kw, jnp.asarray(sel), axis=1)
+        if r > 1 and np.array_equal(local, np.repeat(np.arange(part.num_channels), r)):
+            out = out + repeated_reduce_jit(part, q, w, jnp.asarray(MODES[how], jnp.int32), r, dense)
+        else:
+            out = out + reduce(part, local, how, q, w)
+    return out
+
+
 def _float0(x):
     return np.zeros(np.shape(x), jax.dtypes.float0)
 
@@ -314,4 +374,5 @@ def with_xla_backward(dense_kernel: Callable, reduce_kernel: Callable):
 
 __all__ = ["KernelBackend", "register_backend", "register_core", "backend", "impls", "resolve_impl", "default_platform", "with_fallback", "failed_kernels", "clear_failed_kernels",
            "dense_fn", "materialize_blocks", "materialize_jit", "blocked_reduce", "blocked_reduce_jit", "sum_over_channels",
+           "repeated_reduce", "repeated_reduce_jit", "parallel_reduce",
            "with_xla_backward"]

@@ -62,7 +62,7 @@ from ...operator import (MODES, AttentionCore, DeltaRuleCore, DocumentMaskedCore
                          KernelBackend, Mamba2Core, MlstmCore, ParallelCore, RwkvCore, ScalarDecayCore, ShortConvCore,
                          StateDecayCore,
                          apply_mode, block_size, register_backend, register_core, with_xla_backward)
-from ...operator.dispatch import blocked_reduce, blocked_reduce_jit
+from ...operator.dispatch import blocked_reduce, blocked_reduce_jit, parallel_reduce
 from ...ops import (attention_output, delta_rule, dplr_rule, full_precision, grouped, mlstm_rule,
                    selective_scan_sequential, ssd_chunked, wkv_chunked)
 from . import cache
@@ -576,49 +576,17 @@ def _parallel_fast(core, idx) -> bool:
             and np.array_equal(np.asarray(idx), np.arange(core.num_channels)))
 
 
-def _parallel_reduce(core, idx, how, qw, kw):
-    """A ``ParallelCore``'s reduce as the sum of its parts' (their kernels, or the XLA blocks), each
-    part's channels with their own weights (a repeated channel once per slot). ``idx`` concrete."""
-    idx = np.asarray(idx)
-    part_of = np.searchsorted(core.starts, idx, side="right") - 1
-    B, _, L = qw.shape
-    out = jnp.zeros((B, L, L), jnp.float32)
-    for k, (part, r) in enumerate(zip(core.parts, core.repeats)):
-        sel = np.flatnonzero(part_of == k)
-        if not sel.size:
-            continue
-        local = (idx[sel] - core.starts[k]) // r
-        q, w = jnp.take(qw, jnp.asarray(sel), axis=1), jnp.take(kw, jnp.asarray(sel), axis=1)
-        if r > 1 and np.array_equal(local, np.repeat(np.arange(part.num_channels), r)):
-            out = out + _repeated_reduce_jit(part, q, w, jnp.asarray(MODES[how], jnp.int32), r, has_kernel(part))
-        elif has_kernel(part):
-            out = out + cpu_reduce(part, local, how, q, w)
-        else:
-            out = out + blocked_reduce_jit(part, jnp.asarray(local), q, w, how, block_size(sel.size, B, L, None))
-    return out
+def _part_dense(part, idx):
+    """A ``ParallelCore`` part's matrices: its kernel's, else XLA's."""
+    return cpu_dense(part, idx) if has_kernel(part) else part.dense(idx)
 
 
-def _repeated_reduce(part, qw, kw, mode, r: int, kernel: bool):
-    """``sum_c qw_c f(H_c) kw_c`` over every channel of ``part``, each repeated ``r`` times in a row
-    (an attention head read by each of its value features): the repeats share ``H_m``, so their
-    weights sum first, ``f(H_m) * (Q_m^T K_m)`` with ``Q_m, K_m (r, L)`` the slots' weights: each
-    ``H_m`` formed once (by ``part``'s kernel if ``kernel``), one rank-``r`` product per channel.
-    ``qw, kw (B, m r, L)``."""
-    B, _, L = qw.shape
-    m = part.num_channels
-    q = jnp.moveaxis(qw.reshape(B, m, r, L), 1, 0)
-    k = jnp.moveaxis(kw.reshape(B, m, r, L), 1, 0)
-
-    def one(acc, xs):
-        c, qc, kc = xs
-        H = apply_mode((cpu_dense(part, c[None]) if kernel else part.dense(c[None]))[:, 0], mode)
-        return acc + H * jnp.einsum("bri,brj->bij", qc, kc), None
-
-    out, _ = jax.lax.scan(one, jnp.zeros((B, L, L), jnp.float32), (jnp.arange(m), q, k))
-    return out
-
-
-_repeated_reduce_jit = jax.jit(full_precision(_repeated_reduce), static_argnums=(4, 5))
+def _part_reduce(part, local, how, qw, kw):
+    """A ``ParallelCore`` part's reduce over its channels ``local``: its kernel's, else the XLA blocks."""
+    if has_kernel(part):
+        return cpu_reduce(part, local, how, qw, kw)
+    B, n, L = qw.shape
+    return blocked_reduce_jit(part, jnp.asarray(local), qw, kw, how, block_size(n, B, L, None))
 
 
 _parallel_dense, _ = with_xla_backward(_parallel_call, None)
@@ -678,7 +646,7 @@ def cpu_reduce(core, idx, how: str, qw, kw):
     if type(core) is ParallelCore:
         if isinstance(idx, jax.core.Tracer):
             return blocked_reduce_jit(core, idx, qw, kw, how, block_size(qw.shape[1], qw.shape[0], qw.shape[2], None))
-        return _parallel_reduce(core, idx, how, qw, kw)
+        return parallel_reduce(core, idx, how, qw, kw, _part_dense, _part_reduce)
     reduce = _KERNELS[type(core)][1]
     return reduce(core, jnp.asarray(idx, jnp.int32), jnp.asarray(MODES[how], jnp.int32),
                   jnp.asarray(qw, jnp.float32), jnp.asarray(kw, jnp.float32))

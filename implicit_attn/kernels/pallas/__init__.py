@@ -10,7 +10,9 @@ Cores with a kernel: every type registered in ``plans.PLANS`` (``StateDecayCore`
 ``RwkvCore``, and the head-matrix cores ``DeltaRuleCore`` and ``DplrCore``, whose kernel is
 the chunk recurrence giving every head's ``M_h``, and ``MlstmCore``, whose ``M_h`` are the scalar
 tiles over its heads; channels and the channel reduction are then XLA elementwise work on
-``M_h``). Others (``AttentionCore``) raise ``TypeError`` naming the core under
+``M_h``). A ``ParallelCore`` (Zamba, Falcon-H1) runs each part with a kernel through it and its
+other parts with XLA (``ParallelCore.dense_by``, ``operator.dispatch.parallel_reduce``).
+Others (``AttentionCore``, ``ShortConvCore``) raise ``TypeError`` naming the core under
 ``impl="pallas"``; ``impl="auto"`` uses XLA for them.
 
 On CPU the kernels run with ``interpret=True`` (correct, slow); on GPU/TPU compiled.
@@ -26,8 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ...operator import (MODES, KernelBackend, blocked_reduce, block_size, default_platform, register_backend,
-                         register_core, with_xla_backward)
+from ...operator import (MODES, KernelBackend, ParallelCore, blocked_reduce, block_size, default_platform,
+                         register_backend, register_core, with_xla_backward)
+from ...operator.dispatch import blocked_reduce_jit, parallel_reduce
 from . import calls
 from .plans import PLANS, VERIFIED, make_plan
 
@@ -114,6 +117,29 @@ def _entry_points(tile: int, interpret: bool | None):
     return jax.jit(d), jax.jit(r)  # mode is traced: one compilation serves every reduction
 
 
+@functools.lru_cache(maxsize=None)
+def _part_functions(tile: int | None, interpret: bool | None):
+    """``(dense, reduce)`` of a ``ParallelCore``'s part: its kernel where it has one, else XLA. One
+    pair per setting, so the jitted ``repeated_reduce`` that takes ``dense`` compiles once."""
+    def dense(part, idx):
+        return pallas_dense(part, idx, tile, interpret) if has_kernel(part) else part.dense(idx)
+
+    def reduce(part, local, how, qw, kw):
+        if has_kernel(part):
+            return pallas_reduce(part, local, how, qw, kw, tile, interpret)
+        B, n, L = qw.shape
+        return blocked_reduce_jit(part, jnp.asarray(local), qw, kw, how, block_size(n, B, L, None))
+
+    return dense, reduce
+
+
+def _parallel_problem(core) -> str | None:
+    """A ``ParallelCore`` runs its parts' kernels (the other parts XLA): it needs at least one."""
+    if any(BACKEND.problem(p) is None for p in core.parts):
+        return None
+    return f"none of its parts has a kernel (parts: {', '.join(type(p).__name__ for p in core.parts)})"
+
+
 def pallas_dense(core, idx, tile: int | None = None, interpret: bool | None = None):
     """``core.dense(idx)`` computed by the tiled Pallas kernel.
 
@@ -130,7 +156,10 @@ def pallas_dense(core, idx, tile: int | None = None, interpret: bool | None = No
       ``(B, n, L, L)`` float32, equal to ``core.dense(idx)`` to float32 rounding.
     """
     BACKEND.check_core(core)
-    dense, _ = _entry_points(_check_tile(tile), None if interpret is None else bool(interpret))
+    tile, interpret = _check_tile(tile), None if interpret is None else bool(interpret)
+    if type(core) is ParallelCore:
+        return core.dense_by(idx, _part_functions(tile, interpret)[0])
+    dense, _ = _entry_points(tile, interpret)
     return dense(core, jnp.asarray(idx, jnp.int32))
 
 
@@ -151,14 +180,26 @@ def pallas_reduce(core, idx, how: str, qw, kw, tile: int | None = None, interpre
     BACKEND.check_core(core)
     if how not in MODES:
         raise ValueError(f"how must be one of {tuple(MODES)}, got {how!r}")
-    _, reduce = _entry_points(_check_tile(tile), None if interpret is None else bool(interpret))
+    tile, interpret = _check_tile(tile), None if interpret is None else bool(interpret)
+    if type(core) is ParallelCore:
+        part_dense, part_reduce = _part_functions(tile, interpret)
+        if isinstance(idx, jax.core.Tracer):
+            B, n, L = qw.shape
+            return blocked_reduce(core, idx, qw, kw, how, block_size(n, B, L, None),
+                                  dense=lambda c, i: c.dense_by(i, part_dense))
+        return parallel_reduce(core, idx, how, jnp.asarray(qw, jnp.float32), jnp.asarray(kw, jnp.float32),
+                               part_dense, part_reduce)
+    _, reduce = _entry_points(tile, interpret)
     return reduce(core, jnp.asarray(idx, jnp.int32), jnp.asarray(MODES[how], jnp.int32),
                   jnp.asarray(qw, jnp.float32), jnp.asarray(kw, jnp.float32))
 
 
 def trusted(core) -> bool:
     """Whether ``impl="auto"`` may use the compiled kernel for ``core`` here: its core type
-    is verified on this platform (``plans.VERIFIED``)."""
+    is verified on this platform (``plans.VERIFIED``); for a ``ParallelCore``, every part's
+    that has a kernel."""
+    if type(core) is ParallelCore:
+        return all(trusted(p) for p in core.parts if has_kernel(p))
     return default_platform() in VERIFIED.get(type(core), frozenset())
 
 
@@ -173,6 +214,7 @@ BACKEND = register_backend(KernelBackend(
     trusted=trusted))
 for _type, (_, _check) in PLANS.items():
     register_core("pallas", _type, _check)
+register_core("pallas", ParallelCore, _parallel_problem)
 
 
 __all__ = ["pallas_dense", "pallas_reduce", "has_kernel", "trusted", "on_accelerator",
