@@ -71,7 +71,7 @@ def operator_rows(model_type: str, L: int, n: int, quick: bool) -> list[dict]:
     model = spec.lm(cfg, spec.init_params(cfg, jax.random.PRNGKey(0)))
     ids = random_ids(cfg.vocab_size, L)
     layer, op = first_kernel_layer(model, ids)
-    if layer is None:  # e.g. LFM2's short convolution and attention
+    if layer is None:  # e.g. a model of short convolutions alone
         return [{"family": model_type, "case": f"no layer with a Pallas kernel ({', '.join(op)})",
                  "note": "XLA on a GPU; nothing to compare"}]
     B, C = op.shape[:2]

@@ -2,12 +2,14 @@
 family's own pure functions on random weights (tiny configs), so the cores are exactly
 what the models produce, plus a generic ``ScalarDecayCore`` with every optional part.
 Each builder takes the length ``L_`` and batch ``B``."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from implicit_attn.families import (falcon_h1, griffin, kimi_linear, mamba, mamba2, qwen3_next, rwkv, rwkv6, rwkv7,
-                                    xlstm, zamba)
+from implicit_attn.families import (falcon_h1, griffin, kimi_linear, lfm2, mamba, mamba2, qwen3_next, rwkv, rwkv6,
+                                    rwkv7, xlstm, zamba)
 from implicit_attn.operator import ImplicitOperator, ScalarDecayCore
 
 B, L = 2, 37
@@ -43,6 +45,19 @@ def griffin_op(L_=L, B=B, restart=True):
     if restart and L_ > 20 and B > 1:  # a second packed document in batch row 1
         pos[1, 20:] = np.arange(L_ - 20)
     return griffin.block.recurrent_operator_jit(p, h, jnp.asarray(pos), cfg=cfg)
+
+
+def local_attention_op(L_=L, B=B):
+    """Griffin's local attention with a window of 11 (no multiple of the tiles), 4 query heads
+    reading 2 key heads, and a second packed document in batch row 1 (``AttentionCore``)."""
+    cfg = dataclasses.replace(griffin_cfg(), num_attention_heads=4, num_key_value_heads=2,
+                              lru_width=8, attention_window_size=11)
+    p = griffin.init_params(cfg, jax.random.PRNGKey(1))["layers"][1]["temporal_block"]
+    h = jax.random.normal(jax.random.PRNGKey(2), (B, L_, 8))
+    pos = np.tile(np.arange(L_), (B, 1))
+    if L_ > 20 and B > 1:
+        pos[1, 20:] = np.arange(L_ - 20)
+    return griffin.block.attention_operator_jit(p, h, jnp.asarray(pos), cfg=cfg)
 
 
 def rwkv_op(L_=L, B=B):
@@ -117,6 +132,12 @@ def falcon_h1_op(L_=L, B=B):
     return falcon_h1.block.mixer_operator_jit(p, h, cfg=cfg)
 
 
+def short_conv_op(L_=L, B=B):
+    """An LFM2 short-convolution layer (``ShortConvCore``: no Pallas kernel; not in ``BUILDERS``)."""
+    cfg, p, h = tiny_mixer_params(lfm2.SPEC, L_, B)
+    return lfm2.block.mixer_operator_jit(p, h, cfg=cfg, kind="conv")
+
+
 def scalar_lowrank_op(L_=L, B=B):
     """A generic ScalarDecayCore with q k^T groups, a diagonal, both scalings, a reset, a conv."""
     r = np.random.default_rng(0)
@@ -133,5 +154,5 @@ def scalar_lowrank_op(L_=L, B=B):
 
 BUILDERS = {"mamba": mamba_op, "mamba2": mamba2_op, "griffin": griffin_op, "rwkv": rwkv_op,
             "scalar_lowrank": scalar_lowrank_op, "delta": delta_op, "kda": kda_op,
-            "dplr": dplr_op, "dplr_before": dplr_before_op, "mlstm": mlstm_op, "zamba": zamba_op,
-            "falcon_h1": falcon_h1_op}
+            "dplr": dplr_op, "dplr_before": dplr_before_op, "mlstm": mlstm_op, "attention": local_attention_op,
+            "zamba": zamba_op, "falcon_h1": falcon_h1_op}

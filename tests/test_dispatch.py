@@ -14,7 +14,8 @@ import pytest
 from implicit_attn.families import mamba
 from implicit_attn.kernels import cpu, pallas
 from implicit_attn.operator import ParallelCore, dispatch, resolve_impl
-from kernel_cores import delta_op, dplr_op, falcon_h1_op, kda_op, mlstm_op, rwkv_op, scalar_lowrank_op
+from kernel_cores import (delta_op, dplr_op, falcon_h1_op, kda_op, local_attention_op, mlstm_op, rwkv_op,
+                          scalar_lowrank_op, short_conv_op)
 
 
 @pytest.fixture(scope="module")
@@ -50,20 +51,21 @@ def test_auto_uses_kernels_verified_for_the_platform(op, on_accelerator, monkeyp
 @pytest.mark.parametrize("platform", ["cuda", "tpu"])
 def test_a_parallel_core_is_trusted_where_its_kernel_parts_are(op, on_accelerator, monkeypatch, platform):
     """``auto`` takes a ``ParallelCore``'s kernels where every part that has one is verified:
-    Falcon-H1's Mamba-2 part is not (XLA there); the verified RG-LRU-like core beside an attention
-    part, which has no kernel and runs XLA either way, is on cuda."""
+    Falcon-H1's Mamba-2 and attention parts are not (XLA there); the verified RG-LRU-like core
+    beside a short convolution, which has no kernel and runs XLA either way, is on cuda."""
     monkeypatch.setattr(pallas, "default_platform", lambda: platform)
     falcon = falcon_h1_op(L_=4, B=1).core
     assert pallas.has_kernel(falcon) and not pallas.trusted(falcon)
     assert resolve_impl("auto", falcon) == "xla"
-    mixed = ParallelCore(parts=(scalar_lowrank_op(L_=4, B=1).core, falcon.parts[1]), repeats=(1, 8))
+    mixed = ParallelCore(parts=(scalar_lowrank_op(L_=4, B=1).core, short_conv_op(L_=4, B=1).core), repeats=(1, 1))
     assert pallas.trusted(mixed) == (platform == "cuda")
     assert resolve_impl("auto", mixed) == ("pallas" if platform == "cuda" else "xla")
 
 
-@pytest.mark.parametrize("make", [delta_op, kda_op, dplr_op, mlstm_op], ids=["delta", "kda", "dplr", "mlstm"])
-def test_head_matrix_cores_take_the_cpu_kernel_on_cpu_and_xla_on_accelerators(make, monkeypatch):
-    """The README's Limitations: the delta-rule, DPLR and mLSTM matrices' Pallas kernels are
+@pytest.mark.parametrize("make", [delta_op, kda_op, dplr_op, mlstm_op, local_attention_op],
+                         ids=["delta", "kda", "dplr", "mlstm", "attention"])
+def test_unverified_kernels_take_the_cpu_kernel_on_cpu_and_xla_on_accelerators(make, monkeypatch):
+    """The README's Limitations: the delta-rule, DPLR, mLSTM and attention Pallas kernels are
     verified on no platform, so ``auto`` computes them with XLA on a GPU or TPU; on CPU it takes
     the fused CPU kernel (the suite's size threshold is 0)."""
     core = make(L_=6, B=1).core

@@ -29,14 +29,13 @@ from kernel_cores import BUILDERS
 TRITON = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
 KERNEL_CALL = {"cuda": "__gpu$xla.gpu.triton", "tpu": "tpu_custom_call"}
 # Per pallas_call: the tile kernels come twice, plain and NaN-safe under one lax.cond
-# (kernels.pallas.calls.nan_safe_call), except RWKV-4's, whose tiles have no matmul to spread a
-# NaN; it runs a row-statistics kernel before its tile kernel.
-CALLS = {"rwkv": 2}
-# ParallelCores run each part that has a kernel through it: the module holds that part's calls in
-# one function, called once per such part (Zamba's two Mamba-1 heads share it). Falcon-H1's
-# attention part has no Pallas kernel and is XLA (softmax exps outside the calls).
-PARTS_WITH_KERNELS = {"zamba": 2, "falcon_h1": 1}
-XLA_PARTS = {"falcon_h1"}
+# (kernels.pallas.calls.nan_safe_call), except RWKV-4's and attention's, whose tiles have no matmul
+# to spread a NaN; each runs a row-statistics kernel before its tile kernel.
+CALLS = {"rwkv": 2, "attention": 2}
+# ParallelCores run each part through its kernel: the module holds a part's calls in one function,
+# called once per part (Zamba's two Mamba-1 heads share it); Falcon-H1: Mamba-2's 2, attention's 2.
+CALLS.update(falcon_h1=4)
+PARTS_WITH_KERNELS = {"zamba": 2, "falcon_h1": 2}
 # The head-matrix kernels (delta rule, DPLR) are the chunk recurrence giving every head's (Lp, Lp)
 # matrix; their O(L C) chunk factors (exps of in-chunk decays) are XLA, so exps outside the call
 # are expected.
@@ -89,7 +88,8 @@ def test_kernel_exports_as_a_compiled_call(ops, name, what, platform):
             f = lambda o: o.materialize(impl="pallas")
             shape = (B, op.shape[1], L, L)
         else:
-            f = lambda o: o.reduce("weighted", weights=o.values, key_weights=o.values, impl="pallas")
+            w = jax.random.normal(jax.random.PRNGKey(0), (B, op.shape[1], L))
+            f = lambda o: o.reduce("weighted", weights=w, key_weights=w + 1, impl="pallas")
             shape = (B, L, L)
         exp = export.export(jax.jit(f), platforms=[platform], disabled_checks=[TRITON])(op)
         text = exp.mlir_module()
@@ -102,7 +102,7 @@ def test_kernel_exports_as_a_compiled_call(ops, name, what, platform):
             calls = [line for line in text.splitlines() if KERNEL_CALL[platform] in line]
             out = re.search(rf"-> tensor<{B}x{op.core.num_heads}x(\d+)x(\d+)xf32>", calls[0])
             assert out and out[1] == out[2] and int(out[1]) >= L, calls[0][-200:]
-        elif name not in XLA_PARTS:  # no interpreted tile math left in the HLO: every exp is inside the calls
+        else:  # no interpreted tile math left in the HLO: every exp is inside the kernel calls
             assert "stablehlo.exponential" not in text
         other = "tpu" if platform == "cuda" else "cuda"
         assert kernel_calls(text, other) == 0

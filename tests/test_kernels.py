@@ -13,12 +13,11 @@ import jax.numpy as jnp
 import pytest
 
 from implicit_attn import kernels
-from implicit_attn.families import griffin
 from implicit_attn.families.xlstm.naive import naive_head_matrix
 from implicit_attn.kernels import pallas
 from implicit_attn.kernels.pallas import calls, plans
 from implicit_attn.operator import ImplicitOperator, ParallelCore, resolve_impl
-from kernel_cores import BUILDERS, griffin_cfg, griffin_op, scalar_lowrank_op
+from kernel_cores import BUILDERS, griffin_op, mamba2_op, scalar_lowrank_op, short_conv_op
 
 B, L, TILE = 2, 37, 8  # the builders' default shapes; tile 8 gives 5 x 5 tiles
 HOWS = ("mean", "abs_mean", "pos_mean", "weighted")
@@ -58,7 +57,7 @@ def test_materialize_and_reduce_match_xla(ops, family):
     assert np.all(np.triu(np.asarray(out), 1) == 0)  # exact zeros above the diagonal
     if family != "scalar_lowrank":  # the model's own output, through the pallas operator
         idx = jnp.asarray(chans)
-        y = jnp.einsum("bcij,bcj->bci", out, op.values[:, idx]) + op.offset[:, idx]
+        y = jnp.einsum("bcij,bcj...->bci...", out, op.values[:, idx]) + op.offset[:, idx]  # (attention: per head)
         assert rel(y, op.output[:, idx]) <= 1e-5
     w = jax.random.normal(jax.random.PRNGKey(3), (B, C, L))
     kw = jax.random.normal(jax.random.PRNGKey(4), (B, C, L))
@@ -108,6 +107,29 @@ def test_a_plan_of_heads_sums_its_heads_in_one_kernel_step(ops):
     M = mlstm_matrices64(core)
     want = np.einsum("bhi,bhij,bhj->bij", np.asarray(qw, np.float64), np.abs(M), np.asarray(kw, np.float64))
     assert rel(got, want) <= 1e-5
+
+
+def attention64(core):
+    """Every head's masked softmax of ``core`` (an ``AttentionCore``) in float64: ``(B, H, L, L)``."""
+    q, k, seg = (np.asarray(x, np.float64) for x in (core.q, core.k, core.seg))
+    B, H, L, _ = q.shape
+    k = np.repeat(k, H // k.shape[1], axis=1)
+    i, j = np.arange(L)[:, None], np.arange(L)[None, :]
+    visible = (j <= i) & (i - j < core.window) & (seg[:, None, :, None] == seg[:, None, None, :])
+    logits = np.where(visible, np.einsum("bhid,bhjd->bhij", q, k), -np.inf)
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_attention_kernel_masks_window_documents_and_groups(ops):
+    """Griffin's local attention with a window of 11, grouped keys and a second document: the
+    kernel's probabilities (row statistics over the column tiles the window reaches) against
+    float64, and its fused reduce against XLA's."""
+    op = ops["attention"]
+    P = attention64(op.core)
+    assert np.all(P[1, :, 25, :20] == 0) and np.all(P[0, :, 25, :15] == 0)  # the document, the window
+    assert rel(op.materialize(impl="pallas"), P) <= 1e-5
+    assert rel(op.reduce("pos_mean", impl="pallas"), op.reduce("pos_mean", impl="xla")) <= 1e-5
 
 
 def test_document_mask_zeroes_cross_document_entries(ops):
@@ -169,14 +191,14 @@ def test_reduce_gradient_matches_xla(ops):
 
 
 def test_a_parallel_core_runs_each_part_through_its_own_kernel(ops):
-    """Falcon-H1's layer: the Mamba-2 part's kernel and the attention part's XLA, side by side.
+    """Falcon-H1's layer: the Mamba-2 part's kernel and the attention part's, side by side.
     Channels from both parts out of order, the same channels traced under ``jit`` (every part
     computed, then selected), the reduce over all channels (the attention heads' repeats share
-    each head's matrix) and over traced channels, and the reduce's gradient: each equals XLA."""
+    each head's matrix) and over traced channels: each equals XLA."""
     op = ops["falcon_h1"]
     core, C = op.core, op.shape[1]
     split = int(core.starts[1])  # the first attention channel
-    assert pallas.has_kernel(core.parts[0]) and not pallas.has_kernel(core.parts[1])
+    assert pallas.has_kernel(core.parts[0]) and pallas.has_kernel(core.parts[1])
     chans = [C - 1, 0, split, split - 1, split + 9]
     assert rel(op.materialize(chans, impl="pallas"), op.materialize(chans, impl="xla")) <= 1e-5
     traced = jax.jit(lambda o, c, impl: o.materialize(c, impl=impl), static_argnums=2)
@@ -186,6 +208,14 @@ def test_a_parallel_core_runs_each_part_through_its_own_kernel(ops):
         assert rel(op.reduce(how, impl="pallas", **kw), op.reduce(how, impl="xla", **kw)) <= 1e-5, how
     some = jax.jit(lambda o, c: o.reduce("pos_mean", channels=c, impl="pallas"))(op, jnp.asarray(chans))
     assert rel(some, op.reduce("pos_mean", channels=chans, impl="xla")) <= 1e-5
+
+
+def test_a_parallel_core_reduce_differentiates_like_xla(ops):
+    """The gradient of Falcon-H1's fused reduce (each part's kernel, the attention heads' repeats
+    sharing their matrix) with respect to every float leaf of the core and the weights."""
+    op = ops["falcon_h1"]
+    core = op.core
+    w = jax.random.normal(jax.random.PRNGKey(7), (B, op.shape[1], L))
 
     def loss(core, w, impl):
         o = ImplicitOperator(op.values, op.offset, op.output, core)
@@ -197,23 +227,27 @@ def test_a_parallel_core_runs_each_part_through_its_own_kernel(ops):
     assert len(pairs) > 10 and all(rel(a, b) <= 1e-5 for a, b in pairs)
 
 
-def test_a_parallel_core_without_any_kernel_part_is_refused(ops):
-    attention = ops["falcon_h1"].core.parts[1]
-    core = ParallelCore(parts=(attention, attention), repeats=(1, 1))
+def test_a_parallel_core_takes_kernels_where_a_part_has_one():
+    """A short convolution (no Pallas kernel) beside a Mamba-2 core: the convolution's channels by
+    XLA, the Mamba-2 ones by the kernel; two convolutions alone are refused, naming the parts."""
+    conv, m2 = short_conv_op(), mamba2_op()
+    values = jnp.concatenate([conv.values, m2.values], axis=1)
+    mixed = ImplicitOperator(values, jnp.zeros_like(values), values,
+                             ParallelCore(parts=(conv.core, m2.core), repeats=(1, 1)))
+    C = mixed.shape[1]
+    assert rel(mixed.materialize([C - 1, 0], impl="pallas"), mixed.materialize([C - 1, 0], impl="xla")) <= 1e-5
+    assert rel(mixed.reduce("abs_mean", impl="pallas"), mixed.reduce("abs_mean", impl="xla")) <= 1e-5
+    core = ParallelCore(parts=(conv.core, conv.core), repeats=(1, 1))
     assert not pallas.has_kernel(core)
-    with pytest.raises(TypeError, match="none of its parts has a kernel .parts: AttentionCore, AttentionCore"):
+    with pytest.raises(TypeError, match="none of its parts has a kernel .parts: ShortConvCore, ShortConvCore"):
         kernels.pallas_dense(core, [0])
 
 
-def test_attention_core_has_no_kernel():
-    cfg = griffin_cfg()
-    params = griffin.init_params(cfg, jax.random.PRNGKey(1))
-    p = params["layers"][1]["temporal_block"]
-    h = jax.random.normal(jax.random.PRNGKey(2), (1, 5, 8))
-    op = griffin.block.attention_operator_jit(p, h, jnp.arange(5)[None], cfg=cfg)
-    with pytest.raises(TypeError, match="AttentionCore"):
+def test_short_conv_core_has_no_kernel():
+    op = short_conv_op(L_=5, B=1)
+    with pytest.raises(TypeError, match="ShortConvCore"):
         op.materialize(impl="pallas")
-    with pytest.raises(TypeError, match="AttentionCore"):
+    with pytest.raises(TypeError, match="ShortConvCore"):
         op.reduce(impl="pallas")
     assert not pallas.has_kernel(op.core)
     assert resolve_impl("auto", op.core) != "pallas"  # the fused CPU kernel on CPU, else XLA

@@ -113,11 +113,13 @@ def test_nan_at_t_leaves_rows_before_t_of_h_and_outputs_unchanged(model_type):
 
 
 # One family per core with a Pallas kernel: Mamba-1's per-state decay, Mamba-2's heads (q k^T
-# and the conv), Griffin's RG-LRU, RWKV-4's WKV, the delta rule, RWKV-7's DPLR, the mLSTM, and the
-# parallel cores of Zamba (Mamba-1 heads) and Falcon-H1 (Mamba-2 beside attention, which runs XLA).
-PALLAS_CORES = {"mamba": "StateDecayCore", "mamba2": "Mamba2Core", "recurrent_gemma": "ScalarDecayCore",
-                "rwkv": "RwkvCore", "qwen3_next": "DeltaRuleCore", "rwkv7": "DplrCore", "xlstm": "MlstmCore",
-                "zamba": "ParallelCore", "falcon_h1": "ParallelCore"}
+# and the conv), Griffin's RG-LRU and local attention, RWKV-4's WKV, the delta rule and global
+# attention, RWKV-7's DPLR, the mLSTM, and the parallel cores of Zamba (Mamba-1 heads; its shared
+# attention too) and Falcon-H1 (Mamba-2 beside attention): the core types of the tiny models' layers.
+PALLAS_CORES = {"mamba": {"StateDecayCore"}, "mamba2": {"Mamba2Core"},
+                "recurrent_gemma": {"ScalarDecayCore", "AttentionCore"}, "rwkv": {"RwkvCore"},
+                "qwen3_next": {"DeltaRuleCore", "AttentionCore"}, "rwkv7": {"DplrCore"}, "xlstm": {"MlstmCore"},
+                "zamba": {"ParallelCore", "AttentionCore"}, "falcon_h1": {"ParallelCore"}}
 
 
 @pytest.mark.parametrize("model_type", sorted(PALLAS_CORES))
@@ -142,7 +144,7 @@ def test_pallas_kernels_keep_nan_causal(model_type):
         np.testing.assert_allclose(H, Hx, atol=1e-5, err_msg=f"layer {i}")  # NaN where Hx has NaN
         r, r0 = (np.asarray(op.reduce("abs_mean", impl="pallas")) for op in (poisoned, clean))
         np.testing.assert_array_equal(r[:, :T], r0[:, :T], err_msg=f"layer {i}")
-    assert seen == {PALLAS_CORES[model_type]}, seen
+    assert seen == PALLAS_CORES[model_type], seen
 
 
 def test_pallas_kernels_keep_exact_zeros_above_the_diagonal_after_an_overflow():

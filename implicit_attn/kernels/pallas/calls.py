@@ -1,4 +1,5 @@
-"""The Pallas kernels: tiled materialize, fused channel reduction, softmax row statistics.
+"""The Pallas kernels: tiled materialize, fused channel reduction, softmax row statistics
+(RWKV-4's and attention's).
 
 One kernel family for every block: a tile of ``H_c`` is the plan's pre-conv tile, then
 the banded conv (two ``(T, T)`` matmuls: the conv reaches at most ``K - 1 <= T`` columns
@@ -190,7 +191,12 @@ def _pre_tile(R: _Tile, I, Jx, side):
     """Tile ``(I, Jx)`` (``Jx <= I``) of ``H_c`` before the conv: ``(T, T)`` float32."""
     plan, T = R.plan, R.plan.T
     is_diag = Jx == I
-    if plan.kind == "softmax":
+    if plan.kind == "attention":
+        lg, visible = tiles.attention_logits(R.col("q"), R.col("k", side), R.shared("seg_col", "i"),
+                                             R.shared("seg_row", side), I * T, Jx * T, plan.window)
+        # where(): a NaN row (a NaN logit, as in XLA's softmax) keeps exact zeros where masked
+        H = jnp.where(visible, jnp.exp(lg - R.col("m")) / R.col("z"), 0.0)
+    elif plan.kind == "softmax":
         lg = tiles.decay_rows_logits(R.row("k", side), R.param("w"), R.param("u"), I * T, Jx * T, T)
         H = jnp.exp(lg - R.col("m")) / R.col("z")
         if R.has("gate"):
@@ -254,8 +260,8 @@ def nan_safe_call(plan: Plan, call):
     (fewer matmuls) elsewhere: the two kernels under one ``lax.cond``; under ``jax.vmap`` the
     NaN-safe tiles for the whole batch if any example holds a NaN (``ops.any_in_batch``: a batched
     predicate would run both kernels). Tiles without a matmul that could spread a NaN (no
-    in-tile segment sums, no conv: RWKV-4's) are one kernel."""
-    if plan.kind == "softmax" and not plan.conv:
+    in-tile segment sums, no conv: RWKV-4's, attention's) are one kernel."""
+    if plan.kind in ("softmax", "attention") and not plan.conv:
         return call(plan)
     return jax.lax.cond(any_in_batch(has_nan(plan)), lambda: call(dataclasses.replace(plan, nan_safe=True)),
                         lambda: call(plan))
@@ -275,6 +281,11 @@ def _plan_inputs(plan: Plan, Cb: int) -> _Inputs:
             inp.row("k", v["k"], s, T)
         inp.param("w", plan.param["w"])
         inp.param("u", plan.param["u"])
+    elif plan.kind == "attention":
+        for name in ("m", "z"):
+            inp.col(name, v[name], "i", T)
+        inp.per_channel("q", plan.shared["q"], "i", T)
+        inp.per_channel("k", plan.shared["k"], "j0", T)
     else:
         for name in ("t", "P", "left", "diag", "row_log"):
             if name in v:
@@ -368,7 +379,8 @@ def reduce(plan: Plan, mode, qw, kw, target: Target):
 
         def channels():
             # The channels of one step share their group's q k^T tiles: one matmul per group.
-            shared = Cb > 1 and not plan.heads  # a plan of heads has one q, k per channel: nothing to share
+            # (a plan of heads, or attention, has one q, k per channel: nothing to share)
+            shared = Cb > 1 and plan.kind == "scalar" and not plan.heads
             qk = group_products(refd, ("j0", "j1") if plan.conv else ("j0",)) if shared else None
 
             def body(cl, acc):
@@ -441,6 +453,51 @@ def softmax_stats(plan: Plan, target: Target) -> Plan:
         out_shape=[jax.ShapeDtypeStruct((B, n, Lp, 1), f32)] * 2)(k4, w, u)
     vec = dict(plan.vec, m=m[..., 0], z=z[..., 0])
     return dataclasses.replace(plan, vec=vec)
+
+
+def attention_stats(plan: Plan, target: Target) -> Plan:
+    """Row max ``m`` and normaliser ``z = sum_j exp(l[i, j] - m[i])`` of every head's masked
+    logits (online over the column tiles from the first the window reaches to ``I``); returns
+    the plan with ``m, z (B, n, Lp)`` in its ``vec``."""
+    q, k, seg = plan.shared["q"], plan.shared["k"], plan.shared["seg"]
+    B, n, Lp, d = q.shape
+    T, W = plan.T, plan.window
+    nt = Lp // T
+    ntp = next_pow2(nt)  # whole-row blocks: Triton's block dimensions are powers of two
+    k = jnp.pad(k, ((0, 0), (0, 0), (0, ntp * T - Lp), (0, 0)))
+    seg_rows = jnp.pad(seg, ((0, 0), (0, ntp * T - Lp)), constant_values=-1).reshape(B, ntp, T)
+
+    def kernel(q_ref, k_ref, seg_col_ref, seg_row_ref, m_ref, z_ref):
+        I = pl.program_id(1)
+        qI, seg_col = q_ref[0, 0], seg_col_ref[0]
+
+        def body(J, mz):
+            m, z = mz
+            lg, _ = tiles.attention_logits(qI, k_ref[0, 0, pl.ds(J * T, T), :], seg_col,
+                                           seg_row_ref[0, pl.ds(J, 1), :], I * T, J * T, W)
+            m_new = jnp.maximum(m, jnp.max(lg, axis=1, keepdims=True))
+            # rows with nothing visible yet (window, documents) keep m = -inf: shift by 0
+            shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+            z = z * jnp.exp(m - shift) + jnp.sum(jnp.exp(lg - shift), axis=1, keepdims=True)
+            return m_new, z
+
+        # lax.div (the numerator is >= 0): `//` lowers through sign(), which Mosaic resolves by
+        # asking the TPU it lowers on for its kind
+        first = jax.lax.div(jnp.maximum(I * T - (W - 1), 0), T)
+        m0 = jnp.full((T, 1), -jnp.inf, f32)
+        m, z = jax.lax.fori_loop(first, I + 1, body, (m0, jnp.zeros((T, 1), f32)))
+        m_ref[0, 0] = m
+        z_ref[0, 0] = z
+
+    m, z = target.call(
+        kernel, grid=(B, nt, n),
+        in_specs=[pl.BlockSpec((1, 1, T, d), lambda b, I, c: (b, c, I, 0)),
+                  pl.BlockSpec((1, 1, ntp * T, d), lambda b, I, c: (b, c, 0, 0)),
+                  pl.BlockSpec((1, T, 1), lambda b, I, c: (b, I, 0)),
+                  pl.BlockSpec((1, ntp, T), lambda b, I, c: (b, 0, 0))],
+        out_specs=[pl.BlockSpec((1, 1, T, 1), lambda b, I, c: (b, c, I, 0))] * 2,
+        out_shape=[jax.ShapeDtypeStruct((B, n, Lp, 1), f32)] * 2)(q, k, seg[:, :, None], seg_rows)
+    return dataclasses.replace(plan, vec=dict(plan.vec, m=m[..., 0], z=z[..., 0]))
 
 
 def _source_identity(on_diag, T):

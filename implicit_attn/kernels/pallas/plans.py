@@ -8,6 +8,8 @@ Three tile kinds serve every block:
 * ``"state"``: ``diag(l) [sum_n q k exp(A_n T^{dt})] diag(r) + diag(d)`` (Mamba-1);
 * ``"softmax"``: ``diag(gate) softmax_rows(l)`` (RWKV-4), with row statistics from a
   first pass;
+* ``"attention"``: masked ``softmax_rows(q k^T)`` per head (``AttentionCore``: causal, local
+  window, documents, grouped keys), with row statistics from a first pass;
 * the scalar kind over a core's heads (``Plan.heads``): the mLSTM's matrices ``M_h``
   (``MlstmCore``), one ``q, k`` per head and the row and column log weights ``-m``, ``log i``
   inside the exponential; each channel's ``H_c`` is then its head's ``M_h`` with the
@@ -31,8 +33,8 @@ from typing import Callable
 
 import jax.numpy as jnp
 
-from ...operator import (DeltaRuleCore, DocumentMaskedCore, DplrCore, Mamba2Core, MlstmCore, RwkvCore,
-                         ScalarDecayCore, StateDecayCore)
+from ...operator import (AttentionCore, DeltaRuleCore, DocumentMaskedCore, DplrCore, Mamba2Core, MlstmCore,
+                         RwkvCore, ScalarDecayCore, StateDecayCore)
 from ...ops import chunk_factors, chunk_sums, dplr_factors
 
 f32 = jnp.float32
@@ -67,25 +69,28 @@ class Plan:
     """Kernel inputs for ``n`` selected channels, time padded to ``Lp = nt * T``.
 
     Attributes:
-      kind: ``"scalar"``, ``"state"`` or ``"softmax"``.
+      kind: ``"scalar"``, ``"state"``, ``"softmax"`` or ``"attention"``.
       L, T: true length and tile edge.
       vec: name -> ``(B, n, Lp)`` float32 per-channel rows. Decay kinds: ``t`` (log decays
         or step sizes), ``P`` (inclusive in-tile prefix sums of ``t``), ``S`` (exclusive
         in-tile suffix sums), optional ``left, right, diag``; the scalar kind also optional
         ``row_log, col_log`` (log weights of rows and columns added inside the exponential,
-        both or neither). Softmax: ``k``, optional ``gate``.
+        both or neither). Softmax: ``k``, optional ``gate``. Softmax and attention: the row
+        statistics ``m, z`` (added by their first kernel).
       mid: ``(B, n, nt, ntp)`` sums of the whole tiles strictly between row tile ``I`` and
         column tile ``J`` (decay kinds; ``ntp`` = ``nt`` padded to a power of two), else None.
       param: name -> ``(n, X)`` per-channel parameters (``A``, ``conv_w``, ``w``, ``u``, ``group``).
       shared: name -> per-example arrays: ``q, k`` (``(B, G, Lp, N)`` scalar kind,
-        ``(B, Lp, N)`` state kind, ``(B, n, Lp, N)`` for a plan of heads; ``N`` padded to >= 16,
-        a power of two), ``seg (B, Lp)``.
+        ``(B, Lp, N)`` state kind, ``(B, n, Lp, N)`` for a plan of heads and for attention;
+        ``N`` padded to >= 16, a power of two), ``seg (B, Lp)``.
       conv: the conv width ``K`` (0: no conv).
       nan_safe: the tiles keep NaN where the elementwise form has it (two matmuls where one
         does otherwise; ``calls.nan_safe_call`` picks them for inputs that hold a NaN).
       heads: the plan's channels are the core's heads (``HeadMatrixCore``): one ``q, k`` per
         channel, and its ``materialize`` gives every ``M_h``, from which the caller forms the
         channels asked for.
+      window: the attention kind's window (keys at distance ``>= window`` are masked), at most
+        ``Lp``; None for the other kinds.
     """
 
     kind: str
@@ -98,6 +103,7 @@ class Plan:
     conv: int = 0
     nan_safe: bool = False
     heads: bool = False
+    window: int | None = None
 
     @property
     def Lp(self) -> int:
@@ -206,6 +212,20 @@ def plan_softmax(core, idx, T: int) -> Plan:
         vec["gate"] = _rows(core.gate, idx, Lp)
     param = {"w": jnp.take(core.w, idx)[:, None].astype(f32), "u": jnp.take(core.u, idx)[:, None].astype(f32)}
     return Plan("softmax", L, T, vec, None, param, {})
+
+
+@plan_for(AttentionCore)
+def plan_attention(core, idx, T: int) -> Plan:
+    """``AttentionCore`` -> attention plan: each selected head's queries and its group's keys
+    ``(B, n, Lp, d)`` (``d`` padded to a power of two >= 16) and the document ids padded with -1;
+    its ``vec`` is empty until the caller adds the row statistics ``m, z``."""
+    H, L = core.q.shape[1:3]
+    Lp = _padded_length(L, T)
+    kv = idx // (H // core.k.shape[1])
+    shared = {"q": _feature_pad(_pad_axis(jnp.take(core.q, idx, axis=1), 2, Lp), 3),
+              "k": _feature_pad(_pad_axis(jnp.take(core.k, kv, axis=1), 2, Lp), 3),
+              "seg": _pad_axis(core.seg.astype(jnp.int32), 1, Lp, -1)}
+    return Plan("attention", L, T, {}, None, {}, shared, window=int(min(core.window, Lp)))
 
 
 @plan_for(MlstmCore)

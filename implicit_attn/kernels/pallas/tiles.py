@@ -176,3 +176,21 @@ def decay_rows_logits(k_row, w, u, I0, J0, T: int):
     # where(): dist 0 (j = i-1) must give 0 even for w = -inf.
     rel = jnp.where(j < i, jnp.where(dist > 0, dist * w, 0.0), u)
     return jnp.where(j <= i, rel + k_row, -jnp.inf)
+
+
+def attention_logits(q, k, seg_col, seg_row, I0, J0, window: int):
+    """Masked attention logits of one tile: ``q_i . k_j`` where key ``j`` is visible to query
+    ``i`` (``j <= i``, ``i - j < window``, same document), ``-inf`` elsewhere; and that mask.
+
+    Args:
+      q, k: ``(T, d)`` the row tile's queries and the column tile's keys.
+      seg_col: ``(T, 1)`` document ids of the rows; seg_row: ``(1, T)`` of the columns.
+      I0, J0: the tiles' first positions; window: a static int.
+    Returns:
+      ``(logits (T, T), visible (T, T) bool)``.
+    """
+    T = q.shape[0]
+    i = iota2((T, T), 0) + I0
+    j = iota2((T, T), 1) + J0
+    visible = (j <= i) & (i - j < window) & (seg_col == seg_row)
+    return jnp.where(visible, dot_t(q, k), -jnp.inf), visible
