@@ -10,7 +10,7 @@ import numpy as np
 
 from implicit_attn.families import (falcon_h1, griffin, kimi_linear, lfm2, mamba, mamba2, qwen3_next, rwkv, rwkv6,
                                     rwkv7, xlstm, zamba)
-from implicit_attn.operator import ImplicitOperator, ScalarDecayCore
+from implicit_attn.operator import ImplicitOperator, LaSCore, ScalarDecayCore
 
 B, L = 2, 37
 
@@ -133,9 +133,17 @@ def falcon_h1_op(L_=L, B=B):
 
 
 def short_conv_op(L_=L, B=B):
-    """An LFM2 short-convolution layer (``ShortConvCore``: no Pallas kernel; not in ``BUILDERS``)."""
+    """An LFM2 short-convolution layer (``ShortConvCore``: the banded conv matrix, gated both sides)."""
     cfg, p, h = tiny_mixer_params(lfm2.SPEC, L_, B)
     return lfm2.block.mixer_operator_jit(p, h, cfg=cfg, kind="conv")
+
+
+def las_core(L_=L, B=B):
+    """A LaS attention core (2 heads, random ``q, k``; ``LaSCore`` has no Pallas kernel, so it is not
+    in ``BUILDERS``)."""
+    r = np.random.default_rng(3)
+    q, k = (jnp.asarray(r.standard_normal((B, 2, L_, 3)), jnp.float32) for _ in range(2))
+    return LaSCore(q=q, k=k)
 
 
 def scalar_lowrank_op(L_=L, B=B):
@@ -155,4 +163,4 @@ def scalar_lowrank_op(L_=L, B=B):
 BUILDERS = {"mamba": mamba_op, "mamba2": mamba2_op, "griffin": griffin_op, "rwkv": rwkv_op,
             "scalar_lowrank": scalar_lowrank_op, "delta": delta_op, "kda": kda_op,
             "dplr": dplr_op, "dplr_before": dplr_before_op, "mlstm": mlstm_op, "attention": local_attention_op,
-            "zamba": zamba_op, "falcon_h1": falcon_h1_op}
+            "short_conv": short_conv_op, "zamba": zamba_op, "falcon_h1": falcon_h1_op}

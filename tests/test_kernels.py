@@ -17,7 +17,7 @@ from implicit_attn.families.xlstm.naive import naive_head_matrix
 from implicit_attn.kernels import pallas
 from implicit_attn.kernels.pallas import calls, plans
 from implicit_attn.operator import ImplicitOperator, ParallelCore, resolve_impl
-from kernel_cores import BUILDERS, griffin_op, mamba2_op, scalar_lowrank_op, short_conv_op
+from kernel_cores import BUILDERS, griffin_op, las_core, mamba2_op, scalar_lowrank_op
 
 B, L, TILE = 2, 37, 8  # the builders' default shapes; tile 8 gives 5 x 5 tiles
 HOWS = ("mean", "abs_mean", "pos_mean", "weighted")
@@ -228,32 +228,44 @@ def test_a_parallel_core_reduce_differentiates_like_xla(ops):
 
 
 def test_a_parallel_core_takes_kernels_where_a_part_has_one():
-    """A short convolution (no Pallas kernel) beside a Mamba-2 core: the convolution's channels by
-    XLA, the Mamba-2 ones by the kernel; two convolutions alone are refused, naming the parts."""
-    conv, m2 = short_conv_op(), mamba2_op()
-    values = jnp.concatenate([conv.values, m2.values], axis=1)
-    mixed = ImplicitOperator(values, jnp.zeros_like(values), values,
-                             ParallelCore(parts=(conv.core, m2.core), repeats=(1, 1)))
+    """LaS attention (no Pallas kernel) beside a Mamba-2 core: the LaS heads by XLA, the Mamba-2
+    channels by the kernel; LaS cores alone are refused, naming the parts."""
+    m2 = mamba2_op()
+    las = las_core()
+    values = jnp.concatenate([jnp.ones((B, 2, L)), m2.values], axis=1)
+    mixed = ImplicitOperator(values, jnp.zeros_like(values), values, ParallelCore(parts=(las, m2.core), repeats=(1, 1)))
     C = mixed.shape[1]
     assert rel(mixed.materialize([C - 1, 0], impl="pallas"), mixed.materialize([C - 1, 0], impl="xla")) <= 1e-5
     assert rel(mixed.reduce("abs_mean", impl="pallas"), mixed.reduce("abs_mean", impl="xla")) <= 1e-5
-    core = ParallelCore(parts=(conv.core, conv.core), repeats=(1, 1))
+    core = ParallelCore(parts=(las, las), repeats=(1, 1))
     assert not pallas.has_kernel(core)
-    with pytest.raises(TypeError, match="none of its parts has a kernel .parts: ShortConvCore, ShortConvCore"):
+    with pytest.raises(TypeError, match="none of its parts has a kernel .parts: LaSCore, LaSCore"):
         kernels.pallas_dense(core, [0])
 
 
-def test_short_conv_core_has_no_kernel():
-    op = short_conv_op(L_=5, B=1)
-    with pytest.raises(TypeError, match="ShortConvCore"):
+def test_las_core_has_no_kernel():
+    v = jnp.ones((1, 2, 5))
+    op = ImplicitOperator(v, jnp.zeros_like(v), v, las_core(L_=5, B=1))
+    with pytest.raises(TypeError, match="LaSCore"):
         op.materialize(impl="pallas")
-    with pytest.raises(TypeError, match="ShortConvCore"):
+    with pytest.raises(TypeError, match="LaSCore"):
         op.reduce(impl="pallas")
     assert not pallas.has_kernel(op.core)
-    assert resolve_impl("auto", op.core) != "pallas"  # the fused CPU kernel on CPU, else XLA
+    assert resolve_impl("auto", op.core) == "xla"  # no CPU kernel either
     assert resolve_impl("pallas", scalar_lowrank_op().core) == "pallas"
     with pytest.raises(ValueError, match="impl must be one of"):
         op.materialize(impl="triton")
+
+
+def test_short_conv_kernel_without_the_input_gate(ops):
+    """LFM2's operator without ``right`` (a variant that drops the input gate): the band alone,
+    scaled on the left; exact zeros off the band where the left scaling is NaN."""
+    op = ops["short_conv"]
+    core = dataclasses.replace(op.core, right=None, left=op.core.left.at[0, 1, 30].set(jnp.nan))
+    a, b = kernels.pallas_dense(core, [1, 0]), core.dense(jnp.asarray([1, 0]))
+    np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
+    assert np.isnan(a[0, 0, 30, 28:31]).all() and not np.isnan(a[0, 0, 30, :28]).any()
+    assert rel(np.nan_to_num(a), np.nan_to_num(b)) <= 1e-6
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="what auto picks on CPU")

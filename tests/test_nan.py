@@ -115,11 +115,13 @@ def test_nan_at_t_leaves_rows_before_t_of_h_and_outputs_unchanged(model_type):
 # One family per core with a Pallas kernel: Mamba-1's per-state decay, Mamba-2's heads (q k^T
 # and the conv), Griffin's RG-LRU and local attention, RWKV-4's WKV, the delta rule and global
 # attention, RWKV-7's DPLR, the mLSTM, and the parallel cores of Zamba (Mamba-1 heads; its shared
-# attention too) and Falcon-H1 (Mamba-2 beside attention): the core types of the tiny models' layers.
+# attention too) and Falcon-H1 (Mamba-2 beside attention), and LFM2's short convolution: the core
+# types of the tiny models' layers.
 PALLAS_CORES = {"mamba": {"StateDecayCore"}, "mamba2": {"Mamba2Core"},
                 "recurrent_gemma": {"ScalarDecayCore", "AttentionCore"}, "rwkv": {"RwkvCore"},
                 "qwen3_next": {"DeltaRuleCore", "AttentionCore"}, "rwkv7": {"DplrCore"}, "xlstm": {"MlstmCore"},
-                "zamba": {"ParallelCore", "AttentionCore"}, "falcon_h1": {"ParallelCore"}}
+                "zamba": {"ParallelCore", "AttentionCore"}, "falcon_h1": {"ParallelCore"},
+                "lfm2": {"ShortConvCore", "AttentionCore"}}
 
 
 @pytest.mark.parametrize("model_type", sorted(PALLAS_CORES))

@@ -227,6 +227,9 @@ def _pre_tile(R: _Tile, I, Jx, side):
 def _tile(R: _Tile, I, J):
     """Tile ``(I, J)`` (``J <= I``) of the full ``H_c``: conv and document mask applied."""
     plan, T = R.plan, R.plan.T
+    if plan.kind == "band":  # the conv matrix itself, scaled on both sides
+        right = R.row("right", "j0") if R.has("right", "j0") else None
+        return tiles.band(R.param("conv_w"), plan.conv, I, J, R.col("left"), right)
     if not plan.conv:
         H = _pre_tile(R, I, J, "j0")
     else:
@@ -260,8 +263,8 @@ def nan_safe_call(plan: Plan, call):
     (fewer matmuls) elsewhere: the two kernels under one ``lax.cond``; under ``jax.vmap`` the
     NaN-safe tiles for the whole batch if any example holds a NaN (``ops.any_in_batch``: a batched
     predicate would run both kernels). Tiles without a matmul that could spread a NaN (no
-    in-tile segment sums, no conv: RWKV-4's, attention's) are one kernel."""
-    if plan.kind in ("softmax", "attention") and not plan.conv:
+    in-tile segment sums, no conv matmul: RWKV-4's, attention's, the band's) are one kernel."""
+    if plan.kind in ("attention", "band") or (plan.kind == "softmax" and not plan.conv):
         return call(plan)
     return jax.lax.cond(any_in_batch(has_nan(plan)), lambda: call(dataclasses.replace(plan, nan_safe=True)),
                         lambda: call(plan))
@@ -281,6 +284,10 @@ def _plan_inputs(plan: Plan, Cb: int) -> _Inputs:
             inp.row("k", v["k"], s, T)
         inp.param("w", plan.param["w"])
         inp.param("u", plan.param["u"])
+    elif plan.kind == "band":
+        inp.col("left", v["left"], "i", T)
+        if "right" in v:
+            inp.row("right", v["right"], "j0", T)
     elif plan.kind == "attention":
         for name in ("m", "z"):
             inp.col(name, v[name], "i", T)

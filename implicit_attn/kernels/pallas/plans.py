@@ -10,6 +10,8 @@ Three tile kinds serve every block:
   first pass;
 * ``"attention"``: masked ``softmax_rows(q k^T)`` per head (``AttentionCore``: causal, local
   window, documents, grouped keys), with row statistics from a first pass;
+* ``"band"``: ``diag(l) M diag(r)`` with ``M`` a banded causal conv matrix (LFM2's short
+  convolution, ``ShortConvCore``): nonzero only in the diagonal tile and the one left of it;
 * the scalar kind over a core's heads (``Plan.heads``): the mLSTM's matrices ``M_h``
   (``MlstmCore``), one ``q, k`` per head and the row and column log weights ``-m``, ``log i``
   inside the exponential; each channel's ``H_c`` is then its head's ``M_h`` with the
@@ -34,7 +36,7 @@ from typing import Callable
 import jax.numpy as jnp
 
 from ...operator import (AttentionCore, DeltaRuleCore, DocumentMaskedCore, DplrCore, Mamba2Core, MlstmCore,
-                         RwkvCore, ScalarDecayCore, StateDecayCore)
+                         RwkvCore, ScalarDecayCore, ShortConvCore, StateDecayCore)
 from ...ops import chunk_factors, chunk_sums, dplr_factors
 
 f32 = jnp.float32
@@ -69,7 +71,7 @@ class Plan:
     """Kernel inputs for ``n`` selected channels, time padded to ``Lp = nt * T``.
 
     Attributes:
-      kind: ``"scalar"``, ``"state"``, ``"softmax"`` or ``"attention"``.
+      kind: ``"scalar"``, ``"state"``, ``"softmax"``, ``"attention"`` or ``"band"``.
       L, T: true length and tile edge.
       vec: name -> ``(B, n, Lp)`` float32 per-channel rows. Decay kinds: ``t`` (log decays
         or step sizes), ``P`` (inclusive in-tile prefix sums of ``t``), ``S`` (exclusive
@@ -141,12 +143,18 @@ def _decay_plan(kind, T, t, idx, left, right, diag, conv_w, shared, param, L):
             vec[name] = _pad_axis(v.astype(f32), 2, Lp)
     K = 0
     if conv_w is not None:
-        K = conv_w.shape[-1]
-        if K - 1 > T:
-            raise ValueError(f"conv width {K} needs a tile of at least {K - 1}, got {T}")
-        param["conv_w"] = _pad_axis(jnp.take(conv_w, idx, axis=0).astype(f32), 1, next_pow2(K))
+        K, param["conv_w"] = _conv_filters(conv_w, idx, T)
     mid = _pad_axis(between, 3, next_pow2(nt))
     return Plan(kind, L, T, vec, mid, param, shared, K)
+
+
+def _conv_filters(conv_w, idx, T: int):
+    """``(K, (n, Kp))``: the conv width and the selected channels' filters ``conv_w (C, K)``
+    zero-padded to a power of two; the band must fit in two tiles (``K - 1 <= T``)."""
+    K = conv_w.shape[-1]
+    if K - 1 > T:
+        raise ValueError(f"conv width {K} needs a tile of at least {K - 1}, got {T}")
+    return K, _pad_axis(jnp.take(conv_w, idx, axis=0).astype(f32), 1, next_pow2(K))
 
 
 def _padded_length(L: int, T: int) -> int:
@@ -226,6 +234,18 @@ def plan_attention(core, idx, T: int) -> Plan:
               "k": _feature_pad(_pad_axis(jnp.take(core.k, kv, axis=1), 2, Lp), 3),
               "seg": _pad_axis(core.seg.astype(jnp.int32), 1, Lp, -1)}
     return Plan("attention", L, T, {}, None, {}, shared, window=int(min(core.window, Lp)))
+
+
+@plan_for(ShortConvCore)
+def plan_band(core, idx, T: int) -> Plan:
+    """``ShortConvCore`` -> band plan: ``diag(left) M diag(right)`` with ``M`` the conv matrix, which
+    reaches the diagonal tile and the one left of it (``Plan.conv`` is its width)."""
+    Lp = _padded_length(core.left.shape[-1], T)
+    vec = {"left": _rows(core.left, idx, Lp)}
+    if core.right is not None:
+        vec["right"] = _rows(core.right, idx, Lp)
+    K, w = _conv_filters(core.conv_w, idx, T)
+    return Plan("band", core.left.shape[-1], T, vec, None, {"conv_w": w}, {}, K)
 
 
 @plan_for(MlstmCore)

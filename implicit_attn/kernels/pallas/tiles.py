@@ -167,6 +167,21 @@ def conv_reach(K: int, T: int):
     return (d0 >= 0) & (d0 <= K - 1), (d0 + T >= 0) & (d0 + T <= K - 1)
 
 
+def band(w_row, K: int, I, J, left_col, right_row=None):
+    """Tile ``(I, J)`` of ``diag(left) M diag(right)`` with ``M`` the banded conv matrix of one
+    channel (``M[i, j] = w[K-1-(i-j)]`` for ``0 <= i-j <= K-1``, ``K - 1 <= T``): ``conv_bands``'
+    ``M0`` on the diagonal tile, ``M1`` on the one left of it, zeros elsewhere, exact zeros off
+    the band even where a scaling is NaN. ``left_col (T, 1)``, ``right_row (1, T)`` or None."""
+    T = left_col.shape[0]
+    M0, M1 = conv_bands(w_row, K, T)
+    B0, B1 = conv_reach(K, T)
+    reach = jnp.where(J == I, B0, (J + 1 == I) & B1)
+    H = left_col * jnp.where(J == I, M0, M1)
+    if right_row is not None:
+        H = H * right_row
+    return jnp.where(reach, H, 0.0)
+
+
 def decay_rows_logits(k_row, w, u, I0, J0, T: int):
     """RWKV-4 logits ``l[i, j]`` of one tile: ``(i-1-j) w + k_j`` for ``j < i``, ``u + k_i``
     on the diagonal, ``-inf`` above. ``k_row (1, T)``, ``w, u (1, 1)``, ``I0, J0`` tile starts."""
