@@ -1,6 +1,6 @@
 """Operators for the kernel tests: every core type with a Pallas kernel, built from each
-family's own pure functions on random weights (tiny configs), so the cores are exactly
-what the models produce, plus a generic ``ScalarDecayCore`` with every optional part.
+family's (or model's) own pure functions on random weights (tiny configs), so the cores are
+exactly what the models produce, plus a generic ``ScalarDecayCore`` with every optional part.
 Each builder takes the length ``L_`` and batch ``B``."""
 import dataclasses
 
@@ -10,6 +10,7 @@ import numpy as np
 
 from implicit_attn.families import (falcon_h1, griffin, kimi_linear, lfm2, mamba, mamba2, qwen3_next, rwkv, rwkv6,
                                     rwkv7, xlstm, zamba)
+from implicit_attn.models import vim
 from implicit_attn.operator import ImplicitOperator, LaSCore, ScalarDecayCore
 
 B, L = 2, 37
@@ -138,6 +139,14 @@ def short_conv_op(L_=L, B=B):
     return lfm2.block.mixer_operator_jit(p, h, cfg=cfg, kind="conv")
 
 
+def vim_op(L_=L, B=B):
+    """A Vision Mamba block (``BidirectionalCore``: Mamba-1 forward and backward, not causal)."""
+    cfg = vim.Config(image_size=8, patch_size=2, hidden_size=8, num_labels=5, num_channels=2, num_hidden_layers=1,
+                     state_size=3, conv_kernel=3, time_step_rank=2)
+    p = vim.init_params(cfg, 1)["layers"][0]["mixer"]
+    return vim.mixer_operator_jit(p, jax.random.normal(jax.random.PRNGKey(2), (B, L_, 8)), cfg=cfg)
+
+
 def las_core(L_=L, B=B):
     """A LaS attention core (2 heads, random ``q, k``; ``LaSCore`` has no Pallas kernel, so it is not
     in ``BUILDERS``)."""
@@ -163,4 +172,6 @@ def scalar_lowrank_op(L_=L, B=B):
 BUILDERS = {"mamba": mamba_op, "mamba2": mamba2_op, "griffin": griffin_op, "rwkv": rwkv_op,
             "scalar_lowrank": scalar_lowrank_op, "delta": delta_op, "kda": kda_op,
             "dplr": dplr_op, "dplr_before": dplr_before_op, "mlstm": mlstm_op, "attention": local_attention_op,
-            "short_conv": short_conv_op, "zamba": zamba_op, "falcon_h1": falcon_h1_op}
+            "short_conv": short_conv_op, "zamba": zamba_op, "falcon_h1": falcon_h1_op, "vim": vim_op}
+# Builders whose operators are not causal (ViM reads both directions).
+NOT_CAUSAL = {"vim"}

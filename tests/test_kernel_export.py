@@ -33,9 +33,10 @@ KERNEL_CALL = {"cuda": "__gpu$xla.gpu.triton", "tpu": "tpu_custom_call"}
 # tiles have no matmul to spread a NaN; the first two run a row-statistics kernel before the tiles.
 CALLS = {"rwkv": 2, "attention": 2, "short_conv": 1}
 # ParallelCores run each part through its kernel: the module holds a part's calls in one function,
-# called once per part (Zamba's two Mamba-1 heads share it); Falcon-H1: Mamba-2's 2, attention's 2.
+# called once per part (Zamba's two Mamba-1 heads share it, as ViM's two directions do); Falcon-H1:
+# Mamba-2's 2, attention's 2.
 CALLS.update(falcon_h1=4)
-PARTS_WITH_KERNELS = {"zamba": 2, "falcon_h1": 2}
+PARTS_WITH_KERNELS = {"zamba": 2, "falcon_h1": 2, "vim": 2}
 # The head-matrix kernels (delta rule, DPLR) are the chunk recurrence giving every head's (Lp, Lp)
 # matrix; their O(L C) chunk factors (exps of in-chunk decays) are XLA, so exps outside the call
 # are expected.

@@ -5,6 +5,7 @@ import argparse
 import dataclasses
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from implicit_attn.convert import convert_checkpoint
 from implicit_attn.explain import vision
 from implicit_attn.models import vim
 from implicit_attn.nn.checkpoint import CheckpointError
+from implicit_attn.operator import resolve_impl
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -216,6 +218,20 @@ def test_operator_matches_reference(setup, variant):
             assert op.relative_error() > 1e-2  # an ablation: must not reproduce it
         if variant in ("full", "no_conv"):  # each direction on its own values is exact
             assert op.forward.relative_error() < 1e-5 and op.backward.relative_error() < 1e-5
+
+
+@pytest.mark.parametrize("impl", ["cpu", "pallas"])
+def test_kernels_take_both_directions(setup, impl):
+    """The fused CPU kernels and the Pallas kernels (interpreted here) form each direction's
+    matrices (flipped and summed by XLA): ``materialize`` and the blocked ``reduce`` against the
+    float64 operator; ``auto`` takes the CPU kernels on CPU."""
+    p, x, inputs = setup
+    op = vim.operators_jit(p, x, cfg=CFG)[1]
+    H = ref_operator({k: t(v) for k, v in p["layers"][1]["mixer"].items()}, inputs[1], CFG, "full").numpy()
+    close(op.materialize([5, 0, 2], impl=impl), H[:, [5, 0, 2]], 2e-5)
+    close(op.reduce("abs_mean", impl=impl), np.abs(H).mean(1), 2e-5)
+    if jax.default_backend() == "cpu":
+        assert resolve_impl("auto", op.core) == "cpu"
 
 
 @DEEP

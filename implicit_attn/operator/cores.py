@@ -730,8 +730,13 @@ class BidirectionalCore(OperatorCore):
 
     def dense(self, idx):
         """``(B, len(idx), L, L)`` float32: ``scale (H_f + flip(H_b))`` with both position axes flipped."""
-        Hb = jnp.flip(self.backward.dense(idx), axis=(-2, -1))
-        return jnp.asarray(self.scale, f32) * (self.forward.dense(idx) + Hb)
+        return self.dense_by(idx, lambda part, i: part.dense(i))
+
+    def dense_by(self, idx, part_dense):
+        """``dense(idx)`` with both directions' matrices from ``part_dense(part, idx)`` (a kernel's):
+        ``(B, len(idx), L, L)`` float32."""
+        Hb = jnp.flip(part_dense(self.backward, idx), axis=(-2, -1))
+        return jnp.asarray(self.scale, f32) * (part_dense(self.forward, idx) + Hb)
 
 
 __all__ = ["BidirectionalCore", "head_weighted_sum", "heads_weighted_sum", "StateDecayCore", "ScalarDecayCore", "DocumentMaskedCore", "Mamba2Core", "HeadMatrixCore", "DplrCore",

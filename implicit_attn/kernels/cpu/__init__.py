@@ -22,7 +22,8 @@ and delta-rule cores (``head_matrices``: RWKV-5/6/7, the gated delta rule) and b
 and the mLSTM, the kernel the channels; their linear reductions as one product over a head's
 channels per conv tap); ``RwkvCore`` (RWKV-4); ``ShortConvCore`` (LFM2; its reduce is XLA,
 band by band); ``AttentionCore`` (local softmax attention: materialize only, its reduce is the XLA
-blocks); ``ParallelCore`` (its parts' kernels). ``cpu_dense`` writes ``(B, n, L, L)``;
+blocks); ``ParallelCore`` (its parts' kernels); ``BidirectionalCore`` (ViM: both directions'
+kernels, flipped and summed by XLA; its reduce is the XLA blocks). ``cpu_dense`` writes ``(B, n, L, L)``;
 ``cpu_reduce`` sums over channels and writes only ``(B, L, L)``.
 Gradients: a ``custom_vjp`` whose backward pass is the XLA path (``jax.vjp`` of
 ``core.dense`` / of the blocked XLA reduce).
@@ -58,10 +59,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ...operator import (MODES, AttentionCore, DeltaRuleCore, DocumentMaskedCore, DplrCore, HeadMatrixCore,
-                         KernelBackend, Mamba2Core, MlstmCore, ParallelCore, RwkvCore, ScalarDecayCore, ShortConvCore,
-                         StateDecayCore,
-                         apply_mode, block_size, register_backend, register_core, with_xla_backward)
+from ...operator import (MODES, AttentionCore, BidirectionalCore, DeltaRuleCore, DocumentMaskedCore, DplrCore,
+                         HeadMatrixCore, KernelBackend, Mamba2Core, MlstmCore, ParallelCore, RwkvCore, ScalarDecayCore,
+                         ShortConvCore, StateDecayCore, apply_mode, block_size, register_backend, register_core,
+                         with_xla_backward)
 from ...operator.dispatch import blocked_reduce, blocked_reduce_jit, parallel_reduce
 from ...ops import (attention_output, delta_rule, dplr_rule, full_precision, grouped, mlstm_rule,
                    selective_scan_sequential, ssd_chunked, wkv_chunked)
@@ -230,6 +231,9 @@ HEAD_CORES = (Mamba2Core, DeltaRuleCore, DplrCore, MlstmCore)
 
 def _problem(core) -> str | None:
     """Why ``impl="cpu"`` cannot take ``core`` (None if it can)."""
+    if type(core) is BidirectionalCore:  # both directions by their kernels
+        why = _problem(core.forward) or _problem(core.backward)
+        return why and f"a direction has no kernel: {why}"
     inner, _ = _parts(core)
     if type(inner) in (RwkvCore, ShortConvCore, ParallelCore, AttentionCore):
         return None  # (a ParallelCore: its parts with kernels use them, the others XLA)
@@ -246,7 +250,8 @@ def _problem(core) -> str | None:
         return (f"no kernel for {type(inner).__name__}; it covers StateDecayCore (Mamba-1), "
                 "rank-one ScalarDecayCore (Griffin's RG-LRU, packed documents included), the cores "
                 "whose channels share a head matrix (Mamba2Core, DeltaRuleCore, DplrCore, MlstmCore), "
-                "RwkvCore (RWKV-4), ShortConvCore (LFM2) and AttentionCore (local attention)")
+                "RwkvCore (RWKV-4), ShortConvCore (LFM2), AttentionCore (local attention), and "
+                "ParallelCore and BidirectionalCore over those")
     K = 1 if inner.conv_w is None else inner.conv_w.shape[-1]
     if K > MAX_CONV:
         return f"conv width {K} > {MAX_CONV}"
@@ -597,6 +602,18 @@ _conv_dense, _ = with_xla_backward(_conv_call, _conv_reduce_call)
 _attention_dense, _ = with_xla_backward(_attention_call, None)
 
 
+def _bidirectional_dense(core, idx):
+    """A ``BidirectionalCore``'s channels from both directions' kernels (flipped and summed by XLA)."""
+    return core.dense_by(idx, cpu_dense)
+
+
+def _bidirectional_reduce(core, idx, mode, qw, kw):
+    """The blocked reduce with each block formed by ``_bidirectional_dense`` (the matrices are not
+    causal, which the fused reduces assume)."""
+    B, n, L = qw.shape
+    return blocked_reduce(core, idx, qw, kw, mode, block_size(n, B, L, None), dense=_bidirectional_dense)
+
+
 def _attention_reduce(core, idx, mode, qw, kw):
     """The blocked reduce with each block's probabilities formed by the dense kernel (RecurrentGemma's
     benchmark layer: 3.9-5.2 ms, against 6.0-7.2 ms with XLA's softmax)."""
@@ -610,7 +627,8 @@ _head = (_head_dense, jax.jit(full_precision(_head_reduce)))
 _KERNELS = {StateDecayCore: _state_decay, ScalarDecayCore: _state_decay, DocumentMaskedCore: _state_decay,
             **{t: _head for t in HEAD_CORES}, RwkvCore: (_rwkv_dense, jax.jit(_rwkv_reduce)),
             ShortConvCore: (_conv_dense, jax.jit(_conv_reduce_call)),
-            AttentionCore: (_attention_dense, jax.jit(full_precision(_attention_reduce)))}
+            AttentionCore: (_attention_dense, jax.jit(full_precision(_attention_reduce))),
+            BidirectionalCore: (_bidirectional_dense, jax.jit(full_precision(_bidirectional_reduce)))}
 
 
 def cpu_dense(core, idx):

@@ -12,8 +12,9 @@ and ``DplrCore``, whose kernel is the chunk recurrence giving every head's ``M_h
 ``MlstmCore``, whose ``M_h`` are the scalar tiles over its heads; channels and the channel
 reduction are then XLA elementwise work on ``M_h``). A ``ParallelCore`` (Zamba, Falcon-H1) runs
 each part with a kernel through it and its other parts with XLA (``ParallelCore.dense_by``,
-``operator.dispatch.parallel_reduce``). Others (``LaSCore``, ``BidirectionalCore``) raise
-``TypeError`` naming the core under ``impl="pallas"``; ``impl="auto"`` uses XLA for them.
+``operator.dispatch.parallel_reduce``); a ``BidirectionalCore`` (ViM) both directions' kernels,
+flipped and summed by XLA, its reduce the XLA blocks formed so. ``LaSCore`` raises ``TypeError``
+naming the core under ``impl="pallas"``; ``impl="auto"`` uses XLA for it.
 
 On CPU the kernels run with ``interpret=True`` (correct, slow); on GPU/TPU compiled.
 ``impl="auto"`` picks a compiled kernel only for core types verified on the platform
@@ -28,8 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ...operator import (MODES, KernelBackend, ParallelCore, blocked_reduce, block_size, default_platform,
-                         register_backend, register_core, with_xla_backward)
+from ...operator import (MODES, BidirectionalCore, KernelBackend, ParallelCore, blocked_reduce, block_size,
+                         default_platform, register_backend, register_core, with_xla_backward)
 from ...operator.dispatch import blocked_reduce_jit, parallel_reduce
 from . import calls
 from .plans import PLANS, VERIFIED, make_plan
@@ -134,6 +135,21 @@ def _part_functions(tile: int | None, interpret: bool | None):
     return dense, reduce
 
 
+def _bidirectional_problem(core) -> str | None:
+    """A ``BidirectionalCore`` runs both directions' kernels: each needs one."""
+    why = BACKEND.problem(core.forward) or BACKEND.problem(core.backward)
+    return why and f"a direction has no kernel: {why}"
+
+
+@functools.partial(jax.jit, static_argnums=(5, 6))
+def _bidirectional_reduce(core, idx, mode, qw, kw, tile: int, interpret: bool | None):
+    """The blocked reduce with each block formed by both directions' kernels (the matrices are not
+    causal, which the fused reduce's tiles assume)."""
+    B, n, L = qw.shape
+    dense = _part_functions(tile, interpret)[0]
+    return blocked_reduce(core, idx, qw, kw, mode, block_size(n, B, L, None), dense=lambda c, i: c.dense_by(i, dense))
+
+
 def _parallel_problem(core) -> str | None:
     """A ``ParallelCore`` runs its parts' kernels (the other parts XLA): it needs at least one."""
     if any(BACKEND.problem(p) is None for p in core.parts):
@@ -158,7 +174,7 @@ def pallas_dense(core, idx, tile: int | None = None, interpret: bool | None = No
     """
     BACKEND.check_core(core)
     tile, interpret = _check_tile(tile), None if interpret is None else bool(interpret)
-    if type(core) is ParallelCore:
+    if type(core) in (ParallelCore, BidirectionalCore):
         return core.dense_by(idx, _part_functions(tile, interpret)[0])
     dense, _ = _entry_points(tile, interpret)
     return dense(core, jnp.asarray(idx, jnp.int32))
@@ -190,6 +206,9 @@ def pallas_reduce(core, idx, how: str, qw, kw, tile: int | None = None, interpre
                                   dense=lambda c, i: c.dense_by(i, part_dense))
         return parallel_reduce(core, idx, how, jnp.asarray(qw, jnp.float32), jnp.asarray(kw, jnp.float32),
                                part_dense, part_reduce)
+    if type(core) is BidirectionalCore:
+        return _bidirectional_reduce(core, jnp.asarray(idx, jnp.int32), jnp.asarray(MODES[how], jnp.int32),
+                                     jnp.asarray(qw, jnp.float32), jnp.asarray(kw, jnp.float32), tile, interpret)
     _, reduce = _entry_points(tile, interpret)
     return reduce(core, jnp.asarray(idx, jnp.int32), jnp.asarray(MODES[how], jnp.int32),
                   jnp.asarray(qw, jnp.float32), jnp.asarray(kw, jnp.float32))
@@ -198,9 +217,11 @@ def pallas_reduce(core, idx, how: str, qw, kw, tile: int | None = None, interpre
 def trusted(core) -> bool:
     """Whether ``impl="auto"`` may use the compiled kernel for ``core`` here: its core type
     is verified on this platform (``plans.VERIFIED``); for a ``ParallelCore``, every part's
-    that has a kernel."""
+    that has a kernel; for a ``BidirectionalCore``, both directions'."""
     if type(core) is ParallelCore:
         return all(trusted(p) for p in core.parts if has_kernel(p))
+    if type(core) is BidirectionalCore:
+        return trusted(core.forward) and trusted(core.backward)
     return default_platform() in VERIFIED.get(type(core), frozenset())
 
 
@@ -216,6 +237,7 @@ BACKEND = register_backend(KernelBackend(
 for _type, (_, _check) in PLANS.items():
     register_core("pallas", _type, _check)
 register_core("pallas", ParallelCore, _parallel_problem)
+register_core("pallas", BidirectionalCore, _bidirectional_problem)
 
 
 __all__ = ["pallas_dense", "pallas_reduce", "has_kernel", "trusted", "on_accelerator",
