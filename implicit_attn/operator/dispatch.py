@@ -264,6 +264,15 @@ def blocked_reduce(core, idx, qw, kw, how, bc: int, dense=None):
 blocked_reduce_jit = jax.jit(full_precision(blocked_reduce), static_argnums=(4, 5))
 
 
+def blocked_reduce_by(core, idx, qw, kw, how, part_dense):
+    """``blocked_reduce`` of a core built from other cores (``ParallelCore``, ``BidirectionalCore``)
+    with each block formed by ``core.dense_by(block_idx, part_dense)``, i.e. by its parts' kernels:
+    ``(B, L, L)`` float32 for ``qw, kw (B, n, L)``; ``how`` as for ``blocked_reduce``."""
+    B, n, L = qw.shape
+    return blocked_reduce(core, idx, qw, kw, how, block_size(n, B, L, None),
+                          dense=lambda c, i: c.dense_by(i, part_dense))
+
+
 def repeated_reduce(part, qw, kw, mode, r: int, dense):
     """``sum_c qw_c f(H_c) kw_c`` over every channel of ``part``, each repeated ``r`` times in a row
     (an attention head read by each of its value features): the repeats share ``H_m``, so their
@@ -374,5 +383,5 @@ def with_xla_backward(dense_kernel: Callable, reduce_kernel: Callable):
 
 __all__ = ["KernelBackend", "register_backend", "register_core", "backend", "impls", "resolve_impl", "default_platform", "with_fallback", "failed_kernels", "clear_failed_kernels",
            "dense_fn", "materialize_blocks", "materialize_jit", "blocked_reduce", "blocked_reduce_jit", "sum_over_channels",
-           "repeated_reduce", "repeated_reduce_jit", "parallel_reduce",
+           "blocked_reduce_by", "repeated_reduce", "repeated_reduce_jit", "parallel_reduce",
            "with_xla_backward"]

@@ -63,7 +63,7 @@ from ...operator import (MODES, AttentionCore, BidirectionalCore, DeltaRuleCore,
                          HeadMatrixCore, KernelBackend, Mamba2Core, MlstmCore, ParallelCore, RwkvCore, ScalarDecayCore,
                          ShortConvCore, StateDecayCore, apply_mode, block_size, register_backend, register_core,
                          with_xla_backward)
-from ...operator.dispatch import blocked_reduce, blocked_reduce_jit, parallel_reduce
+from ...operator.dispatch import blocked_reduce, blocked_reduce_by, blocked_reduce_jit, parallel_reduce
 from ...ops import (attention_output, delta_rule, dplr_rule, full_precision, grouped, mlstm_rule,
                    selective_scan_sequential, ssd_chunked, wkv_chunked)
 from . import cache
@@ -608,10 +608,9 @@ def _bidirectional_dense(core, idx):
 
 
 def _bidirectional_reduce(core, idx, mode, qw, kw):
-    """The blocked reduce with each block formed by ``_bidirectional_dense`` (the matrices are not
+    """The blocked reduce with each block from both directions' kernels (the matrices are not
     causal, which the fused reduces assume)."""
-    B, n, L = qw.shape
-    return blocked_reduce(core, idx, qw, kw, mode, block_size(n, B, L, None), dense=_bidirectional_dense)
+    return blocked_reduce_by(core, idx, qw, kw, mode, cpu_dense)
 
 
 def _attention_reduce(core, idx, mode, qw, kw):

@@ -31,7 +31,7 @@ import numpy as np
 
 from ...operator import (MODES, BidirectionalCore, KernelBackend, ParallelCore, blocked_reduce, block_size,
                          default_platform, register_backend, register_core, with_xla_backward)
-from ...operator.dispatch import blocked_reduce_jit, parallel_reduce
+from ...operator.dispatch import blocked_reduce_by, blocked_reduce_jit, parallel_reduce
 from . import calls
 from .plans import PLANS, VERIFIED, make_plan
 
@@ -145,9 +145,7 @@ def _bidirectional_problem(core) -> str | None:
 def _bidirectional_reduce(core, idx, mode, qw, kw, tile: int, interpret: bool | None):
     """The blocked reduce with each block formed by both directions' kernels (the matrices are not
     causal, which the fused reduce's tiles assume)."""
-    B, n, L = qw.shape
-    dense = _part_functions(tile, interpret)[0]
-    return blocked_reduce(core, idx, qw, kw, mode, block_size(n, B, L, None), dense=lambda c, i: c.dense_by(i, dense))
+    return blocked_reduce_by(core, idx, qw, kw, mode, _part_functions(tile, interpret)[0])
 
 
 def _parallel_problem(core) -> str | None:
@@ -201,9 +199,7 @@ def pallas_reduce(core, idx, how: str, qw, kw, tile: int | None = None, interpre
     if type(core) is ParallelCore:
         part_dense, part_reduce = _part_functions(tile, interpret)
         if isinstance(idx, jax.core.Tracer):
-            B, n, L = qw.shape
-            return blocked_reduce(core, idx, qw, kw, how, block_size(n, B, L, None),
-                                  dense=lambda c, i: c.dense_by(i, part_dense))
+            return blocked_reduce_by(core, idx, qw, kw, how, part_dense)
         return parallel_reduce(core, idx, how, jnp.asarray(qw, jnp.float32), jnp.asarray(kw, jnp.float32),
                                part_dense, part_reduce)
     if type(core) is BidirectionalCore:
