@@ -4,7 +4,8 @@
 * for each core type a registry family uses, the operator of one layer of a random model of
   the family's benchmark shape (``FamilySpec.bench``: mamba-130m-like widths) on a random
   unit-RMS mixer input, at L = 512, with the default ``impl`` (the fused CPU kernel where the
-  core has one, XLA otherwise);
+  core has one, XLA otherwise); and LaS attention (``models.las``, our own model) at 12 heads
+  of 64;
 * **bound** ``max(fill, flops / rate)``: ``fill`` the time JAX takes to produce a fresh array
   of the output's size, ``rate`` the measured float32 matmul FLOP/s, ``flops`` the core's
   necessary work (``necessary_flops``: the contractions every causal entry needs; a head's
@@ -42,7 +43,11 @@ CASES = [
     ("MlstmCore (xLSTM)", "xlstm", 0),
     ("ShortConvCore (LFM2)", "lfm2", 0),
     ("ParallelCore (Falcon-H1 Mamba-2 + attention)", "falcon_h1", 0),
+    ("LaSCore (LaS attention, ELD and pooling P = 3)", "las_transformer", 0),
 ]
+# LaS attention is our own model, not a registry family: a GPT-2-small-wide layer (12 heads of 64)
+LAS_SHAPES = {"full": dict(hidden_size=768, num_attention_heads=12), "quick": dict(hidden_size=64,
+                                                                                    num_attention_heads=4)}
 
 
 def fit_exponent(xs, ys) -> float:
@@ -60,15 +65,20 @@ def layer_operator(model_type: str, layer: int, L: int, quick: bool = False):
     import jax
     import numpy as np
 
+    from implicit_attn.models import las
     from implicit_attn.registry import family
 
+    x = np.random.default_rng(1).normal
+    if model_type == las.MODEL_TYPE:
+        cfg = las.Config(vocab_size=2, num_hidden_layers=1, **LAS_SHAPES["quick" if quick else "full"])
+        mixer = las.LaSMixer(cfg, las.init_params(cfg, 0)["layers"][layer]["mixer"])
+        return jax.block_until_ready(mixer.as_operator(x(size=(1, L, cfg.hidden_size)).astype(np.float32)))
     spec = family(model_type)
     cfg = spec.config.from_hf(dict(spec.bench["quick" if quick else "full"]))
     model = spec.lm(cfg, spec.init_params(cfg, jax.random.PRNGKey(0)))
     mixer = model.layers[layer].mixer
     try:
-        x = np.random.default_rng(1).normal(size=(1, L, cfg.hidden_size)).astype(np.float32)
-        return jax.block_until_ready(mixer.as_operator(x))
+        return jax.block_until_ready(mixer.as_operator(x(size=(1, L, cfg.hidden_size)).astype(np.float32)))
     except ValueError:  # a mixer that reads more than the residual (RWKV-7's value residual)
         ids = np.random.default_rng(1).integers(0, cfg.vocab_size, (1, L))
         return jax.block_until_ready(model.operators(ids, [layer])[0])
@@ -79,6 +89,14 @@ def window_entries(L: int, window: int) -> int:
     ``min(i + 1, window)`` (``L (L + 1) / 2`` for ``window >= L``)."""
     w = min(L, window)
     return w * (w + 1) // 2 + (L - w) * w
+
+
+def block_entries(L: int, chunk: int | None) -> int:
+    """Causal entries ``j <= i`` with ``i`` and ``j`` in one block of ``chunk`` positions (LaS-chunk;
+    None: one block, ``L (L + 1) / 2``)."""
+    c = L if chunk is None else min(chunk, L)
+    whole, rest = divmod(L, c)
+    return whole * c * (c + 1) // 2 + rest * (rest + 1) // 2
 
 
 def necessary_flops(core, L: int) -> float:
@@ -109,23 +127,26 @@ def necessary_flops(core, L: int) -> float:
         return 2 * core.q.shape[-1] * core.num_heads * tri
     if isinstance(core, AttentionCore):  # the causal entries the window reaches
         return 2 * core.q.shape[-1] * core.q.shape[1] * window_entries(L, core.window)
-    if isinstance(core, LaSCore):
-        return 2 * core.q.shape[-1] * core.q.shape[1] * L * L
+    if isinstance(core, LaSCore):  # the causal entries of each block (pooling is elementwise)
+        return 2 * core.q.shape[-1] * core.q.shape[1] * block_entries(L, core.chunk)
     return 0.0  # RwkvCore, ShortConvCore: no contraction
 
 
 def reduce_flops(core, L: int) -> float:
     """What ``reduce`` adds to ``necessary_flops``: every channel's causal entries combined over
     its conv taps and weighted into the sum, ``(2 K + 2) C L (L + 1) / 2`` (``K`` 1 without a conv;
-    attention: the entries its window reaches, ``window_entries``); a ``ParallelCore`` sums its
-    parts' (each slot of a repeated channel weighted once)."""
-    from implicit_attn.operator import AttentionCore, ParallelCore
+    attention: the entries its window reaches, ``window_entries``; LaS: its blocks', ``block_entries``);
+    a ``ParallelCore`` sums its parts' (each slot of a repeated channel weighted once)."""
+    from implicit_attn.operator import AttentionCore, LaSCore, ParallelCore
 
     if isinstance(core, ParallelCore):  # each part with its own conv taps
         return sum(r * reduce_flops(p, L) for p, r in zip(core.parts, core.repeats))
     w = getattr(core, "conv_w", None)
     K = 1 if w is None else w.shape[-1]
-    entries = window_entries(L, core.window) if isinstance(core, AttentionCore) else L * (L + 1) / 2
+    if isinstance(core, AttentionCore):
+        entries = window_entries(L, core.window)
+    else:
+        entries = block_entries(L, core.chunk if isinstance(core, LaSCore) else None)
     return (2 * K + 2) * core.num_channels * entries
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from implicit_attn.families import (falcon_h1, griffin, kimi_linear, lfm2, mamba, mamba2, qwen3_next, rwkv, rwkv6,
                                     rwkv7, xlstm, zamba)
 from implicit_attn.models import vim
-from implicit_attn.operator import ImplicitOperator, LaSCore, ScalarDecayCore
+from implicit_attn.operator import ImplicitOperator, LaSCore, OperatorCore, ScalarDecayCore, pytree_dataclass
 
 B, L = 2, 37
 
@@ -153,6 +153,25 @@ def las_core(L_=L, B=B):
     r = np.random.default_rng(3)
     q, k = (jnp.asarray(r.standard_normal((B, 2, L_, 3)), jnp.float32) for _ in range(2))
     return LaSCore(q=q, k=k)
+
+
+@pytree_dataclass(static=("B", "L"))
+class NoKernelCore(OperatorCore):
+    """A core type no backend registers: every channel the causal mask times its ``scale (C,)``,
+    ``B`` examples of length ``L``."""
+
+    scale: object
+    B: int = 1
+    L: int = 5
+
+    @property
+    def num_channels(self) -> int:
+        return self.scale.shape[0]
+
+    def dense(self, idx):
+        mask = jnp.tril(jnp.ones((self.L, self.L), jnp.float32))
+        return jnp.broadcast_to(jnp.take(self.scale, idx)[None, :, None, None] * mask,
+                                (self.B, len(idx), self.L, self.L))
 
 
 def scalar_lowrank_op(L_=L, B=B):

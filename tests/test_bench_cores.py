@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.cores import layer_operator, necessary_flops, reduce_flops, window_entries
+import dataclasses
+
+from benchmarks.cores import block_entries, layer_operator, necessary_flops, reduce_flops, window_entries
 
 
 def test_parallel_core_reduce_flops_count_each_parts_conv_taps():
@@ -30,3 +32,21 @@ def test_attention_flops_count_the_entries_its_window_reaches():
         assert necessary_flops(core, L) == 2 * d * visible
         assert reduce_flops(core, L) == (2 * 1 + 2) * visible  # no conv: K = 1, one weight per head
     assert window_entries(48, 64) == 48 * 49 // 2 and window_entries(150, 64) == 64 * 65 // 2 + 86 * 64
+
+
+def test_las_flops_count_the_causal_entries_of_each_block():
+    """LaS attention (the benchmark's quick LaS layer: 4 heads of 16, pooling P = 3): ``2 d`` FLOPs per
+    head for every entry its matrix can be nonzero at (pooled softmax probabilities are > 0 on the
+    causal entries of the query's block), counted from the core's own dense matrices, without
+    LaS-chunk blocks and with blocks of 16 that do not divide L."""
+    L = 40
+    core = layer_operator("las_transformer", 0, L, quick=True).core
+    H, d = core.q.shape[1], core.q.shape[-1]
+    assert (H, d, core.pool) == (4, 16, 3)
+    for chunk in (None, 16):
+        c = dataclasses.replace(core, chunk=chunk)
+        visible = int(np.count_nonzero(np.asarray(c.dense(np.arange(H)))[0] > 0))
+        assert visible == H * block_entries(L, chunk)
+        assert necessary_flops(c, L) == 2 * d * visible
+        assert reduce_flops(c, L) == (2 * 1 + 2) * visible
+    assert block_entries(40, None) == 40 * 41 // 2 and block_entries(40, 16) == 2 * 16 * 17 // 2 + 8 * 9 // 2

@@ -21,6 +21,7 @@ from implicit_attn.kernels import cpu
 from implicit_attn.families import griffin, mamba
 from implicit_attn.operator import (DocumentMaskedCore, ImplicitOperator, ScalarDecayCore, StateDecayCore,
                                   resolve_impl)
+from kernel_cores import NoKernelCore
 
 B = 2
 
@@ -204,12 +205,10 @@ def test_unsupported_cores_and_limits_fail_loudly():
         ImplicitOperator(jnp.ones((1, 2, 5)), jnp.zeros((1, 2, 5)), jnp.ones((1, 2, 5)),
                          lowrank).materialize(impl="cpu")
     assert resolve_impl("auto", lowrank) == "xla"
-    from implicit_attn.operator import LaSCore
-
-    las = LaSCore(q=jnp.ones((1, 2, 5, 3)), k=jnp.ones((1, 2, 5, 3)))
-    with pytest.raises(TypeError, match="no kernel for LaSCore"):
-        ImplicitOperator(jnp.ones((1, 2, 5)), jnp.zeros((1, 2, 5)), jnp.ones((1, 2, 5)), las).materialize(impl="cpu")
-    assert resolve_impl("auto", las) == "xla"
+    other = NoKernelCore(scale=jnp.ones((2,)))
+    with pytest.raises(TypeError, match="no kernel for NoKernelCore"):
+        ImplicitOperator(jnp.ones((1, 2, 5)), jnp.zeros((1, 2, 5)), jnp.ones((1, 2, 5)), other).materialize(impl="cpu")
+    assert resolve_impl("auto", other) == "xla"
     with pytest.raises(TypeError, match="state size 80 > 64"):
         cpu.cpu_dense(_bare_core(5, N=80), [0])
     with pytest.raises(ValueError, match="how must be one of"):

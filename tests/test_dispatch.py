@@ -52,7 +52,7 @@ def test_auto_uses_kernels_verified_for_the_platform(op, on_accelerator, monkeyp
 def test_a_parallel_core_is_trusted_where_its_kernel_parts_are(op, on_accelerator, monkeypatch, platform):
     """``auto`` takes a ``ParallelCore``'s kernels where every part that has one is verified:
     Falcon-H1's Mamba-2 and attention parts are not (XLA there); the verified RG-LRU-like core
-    beside LaS attention, which has no kernel and runs XLA either way, is on cuda."""
+    beside LaS attention, which has no Pallas kernel and runs XLA there either way, is on cuda."""
     monkeypatch.setattr(pallas, "default_platform", lambda: platform)
     falcon = falcon_h1_op(L_=4, B=1).core
     assert pallas.has_kernel(falcon) and not pallas.trusted(falcon)

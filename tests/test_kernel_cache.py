@@ -347,7 +347,7 @@ def test_the_target_arch_is_part_of_the_cache_key_and_checked(monkeypatch):
 def test_an_avx2_build_gives_the_same_numbers(tmp_path):
     """The kernel built for an AVX2 CPU without AVX-512 (``-march=haswell``), in a fresh
     process with its own cache: the same operator as the XLA path, and the grouped products, the
-    attention kernel and the Gated DeltaNet mixer the same numbers as float64."""
+    attention kernel, LaS attention and the Gated DeltaNet mixer the same numbers as float64."""
     code = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {str(HERE)!r})
         from test_kernel_cache import small_op, rel
@@ -386,6 +386,10 @@ def test_an_avx2_build_gives_the_same_numbers(tmp_path):
         core = attention_core(70, window=40)  # local attention's materialize: 6-, 6- and 4-row products
         got = np.asarray(cpu.cpu_dense(core, np.arange(4)))
         assert np.abs(got - softmax64(core)).max() <= 1e-5
+        from test_las import random_core, ref_core
+        core = random_core(37, alibi=True, pool=5, chunk=7, align="centered")  # LaS: vw distance terms, pooling
+        got, want = np.asarray(cpu.cpu_dense(core, np.arange(3))), ref_core(core)
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
         from test_delta_net_kernel import mixer64, operands
         # the DeltaNet mixer: AVX2's reciprocal, dv off vectors; dv = 40, five vectors of 8: two blocks
         for shape in ((2, 37, 2, 4, 8, 12, 4, True, True), (1, 21, 1, 2, 7, 40, 3, False, False)):

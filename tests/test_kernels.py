@@ -14,7 +14,7 @@ import pytest
 
 from implicit_attn import kernels
 from implicit_attn.families.xlstm.naive import naive_head_matrix
-from implicit_attn.kernels import pallas
+from implicit_attn.kernels import cpu, pallas
 from implicit_attn.kernels.pallas import calls, plans
 from implicit_attn.operator import ImplicitOperator, ParallelCore, resolve_impl
 from kernel_cores import BUILDERS, NOT_CAUSAL, griffin_op, las_core, mamba2_op, scalar_lowrank_op
@@ -242,7 +242,9 @@ def test_a_parallel_core_takes_kernels_where_a_part_has_one():
         kernels.pallas_dense(core, [0])
 
 
-def test_las_core_has_no_kernel():
+def test_las_core_has_no_pallas_kernel(monkeypatch):
+    """LaS attention has the CPU kernel only: ``impl="pallas"`` is refused naming the core, and
+    ``auto`` takes the CPU kernel on CPU (the suite's size threshold is 0), XLA elsewhere."""
     v = jnp.ones((1, 2, 5))
     op = ImplicitOperator(v, jnp.zeros_like(v), v, las_core(L_=5, B=1))
     with pytest.raises(TypeError, match="LaSCore"):
@@ -250,7 +252,8 @@ def test_las_core_has_no_kernel():
     with pytest.raises(TypeError, match="LaSCore"):
         op.reduce(impl="pallas")
     assert not pallas.has_kernel(op.core)
-    assert resolve_impl("auto", op.core) == "xla"  # no CPU kernel either
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 0)
+    assert resolve_impl("auto", op.core) == ("cpu" if jax.default_backend() == "cpu" else "xla")
     assert resolve_impl("pallas", scalar_lowrank_op().core) == "pallas"
     with pytest.raises(ValueError, match="impl must be one of"):
         op.materialize(impl="triton")

@@ -12,8 +12,11 @@ import numpy as np
 import pytest
 
 from implicit_attn.explain import explain, head_maps, model_maps
+from implicit_attn.kernels import cpu
 from implicit_attn.models import las
 from implicit_attn.nn import CheckpointError
+from implicit_attn.operator import LaSCore, resolve_impl
+from implicit_attn.operator.dispatch import blocked_reduce
 from implicit_attn.ops import alibi_slopes, las_alphas, las_probs, las_softmax
 
 V, D, H, L = 13, 16, 4, 11
@@ -199,7 +202,7 @@ def test_block_matches_float64_reference_and_operator_is_exact(case, blocks, x):
     if cfg.chunk:
         blk = np.arange(L) // cfg.chunk
         assert not np.any(H_[..., blk[:, None] != blk[None, :]]), "entries across LaS-chunk blocks"
-    if case in ("las", "las_chunk"):   # the blocked reduce runs on the core (XLA: no kernel for it)
+    if case in ("las", "las_chunk"):   # the blocked reduce, its blocks by the CPU kernel
         np.testing.assert_allclose(np.asarray(op.reduce("abs_mean")), np.abs(A).mean(1), rtol=1e-5, atol=1e-6)
 
 
@@ -278,6 +281,111 @@ def test_length_one_and_jit_vmap_grad(blocks):
     assert all(np.isfinite(np.asarray(v)).all() for v in g.values())
     yv = jax.vmap(lambda xi: las.mixer_forward(p, xi[None], cfg)[0])(x)
     np.testing.assert_allclose(np.asarray(yv), np.asarray(las.mixer_forward(p, x, cfg)), rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- the CPU kernel
+
+def random_core(L, eld=True, alibi=False, pool=3, chunk=None, align="causal", heads=3, d=5, seed=0):
+    g = np.random.default_rng(seed)
+    q = jnp.asarray(g.standard_normal((2, heads, L, d)) * d ** -0.5, jnp.float32)
+    k = jnp.asarray(g.standard_normal((2, heads, L, d)), jnp.float32)
+    return LaSCore(q=q, k=k, alpha=jnp.asarray(las_alphas(heads, 0.9), jnp.float32) if eld else None,
+                   slope=jnp.asarray(alibi_slopes(heads), jnp.float32) if alibi else None, pool=pool, chunk=chunk,
+                   align=align)
+
+
+def ref_core(core):
+    """Every head's LaS matrix of ``core`` in float64 (``ref_head`` per LaS-chunk block): (B, H, L, L)."""
+    q, k = (np.asarray(a, np.float64) for a in (core.q, core.k))
+    Bn, Hn, n, d = q.shape
+    alpha = [None] * Hn if core.alpha is None else np.asarray(core.alpha, np.float64)
+    slope = [None] * Hn if core.slope is None else np.asarray(core.slope, np.float64)
+    c = core.chunk or n
+    A = np.zeros((Bn, Hn, n, n))
+    for b in range(Bn):
+        for h in range(Hn):
+            for s in range(0, n, c):
+                e = min(s + c, n)
+                A[b, h, s:e, s:e] = ref_head(q[b, h, s:e] * np.sqrt(d), k[b, h, s:e], np.zeros((e - s, 1)),
+                                             alpha[h], slope[h], core.pool, core.align)[0]
+    return A
+
+
+KERNEL_CASES = {  # (L, core options): lengths around the kernel's 16-row chunks, blocks not dividing L
+    "las_L37": (37, dict()),
+    "eld_and_alibi_centered_p5_chunk7": (37, dict(alibi=True, pool=5, chunk=7, align="centered")),
+    "alibi_no_pool_L300": (300, dict(eld=False, alibi=True, pool=1)),
+    "las_chunk64_L300": (300, dict(chunk=64)),
+    "vanilla_L16": (16, dict(eld=False, pool=1)),
+    "centered_L1": (1, dict(align="centered")),
+}
+
+
+@pytest.mark.parametrize("case", list(KERNEL_CASES))
+def test_cpu_kernel_matches_float64_and_xla(case):
+    """``impl="cpu"`` (the attention kernel's logits with the distance terms, then the pooled rows)
+    against the float64 definition and XLA, heads out of order and repeated; exact zeros where
+    XLA has them (above the diagonal, across blocks)."""
+    L, kw = KERNEL_CASES[case]
+    core = random_core(L, **kw)
+    idx = np.array([2, 0, 0, 1])
+    got = np.asarray(cpu.cpu_dense(core, idx))
+    want = ref_core(core)[:, idx]
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+    xla = np.asarray(core.dense(jnp.asarray(idx)))
+    np.testing.assert_allclose(got, xla, rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(got == 0, xla == 0)
+
+
+def test_cpu_kernel_keeps_xlas_nan_pattern():
+    """NaN queries and keys, and logits that overflow to inf: NaN exactly where XLA's softmax and
+    pooling put it (the visible keys of the rows that read them), zeros kept elsewhere."""
+    for align in ("causal", "centered"):
+        for chunk in (None, 16):
+            core = random_core(40, alibi=True, chunk=chunk, align=align, heads=2, d=4, seed=1)
+            q, k = np.array(core.q), np.array(core.k)
+            q[0, 0, 20, 1] = np.nan
+            k[0, 1, 25, 0] = np.nan
+            q[1, 1, 5] = 1e30
+            k[1, 0, 3] = 1e30
+            core = LaSCore(q=jnp.asarray(q), k=jnp.asarray(k), alpha=core.alpha, slope=core.slope, pool=3, chunk=chunk,
+                           align=align)
+            got = np.asarray(cpu.cpu_dense(core, np.arange(2)))
+            want = np.asarray(core.dense(jnp.arange(2)))
+            assert np.isnan(want).any()
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+            np.testing.assert_array_equal(got == 0, want == 0)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)  # NaNs compare equal here
+
+
+@pytest.mark.parametrize("how", ["mean", "abs_mean"])
+def test_cpu_reduce_forms_its_blocks_by_the_kernel(how):
+    """The library's reduce runs the dense kernel for its channel blocks (its call in the program),
+    against the float64 sum over heads of ``qw H kw``; gradients (of materialize and of the blocked
+    reduce) equal XLA's."""
+    core = random_core(23, chunk=9, align="centered", heads=3)
+    g = np.random.default_rng(3)
+    qw, kw = (jnp.asarray(g.standard_normal((2, 3, 23)), jnp.float32) for _ in range(2))
+    library = jax.jit(lambda c, a, b: cpu.cpu_reduce(c, np.arange(3), how, a, b))
+    assert "implicit_attn_las_dense" in library.lower(core, qw, kw).as_text()
+    A = ref_core(core)  # >= 0: abs is the identity on it
+    want = np.einsum("bhi,bhij,bhj->bij", np.asarray(qw, np.float64), A, np.asarray(kw, np.float64))
+    got = np.asarray(library(core, qw, kw))
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+    R = jax.random.normal(jax.random.PRNGKey(2), (2, 3, 23, 23))
+    dense = lambda c, impl: cpu.cpu_dense(c, np.arange(3)) if impl == "cpu" else c.dense(jnp.arange(3))
+    grads = [jax.grad(lambda c: jnp.sum(dense(c, impl) * R), allow_int=True)(core) for impl in ("cpu", "xla")]
+    np.testing.assert_allclose(grads[0].q, grads[1].q, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grads[0].k, grads[1].k, rtol=1e-5, atol=1e-6)
+    loss = lambda d: (lambda c: jnp.sum(blocked_reduce(c, jnp.arange(3), qw, kw, how, 2, dense=d) ** 2))
+    grads = [jax.grad(loss(d), allow_int=True)(core) for d in (cpu.cpu_dense, None)]
+    np.testing.assert_allclose(grads[0].q, grads[1].q, rtol=1e-5, atol=1e-6)
+
+
+def test_auto_takes_the_cpu_kernel(blocks, x, monkeypatch):
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 0)
+    core = blocks["las"].as_operator(x).core
+    assert resolve_impl("auto", core) == ("cpu" if jax.default_backend() == "cpu" else "xla")
 
 
 # ----------------------------------------------------------------------------- the LM and explain

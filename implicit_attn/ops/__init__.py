@@ -9,7 +9,7 @@ from .embed import embed
 from .grouped import (expert_columns, expert_order, expert_packs, grouped_matmul_from_tokens, grouped_matmul_packs,
                       grouped_matmul_to_tokens, pack_layout, packs_from_tokens)
 from .las import (POOL_ALIGNS, alibi_slopes, block_start, causal_distance, check_chunk, check_pool, las_alphas, las_probs,
-                  las_scores, las_softmax, pool_rows, pool_values, pooled_apply)
+                  las_scores, las_softmax, pool_rows, pool_values, pool_window, pooled_apply)
 from .linear import linear
 from .batching import any_in_batch, batched_as_tokens, most_in_batch, zero_mapped_with
 from .precision import full_precision, rounded
@@ -26,5 +26,5 @@ __all__ = [
     "scalar_decay_kernel", "state_decay_kernel", "mlstm_matrix", "mlstm_rule", "mlstm_stabiliser", "linear_scan", "selective_scan_sequential", "ssd_chunked", "causal_mask", "chunk_sums", "decay_matrix", "decayed_scores",
     "segment_sum", "keep_causal", "rate_times_time", "zero_nan", "from_first", "mark_nan", "nan_rows",
     "POOL_ALIGNS", "las_alphas", "alibi_slopes", "check_pool", "check_chunk", "causal_distance", "block_start", "las_scores",
-    "las_softmax", "las_probs", "pool_rows", "pool_values", "pooled_apply",
+    "las_softmax", "las_probs", "pool_rows", "pool_values", "pool_window", "pooled_apply",
 ]

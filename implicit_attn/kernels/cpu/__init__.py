@@ -22,8 +22,10 @@ and delta-rule cores (``head_matrices``: RWKV-5/6/7, the gated delta rule) and b
 and the mLSTM, the kernel the channels; their linear reductions as one product over a head's
 channels per conv tap); ``RwkvCore`` (RWKV-4); ``ShortConvCore`` (LFM2; its reduce is XLA,
 band by band); ``AttentionCore`` (local softmax attention: materialize only, its reduce is the XLA
-blocks); ``ParallelCore`` (its parts' kernels); ``BidirectionalCore`` (ViM: both directions'
-kernels, flipped and summed by XLA; its reduce is the XLA blocks). ``cpu_dense`` writes ``(B, n, L, L)``;
+blocks); ``LaSCore`` (LaS attention: the attention kernel's logits with the ELD and ALiBi distance
+terms, then each row pooled; its reduce is the XLA blocks); ``ParallelCore`` (its parts' kernels);
+``BidirectionalCore`` (ViM: both directions' kernels, flipped and summed by XLA; its reduce is the
+XLA blocks). ``cpu_dense`` writes ``(B, n, L, L)``;
 ``cpu_reduce`` sums over channels and writes only ``(B, L, L)``.
 Gradients: a ``custom_vjp`` whose backward pass is the XLA path (``jax.vjp`` of
 ``core.dense`` / of the blocked XLA reduce).
@@ -60,11 +62,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...operator import (MODES, AttentionCore, BidirectionalCore, DeltaRuleCore, DocumentMaskedCore, DplrCore,
-                         HeadMatrixCore, KernelBackend, Mamba2Core, MlstmCore, ParallelCore, RwkvCore, ScalarDecayCore,
-                         ShortConvCore, StateDecayCore, apply_mode, block_size, register_backend, register_core,
-                         with_xla_backward)
+                         HeadMatrixCore, KernelBackend, LaSCore, Mamba2Core, MlstmCore, ParallelCore, RwkvCore,
+                         ScalarDecayCore, ShortConvCore, StateDecayCore, apply_mode, block_size, register_backend,
+                         register_core, with_xla_backward)
 from ...operator.dispatch import blocked_reduce, blocked_reduce_by, blocked_reduce_jit, parallel_reduce
-from ...ops import (attention_output, delta_rule, dplr_rule, full_precision, grouped, mlstm_rule,
+from ...ops import (attention_output, delta_rule, dplr_rule, full_precision, grouped, mlstm_rule, pool_window,
                    selective_scan_sequential, ssd_chunked, wkv_chunked)
 from . import cache
 from .cache import CpuKernelUnavailable, cache_dir
@@ -79,6 +81,7 @@ _RWKV_REDUCE_TARGET = "implicit_attn_rwkv_reduce"
 _CONV_TARGET = "implicit_attn_short_conv_dense"
 _PLACE_TARGET = "implicit_attn_place_channels"
 _ATTENTION_TARGET = "implicit_attn_attention_dense"
+_LAS_TARGET = "implicit_attn_las_dense"
 _SCAN_TARGET = "implicit_attn_selective_scan"
 _SSD_TARGET = "implicit_attn_ssd_scan"
 _DPLR_TARGET = "implicit_attn_dplr_scan"
@@ -94,7 +97,7 @@ _FILL_TARGET = "implicit_attn_fill"
 _TARGETS = {"IaStateDecayDense": _TARGET, "IaStateDecayReduce": _REDUCE_TARGET, "IaHeadMatrixDense": _HEAD_TARGET,
             "IaHeadMatrixReduce": _HEAD_REDUCE_TARGET, "IaRwkvDense": _RWKV_TARGET,
             "IaRwkvReduce": _RWKV_REDUCE_TARGET, "IaShortConvDense": _CONV_TARGET,
-            "IaPlaceChannels": _PLACE_TARGET, "IaAttentionDense": _ATTENTION_TARGET,
+            "IaPlaceChannels": _PLACE_TARGET, "IaAttentionDense": _ATTENTION_TARGET, "IaLasDense": _LAS_TARGET,
             "IaSelectiveScan": _SCAN_TARGET, "IaSsdScan": _SSD_TARGET,
             "IaDplrScan": _DPLR_TARGET, "IaWkvScan": _WKV_TARGET, "IaDecayMatrix": _DECAY_TARGET,
             "IaLowRankMatrix": _LOWRANK_TARGET, "IaAttentionForward": _ATTENTION_FORWARD_TARGET,
@@ -129,8 +132,8 @@ def library_path() -> Path:
 _BUILD_ORDER = ("IaHeadMatrixReduce", "IaDecayMatrix", "IaGatedDeltaNet", "IaStateDecayDense", "IaDplrScan",
                 "IaStateDecayReduce", "IaAttentionForward", "IaRwkvReduce", "IaShortConvDense", "IaFill",
                 "IaLowRankMatrix", "IaGroupedToTokens", "IaHeadMatrixDense", "IaGroupedFromTokens",
-                "IaAttentionDense", "IaSsdScan", "IaSelectiveScan", "IaPlaceChannels", "IaRwkvDense", "IaWkvScan",
-                "IaCopy")
+                "IaAttentionDense", "IaLasDense", "IaSsdScan", "IaSelectiveScan", "IaPlaceChannels", "IaRwkvDense",
+                "IaWkvScan", "IaCopy")
 MAX_BUILD_PARTS = 8  # past this, each part is mostly the headers every part parses
 
 
@@ -235,7 +238,7 @@ def _problem(core) -> str | None:
         why = _problem(core.forward) or _problem(core.backward)
         return why and f"a direction has no kernel: {why}"
     inner, _ = _parts(core)
-    if type(inner) in (RwkvCore, ShortConvCore, ParallelCore, AttentionCore):
+    if type(inner) in (RwkvCore, ShortConvCore, ParallelCore, AttentionCore, LaSCore):
         return None  # (a ParallelCore: its parts with kernels use them, the others XLA)
     if type(inner) in HEAD_CORES:
         pass  # any head matrix: formed once per head (head_matrices), the kernel each channel
@@ -250,7 +253,7 @@ def _problem(core) -> str | None:
         return (f"no kernel for {type(inner).__name__}; it covers StateDecayCore (Mamba-1), "
                 "rank-one ScalarDecayCore (Griffin's RG-LRU, packed documents included), the cores "
                 "whose channels share a head matrix (Mamba2Core, DeltaRuleCore, DplrCore, MlstmCore), "
-                "RwkvCore (RWKV-4), ShortConvCore (LFM2), AttentionCore (local attention), and "
+                "RwkvCore (RWKV-4), ShortConvCore (LFM2), AttentionCore (local attention), LaSCore, and "
                 "ParallelCore and BidirectionalCore over those")
     K = 1 if inner.conv_w is None else inner.conv_w.shape[-1]
     if K > MAX_CONV:
@@ -613,11 +616,34 @@ def _bidirectional_reduce(core, idx, mode, qw, kw):
     return blocked_reduce_by(core, idx, qw, kw, mode, cpu_dense)
 
 
-def _attention_reduce(core, idx, mode, qw, kw):
-    """The blocked reduce with each block's probabilities formed by the dense kernel (RecurrentGemma's
-    benchmark layer: 3.9-5.2 ms, against 6.0-7.2 ms with XLA's softmax)."""
-    B, n, L = qw.shape
-    return blocked_reduce(core, idx, qw, kw, mode, block_size(n, B, L, None), dense=_attention_dense)
+def _las_call(core, idx):
+    """``(B, n, L, L)`` LaS attention matrices of a ``LaSCore``'s heads ``idx``: the attention kernel's
+    logits with the ELD and ALiBi distance terms, one softmax and one pooled row each, written once."""
+    load()
+    f32 = jnp.float32
+    q = jnp.take(core.q, idx, axis=1).astype(f32)
+    B, n, L, _ = q.shape
+    per_head = lambda x: jnp.zeros((n,), f32) if x is None else jnp.take(jnp.asarray(x, f32), idx)
+    lo, _ = pool_window(core.pool, core.align)
+    call = jax.ffi.ffi_call(_LAS_TARGET, jax.ShapeDtypeStruct((B, n, L, L), f32), vmap_method="sequential")
+    return call(q, core.k.astype(f32), idx.astype(jnp.int32), per_head(core.alpha), per_head(core.slope),
+                has_alpha=np.int64(core.alpha is not None), has_slope=np.int64(core.slope is not None),
+                pool=np.int64(core.pool), lo=np.int64(lo), chunk=np.int64(core.chunk or 0),
+                threads=np.int64(num_threads()), huge_pages=np.int64(huge_pages()))
+
+
+_las_dense, _ = with_xla_backward(_las_call, None)
+
+
+def _reduce_by_blocks(dense):
+    """A core's reduce as the blocked XLA reduce with each block formed by the dense kernel
+    ``dense`` (attention: RecurrentGemma's benchmark layer 3.9-5.2 ms, against 6.0-7.2 ms with
+    XLA's softmax)."""
+    def reduce(core, idx, mode, qw, kw):
+        B, n, L = qw.shape
+        return blocked_reduce(core, idx, qw, kw, mode, block_size(n, B, L, None), dense=dense)
+
+    return jax.jit(full_precision(reduce))
 
 # core type -> (dense, reduce). ``reduce`` calls the kernels eagerly: jitted, one compilation per
 # shape serves every call (eager, the scans and mode switches around them compile on each call).
@@ -626,7 +652,8 @@ _head = (_head_dense, jax.jit(full_precision(_head_reduce)))
 _KERNELS = {StateDecayCore: _state_decay, ScalarDecayCore: _state_decay, DocumentMaskedCore: _state_decay,
             **{t: _head for t in HEAD_CORES}, RwkvCore: (_rwkv_dense, jax.jit(_rwkv_reduce)),
             ShortConvCore: (_conv_dense, jax.jit(_conv_reduce_call)),
-            AttentionCore: (_attention_dense, jax.jit(full_precision(_attention_reduce))),
+            AttentionCore: (_attention_dense, _reduce_by_blocks(_attention_dense)),
+            LaSCore: (_las_dense, _reduce_by_blocks(_las_dense)),
             BidirectionalCore: (_bidirectional_dense, jax.jit(full_precision(_bidirectional_reduce)))}
 
 

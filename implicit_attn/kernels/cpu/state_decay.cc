@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -1651,9 +1652,12 @@ std::vector<float> keys_by_block(const float* k, int64_t BKV, int64_t L, int64_t
 // exp(logit - row max) for the keys j in [J0 kQ, min(L, (I + 1) kQ)) (0 where masked: later keys,
 // keys at distance >= window, other documents), tot[ii] the row's sum, rows = min(kQ, L - I0). qh:
 // the head's queries (L x D); qs: scratch for the chunk's (kQ x D); kt: the head's keys_by_block;
-// sb: the row's document ids. Returns J0, the first key block the window reaches.
+// sb: the row's document ids. Optional distance terms (LaS attention's ELD and ALiBi), each a
+// table by distance (distance_table): the logit becomes logit * mul[i - j] - add[i - j] before
+// the mask. Returns J0, the first key block the window reaches.
 int64_t attention_chunk(const float* qh, float* qs, const float* kt, const int32_t* sb, int64_t L, int64_t D,
-                        int64_t Lp, int64_t window, int64_t I, float* S, float* tot) {
+                        int64_t Lp, int64_t window, int64_t I, float* S, float* tot, const float* mul = nullptr,
+                        const float* add = nullptr) {
   static const float lane_index[kQ] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   const int64_t I0 = I * kQ, rows = std::min(kQ, L - I0);
   std::fill(qs, qs + kQ * D, 0.0f);
@@ -1670,6 +1674,17 @@ int64_t attention_chunk(const float* qh, float* qs, const float* kt, const int32
 #else  // one key block at a time
   for (int64_t J = J0; J <= I; ++J) rows16_product(qs, 1, D, kt + J * D * kQ, kQ, D * kQ, D, S + J * kQ, Lp);
 #endif
+  if (mul || add)  // x[j] * mul[i - j] - add[i - j], the tables read backwards from L - 1 - i
+    for (int64_t ii = 0; ii < rows; ++ii) {
+      const int64_t back = L - 1 - (I0 + ii);
+      float* x = S + ii * Lp;
+      for (int64_t j = J0 * kQ; j < (I + 1) * kQ; j += kW) {
+        vw v = load<vw>(x + j);
+        if (mul) v = v * load<vw>(mul + back + j);
+        if (add) v = v - load<vw>(add + back + j);
+        store(x + j, v);
+      }
+    }
   // One document over the chunk's reach: a block left of the diagonal that every row's window
   // covers needs no mask.
   bool one_doc = true;
@@ -1781,6 +1796,111 @@ ffi::Error AttentionDenseImpl(ffi::ThreadPool xla,
         for (; j + kQ <= width; j += kQ) store(orow + j, load(s + j) * iv);
         for (; j < width; ++j) orow[j] = s[j] * inv;
         if (width < L) std::memset(orow + width, 0, sizeof(float) * (L - width));
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
+// A distance term of LaS attention as attention_chunk reads it: t[x] = f(L - 1 - x) for x in
+// [0, L - 1 + Lp), f(d) = exp(-rate d) (ELD, mul = true) or rate d (ALiBi), and f = 1 or 0 at the
+// negative distances (keys after the query: D_L is 0 above the diagonal), as ops.las_scores forms
+// them in float32 (exp of the product -rate * d).
+std::vector<float> distance_table(float rate, bool mul, int64_t L, int64_t Lp) {
+  std::vector<float> t(static_cast<size_t>(L - 1 + Lp));
+  for (int64_t x = 0; x < L - 1 + Lp; ++x) {
+    const float d = static_cast<float>(std::max<int64_t>(L - 1 - x, 0));
+    t[x] = mul ? std::exp(-rate * d) : rate * d;
+  }
+  return t;
+}
+
+// LaS attention (LaSCore, ops.las_probs): per head the softmax of attention_chunk with the ELD
+// factor exp(-alpha (i - j)) and the ALiBi term -slope (i - j), keys in the query's block
+// [s_i, i] (s_i = chunk floor(i / chunk); 0 without blocks), then each row averaged over keys
+// j + lo .. j + hi (pool P = hi - lo + 1; lo = 0 causal, -(P / 2) centered; zero padding counted,
+// summed in the order of ops.pool_rows and divided by P), kept on [s_i, i], exact zeros elsewhere.
+// A row with a NaN (or infinite) logit is NaN on [s_i, i], as XLA's softmax gives.
+ffi::Error LasDenseImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                        ffi::Buffer<ffi::S32> heads, ffi::Buffer<ffi::F32> alpha, ffi::Buffer<ffi::F32> slope,
+                        ffi::ResultBuffer<ffi::F32> out, int64_t has_alpha, int64_t has_slope, int64_t pool,
+                        int64_t lo, int64_t chunk, int64_t threads, int64_t huge_pages) {
+  auto qd = q.dimensions(), kd = k.dimensions(), hd = heads.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || hd.size() != 1 || kd[0] != qd[0] || kd[2] != qd[2] || kd[3] != qd[3] ||
+      hd[0] != qd[1] || alpha.dimensions().size() != 1 || alpha.dimensions()[0] != qd[1] ||
+      slope.dimensions().size() != 1 || slope.dimensions()[0] != qd[1])
+    return ffi::Error::InvalidArgument("las_dense: expected q (B,n,L,d), k (B,H,L,d), heads, alpha, slope (n,)");
+  const int64_t B = qd[0], n = qd[1], L = qd[2], D = qd[3], H = kd[1];
+  for (int64_t h = 0; h < n; ++h)
+    if (heads.typed_data()[h] < 0 || heads.typed_data()[h] >= H)
+      return ffi::Error::InvalidArgument("las_dense: head index out of range");
+  if (pool < 1 || pool % 2 == 0 || (lo != 0 && lo != -(pool / 2)) || chunk < 0)
+    return ffi::Error::InvalidArgument("las_dense: pool must be odd >= 1, lo 0 or -(pool / 2), chunk >= 0");
+  if (L == 0 || n == 0 || B == 0) return ffi::Error::Success();
+  float* o = out->typed_data();
+  const size_t LL = static_cast<size_t>(L) * L;
+  if (huge_pages) advise_huge(o, LL * B * n * sizeof(float));
+  const int64_t nc = (L + kQ - 1) / kQ, Lp = nc * kQ, hi = lo + pool - 1;
+  const std::vector<float> kT = keys_by_block(k.typed_data(), B * H, L, D);
+  std::vector<int32_t> block(L);
+  for (int64_t j = 0; j < L; ++j) block[j] = chunk ? static_cast<int32_t>(j / chunk) : 0;
+  std::vector<std::vector<float>> muls(n), adds(n);
+  for (int64_t h = 0; h < n; ++h) {
+    if (has_alpha) muls[h] = distance_table(alpha.typed_data()[h], true, L, Lp);
+    if (has_slope) adds[h] = distance_table(slope.typed_data()[h], false, L, Lp);
+  }
+  const int64_t items = B * n * nc;
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  const float fp = static_cast<float>(pool);
+  run_threads(xla, nt, [&](int64_t t0) {
+    // r: one row's probabilities at offset pool, zero padding on both sides for the window
+    // S's rows with a margin of at least pool zeros on both sides, whole vectors (aligned as
+    // attention_dense's rows): the windows read past the keys attention_chunk wrote, where the row is 0
+    const int64_t margin = pool == 1 ? 0 : (pool + kQ - 1) / kQ * kQ, stride = Lp + 2 * margin;
+    std::vector<float> qs(kQ * D), S(kQ * stride, 0.0f), tot(kQ);
+    for (int64_t p = t0; p < items; p += nt) {
+      const int64_t I = p % nc, h = (p / nc) % n, b = p / (nc * n);
+      const int64_t I0 = I * kQ, rows = std::min(kQ, L - I0);
+      const float* qh = q.typed_data() + (static_cast<size_t>(b) * n + h) * L * D;
+      const float* kt = kT.data() + (static_cast<size_t>(b) * H + heads.typed_data()[h]) * D * Lp;
+      // a window reaching the chunk's first block start from each of its rows: no key block before it
+      const int64_t reach = chunk ? I0 + kQ - (I0 / chunk) * chunk : L;
+      const int64_t J0 = attention_chunk(qh, qs.data(), kt, block.data(), L, D, stride, reach, I, S.data() + margin,
+                                         tot.data(), has_alpha ? muls[h].data() : nullptr,
+                                         has_slope ? adds[h].data() : nullptr);
+      for (int64_t ii = 0; ii < rows; ++ii) {
+        const int64_t i = I0 + ii, s0 = chunk ? (i / chunk) * chunk : 0;
+        float* s = S.data() + margin + ii * stride;
+        float* orow = o + ((static_cast<size_t>(b) * n + h) * L + i) * L;
+        std::memset(orow, 0, sizeof(float) * s0);
+        if (i + 1 < L) std::memset(orow + i + 1, 0, sizeof(float) * (L - i - 1));
+        const float inv = 1.0f / tot[ii];
+        if (std::isnan(inv)) {
+          std::fill(orow + s0, orow + i + 1, std::numeric_limits<float>::quiet_NaN());
+          continue;
+        }
+        const vw iv = splat<vw>(inv), vp = splat<vw>(fp);
+        int64_t j = s0;
+        if (pool == 1) {
+          for (; j + kW <= i + 1; j += kW) store(orow + j, load<vw>(s + j) * iv);
+          for (; j <= i; ++j) orow[j] = s[j] * inv;
+          continue;
+        }
+        // The windows of keys s0 .. i read s0 + lo .. i + hi: keys in [J0 kQ, (I + 1) kQ) are 0 where
+        // masked (before s0 in another block, after i), the pool entries on either side are zeroed
+        // (stale from the last chunk). Summed in ops.pool_rows' order, then divided by P.
+        std::fill(s + J0 * kQ - pool, s + J0 * kQ, 0.0f);
+        std::fill(s + (I + 1) * kQ, s + (I + 1) * kQ + pool, 0.0f);
+        for (; j + kW <= i + 1; j += kW) {
+          vw acc = load<vw>(s + j + lo) * iv;
+          for (int64_t m = lo + 1; m <= hi; ++m) acc += load<vw>(s + j + m) * iv;
+          store(orow + j, acc / vp);
+        }
+        for (; j <= i; ++j) {
+          float acc = s[j + lo] * inv;
+          for (int64_t m = lo + 1; m <= hi; ++m) acc += s[j + m] * inv;
+          orow[j] = acc / fp;
+        }
       }
     }
   });
@@ -3283,6 +3403,25 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::Buffer<ffi::S32>>()   // document ids (B, L)
         .Ret<ffi::Buffer<ffi::F32>>()   // out (B, n, L, L)
         .Attr<int64_t>("window")
+        .Attr<int64_t>("threads")
+        .Attr<int64_t>("huge_pages"));
+#endif
+
+#if !IA_PARTIAL || IA_IaLasDense
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaLasDense, LasDenseImpl,
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
+        .Arg<ffi::Buffer<ffi::F32>>()   // q (B, n, L, d), scaled
+        .Arg<ffi::Buffer<ffi::F32>>()   // k (B, H, L, d)
+        .Arg<ffi::Buffer<ffi::S32>>()   // each query head's key head (n,)
+        .Arg<ffi::Buffer<ffi::F32>>()   // ELD rates alpha (n,)
+        .Arg<ffi::Buffer<ffi::F32>>()   // ALiBi slopes (n,)
+        .Ret<ffi::Buffer<ffi::F32>>()   // out (B, n, L, L)
+        .Attr<int64_t>("has_alpha")
+        .Attr<int64_t>("has_slope")
+        .Attr<int64_t>("pool")
+        .Attr<int64_t>("lo")
+        .Attr<int64_t>("chunk")
         .Attr<int64_t>("threads")
         .Attr<int64_t>("huge_pages"));
 #endif
