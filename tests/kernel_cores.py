@@ -10,8 +10,8 @@ import numpy as np
 
 from implicit_attn.families import (falcon_h1, griffin, kimi_linear, lfm2, mamba, mamba2, qwen3_next, rwkv, rwkv6,
                                     rwkv7, xlstm, zamba)
-from implicit_attn.models import vim
-from implicit_attn.operator import ImplicitOperator, LaSCore, OperatorCore, ScalarDecayCore, pytree_dataclass
+from implicit_attn.models import las, vim
+from implicit_attn.operator import ImplicitOperator, OperatorCore, ScalarDecayCore, pytree_dataclass
 
 B, L = 2, 37
 
@@ -147,12 +147,14 @@ def vim_op(L_=L, B=B):
     return vim.mixer_operator_jit(p, jax.random.normal(jax.random.PRNGKey(2), (B, L_, 8)), cfg=cfg)
 
 
-def las_core(L_=L, B=B):
-    """A LaS attention core (2 heads, random ``q, k``; ``LaSCore`` has no Pallas kernel, so it is not
-    in ``BUILDERS``)."""
-    r = np.random.default_rng(3)
-    q, k = (jnp.asarray(r.standard_normal((B, 2, L_, 3)), jnp.float32) for _ in range(2))
-    return LaSCore(q=q, k=k)
+def las_op(L_=L, B=B):
+    """A LaS attention layer (``LaSCore``) with every part: ELD and ALiBi, pooling ``P = 3`` centered
+    (a key window reaching both neighbouring tiles), LaS-chunk blocks of 16 (no multiple of the
+    tiles, and not dividing 37)."""
+    cfg = las.Config(vocab_size=8, hidden_size=8, num_attention_heads=4, num_hidden_layers=1, B=0.9, alibi=True,
+                     pool=3, pool_align="centered", chunk=16)
+    p = las.init_params(cfg, 1)["layers"][0]["mixer"]
+    return las.mixer_operator(p, jax.random.normal(jax.random.PRNGKey(2), (B, L_, 8)), cfg)
 
 
 @pytree_dataclass(static=("B", "L"))
@@ -191,6 +193,6 @@ def scalar_lowrank_op(L_=L, B=B):
 BUILDERS = {"mamba": mamba_op, "mamba2": mamba2_op, "griffin": griffin_op, "rwkv": rwkv_op,
             "scalar_lowrank": scalar_lowrank_op, "delta": delta_op, "kda": kda_op,
             "dplr": dplr_op, "dplr_before": dplr_before_op, "mlstm": mlstm_op, "attention": local_attention_op,
-            "short_conv": short_conv_op, "zamba": zamba_op, "falcon_h1": falcon_h1_op, "vim": vim_op}
+            "short_conv": short_conv_op, "zamba": zamba_op, "falcon_h1": falcon_h1_op, "vim": vim_op, "las": las_op}
 # Builders whose operators are not causal (ViM reads both directions).
 NOT_CAUSAL = {"vim"}

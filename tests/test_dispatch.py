@@ -8,14 +8,15 @@ import sys
 import warnings
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from implicit_attn.families import mamba
 from implicit_attn.kernels import cpu, pallas
 from implicit_attn.operator import ParallelCore, dispatch, resolve_impl
-from kernel_cores import (delta_op, dplr_op, falcon_h1_op, kda_op, las_core, local_attention_op, mlstm_op, rwkv_op,
-                          scalar_lowrank_op, short_conv_op)
+from kernel_cores import (NoKernelCore, delta_op, dplr_op, falcon_h1_op, kda_op, las_op, local_attention_op, mlstm_op,
+                          rwkv_op, scalar_lowrank_op, short_conv_op)
 
 
 @pytest.fixture(scope="module")
@@ -52,20 +53,21 @@ def test_auto_uses_kernels_verified_for_the_platform(op, on_accelerator, monkeyp
 def test_a_parallel_core_is_trusted_where_its_kernel_parts_are(op, on_accelerator, monkeypatch, platform):
     """``auto`` takes a ``ParallelCore``'s kernels where every part that has one is verified:
     Falcon-H1's Mamba-2 and attention parts are not (XLA there); the verified RG-LRU-like core
-    beside LaS attention, which has no Pallas kernel and runs XLA there either way, is on cuda."""
+    beside a core no backend has a kernel for (XLA either way) is on cuda."""
     monkeypatch.setattr(pallas, "default_platform", lambda: platform)
     falcon = falcon_h1_op(L_=4, B=1).core
     assert pallas.has_kernel(falcon) and not pallas.trusted(falcon)
     assert resolve_impl("auto", falcon) == "xla"
-    mixed = ParallelCore(parts=(scalar_lowrank_op(L_=4, B=1).core, las_core(L_=4, B=1)), repeats=(1, 1))
+    mixed = ParallelCore(parts=(scalar_lowrank_op(L_=4, B=1).core, NoKernelCore(scale=jnp.ones((2,)), L=4)),
+                         repeats=(1, 1))
     assert pallas.trusted(mixed) == (platform == "cuda")
     assert resolve_impl("auto", mixed) == ("pallas" if platform == "cuda" else "xla")
 
 
-@pytest.mark.parametrize("make", [delta_op, kda_op, dplr_op, mlstm_op, local_attention_op, short_conv_op],
-                         ids=["delta", "kda", "dplr", "mlstm", "attention", "short_conv"])
+@pytest.mark.parametrize("make", [delta_op, kda_op, dplr_op, mlstm_op, local_attention_op, short_conv_op, las_op],
+                         ids=["delta", "kda", "dplr", "mlstm", "attention", "short_conv", "las"])
 def test_unverified_kernels_take_the_cpu_kernel_on_cpu_and_xla_on_accelerators(make, monkeypatch):
-    """The README's Limitations: the delta-rule, DPLR, mLSTM, attention and short-conv Pallas kernels are
+    """The README's Limitations: the delta-rule, DPLR, mLSTM, attention, short-conv and LaS Pallas kernels are
     verified on no platform, so ``auto`` computes them with XLA on a GPU or TPU; on CPU it takes
     the fused CPU kernel (the suite's size threshold is 0)."""
     core = make(L_=6, B=1).core

@@ -29,9 +29,9 @@ from kernel_cores import BUILDERS
 TRITON = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
 KERNEL_CALL = {"cuda": "__gpu$xla.gpu.triton", "tpu": "tpu_custom_call"}
 # Per pallas_call: the tile kernels come twice, plain and NaN-safe under one lax.cond
-# (kernels.pallas.calls.nan_safe_call), except RWKV-4's, attention's and the short conv's, whose
-# tiles have no matmul to spread a NaN; the first two run a row-statistics kernel before the tiles.
-CALLS = {"rwkv": 2, "attention": 2, "short_conv": 1}
+# (kernels.pallas.calls.nan_safe_call), except RWKV-4's, attention's (LaS's too) and the short conv's,
+# whose tiles have no matmul to spread a NaN; all but the last run a row-statistics kernel first.
+CALLS = {"rwkv": 2, "attention": 2, "las": 2, "short_conv": 1}
 # ParallelCores run each part through its kernel: the module holds a part's calls in one function,
 # called once per part (Zamba's two Mamba-1 heads share it, as ViM's two directions do); Falcon-H1:
 # Mamba-2's 2, attention's 2.

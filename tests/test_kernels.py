@@ -14,10 +14,10 @@ import pytest
 
 from implicit_attn import kernels
 from implicit_attn.families.xlstm.naive import naive_head_matrix
-from implicit_attn.kernels import cpu, pallas
+from implicit_attn.kernels import pallas
 from implicit_attn.kernels.pallas import calls, plans
 from implicit_attn.operator import ImplicitOperator, ParallelCore, resolve_impl
-from kernel_cores import BUILDERS, NOT_CAUSAL, griffin_op, las_core, mamba2_op, scalar_lowrank_op
+from kernel_cores import BUILDERS, NOT_CAUSAL, NoKernelCore, griffin_op, mamba2_op, scalar_lowrank_op
 
 B, L, TILE = 2, 37, 8  # the builders' default shapes; tile 8 gives 5 x 5 tiles
 HOWS = ("mean", "abs_mean", "pos_mean", "weighted")
@@ -227,33 +227,31 @@ def test_a_parallel_core_reduce_differentiates_like_xla(ops):
 
 
 def test_a_parallel_core_takes_kernels_where_a_part_has_one():
-    """LaS attention (no Pallas kernel) beside a Mamba-2 core: the LaS heads by XLA, the Mamba-2
-    channels by the kernel; LaS cores alone are refused, naming the parts."""
+    """A core no backend has a kernel for beside a Mamba-2 core: its channels by XLA, the Mamba-2
+    channels by the kernel; such cores alone are refused, naming the parts."""
     m2 = mamba2_op()
-    las = las_core()
+    other = NoKernelCore(scale=jnp.asarray([0.5, -2.0]), B=B, L=L)
     values = jnp.concatenate([jnp.ones((B, 2, L)), m2.values], axis=1)
-    mixed = ImplicitOperator(values, jnp.zeros_like(values), values, ParallelCore(parts=(las, m2.core), repeats=(1, 1)))
+    mixed = ImplicitOperator(values, jnp.zeros_like(values), values,
+                             ParallelCore(parts=(other, m2.core), repeats=(1, 1)))
     C = mixed.shape[1]
     assert rel(mixed.materialize([C - 1, 0], impl="pallas"), mixed.materialize([C - 1, 0], impl="xla")) <= 1e-5
     assert rel(mixed.reduce("abs_mean", impl="pallas"), mixed.reduce("abs_mean", impl="xla")) <= 1e-5
-    core = ParallelCore(parts=(las, las), repeats=(1, 1))
+    core = ParallelCore(parts=(other, other), repeats=(1, 1))
     assert not pallas.has_kernel(core)
-    with pytest.raises(TypeError, match="none of its parts has a kernel .parts: LaSCore, LaSCore"):
+    with pytest.raises(TypeError, match="none of its parts has a kernel .parts: NoKernelCore, NoKernelCore"):
         kernels.pallas_dense(core, [0])
 
 
-def test_las_core_has_no_pallas_kernel(monkeypatch):
-    """LaS attention has the CPU kernel only: ``impl="pallas"`` is refused naming the core, and
-    ``auto`` takes the CPU kernel on CPU (the suite's size threshold is 0), XLA elsewhere."""
+def test_a_core_without_a_kernel_is_refused():
+    """``impl="pallas"`` names a core type it has no kernel for; ``auto`` computes it with XLA."""
     v = jnp.ones((1, 2, 5))
-    op = ImplicitOperator(v, jnp.zeros_like(v), v, las_core(L_=5, B=1))
-    with pytest.raises(TypeError, match="LaSCore"):
+    op = ImplicitOperator(v, jnp.zeros_like(v), v, NoKernelCore(scale=jnp.ones((2,))))
+    with pytest.raises(TypeError, match="NoKernelCore"):
         op.materialize(impl="pallas")
-    with pytest.raises(TypeError, match="LaSCore"):
+    with pytest.raises(TypeError, match="NoKernelCore"):
         op.reduce(impl="pallas")
-    assert not pallas.has_kernel(op.core)
-    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 0)
-    assert resolve_impl("auto", op.core) == ("cpu" if jax.default_backend() == "cpu" else "xla")
+    assert not pallas.has_kernel(op.core) and resolve_impl("auto", op.core) == "xla"
     assert resolve_impl("pallas", scalar_lowrank_op().core) == "pallas"
     with pytest.raises(ValueError, match="impl must be one of"):
         op.materialize(impl="triton")

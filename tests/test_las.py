@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from implicit_attn.explain import explain, head_maps, model_maps
-from implicit_attn.kernels import cpu
+from implicit_attn.kernels import cpu, pallas, pallas_dense, pallas_reduce
 from implicit_attn.models import las
 from implicit_attn.nn import CheckpointError
 from implicit_attn.operator import LaSCore, resolve_impl
@@ -283,7 +283,7 @@ def test_length_one_and_jit_vmap_grad(blocks):
     np.testing.assert_allclose(np.asarray(yv), np.asarray(las.mixer_forward(p, x, cfg)), rtol=1e-5, atol=1e-6)
 
 
-# ----------------------------------------------------------------------------- the CPU kernel
+# ----------------------------------------------------------------------------- the kernels
 
 def random_core(L, eld=True, alibi=False, pool=3, chunk=None, align="causal", heads=3, d=5, seed=0):
     g = np.random.default_rng(seed)
@@ -311,7 +311,9 @@ def ref_core(core):
     return A
 
 
-KERNEL_CASES = {  # (L, core options): lengths around the kernel's 16-row chunks, blocks not dividing L
+# The CPU kernel and the Pallas kernel (interpret mode, tiles of 8: the pooling windows cross tiles)
+DENSE = {"cpu": cpu.cpu_dense, "pallas": lambda core, idx: pallas_dense(core, idx, tile=8)}
+KERNEL_CASES = {  # (L, core options): lengths around the kernels' 16-row chunks and 8-wide tiles
     "las_L37": (37, dict()),
     "eld_and_alibi_centered_p5_chunk7": (37, dict(alibi=True, pool=5, chunk=7, align="centered")),
     "alibi_no_pool_L300": (300, dict(eld=False, alibi=True, pool=1)),
@@ -319,17 +321,20 @@ KERNEL_CASES = {  # (L, core options): lengths around the kernel's 16-row chunks
     "vanilla_L16": (16, dict(eld=False, pool=1)),
     "centered_L1": (1, dict(align="centered")),
 }
+CASES_BY_IMPL = [(impl, case) for impl in DENSE for case in KERNEL_CASES
+                 if impl == "cpu" or KERNEL_CASES[case][0] < 100]  # interpret mode is slow
 
 
-@pytest.mark.parametrize("case", list(KERNEL_CASES))
-def test_cpu_kernel_matches_float64_and_xla(case):
-    """``impl="cpu"`` (the attention kernel's logits with the distance terms, then the pooled rows)
-    against the float64 definition and XLA, heads out of order and repeated; exact zeros where
-    XLA has them (above the diagonal, across blocks)."""
+@pytest.mark.parametrize("impl, case", CASES_BY_IMPL)
+def test_kernel_matches_float64_and_xla(impl, case):
+    """Each kernel (CPU: the attention kernel's logits with the distance terms, then the pooled rows;
+    Pallas: the attention tiles with the distance terms, the pooled entry a sum over shifted keys)
+    against the float64 definition and XLA, heads out of order and repeated; exact zeros where XLA
+    has them (above the diagonal, across blocks)."""
     L, kw = KERNEL_CASES[case]
     core = random_core(L, **kw)
     idx = np.array([2, 0, 0, 1])
-    got = np.asarray(cpu.cpu_dense(core, idx))
+    got = np.asarray(DENSE[impl](core, idx))
     want = ref_core(core)[:, idx]
     assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
     xla = np.asarray(core.dense(jnp.asarray(idx)))
@@ -337,7 +342,8 @@ def test_cpu_kernel_matches_float64_and_xla(case):
     np.testing.assert_array_equal(got == 0, xla == 0)
 
 
-def test_cpu_kernel_keeps_xlas_nan_pattern():
+@pytest.mark.parametrize("impl", list(DENSE))
+def test_kernel_keeps_xlas_nan_pattern(impl):
     """NaN queries and keys, and logits that overflow to inf: NaN exactly where XLA's softmax and
     pooling put it (the visible keys of the rows that read them), zeros kept elsewhere."""
     for align in ("causal", "centered"):
@@ -350,7 +356,7 @@ def test_cpu_kernel_keeps_xlas_nan_pattern():
             k[1, 0, 3] = 1e30
             core = LaSCore(q=jnp.asarray(q), k=jnp.asarray(k), alpha=core.alpha, slope=core.slope, pool=3, chunk=chunk,
                            align=align)
-            got = np.asarray(cpu.cpu_dense(core, np.arange(2)))
+            got = np.asarray(DENSE[impl](core, np.arange(2)))
             want = np.asarray(core.dense(jnp.arange(2)))
             assert np.isnan(want).any()
             np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
@@ -382,9 +388,25 @@ def test_cpu_reduce_forms_its_blocks_by_the_kernel(how):
     np.testing.assert_allclose(grads[0].q, grads[1].q, rtol=1e-5, atol=1e-6)
 
 
+def test_pallas_reduce_against_float64():
+    """The Pallas kernel's fused reduce (interpret mode, tiles of 8) against the float64 sum over
+    heads of ``qw H kw``, every mode."""
+    core = random_core(21, alibi=True, chunk=9, align="centered", heads=3)
+    g = np.random.default_rng(5)
+    qw, kw = (jnp.asarray(g.standard_normal((2, 3, 21)), jnp.float32) for _ in range(2))
+    A = ref_core(core)
+    want = np.einsum("bhi,bhij,bhj->bij", np.asarray(qw, np.float64), A, np.asarray(kw, np.float64))
+    for how in ("mean", "abs_mean", "pos_mean"):  # H >= 0: every mode is the identity on it
+        got = np.asarray(pallas_reduce(core, np.arange(3), how, qw, kw, tile=8))
+        assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want)), how
+
+
 def test_auto_takes_the_cpu_kernel(blocks, x, monkeypatch):
+    """On CPU ``auto`` takes the CPU kernel; the Pallas kernel is verified on no accelerator, so
+    ``auto`` keeps XLA there (``tests/test_dispatch.py``)."""
     monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 0)
     core = blocks["las"].as_operator(x).core
+    assert pallas.has_kernel(core) and not pallas.trusted(core)
     assert resolve_impl("auto", core) == ("cpu" if jax.default_backend() == "cpu" else "xla")
 
 

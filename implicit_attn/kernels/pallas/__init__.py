@@ -7,14 +7,14 @@ math, ``calls.py`` the ``pallas_call``s. The pure-jnp references are the cores' 
 
 Cores with a kernel: every type registered in ``plans.PLANS`` (``StateDecayCore``,
 ``ScalarDecayCore``, ``DocumentMaskedCore`` around a ``ScalarDecayCore``, ``Mamba2Core``,
-``RwkvCore``, ``AttentionCore``, ``ShortConvCore``, and the head-matrix cores ``DeltaRuleCore``
+``RwkvCore``, ``AttentionCore``, ``LaSCore``, ``ShortConvCore``, and the head-matrix cores ``DeltaRuleCore``
 and ``DplrCore``, whose kernel is the chunk recurrence giving every head's ``M_h``, and
 ``MlstmCore``, whose ``M_h`` are the scalar tiles over its heads; channels and the channel
 reduction are then XLA elementwise work on ``M_h``). A ``ParallelCore`` (Zamba, Falcon-H1) runs
 each part with a kernel through it and its other parts with XLA (``ParallelCore.dense_by``,
 ``operator.dispatch.parallel_reduce``); a ``BidirectionalCore`` (ViM) both directions' kernels,
-flipped and summed by XLA, its reduce the XLA blocks formed so. ``LaSCore`` raises ``TypeError``
-naming the core under ``impl="pallas"``; ``impl="auto"`` uses XLA for it.
+flipped and summed by XLA, its reduce the XLA blocks formed so. A core type without a kernel
+raises ``TypeError`` naming it under ``impl="pallas"``; ``impl="auto"`` uses XLA for it.
 
 On CPU the kernels run with ``interpret=True`` (correct, slow); on GPU/TPU compiled.
 ``impl="auto"`` picks a compiled kernel only for core types verified on the platform

@@ -192,10 +192,24 @@ def _pre_tile(R: _Tile, I, Jx, side):
     plan, T = R.plan, R.plan.T
     is_diag = Jx == I
     if plan.kind == "attention":
-        lg, visible = tiles.attention_logits(R.col("q"), R.col("k", side), R.shared("seg_col", "i"),
-                                             R.shared("seg_row", side), I * T, Jx * T, plan.window)
-        # where(): a NaN row (a NaN logit, as in XLA's softmax) keeps exact zeros where masked
-        H = jnp.where(visible, jnp.exp(lg - R.col("m")) / R.col("z"), 0.0)
+        alpha, slope = (R.param(name) if R.has(name, None) else None for name in ("alpha", "slope"))
+
+        def probs(m):
+            """The probabilities at the keys ``m`` columns right of the tile's (LaS's pooling)."""
+            tag = f"{m:+d}" if m else ""
+            lg, vis = tiles.attention_logits(R.col("q"), R.col("k" + tag, side), R.shared("seg_col", "i"),
+                                             R.shared(f"seg{tag}_row", side), I * T, Jx * T + m, plan.window,
+                                             alpha, slope)
+            # where(): a NaN row (a NaN logit, as in XLA's softmax) keeps exact zeros where masked
+            return jnp.where(vis, jnp.exp(lg - R.col("m")) / R.col("z"), 0.0), vis
+
+        H, visible = probs(0)
+        if plan.pool > 1:  # LaS: the mean over the window's keys, summed in ops.pool_rows' order
+            pooled = None
+            for m in range(plan.pool_lo, plan.pool_lo + plan.pool):
+                Hm = H if m == 0 else probs(m)[0]
+                pooled = Hm if pooled is None else pooled + Hm
+            H = jnp.where(visible, pooled / plan.pool, 0.0)
     elif plan.kind == "softmax":
         lg = tiles.decay_rows_logits(R.row("k", side), R.param("w"), R.param("u"), I * T, Jx * T, T)
         H = jnp.exp(lg - R.col("m")) / R.col("z")
@@ -293,6 +307,13 @@ def _plan_inputs(plan: Plan, Cb: int) -> _Inputs:
             inp.col(name, v[name], "i", T)
         inp.per_channel("q", plan.shared["q"], "i", T)
         inp.per_channel("k", plan.shared["k"], "j0", T)
+        for name in ("alpha", "slope"):
+            if name in plan.param:
+                inp.param(name, plan.param[name])
+        for m in range(plan.pool_lo, plan.pool_lo + plan.pool) if plan.pool > 1 else ():
+            if m:  # LaS's pooling: keys and block ids shifted by m
+                inp.per_channel(f"k{m:+d}", plan.shared[f"k{m:+d}"], "j0", T)
+                inp.time_tile(f"seg{m:+d}_row", plan.shared[f"seg{m:+d}"][:, None, :], "j0", T, 2)
     else:
         for name in ("t", "P", "left", "diag", "row_log"):
             if name in v:
@@ -464,8 +485,8 @@ def softmax_stats(plan: Plan, target: Target) -> Plan:
 
 def attention_stats(plan: Plan, target: Target) -> Plan:
     """Row max ``m`` and normaliser ``z = sum_j exp(l[i, j] - m[i])`` of every head's masked
-    logits (online over the column tiles from the first the window reaches to ``I``); returns
-    the plan with ``m, z (B, n, Lp)`` in its ``vec``."""
+    logits (online over the column tiles from the first the window reaches to ``I``; LaS's
+    distance terms included); returns the plan with ``m, z (B, n, Lp)`` in its ``vec``."""
     q, k, seg = plan.shared["q"], plan.shared["k"], plan.shared["seg"]
     B, n, Lp, d = q.shape
     T, W = plan.T, plan.window
@@ -473,15 +494,19 @@ def attention_stats(plan: Plan, target: Target) -> Plan:
     ntp = next_pow2(nt)  # whole-row blocks: Triton's block dimensions are powers of two
     k = jnp.pad(k, ((0, 0), (0, 0), (0, ntp * T - Lp), (0, 0)))
     seg_rows = jnp.pad(seg, ((0, 0), (0, ntp * T - Lp)), constant_values=-1).reshape(B, ntp, T)
+    terms = [name for name in ("alpha", "slope") if name in plan.param]
 
-    def kernel(q_ref, k_ref, seg_col_ref, seg_row_ref, m_ref, z_ref):
+    def kernel(q_ref, k_ref, seg_col_ref, seg_row_ref, *refs):
         I = pl.program_id(1)
         qI, seg_col = q_ref[0, 0], seg_col_ref[0]
+        given = dict(zip(terms, (r[0] for r in refs[:len(terms)])))
+        m_ref, z_ref = refs[len(terms):]
 
         def body(J, mz):
             m, z = mz
             lg, _ = tiles.attention_logits(qI, k_ref[0, 0, pl.ds(J * T, T), :], seg_col,
-                                           seg_row_ref[0, pl.ds(J, 1), :], I * T, J * T, W)
+                                           seg_row_ref[0, pl.ds(J, 1), :], I * T, J * T, W,
+                                           given.get("alpha"), given.get("slope"))
             m_new = jnp.maximum(m, jnp.max(lg, axis=1, keepdims=True))
             # rows with nothing visible yet (window, documents) keep m = -inf: shift by 0
             shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
@@ -501,9 +526,11 @@ def attention_stats(plan: Plan, target: Target) -> Plan:
         in_specs=[pl.BlockSpec((1, 1, T, d), lambda b, I, c: (b, c, I, 0)),
                   pl.BlockSpec((1, 1, ntp * T, d), lambda b, I, c: (b, c, 0, 0)),
                   pl.BlockSpec((1, T, 1), lambda b, I, c: (b, I, 0)),
-                  pl.BlockSpec((1, ntp, T), lambda b, I, c: (b, 0, 0))],
+                  pl.BlockSpec((1, ntp, T), lambda b, I, c: (b, 0, 0))]
+        + [pl.BlockSpec((1, 1, 1), lambda b, I, c: (c, 0, 0))] * len(terms),
         out_specs=[pl.BlockSpec((1, 1, T, 1), lambda b, I, c: (b, c, I, 0))] * 2,
-        out_shape=[jax.ShapeDtypeStruct((B, n, Lp, 1), f32)] * 2)(q, k, seg[:, :, None], seg_rows)
+        out_shape=[jax.ShapeDtypeStruct((B, n, Lp, 1), f32)] * 2)(
+            q, k, seg[:, :, None], seg_rows, *(plan.param[name][:, None, :] for name in terms))
     return dataclasses.replace(plan, vec=dict(plan.vec, m=m[..., 0], z=z[..., 0]))
 
 

@@ -9,7 +9,8 @@ Three tile kinds serve every block:
 * ``"softmax"``: ``diag(gate) softmax_rows(l)`` (RWKV-4), with row statistics from a
   first pass;
 * ``"attention"``: masked ``softmax_rows(q k^T)`` per head (``AttentionCore``: causal, local
-  window, documents, grouped keys), with row statistics from a first pass;
+  window, documents, grouped keys), with row statistics from a first pass; LaS attention
+  (``LaSCore``) adds its distance terms to the logits and pools each row over keys;
 * ``"band"``: ``diag(l) M diag(r)`` with ``M`` a banded causal conv matrix (LFM2's short
   convolution, ``ShortConvCore``): nonzero only in the diagonal tile and the one left of it;
 * the scalar kind over a core's heads (``Plan.heads``): the mLSTM's matrices ``M_h``
@@ -35,9 +36,9 @@ from typing import Callable
 
 import jax.numpy as jnp
 
-from ...operator import (AttentionCore, DeltaRuleCore, DocumentMaskedCore, DplrCore, Mamba2Core, MlstmCore,
+from ...operator import (AttentionCore, DeltaRuleCore, DocumentMaskedCore, DplrCore, LaSCore, Mamba2Core, MlstmCore,
                          RwkvCore, ScalarDecayCore, ShortConvCore, StateDecayCore)
-from ...ops import chunk_factors, chunk_sums, dplr_factors
+from ...ops import block_start, chunk_factors, chunk_sums, dplr_factors, pool_window
 
 f32 = jnp.float32
 
@@ -93,6 +94,10 @@ class Plan:
         channels asked for.
       window: the attention kind's window (keys at distance ``>= window`` are masked), at most
         ``Lp``; None for the other kinds.
+      pool: LaS attention's pooling window ``P`` over keys (attention kind; 1: none), its offsets
+        ``pool_lo .. pool_lo + P - 1`` (``ops.pool_window``); the keys and block ids shifted by each
+        nonzero offset ``m`` are ``shared["k{m:+d}"]``, ``shared["seg{m:+d}"]``, and the ELD rates and
+        ALiBi slopes, where the core has them, ``param["alpha"]``, ``param["slope"]`` ``(n, 1)``.
     """
 
     kind: str
@@ -106,6 +111,8 @@ class Plan:
     nan_safe: bool = False
     heads: bool = False
     window: int | None = None
+    pool: int = 1
+    pool_lo: int = 0
 
     @property
     def Lp(self) -> int:
@@ -234,6 +241,38 @@ def plan_attention(core, idx, T: int) -> Plan:
               "k": _feature_pad(_pad_axis(jnp.take(core.k, kv, axis=1), 2, Lp), 3),
               "seg": _pad_axis(core.seg.astype(jnp.int32), 1, Lp, -1)}
     return Plan("attention", L, T, {}, None, {}, shared, window=int(min(core.window, Lp)))
+
+
+def _shift_time(x, m: int, axis: int, value=0.0):
+    """``y[..., j, ...] = x[..., j + m, ...]`` along ``axis``, ``value`` where ``j + m`` is outside."""
+    n = x.shape[axis]
+    kept = jnp.take(x, jnp.arange(max(m, 0), n + min(m, 0)), axis=axis)
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (max(-m, 0), max(m, 0))
+    return jnp.pad(kept, pad, constant_values=value)
+
+
+@plan_for(LaSCore)
+def plan_las(core, idx, T: int) -> Plan:
+    """``LaSCore`` -> attention plan with LaS's parts: the heads' queries and keys ``(B, n, Lp, d)``,
+    the LaS-chunk block of each position as its document id, the ELD rates and ALiBi slopes, and
+    for the pooling the keys and block ids shifted by each offset of the window (``Plan.pool``): a
+    pooled entry ``(1 / P) sum_m A[i, j + m]`` is formed from the shifted keys' probabilities."""
+    B, H, L, _ = core.q.shape
+    Lp = _padded_length(L, T)
+    seg = jnp.broadcast_to(block_start(L, core.chunk).astype(jnp.int32), (B, L))
+    shared = {"q": _feature_pad(_pad_axis(jnp.take(core.q, idx, axis=1), 2, Lp), 3),
+              "k": _feature_pad(_pad_axis(jnp.take(core.k, idx, axis=1), 2, Lp), 3),
+              "seg": _pad_axis(seg, 1, Lp, -1)}
+    lo, hi = pool_window(core.pool, core.align)
+    for m in range(lo, hi + 1) if core.pool > 1 else ():
+        if m:
+            shared[f"k{m:+d}"] = _shift_time(shared["k"], m, 2)
+            shared[f"seg{m:+d}"] = _shift_time(shared["seg"], m, 1, -1)
+    param = {name: jnp.take(jnp.asarray(x, f32), idx)[:, None] for name, x in (("alpha", core.alpha),
+                                                                               ("slope", core.slope))
+             if x is not None}
+    return Plan("attention", L, T, {}, None, param, shared, window=Lp, pool=core.pool, pool_lo=lo)
 
 
 @plan_for(ShortConvCore)

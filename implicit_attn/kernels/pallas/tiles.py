@@ -193,14 +193,17 @@ def decay_rows_logits(k_row, w, u, I0, J0, T: int):
     return jnp.where(j <= i, rel + k_row, -jnp.inf)
 
 
-def attention_logits(q, k, seg_col, seg_row, I0, J0, window: int):
+def attention_logits(q, k, seg_col, seg_row, I0, J0, window: int, alpha=None, slope=None):
     """Masked attention logits of one tile: ``q_i . k_j`` where key ``j`` is visible to query
     ``i`` (``j <= i``, ``i - j < window``, same document), ``-inf`` elsewhere; and that mask.
+    LaS attention's distance terms (``ops.las_scores``), each optional: the logit times
+    ``exp(-alpha (i - j))`` (ELD), then minus ``slope (i - j)`` (ALiBi).
 
     Args:
       q, k: ``(T, d)`` the row tile's queries and the column tile's keys.
       seg_col: ``(T, 1)`` document ids of the rows; seg_row: ``(1, T)`` of the columns.
       I0, J0: the tiles' first positions; window: a static int.
+      alpha, slope: ``(1, 1)`` or None.
     Returns:
       ``(logits (T, T), visible (T, T) bool)``.
     """
@@ -208,4 +211,11 @@ def attention_logits(q, k, seg_col, seg_row, I0, J0, window: int):
     i = iota2((T, T), 0) + I0
     j = iota2((T, T), 1) + J0
     visible = (j <= i) & (i - j < window) & (seg_col == seg_row)
-    return jnp.where(visible, dot_t(q, k), -jnp.inf), visible
+    s = dot_t(q, k)
+    if alpha is not None or slope is not None:
+        dist = jnp.maximum(i - j, 0).astype(f32)
+        if alpha is not None:
+            s = jnp.exp(-alpha * dist) * s
+        if slope is not None:
+            s = s - slope * dist
+    return jnp.where(visible, s, -jnp.inf), visible
