@@ -1,7 +1,8 @@
 """Operators for the kernel tests: every core type with a Pallas kernel, built from each
 family's (or model's) own pure functions on random weights (tiny configs), so the cores are
 exactly what the models produce, plus a generic ``ScalarDecayCore`` with every optional part.
-Each builder takes the length ``L_`` and batch ``B``."""
+Each builder takes the length ``L_`` and batch ``B``. ``NoKernelCore`` is a core type no backend
+has a kernel for (each of the library's core types has one in at least one backend)."""
 import dataclasses
 
 import jax
