@@ -1853,7 +1853,6 @@ ffi::Error LasDenseImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> q, ffi::Buffe
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
   const float fp = static_cast<float>(pool);
   run_threads(xla, nt, [&](int64_t t0) {
-    // r: one row's probabilities at offset pool, zero padding on both sides for the window
     // S's rows with a margin of at least pool zeros on both sides, whole vectors (aligned as
     // attention_dense's rows): the windows read past the keys attention_chunk wrote, where the row is 0
     const int64_t margin = pool == 1 ? 0 : (pool + kQ - 1) / kQ * kQ, stride = Lp + 2 * margin;

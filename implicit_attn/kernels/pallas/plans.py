@@ -245,11 +245,10 @@ def plan_attention(core, idx, T: int) -> Plan:
 
 def _shift_time(x, m: int, axis: int, value=0.0):
     """``y[..., j, ...] = x[..., j + m, ...]`` along ``axis``, ``value`` where ``j + m`` is outside."""
-    n = x.shape[axis]
-    kept = jnp.take(x, jnp.arange(max(m, 0), n + min(m, 0)), axis=axis)
     pad = [(0, 0)] * x.ndim
     pad[axis] = (max(-m, 0), max(m, 0))
-    return jnp.pad(kept, pad, constant_values=value)
+    start = max(m, 0)  # padded index of x[j + m] for output j
+    return jnp.pad(x, pad, constant_values=value)[(slice(None),) * axis + (slice(start, start + x.shape[axis]),)]
 
 
 @plan_for(LaSCore)
