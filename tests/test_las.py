@@ -13,9 +13,10 @@ import pytest
 
 from implicit_attn.explain import explain, head_maps, model_maps
 from implicit_attn.kernels import cpu, pallas, pallas_dense, pallas_reduce
+from implicit_attn.kernels.pallas import plans
 from implicit_attn.models import las
 from implicit_attn.nn import CheckpointError
-from implicit_attn.operator import LaSCore, resolve_impl
+from implicit_attn.operator import AttentionCore, LaSCore, resolve_impl
 from implicit_attn.operator.dispatch import blocked_reduce
 from implicit_attn.ops import alibi_slopes, las_alphas, las_probs, las_softmax
 
@@ -399,6 +400,32 @@ def test_pallas_reduce_against_float64():
     for how in ("mean", "abs_mean", "pos_mean"):  # H >= 0: every mode is the identity on it
         got = np.asarray(pallas_reduce(core, np.arange(3), how, qw, kw, tile=8))
         assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want)), how
+
+
+@pytest.mark.parametrize("T", [8, 16])
+def test_pallas_kernel_skips_exactly_the_column_tiles_no_row_sees(T):
+    """``Plan.first_key_tile``, from which the Pallas kernels start their rows' statistics and
+    below which they write zero tiles without forming them: for every row tile, the tile of the
+    first nonzero column of XLA's matrices in any of its rows (LaS-chunk blocks; local attention's
+    window), no later (that would drop entries) and no earlier (tiles of zeros formed)."""
+    L = 61
+
+    def check(core, plan):
+        nonzero = np.asarray(core.dense(jnp.arange(core.num_channels))) != 0  # (B, n, L, L)
+        assert nonzero[..., np.arange(L), np.arange(L)].all()
+        first_key = nonzero.argmax(axis=-1).min(axis=(0, 1))
+        for I in range(-(-L // T)):  # the plan's vec is empty until the row statistics
+            rows = slice(I * T, min(I * T + T, L))
+            assert int(plan.first_key_tile(jnp.int32(I))) == first_key[rows].min() // T, I
+
+    for chunk in (None, 5, 7, 8, 16, 40, 64):
+        core = random_core(L, alibi=True, chunk=chunk, align="centered")
+        check(core, plans.plan_las(core, np.arange(3), T))
+    g = np.random.default_rng(0)
+    q = jnp.asarray(g.standard_normal((1, 2, L, 4)), jnp.float32)
+    for window in (1, 11, 16, 17, 61, 200):
+        core = AttentionCore(q=q, k=q[:, :1], seg=jnp.zeros((1, L), jnp.int32), window=window)
+        check(core, plans.plan_attention(core, np.arange(2), T))
 
 
 def test_auto_takes_the_cpu_kernel(blocks, x, monkeypatch):

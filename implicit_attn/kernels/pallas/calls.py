@@ -371,12 +371,13 @@ def materialize(plan: Plan, target: Target):
         o = refs[-1]
         I, J = pl.program_id(1), pl.program_id(2)
         store = lambda value: target.store(o.at[0, 0], value, L - I * T, L - J * T)
+        first = plan.first_key_tile(I)
 
-        @pl.when(J > I)
+        @pl.when((J > I) | (J < first))
         def _():
             store(jnp.zeros((T, T), f32))
 
-        @pl.when(J <= I)
+        @pl.when((J <= I) & (J >= first))
         def _():
             store(_tile(R, I, J))
 
@@ -404,6 +405,7 @@ def reduce(plan: Plan, mode, qw, kw, target: Target):
         o = refs[-1]
         I, J, c = pl.program_id(1), pl.program_id(2), pl.program_id(3)
         mode_ = refd[("mode", None)][...]
+        first = plan.first_key_tile(I)
 
         def channels():
             # The channels of one step share their group's q k^T tiles: one matmul per group.
@@ -422,11 +424,11 @@ def reduce(plan: Plan, mode, qw, kw, target: Target):
         if nC == 1:
             store = lambda value: target.store(o.at[0], value, L - I * T, L - J * T)
 
-            @pl.when(J > I)
+            @pl.when((J > I) | (J < first))
             def _():
                 store(jnp.zeros((T, T), f32))
 
-            @pl.when(J <= I)
+            @pl.when((J <= I) & (J >= first))
             def _():
                 store(channels())
         else:
@@ -434,7 +436,7 @@ def reduce(plan: Plan, mode, qw, kw, target: Target):
             def _():
                 o[...] = jnp.zeros(o.shape, f32)
 
-            @pl.when(J <= I)
+            @pl.when((J <= I) & (J >= first))
             def _():
                 o[0] = o[0] + channels()
 
@@ -485,8 +487,8 @@ def softmax_stats(plan: Plan, target: Target) -> Plan:
 
 def attention_stats(plan: Plan, target: Target) -> Plan:
     """Row max ``m`` and normaliser ``z = sum_j exp(l[i, j] - m[i])`` of every head's masked
-    logits (online over the column tiles from the first the window reaches to ``I``; LaS's
-    distance terms included); returns the plan with ``m, z (B, n, Lp)`` in its ``vec``."""
+    logits (online over the column tiles from ``Plan.first_key_tile`` to ``I``; LaS's distance
+    terms included); returns the plan with ``m, z (B, n, Lp)`` in its ``vec``."""
     q, k, seg = plan.shared["q"], plan.shared["k"], plan.shared["seg"]
     B, n, Lp, d = q.shape
     T, W = plan.T, plan.window
@@ -513,9 +515,7 @@ def attention_stats(plan: Plan, target: Target) -> Plan:
             z = z * jnp.exp(m - shift) + jnp.sum(jnp.exp(lg - shift), axis=1, keepdims=True)
             return m_new, z
 
-        # lax.div (the numerator is >= 0): `//` lowers through sign(), which Mosaic resolves by
-        # asking the TPU it lowers on for its kind
-        first = jax.lax.div(jnp.maximum(I * T - (W - 1), 0), T)
+        first = plan.first_key_tile(I)
         m0 = jnp.full((T, 1), -jnp.inf, f32)
         m, z = jax.lax.fori_loop(first, I + 1, body, (m0, jnp.zeros((T, 1), f32)))
         m_ref[0, 0] = m

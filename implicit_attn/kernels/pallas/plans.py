@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+import jax
 import jax.numpy as jnp
 
 from ...operator import (AttentionCore, DeltaRuleCore, DocumentMaskedCore, DplrCore, LaSCore, Mamba2Core, MlstmCore,
@@ -98,6 +99,8 @@ class Plan:
         ``pool_lo .. pool_lo + P - 1`` (``ops.pool_window``); the keys and block ids shifted by each
         nonzero offset ``m`` are ``shared["k{m:+d}"]``, ``shared["seg{m:+d}"]``, and the ELD rates and
         ALiBi slopes, where the core has them, ``param["alpha"]``, ``param["slope"]`` ``(n, 1)``.
+      block: LaS attention's chunk length (attention kind; None: no chunks): a row sees only the
+        keys of its own chunk, so the column tiles left of its chunk are skipped.
     """
 
     kind: str
@@ -113,6 +116,7 @@ class Plan:
     window: int | None = None
     pool: int = 1
     pool_lo: int = 0
+    block: int | None = None
 
     @property
     def Lp(self) -> int:
@@ -121,6 +125,20 @@ class Plan:
     @property
     def nt(self) -> int:
         return self.Lp // self.T
+
+    def first_key_tile(self, I):
+        """The first column tile that a row of row tile ``I`` sees: the window's reach and the
+        LaS-chunk block's start for the attention kind, 0 for the others. Every entry of a column
+        tile left of it is 0 (kernels skip it). ``I``: a traced int32 scalar."""
+        if self.kind != "attention":
+            return 0
+        T = self.T
+        # lax.div (numerators >= 0): `//` lowers through sign(), which Mosaic resolves by asking
+        # the TPU it lowers on for its kind
+        first = jax.lax.div(jnp.maximum(I * T - (self.window - 1), 0), T)
+        if self.block is not None:
+            first = jnp.maximum(first, jax.lax.div(jax.lax.div(I * T, self.block) * self.block, T))
+        return first
 
 
 def _pad_axis(x, axis: int, size: int, value=0.0):
@@ -271,7 +289,7 @@ def plan_las(core, idx, T: int) -> Plan:
     param = {name: jnp.take(jnp.asarray(x, f32), idx)[:, None] for name, x in (("alpha", core.alpha),
                                                                                ("slope", core.slope))
              if x is not None}
-    return Plan("attention", L, T, {}, None, param, shared, window=Lp, pool=core.pool, pool_lo=lo)
+    return Plan("attention", L, T, {}, None, param, shared, window=Lp, pool=core.pool, pool_lo=lo, block=core.chunk)
 
 
 @plan_for(ShortConvCore)
