@@ -4,8 +4,9 @@
 * for each core type a registry family uses, the operator of one layer of a random model of
   the family's benchmark shape (``FamilySpec.bench``: mamba-130m-like widths) on a random
   unit-RMS mixer input, at L = 512, with the default ``impl`` (the fused CPU kernel where the
-  core has one, XLA otherwise); and LaS attention (``models.las``, our own model) at 12 heads
-  of 64;
+  core has one, XLA otherwise); LaS attention (``models.las``, our own model) at 12 heads
+  of 64; and a ``ScalarDecayCore`` with ``q k^T`` groups, which no family builds (random factors at
+  Mamba-2-130m's widths, each head a group with its own ``q, k``);
 * **bound** ``max(fill, flops / rate)``: ``fill`` the time JAX takes to produce a fresh array
   of the output's size, ``rate`` the measured float32 matmul FLOP/s, ``flops`` the core's
   necessary work (``necessary_flops``: the contractions every causal entry needs; a head's
@@ -44,10 +45,33 @@ CASES = [
     ("ShortConvCore (LFM2)", "lfm2", 0),
     ("ParallelCore (Falcon-H1 Mamba-2 + attention)", "falcon_h1", 0),
     ("LaSCore (LaS attention, ELD and pooling P = 3)", "las_transformer", 0),
+    ("ScalarDecayCore with q k^T groups (random, 24 groups of 64 channels)", "scalar_decay_low_rank", 0),
 ]
 # LaS attention is our own model, not a registry family: a GPT-2-small-wide layer (12 heads of 64)
 LAS_SHAPES = {"full": dict(hidden_size=768, num_attention_heads=12), "quick": dict(hidden_size=64,
                                                                                     num_attention_heads=4)}
+# The low-rank ScalarDecayCore: Mamba-2-130m's 24 heads of 64 channels and state 128, a group per head
+LOW_RANK = "scalar_decay_low_rank"
+LOW_RANK_SHAPES = {"full": dict(groups=24, channels=1536, state=128), "quick": dict(groups=4, channels=64, state=16)}
+
+
+def low_rank_operator(L: int, groups: int, channels: int, state: int, conv: int = 4):
+    """An operator of random factors with a ``ScalarDecayCore`` of ``groups`` groups of ``channels //
+    groups`` channels, each group's ``q, k (1, G, L, state)``, the decays' logs in ``[-0.1, 0)``, both
+    scalings, a diagonal and a conv of ``conv`` taps."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from implicit_attn.operator import ImplicitOperator, ScalarDecayCore
+
+    r = np.random.default_rng(1)
+    f = lambda *shape: jnp.asarray(r.standard_normal(shape), jnp.float32)
+    C, G = channels, groups
+    core = ScalarDecayCore(log_a=-0.1 * jnp.asarray(r.random((1, G, L)), jnp.float32), group=jnp.arange(C) // (C // G),
+                           q=f(1, G, L, state) * state ** -0.5, k=f(1, G, L, state), left=f(1, C, L),
+                           right=f(1, C, L), diag=f(1, C, L), conv_w=f(C, conv))
+    v = f(1, C, L)
+    return ImplicitOperator(values=v, offset=jnp.zeros_like(v), output=v, core=core)
 
 
 def fit_exponent(xs, ys) -> float:
@@ -69,6 +93,8 @@ def layer_operator(model_type: str, layer: int, L: int, quick: bool = False):
     from implicit_attn.registry import family
 
     x = np.random.default_rng(1).normal
+    if model_type == LOW_RANK:
+        return jax.block_until_ready(low_rank_operator(L, **LOW_RANK_SHAPES["quick" if quick else "full"]))
     if model_type == las.MODEL_TYPE:
         cfg = las.Config(vocab_size=2, num_hidden_layers=1, **LAS_SHAPES["quick" if quick else "full"])
         mixer = las.LaSMixer(cfg, las.init_params(cfg, 0)["layers"][layer]["mixer"])

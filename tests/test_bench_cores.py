@@ -5,7 +5,7 @@ import numpy as np
 
 import dataclasses
 
-from benchmarks.cores import block_entries, layer_operator, necessary_flops, reduce_flops, window_entries
+from benchmarks.cores import LOW_RANK, block_entries, layer_operator, necessary_flops, reduce_flops, window_entries
 
 
 def test_parallel_core_reduce_flops_count_each_parts_conv_taps():
@@ -50,3 +50,17 @@ def test_las_flops_count_the_causal_entries_of_each_block():
         assert necessary_flops(c, L) == 2 * d * visible
         assert reduce_flops(c, L) == (2 * 1 + 2) * visible
     assert block_entries(40, None) == 40 * 41 // 2 and block_entries(40, 16) == 2 * 16 * 17 // 2 + 8 * 9 // 2
+
+
+def test_low_rank_scalar_decay_case_counts_each_groups_product_once():
+    """The synthetic ``ScalarDecayCore`` with ``q k^T`` groups (quick shape: 4 groups of 16 channels,
+    state 16, conv 4): ``2 N`` FLOPs per group and causal entry (a group's matrix once for its
+    channels), the reduce's ``2 K + 2`` per channel and causal entry; the core's own dense matrices
+    are nonzero on every causal entry and zero above."""
+    L = 24
+    core = layer_operator(LOW_RANK, 0, L, quick=True).core
+    assert (core.log_a.shape[1], core.num_channels, core.q.shape[-1], core.conv_w.shape[-1]) == (4, 64, 16, 4)
+    nonzero = np.asarray(core.dense(np.arange(64)))[0] != 0
+    assert nonzero.sum() == 64 * L * (L + 1) // 2 and not np.triu(nonzero, 1).any()
+    assert necessary_flops(core, L) == 2 * 16 * 4 * L * (L + 1) / 2
+    assert reduce_flops(core, L) == (2 * 4 + 2) * 64 * L * (L + 1) / 2

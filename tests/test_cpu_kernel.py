@@ -197,14 +197,6 @@ def test_auto_uses_the_kernel_on_cpu_for_mamba():
 
 
 def test_unsupported_cores_and_limits_fail_loudly():
-    from implicit_attn.operator import ScalarDecayCore
-
-    lowrank = ScalarDecayCore(log_a=-jnp.ones((1, 2, 5)), group=jnp.arange(2),
-                              q=jnp.ones((1, 2, 5, 3)), k=jnp.ones((1, 2, 5, 3)))
-    with pytest.raises(TypeError, match="low-rank q, k has no CPU kernel"):
-        ImplicitOperator(jnp.ones((1, 2, 5)), jnp.zeros((1, 2, 5)), jnp.ones((1, 2, 5)),
-                         lowrank).materialize(impl="cpu")
-    assert resolve_impl("auto", lowrank) == "xla"
     other = NoKernelCore(scale=jnp.ones((2,)))
     with pytest.raises(TypeError, match="no kernel for NoKernelCore"):
         ImplicitOperator(jnp.ones((1, 2, 5)), jnp.zeros((1, 2, 5)), jnp.ones((1, 2, 5)), other).materialize(impl="cpu")
@@ -360,6 +352,81 @@ def test_rank_one_linear_reduce_without_optional_factors():
         w = jax.random.normal(jax.random.PRNGKey(3), (B, 3, L))
         got = op.reduce("weighted", weights=w, key_weights=w, impl="cpu")
         assert rel(got, op.reduce("weighted", weights=w, key_weights=w, impl="xla")) <= 1e-5, L
+
+
+# A ScalarDecayCore with q k^T groups: each group's matrix formed once (XLA), the head-matrix kernel
+# the channels; against a float64 definition written out here.
+def _low_rank_core(L, optional=True, seed=0):
+    """5 channels in 2 groups (channel 0 in group 1), N = 3, a reset (log a = -inf) in group 1."""
+    r = np.random.default_rng(seed)
+    f = lambda *s: jnp.asarray(r.standard_normal(s), jnp.float32)
+    la = (-jnp.abs(f(B, 2, L))).at[0, 1, L // 2].set(-jnp.inf)
+    parts = dict(left=f(B, 5, L), right=f(B, 5, L), diag=f(B, 5, L), conv_w=f(5, 3)) if optional else {}
+    return ScalarDecayCore(log_a=la, group=jnp.array([1, 0, 0, 1, 1]), q=f(B, 2, L, 3), k=f(B, 2, L, 3), **parts)
+
+
+def _low_rank64(core):
+    """``(B, C, L, L)`` float64: ``(diag(left_c) K_g diag(right_c) + diag(diag_c)) M_c`` with ``K_g[i, j] =
+    exp(sum_{t=j+1..i} log a_g[t]) q_g[i] . k_g[j]`` for ``j <= i`` and ``M_c`` the conv matrix."""
+    g = np.asarray(core.group)
+    la, q, k = (np.asarray(x, np.float64)[:, g] for x in (core.log_a, core.q, core.k))
+    L = la.shape[-1]
+    i, j, t = np.arange(L)[:, None, None], np.arange(L)[None, :, None], np.arange(L)[None, None, :]
+    inside = (j < t) & (t <= i)  # (L, L, L): the steps between key j and query i
+    S = np.where(inside, la[..., None, None, :], 0.0).sum(-1)
+    causal = np.tril(np.ones((L, L), bool))
+    H = np.where(causal, np.exp(np.where(causal, S, 0.0)) * np.einsum("bcin,bcjn->bcij", q, k), 0.0)
+    one = lambda x: np.ones(la.shape) if x is None else np.asarray(x, np.float64)
+    H = one(core.left)[..., :, None] * H * one(core.right)[..., None, :]
+    if core.diag is not None:
+        H = H + np.asarray(core.diag, np.float64)[..., :, None] * np.eye(L)
+    if core.conv_w is not None:
+        w = np.asarray(core.conv_w, np.float64)
+        d = np.arange(L)[:, None] - np.arange(L)[None, :]
+        K = w.shape[1]
+        M = np.where((d >= 0) & (d < K), w[:, np.clip(K - 1 - d, 0, K - 1)], 0.0)  # (C, L, L)
+        H = np.einsum("bcij,cjk->bcik", H, M)
+    return H
+
+
+@pytest.mark.parametrize("L, optional", [(1, True), (17, False), (37, True)])
+def test_low_rank_scalar_decay_kernel_matches_float64_and_xla(L, optional):
+    """``materialize`` (channels out of order and repeated, eager and under jit with traced channels)
+    and every reduce against float64; exact zeros where XLA has them (across the reset)."""
+    core = _low_rank_core(L, optional)
+    assert cpu.has_kernel(core) and resolve_impl("auto", core) == "cpu"
+    want = _low_rank64(core)
+    idx = jnp.array([4, 0, 2, 2, 1])
+    got = np.asarray(cpu.cpu_dense(core, idx))
+    assert rel(got, want[:, np.asarray(idx)]) <= 1e-5
+    np.testing.assert_array_equal(got == 0, np.asarray(core.dense(idx)) == 0)
+    traced = jax.jit(cpu.cpu_dense)(core, idx)
+    assert rel(traced, want[:, np.asarray(idx)]) <= 1e-5
+    r = np.random.default_rng(1)
+    qw, kw = (jnp.asarray(r.standard_normal((B, 5, L)), jnp.float32) for _ in range(2))
+    for how, f in (("weighted", lambda x: x), ("abs_mean", np.abs), ("pos_mean", lambda x: np.maximum(x, 0))):
+        red = np.einsum("bci,bcij,bcj->bij", np.asarray(qw, np.float64), f(want[:, np.asarray(idx)]),
+                        np.asarray(kw, np.float64))
+        assert rel(cpu.cpu_reduce(core, idx, how, qw, kw), red) <= 1e-5, how
+
+
+def test_low_rank_scalar_decay_kernel_gradients_and_documents():
+    """Gradients of materialize and reduce equal XLA's (the backward pass is XLA's); inside a
+    ``DocumentMaskedCore`` there is no kernel, and ``impl="cpu"`` says so."""
+    core = _low_rank_core(17)
+    R = jax.random.normal(jax.random.PRNGKey(3), (B, 5, 17, 17))
+    w = jax.random.normal(jax.random.PRNGKey(4), (B, 5, 17))
+    dense = lambda impl: lambda c: jnp.sum(ImplicitOperator(w, w, w, c).materialize(impl=impl) * R)
+    reduce = lambda impl: lambda c: jnp.sum(ImplicitOperator(w, w, w, c).reduce("weighted", weights=w,
+                                                                                 impl=impl) * R[:, 0])
+    for loss in (dense, reduce):
+        g = [jax.grad(loss(impl), allow_int=True)(core) for impl in ("cpu", "xla")]
+        for name in ("log_a", "q", "k", "left", "right", "diag", "conv_w"):
+            assert rel(getattr(g[0], name), getattr(g[1], name)) <= 1e-5, name
+    masked = DocumentMaskedCore(inner=core, seg=jnp.zeros((B, 17), jnp.int32))
+    with pytest.raises(TypeError, match="DocumentMaskedCore over a ScalarDecayCore with low-rank q, k"):
+        cpu.cpu_dense(masked, [0])
+    assert resolve_impl("auto", masked) == "xla"
 
 
 # Mamba-1's selective scan (the forward, kernels.cpu.selective_scan) against a float64

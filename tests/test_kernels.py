@@ -14,9 +14,9 @@ import pytest
 
 from implicit_attn import kernels
 from implicit_attn.families.xlstm.naive import naive_head_matrix
-from implicit_attn.kernels import pallas
+from implicit_attn.kernels import cpu, pallas
 from implicit_attn.kernels.pallas import calls, plans
-from implicit_attn.operator import ImplicitOperator, ParallelCore, resolve_impl
+from implicit_attn.operator import DocumentMaskedCore, ImplicitOperator, ParallelCore, resolve_impl
 from kernel_cores import BUILDERS, NOT_CAUSAL, NoKernelCore, griffin_op, mamba2_op, scalar_lowrank_op
 
 B, L, TILE = 2, 37, 8  # the builders' default shapes; tile 8 gives 5 x 5 tiles
@@ -270,7 +270,13 @@ def test_short_conv_kernel_without_the_input_gate(ops):
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="what auto picks on CPU")
 def test_auto_never_picks_the_interpreter_on_cpu():
-    assert resolve_impl("auto", scalar_lowrank_op().core) == "xla"
+    """A core with a Pallas kernel and a CPU one gets the CPU one; a core with only a Pallas kernel
+    (here: one made so by refusing the CPU kernel) gets XLA."""
+    core = scalar_lowrank_op().core
+    assert resolve_impl("auto", core) == "cpu"
+    masked = DocumentMaskedCore(inner=core, seg=jnp.zeros(core.left.shape[::2], jnp.int32))
+    assert pallas.has_kernel(masked) and not cpu.has_kernel(masked)
+    assert resolve_impl("auto", masked) == "xla"
 
 
 def test_bad_arguments_fail_loudly(ops):

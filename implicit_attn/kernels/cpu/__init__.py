@@ -16,10 +16,11 @@ broken build, or a ``$CXX`` that does not exist) ``impl="auto"`` falls back to X
 one warning); ``impl="cpu"`` raises ``CpuKernelUnavailable``.
 
 Supported cores: ``StateDecayCore`` (Mamba-1) and rank-one ``ScalarDecayCore`` (Griffin's
-RG-LRU), also inside Griffin's ``DocumentMaskedCore`` (packed documents); the cores whose channels
-share a head matrix (``HEAD_CORES``: each head's matrix formed once, by this library for the DPLR
-and delta-rule cores (``head_matrices``: RWKV-5/6/7, the gated delta rule) and by XLA for Mamba-2
-and the mLSTM, the kernel the channels; their linear reductions as one product over a head's
+RG-LRU), also inside Griffin's ``DocumentMaskedCore`` (packed documents); a ``ScalarDecayCore`` with
+``q k^T`` groups (each group's matrix formed once by XLA, the head-matrix kernel its channels; not
+inside a ``DocumentMaskedCore``); the cores whose channels share a head matrix (``HEAD_CORES``:
+each head's matrix formed once, by this library for the DPLR and delta-rule cores (``head_matrices``:
+RWKV-5/6/7, the gated delta rule) and by XLA for Mamba-2 and the mLSTM, the kernel the channels; their linear reductions as one product over a head's
 channels per conv tap); ``RwkvCore`` (RWKV-4); ``ShortConvCore`` (LFM2; its reduce is XLA,
 band by band); ``AttentionCore`` (local softmax attention: materialize only, its reduce is the XLA
 blocks); ``LaSCore`` (LaS attention: the attention kernel's logits with the ELD and ALiBi distance
@@ -67,7 +68,7 @@ from ...operator import (MODES, AttentionCore, BidirectionalCore, DeltaRuleCore,
                          register_core, with_xla_backward)
 from ...operator.dispatch import blocked_reduce, blocked_reduce_by, blocked_reduce_jit, parallel_reduce
 from ...ops import (attention_output, delta_rule, dplr_rule, full_precision, grouped, mlstm_rule, pool_window,
-                   selective_scan_sequential, ssd_chunked, wkv_chunked)
+                   scalar_decay_kernel, selective_scan_sequential, ssd_chunked, wkv_chunked)
 from . import cache
 from .cache import CpuKernelUnavailable, cache_dir
 
@@ -232,12 +233,17 @@ def _parts(core):
 HEAD_CORES = (Mamba2Core, DeltaRuleCore, DplrCore, MlstmCore)
 
 
+def _low_rank(core) -> bool:
+    """A ``ScalarDecayCore`` with ``q k^T`` groups (its channels then share its groups' matrices)."""
+    return type(core) is ScalarDecayCore and (core.q is not None or core.k is not None)
+
+
 def _problem(core) -> str | None:
     """Why ``impl="cpu"`` cannot take ``core`` (None if it can)."""
     if type(core) is BidirectionalCore:  # both directions by their kernels
         why = _problem(core.forward) or _problem(core.backward)
         return why and f"a direction has no kernel: {why}"
-    inner, _ = _parts(core)
+    inner, seg = _parts(core)
     if type(inner) in (RwkvCore, ShortConvCore, ParallelCore, AttentionCore, LaSCore):
         return None  # (a ParallelCore: its parts with kernels use them, the others XLA)
     if type(inner) in HEAD_CORES:
@@ -247,11 +253,11 @@ def _problem(core) -> str | None:
         if N > MAX_STATE:
             return f"state size {N} > {MAX_STATE}"
     elif type(inner) is ScalarDecayCore:
-        if inner.q is not None or inner.k is not None:
-            return "a ScalarDecayCore with low-rank q, k has no CPU kernel (rank one only)"
+        if _low_rank(inner) and seg is not None:
+            return "a DocumentMaskedCore over a ScalarDecayCore with low-rank q, k has no CPU kernel"
     else:
         return (f"no kernel for {type(inner).__name__}; it covers StateDecayCore (Mamba-1), "
-                "rank-one ScalarDecayCore (Griffin's RG-LRU, packed documents included), the cores "
+                "ScalarDecayCore (Griffin's RG-LRU, packed documents included; low-rank q, k), the cores "
                 "whose channels share a head matrix (Mamba2Core, DeltaRuleCore, DplrCore, MlstmCore), "
                 "RwkvCore (RWKV-4), ShortConvCore (LFM2), AttentionCore (local attention), LaSCore, and "
                 "ParallelCore and BidirectionalCore over those")
@@ -377,7 +383,7 @@ def _head_factors(core, idx):
     n = idx.shape[0]
     left, hl = _rows_or_dummy(core.left, idx)
     right, hr = _rows_or_dummy(core.right, idx)
-    diag, hd = _rows_or_dummy(core.diagonal() if isinstance(core, HeadMatrixCore) else None, idx)
+    diag, hd = _rows_or_dummy(_shared_matrices(core)[3], idx)
     w = (jnp.ones((n, 1), jnp.float32) if core.conv_w is None
          else jnp.take(core.conv_w, idx, axis=0).astype(jnp.float32))
     attrs = dict(has_left=np.int64(hl), has_right=np.int64(hr), has_diag=np.int64(hd),
@@ -431,17 +437,32 @@ def head_matrices(core, heads):
     return call(q, k, log_w, a, b, bonus, has_ab=np.int64(has_ab), **attrs)
 
 
+def _shared_matrices(core):
+    """A core whose channels share matrices, as ``(channel -> matrix (C,) int, number of matrices,
+    matrices(ids) -> (B, k, L, L) float32, per-channel diagonal (B, C, L) or None)``: a head-matrix
+    core's heads (``head_matrices``), or a low-rank ``ScalarDecayCore``'s groups (``K_g``, formed by
+    XLA as in ``ScalarDecayCore.dense``, once per group)."""
+    if type(core) is ScalarDecayCore:
+        g = lambda x, ids: jnp.take(x, ids, axis=1)
+        return (core.group, core.log_a.shape[1],
+                lambda ids: scalar_decay_kernel(g(core.log_a, ids), g(core.q, ids), g(core.k, ids)), core.diag)
+    diagonal = core.diagonal() if isinstance(core, HeadMatrixCore) else None  # (Mamba2Core: none)
+    return core.head, core.num_heads, functools.partial(head_matrices, core), diagonal
+
+
 def _head_call(core, idx, total=None):
-    """``(B, n, L, L)`` of a head-matrix core's channels ``idx``: each distinct head's matrix
-    once (``head_matrices``; all heads if ``idx`` is traced), then the kernel sandwiches and
-    convolves every channel, writing each element once. ``total``: an output of ``total >= n``
-    channels, the first ``n`` written (a ``ParallelCore``'s other parts go after them)."""
-    heads = jnp.take(core.head, idx)
+    """``(B, n, L, L)`` of the channels ``idx`` of a core whose channels share matrices
+    (``_shared_matrices``: a head-matrix core, a low-rank ``ScalarDecayCore``): each distinct matrix
+    once (all of them if ``idx`` is traced), then the kernel sandwiches and convolves every
+    channel, writing each element once. ``total``: an output of ``total >= n`` channels, the first
+    ``n`` written (a ``ParallelCore``'s other parts go after them)."""
+    channel_matrix, count, matrices, _ = _shared_matrices(core)
+    heads = jnp.take(channel_matrix, idx)
     if isinstance(heads, jax.core.Tracer):
-        M, hmap = head_matrices(core, jnp.arange(core.num_heads)), heads
+        M, hmap = matrices(jnp.arange(count)), heads
     else:
         uniq, inv = np.unique(np.asarray(heads), return_inverse=True)
-        M, hmap = head_matrices(core, jnp.asarray(uniq)), jnp.asarray(inv.reshape(-1))
+        M, hmap = matrices(jnp.asarray(uniq)), jnp.asarray(inv.reshape(-1))
     left, right, diag, w, attrs = _head_factors(core, idx)
     B, _, L, _ = M.shape
     call = jax.ffi.ffi_call(_HEAD_TARGET, jax.ShapeDtypeStruct((B, total or idx.shape[0], L, L), jnp.float32),
@@ -455,10 +476,10 @@ def _head_call(core, idx, total=None):
 HEAD_BLOCK_BYTES = 4 << 20
 
 
-def _head_blocks(core, heads, B: int, L: int):
-    """The heads to form, ``(steps, per step)``: the distinct ``heads`` (all heads if traced),
+def _head_blocks(count: int, heads, B: int, L: int):
+    """The matrices to form, ``(steps, per step)``: the distinct ``heads`` (all ``count`` if traced),
     as many per step as fit ``HEAD_BLOCK_BYTES`` (padded by repeating the last)."""
-    uniq = (jnp.arange(core.num_heads) if isinstance(heads, jax.core.Tracer)
+    uniq = (jnp.arange(count) if isinstance(heads, jax.core.Tracer)
             else jnp.asarray(np.unique(np.asarray(heads))))
     U = uniq.shape[0]
     per = max(1, min(U, HEAD_BLOCK_BYTES // (B * L * L * 4)))
@@ -467,9 +488,10 @@ def _head_blocks(core, heads, B: int, L: int):
 
 
 def _head_reduce_call(core, idx, mode, qw, kw):
-    """``(B, L, L)``: a scan over blocks of heads, each block's matrices formed once (``head_matrices``),
-    the kernel adding its channels' weighted terms into the running sum (in place)."""
-    heads = jnp.take(core.head, idx)
+    """``(B, L, L)``: a scan over blocks of heads (or groups), each block's matrices formed once
+    (``_shared_matrices``), the kernel adding its channels' weighted terms into the running sum (in place)."""
+    channel_matrix, count, matrices, _ = _shared_matrices(core)
+    heads = jnp.take(channel_matrix, idx)
     left, right, diag, w, attrs = _head_factors(core, idx)
     B, _, L = qw.shape
     call = jax.ffi.ffi_call(_HEAD_REDUCE_TARGET, jax.ShapeDtypeStruct((B, L, L), jnp.float32),
@@ -479,10 +501,10 @@ def _head_reduce_call(core, idx, mode, qw, kw):
     def step(acc, block):
         eq = heads[:, None] == block[None, :]  # a padded repeat matches only its first copy
         hmap = jnp.where(eq.any(1), jnp.argmax(eq, 1), -1).astype(jnp.int32)
-        M = head_matrices(core, block).astype(jnp.float32)
+        M = matrices(block).astype(jnp.float32)
         return _by_mode(call, mode, (M, hmap, left, right, diag, w, qw, kw, acc), attrs), None
 
-    out, _ = jax.lax.scan(step, jnp.zeros((B, L, L), jnp.float32), _head_blocks(core, heads, B, L))
+    out, _ = jax.lax.scan(step, jnp.zeros((B, L, L), jnp.float32), _head_blocks(count, heads, B, L))
     return out
 
 
@@ -645,11 +667,19 @@ def _reduce_by_blocks(dense):
 
     return jax.jit(full_precision(reduce))
 
+
+def _by_rank(rank_one, low_rank):
+    """A ``ScalarDecayCore`` entry point: ``low_rank`` for a core with ``q k^T`` groups (its channels
+    share the groups' matrices, as a head-matrix core's share its heads'), else ``rank_one``."""
+    return lambda core, *args: (low_rank if _low_rank(core) else rank_one)(core, *args)
+
+
 # core type -> (dense, reduce). ``reduce`` calls the kernels eagerly: jitted, one compilation per
 # shape serves every call (eager, the scans and mode switches around them compile on each call).
 _state_decay = (_dense, jax.jit(full_precision(_reduce)))
 _head = (_head_dense, jax.jit(full_precision(_head_reduce)))
-_KERNELS = {StateDecayCore: _state_decay, ScalarDecayCore: _state_decay, DocumentMaskedCore: _state_decay,
+_scalar_decay = (_by_rank(_state_decay[0], _head[0]), _by_rank(_state_decay[1], _head[1]))
+_KERNELS = {StateDecayCore: _state_decay, ScalarDecayCore: _scalar_decay, DocumentMaskedCore: _state_decay,
             **{t: _head for t in HEAD_CORES}, RwkvCore: (_rwkv_dense, jax.jit(_rwkv_reduce)),
             ShortConvCore: (_conv_dense, jax.jit(_conv_reduce_call)),
             AttentionCore: (_attention_dense, _reduce_by_blocks(_attention_dense)),
