@@ -410,9 +410,8 @@ def test_low_rank_scalar_decay_kernel_matches_float64_and_xla(L, optional):
         assert rel(cpu.cpu_reduce(core, idx, how, qw, kw), red) <= 1e-5, how
 
 
-def test_low_rank_scalar_decay_kernel_gradients_and_documents():
-    """Gradients of materialize and reduce equal XLA's (the backward pass is XLA's); inside a
-    ``DocumentMaskedCore`` there is no kernel, and ``impl="cpu"`` says so."""
+def test_low_rank_scalar_decay_kernel_gradients():
+    """Gradients of materialize and reduce equal XLA's (the backward pass is XLA's)."""
     core = _low_rank_core(17)
     R = jax.random.normal(jax.random.PRNGKey(3), (B, 5, 17, 17))
     w = jax.random.normal(jax.random.PRNGKey(4), (B, 5, 17))
@@ -423,8 +422,50 @@ def test_low_rank_scalar_decay_kernel_gradients_and_documents():
         g = [jax.grad(loss(impl), allow_int=True)(core) for impl in ("cpu", "xla")]
         for name in ("log_a", "q", "k", "left", "right", "diag", "conv_w"):
             assert rel(getattr(g[0], name), getattr(g[1], name)) <= 1e-5, name
-    masked = DocumentMaskedCore(inner=core, seg=jnp.zeros((B, 17), jnp.int32))
-    with pytest.raises(TypeError, match="DocumentMaskedCore over a ScalarDecayCore with low-rank q, k"):
+
+
+def _documents(L):
+    """``(B, L)`` document ids: batch row 0 one document, row 1 three (starts at L // 3 and L // 2)."""
+    seg = np.zeros((B, L), np.int32)
+    seg[1, L // 3:] = 1
+    seg[1, L // 2:] = 2
+    return jnp.asarray(seg)
+
+
+@pytest.mark.parametrize("inner", ["low_rank", "mamba2", "rwkv", "attention"])
+def test_documents_over_a_core_whose_kernel_reads_none(inner):
+    """A ``DocumentMaskedCore`` over a core whose kernel takes no document ids: that kernel's matrices
+    with the entries between documents set to 0, equal to XLA's (exact zeros where XLA has them), and
+    the reduce of such blocks; gradients through XLA. (Before, the CPU backend claimed these and ran
+    the rank-one kernel on them, which failed.)"""
+    from kernel_cores import local_attention_op, mamba2_op, rwkv_op
+
+    L = 37
+    core = {"low_rank": lambda: _low_rank_core(L), "mamba2": lambda: mamba2_op().core,
+            "rwkv": lambda: rwkv_op().core, "attention": lambda: local_attention_op().core}[inner]()
+    masked = DocumentMaskedCore(inner=core, seg=_documents(L))
+    assert cpu.has_kernel(masked) and resolve_impl("auto", masked) == "cpu"
+    idx = jnp.array([2, 0, 1, 1])
+    got, want = np.asarray(cpu.cpu_dense(masked, idx)), np.asarray(masked.dense(idx))
+    assert rel(got, want) <= 1e-5
+    np.testing.assert_array_equal(got == 0, want == 0)
+    assert not got[1, :, L // 2:, :L // 2].any() and got[1, :, L // 2:, L // 2:].any()
+    w = jax.random.normal(jax.random.PRNGKey(4), (B, 4, L))
+    for how in ("weighted", "abs_mean"):
+        red = np.einsum("bci,bcij,bcj->bij", np.asarray(w, np.float64),
+                        np.abs(want) if how == "abs_mean" else want, np.asarray(w, np.float64))
+        assert rel(cpu.cpu_reduce(masked, idx, how, w, w), red) <= 1e-5, how
+    loss = lambda dense: lambda c: jnp.sum(dense(c) ** 2)
+    grads = [jax.grad(loss(f), allow_int=True)(masked) for f in (lambda c: cpu.cpu_dense(c, idx),
+                                                                  lambda c: c.dense(idx))]
+    for a, b in zip(jax.tree_util.tree_leaves(grads[0]), jax.tree_util.tree_leaves(grads[1])):
+        if jnp.issubdtype(a.dtype, jnp.floating):
+            assert rel(a, b) <= 1e-5
+
+
+def test_documents_over_a_core_without_a_kernel_name_it():
+    masked = DocumentMaskedCore(inner=NoKernelCore(scale=jnp.ones((2,))), seg=jnp.zeros((1, 5), jnp.int32))
+    with pytest.raises(TypeError, match="its inner core has no kernel: no kernel for NoKernelCore"):
         cpu.cpu_dense(masked, [0])
     assert resolve_impl("auto", masked) == "xla"
 

@@ -16,7 +16,7 @@ from implicit_attn import kernels
 from implicit_attn.families.xlstm.naive import naive_head_matrix
 from implicit_attn.kernels import cpu, pallas
 from implicit_attn.kernels.pallas import calls, plans
-from implicit_attn.operator import DocumentMaskedCore, ImplicitOperator, ParallelCore, resolve_impl
+from implicit_attn.operator import ImplicitOperator, ParallelCore, resolve_impl
 from kernel_cores import BUILDERS, NOT_CAUSAL, NoKernelCore, griffin_op, mamba2_op, scalar_lowrank_op
 
 B, L, TILE = 2, 37, 8  # the builders' default shapes; tile 8 gives 5 x 5 tiles
@@ -271,12 +271,12 @@ def test_short_conv_kernel_without_the_input_gate(ops):
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="what auto picks on CPU")
 def test_auto_never_picks_the_interpreter_on_cpu():
     """A core with a Pallas kernel and a CPU one gets the CPU one; a core with only a Pallas kernel
-    (here: one made so by refusing the CPU kernel) gets XLA."""
+    (here: a conv wider than the CPU kernel's 16 taps) gets XLA."""
     core = scalar_lowrank_op().core
     assert resolve_impl("auto", core) == "cpu"
-    masked = DocumentMaskedCore(inner=core, seg=jnp.zeros(core.left.shape[::2], jnp.int32))
-    assert pallas.has_kernel(masked) and not cpu.has_kernel(masked)
-    assert resolve_impl("auto", masked) == "xla"
+    wide = dataclasses.replace(core, conv_w=jnp.ones((core.num_channels, 17)))
+    assert pallas.has_kernel(wide) and not cpu.has_kernel(wide)
+    assert resolve_impl("auto", wide) == "xla"
 
 
 def test_bad_arguments_fail_loudly(ops):

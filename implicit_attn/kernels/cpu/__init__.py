@@ -15,19 +15,20 @@ names another target (``haswell``: AVX2 without AVX-512). Without a compiler (or
 broken build, or a ``$CXX`` that does not exist) ``impl="auto"`` falls back to XLA (with
 one warning); ``impl="cpu"`` raises ``CpuKernelUnavailable``.
 
-Supported cores: ``StateDecayCore`` (Mamba-1) and rank-one ``ScalarDecayCore`` (Griffin's
-RG-LRU), also inside Griffin's ``DocumentMaskedCore`` (packed documents); a ``ScalarDecayCore`` with
-``q k^T`` groups (each group's matrix formed once by XLA, the head-matrix kernel its channels; not
-inside a ``DocumentMaskedCore``); the cores whose channels share a head matrix (``HEAD_CORES``:
-each head's matrix formed once, by this library for the DPLR and delta-rule cores (``head_matrices``:
-RWKV-5/6/7, the gated delta rule) and by XLA for Mamba-2 and the mLSTM, the kernel the channels; their linear reductions as one product over a head's
-channels per conv tap); ``RwkvCore`` (RWKV-4); ``ShortConvCore`` (LFM2; its reduce is XLA,
-band by band); ``AttentionCore`` (local softmax attention: materialize only, its reduce is the XLA
-blocks); ``LaSCore`` (LaS attention: the attention kernel's logits with the ELD and ALiBi distance
-terms, then each row pooled; its reduce is the XLA blocks); ``ParallelCore`` (its parts' kernels);
-``BidirectionalCore`` (ViM: both directions' kernels, flipped and summed by XLA; its reduce is the
-XLA blocks). ``cpu_dense`` writes ``(B, n, L, L)``;
-``cpu_reduce`` sums over channels and writes only ``(B, L, L)``.
+Supported cores: ``StateDecayCore`` (Mamba-1) and rank-one ``ScalarDecayCore`` (Griffin's RG-LRU),
+also inside Griffin's ``DocumentMaskedCore`` (packed documents); a ``ScalarDecayCore`` with
+``q k^T`` groups (each group's matrix formed once by XLA, the head-matrix kernel its channels); a
+``DocumentMaskedCore`` over any other core with a kernel (that kernel's output, masked by XLA); the
+cores whose channels share a head matrix (``HEAD_CORES``: each head's matrix formed once, by this
+library for the DPLR and delta-rule cores (``head_matrices``: RWKV-5/6/7, the gated delta rule) and
+by XLA for Mamba-2 and the mLSTM, the kernel the channels; their linear reductions as one product
+over a head's channels per conv tap); ``RwkvCore`` (RWKV-4); ``ShortConvCore`` (LFM2; its reduce is
+XLA, band by band); ``AttentionCore`` (local softmax attention: materialize only, its reduce is the
+XLA blocks); ``LaSCore`` (LaS attention: the attention kernel's logits with the ELD and ALiBi
+distance terms, then each row pooled; its reduce is the XLA blocks); ``ParallelCore`` (its parts'
+kernels); ``BidirectionalCore`` (ViM: both directions' kernels, flipped and summed by XLA; its
+reduce is the XLA blocks). ``cpu_dense`` writes ``(B, n, L, L)``; ``cpu_reduce`` sums over channels
+and writes only ``(B, L, L)``.
 Gradients: a ``custom_vjp`` whose backward pass is the XLA path (``jax.vjp`` of
 ``core.dense`` / of the blocked XLA reduce).
 
@@ -238,12 +239,21 @@ def _low_rank(core) -> bool:
     return type(core) is ScalarDecayCore and (core.q is not None or core.k is not None)
 
 
+def _reads_documents(core) -> bool:
+    """A core whose kernel takes document ids itself (Mamba-1's and the rank-one RG-LRU's); a
+    ``DocumentMaskedCore`` over another core masks its inner kernel's output."""
+    return type(core) is StateDecayCore or (type(core) is ScalarDecayCore and not _low_rank(core))
+
+
 def _problem(core) -> str | None:
     """Why ``impl="cpu"`` cannot take ``core`` (None if it can)."""
     if type(core) is BidirectionalCore:  # both directions by their kernels
         why = _problem(core.forward) or _problem(core.backward)
         return why and f"a direction has no kernel: {why}"
-    inner, seg = _parts(core)
+    if type(core) is DocumentMaskedCore and not _reads_documents(core.inner):
+        why = _problem(core.inner)
+        return why and f"its inner core has no kernel: {why}"
+    inner, _ = _parts(core)
     if type(inner) in (RwkvCore, ShortConvCore, ParallelCore, AttentionCore, LaSCore):
         return None  # (a ParallelCore: its parts with kernels use them, the others XLA)
     if type(inner) in HEAD_CORES:
@@ -252,10 +262,7 @@ def _problem(core) -> str | None:
         N = inner.q.shape[-1]
         if N > MAX_STATE:
             return f"state size {N} > {MAX_STATE}"
-    elif type(inner) is ScalarDecayCore:
-        if _low_rank(inner) and seg is not None:
-            return "a DocumentMaskedCore over a ScalarDecayCore with low-rank q, k has no CPU kernel"
-    else:
+    elif type(inner) is not ScalarDecayCore:
         return (f"no kernel for {type(inner).__name__}; it covers StateDecayCore (Mamba-1), "
                 "ScalarDecayCore (Griffin's RG-LRU, packed documents included; low-rank q, k), the cores "
                 "whose channels share a head matrix (Mamba2Core, DeltaRuleCore, DplrCore, MlstmCore), "
@@ -668,18 +675,31 @@ def _reduce_by_blocks(dense):
     return jax.jit(full_precision(reduce))
 
 
-def _by_rank(rank_one, low_rank):
-    """A ``ScalarDecayCore`` entry point: ``low_rank`` for a core with ``q k^T`` groups (its channels
-    share the groups' matrices, as a head-matrix core's share its heads'), else ``rank_one``."""
-    return lambda core, *args: (low_rank if _low_rank(core) else rank_one)(core, *args)
+def _masked_call(core, idx):
+    """``(B, n, L, L)`` of a ``DocumentMaskedCore`` over a core whose kernel takes no document ids: that
+    kernel's channels ``idx`` with the entries between documents set to 0 (``DocumentMaskedCore.dense``)."""
+    same = core.seg[:, None, :, None] == core.seg[:, None, None, :]
+    return jnp.where(same, cpu_dense(core.inner, idx), 0.0)
+
+
+_masked_dense, _ = with_xla_backward(_masked_call, None)
+
+
+def _either(use_first, first, second):
+    """An entry point calling ``first`` for a core where ``use_first(core)``, else ``second``."""
+    return lambda core, *args: (first if use_first(core) else second)(core, *args)
 
 
 # core type -> (dense, reduce). ``reduce`` calls the kernels eagerly: jitted, one compilation per
 # shape serves every call (eager, the scans and mode switches around them compile on each call).
 _state_decay = (_dense, jax.jit(full_precision(_reduce)))
 _head = (_head_dense, jax.jit(full_precision(_head_reduce)))
-_scalar_decay = (_by_rank(_state_decay[0], _head[0]), _by_rank(_state_decay[1], _head[1]))
-_KERNELS = {StateDecayCore: _state_decay, ScalarDecayCore: _scalar_decay, DocumentMaskedCore: _state_decay,
+# A low-rank ScalarDecayCore's channels share its groups' matrices, as a head-matrix core's its heads'.
+_scalar_decay = tuple(_either(_low_rank, *pair) for pair in zip(_head, _state_decay))
+_reads_own_documents = lambda core: _reads_documents(core.inner)
+_document_masked = tuple(_either(_reads_own_documents, *pair)
+                         for pair in zip(_state_decay, (_masked_dense, _reduce_by_blocks(_masked_dense))))
+_KERNELS = {StateDecayCore: _state_decay, ScalarDecayCore: _scalar_decay, DocumentMaskedCore: _document_masked,
             **{t: _head for t in HEAD_CORES}, RwkvCore: (_rwkv_dense, jax.jit(_rwkv_reduce)),
             ShortConvCore: (_conv_dense, jax.jit(_conv_reduce_call)),
             AttentionCore: (_attention_dense, _reduce_by_blocks(_attention_dense)),
