@@ -383,14 +383,15 @@ def _by_mode(call, mode, operands, attrs):
 _dense, _reduce = with_xla_backward(_kernel_call, _reduce_call)
 
 
-def _head_factors(core, idx):
+def _head_factors(core, idx, diagonal):
     """The per-channel operands of the head-matrix kernels for channels ``idx``: (left, right,
-    diag, w, attrs), absent factors as dummies."""
+    diag, w, attrs), absent factors as dummies; ``diagonal`` the core's ``(B, C, L)`` diagonal term
+    or None (``_shared_matrices``)."""
     load()
     n = idx.shape[0]
     left, hl = _rows_or_dummy(core.left, idx)
     right, hr = _rows_or_dummy(core.right, idx)
-    diag, hd = _rows_or_dummy(_shared_matrices(core)[3], idx)
+    diag, hd = _rows_or_dummy(diagonal, idx)
     w = (jnp.ones((n, 1), jnp.float32) if core.conv_w is None
          else jnp.take(core.conv_w, idx, axis=0).astype(jnp.float32))
     attrs = dict(has_left=np.int64(hl), has_right=np.int64(hr), has_diag=np.int64(hd),
@@ -463,14 +464,14 @@ def _head_call(core, idx, total=None):
     once (all of them if ``idx`` is traced), then the kernel sandwiches and convolves every
     channel, writing each element once. ``total``: an output of ``total >= n`` channels, the first
     ``n`` written (a ``ParallelCore``'s other parts go after them)."""
-    channel_matrix, count, matrices, _ = _shared_matrices(core)
+    channel_matrix, count, matrices, diagonal = _shared_matrices(core)
     heads = jnp.take(channel_matrix, idx)
     if isinstance(heads, jax.core.Tracer):
         M, hmap = matrices(jnp.arange(count)), heads
     else:
         uniq, inv = np.unique(np.asarray(heads), return_inverse=True)
         M, hmap = matrices(jnp.asarray(uniq)), jnp.asarray(inv.reshape(-1))
-    left, right, diag, w, attrs = _head_factors(core, idx)
+    left, right, diag, w, attrs = _head_factors(core, idx, diagonal)
     B, _, L, _ = M.shape
     call = jax.ffi.ffi_call(_HEAD_TARGET, jax.ShapeDtypeStruct((B, total or idx.shape[0], L, L), jnp.float32),
                             vmap_method="sequential")
@@ -497,9 +498,9 @@ def _head_blocks(count: int, heads, B: int, L: int):
 def _head_reduce_call(core, idx, mode, qw, kw):
     """``(B, L, L)``: a scan over blocks of heads (or groups), each block's matrices formed once
     (``_shared_matrices``), the kernel adding its channels' weighted terms into the running sum (in place)."""
-    channel_matrix, count, matrices, _ = _shared_matrices(core)
+    channel_matrix, count, matrices, diagonal = _shared_matrices(core)
     heads = jnp.take(channel_matrix, idx)
-    left, right, diag, w, attrs = _head_factors(core, idx)
+    left, right, diag, w, attrs = _head_factors(core, idx, diagonal)
     B, _, L = qw.shape
     call = jax.ffi.ffi_call(_HEAD_REDUCE_TARGET, jax.ShapeDtypeStruct((B, L, L), jnp.float32),
                             vmap_method="sequential", input_output_aliases={8: 0})
