@@ -206,6 +206,23 @@ def test_attention_kernel_on_random_cores(L, window):
     assert rel(got, core.dense(jnp.asarray(idx))) <= 1e-5
 
 
+@pytest.mark.parametrize("L, window", [(1, 3), (37, 2 ** 31 - 1), (300, 40)])
+def test_attention_kernel_streams_large_outputs_to_the_same_numbers(L, window, monkeypatch):
+    """Outputs from ``STREAM_BYTES`` on are written with streaming stores: forced at these sizes
+    (rows of odd lengths, so not 64-byte aligned; packed documents; a NaN query row), the same
+    bits as the plain stores; the attribute is set by the output's size."""
+    core = attention_core(L, window=window)
+    core = dataclasses.replace(core, q=core.q.at[0, 1, L // 2, 0].set(jnp.nan))
+    idx = np.array([3, 0, 1])
+    plain = np.asarray(cpu.cpu_dense(core, idx))
+    monkeypatch.setattr(cpu, "STREAM_BYTES", 0)
+    np.testing.assert_array_equal(np.asarray(cpu.cpu_dense(core, idx)), plain)
+    assert np.isnan(plain[0, 2]).any() and rel(plain[1], softmax64(core)[1][idx]) <= 1e-5
+    monkeypatch.undo()
+    lowered = lambda n: jax.jit(lambda c: cpu.cpu_dense(c, np.arange(1))).lower(attention_core(n)).as_text()
+    assert "stream = 1" in lowered(725) and "stream = 0" in lowered(724)  # B = 2: 4 MiB of output from L = 725
+
+
 def test_attention_gradients_match_xla():
     core = attention_core(21)
     R = jax.random.normal(jax.random.PRNGKey(2), (B, 4, 21, 21))

@@ -4,6 +4,8 @@ its operator, causality, alpha_c from B, ALiBi slopes, row sums after pooling, b
 hyper-parameters, save / load, and the explain machinery on the LM and the classifier."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 
 import jax
@@ -341,6 +343,21 @@ def test_kernel_matches_float64_and_xla(impl, case):
     xla = np.asarray(core.dense(jnp.asarray(idx)))
     np.testing.assert_allclose(got, xla, rtol=1e-5, atol=1e-7)
     np.testing.assert_array_equal(got == 0, xla == 0)
+
+
+def test_cpu_kernel_streams_large_outputs_to_the_same_numbers(monkeypatch):
+    """Streaming stores (forced at these sizes: ``STREAM_BYTES`` 0) write the same bits as plain
+    stores, for every kernel case (odd lengths: rows not 64-byte aligned) and a NaN row."""
+    idx = np.array([2, 0, 0, 1])
+    cores = [random_core(L, **kw) for L, kw in KERNEL_CASES.values()]
+    q = np.array(cores[0].q)
+    q[1, 2, 20, 0] = np.nan
+    cores.append(dataclasses.replace(cores[0], q=jnp.asarray(q)))
+    plain = [np.asarray(cpu.cpu_dense(c, idx)) for c in cores]
+    assert np.isnan(plain[-1]).any()
+    monkeypatch.setattr(cpu, "STREAM_BYTES", 0)
+    for c, want in zip(cores, plain):
+        np.testing.assert_array_equal(np.asarray(cpu.cpu_dense(c, idx)), want)
 
 
 @pytest.mark.parametrize("impl", list(DENSE))

@@ -435,6 +435,40 @@ void advise_huge(void* p, size_t bytes) {
   if (e > a) madvise(reinterpret_cast<void*>(a), e - a, MADV_HUGEPAGE);
 }
 
+// A large output's rows are written with streaming stores (the dense kernels' stream attribute,
+// set by cpu/__init__.py from the output's size): a plain store first reads the cache line it
+// writes, which on an output larger than the caches doubles the memory traffic.
+// dst[0, n) = src[0, n), with streaming stores from the first 64-byte boundary of dst on.
+void stream_copy(float* dst, const float* src, int64_t n) {
+  int64_t j = 0;
+  for (; j < n && (reinterpret_cast<uintptr_t>(dst + j) & 63); ++j) dst[j] = src[j];
+#ifdef __AVX512F__
+  for (; j + 16 <= n; j += 16) _mm512_stream_ps(dst + j, _mm512_loadu_ps(src + j));
+#else
+  for (; j + 8 <= n; j += 8) _mm256_stream_ps(dst + j, _mm256_loadu_ps(src + j));
+#endif
+  for (; j < n; ++j) dst[j] = src[j];
+}
+
+// One output row of n floats: data() is where to write it, the row itself or, where buf is given
+// (a large output), buf, streamed into the row when this goes out of scope. A thread that wrote
+// streamed rows calls _mm_sfence() before it finishes, so they are visible to whoever reads them.
+class StreamedRow {
+ public:
+  StreamedRow(float* row, float* buf, int64_t n) : row_(row), buf_(buf), n_(n) {}
+  StreamedRow(const StreamedRow&) = delete;
+  StreamedRow& operator=(const StreamedRow&) = delete;
+  ~StreamedRow() {
+    if (buf_) stream_copy(row_, buf_, n_);
+  }
+  float* data() const { return buf_ ? buf_ : row_; }
+
+ private:
+  float* row_;
+  float* buf_;
+  int64_t n_;
+};
+
 // An uninitialised scratch of n floats on huge pages where Linux gives them (a fresh scratch of
 // many MB otherwise pays a 4 KiB page fault, and zeroing, per page); data() is null if the
 // allocation failed.
@@ -1638,13 +1672,22 @@ ffi::Error ShortConvDenseImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> w, ffi:
 // each row is max-shifted, exponentiated, normalised and written once.
 // Keys once per (batch, key head) in blocks of kQ columns, [block][e][column], zero past L: the
 // attention kernels' column operand.
-std::vector<float> keys_by_block(const float* k, int64_t BKV, int64_t L, int64_t D) {
-  const int64_t nc = (L + kQ - 1) / kQ;
-  std::vector<float> kT(static_cast<size_t>(BKV) * D * nc * kQ, 0.0f);
-  for (int64_t p = 0; p < BKV; ++p)
-    for (int64_t j = 0; j < L; ++j)
-      for (int64_t e = 0; e < D; ++e)
-        kT[(static_cast<size_t>(p) * nc + j / kQ) * D * kQ + e * kQ + j % kQ] = k[(static_cast<size_t>(p) * L + j) * D + e];
+std::unique_ptr<float[]> keys_by_block(ffi::ThreadPool& xla, int64_t threads, const float* k, int64_t BKV, int64_t L,
+                                       int64_t D) {
+  const int64_t nc = (L + kQ - 1) / kQ, blocks = BKV * nc;
+  std::unique_ptr<float[]> kT(new float[static_cast<size_t>(blocks) * D * kQ]);
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, blocks));
+  run_threads(xla, nt, [&](int64_t t0) {  // in threads: serial, it took a tenth of LaS materialize's samples
+    for (int64_t blk = t0; blk < blocks; blk += nt) {
+      const int64_t rows = std::min(kQ, L - blk % nc * kQ);
+      const float* src = k + (static_cast<size_t>(blk / nc) * L + blk % nc * kQ) * D;
+      float* dst = kT.get() + static_cast<size_t>(blk) * D * kQ;
+      for (int64_t jj = 0; jj < rows; ++jj)
+        for (int64_t e = 0; e < D; ++e) dst[e * kQ + jj] = src[jj * D + e];
+      for (int64_t jj = rows; jj < kQ; ++jj)
+        for (int64_t e = 0; e < D; ++e) dst[e * kQ + jj] = 0.0f;
+    }
+  });
   return kT;
 }
 
@@ -1756,7 +1799,7 @@ ffi::Error check_attention(const std::string& name, ffi::Span<const int64_t> qd,
 ffi::Error AttentionDenseImpl(ffi::ThreadPool xla,
                               ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::S32> kv,
                               ffi::Buffer<ffi::S32> seg, ffi::ResultBuffer<ffi::F32> out, int64_t window,
-                              int64_t threads, int64_t huge_pages) {
+                              int64_t threads, int64_t huge_pages, int64_t stream) {
   ffi::Error bad = check_attention("attention_dense", q.dimensions(), k.dimensions(), kv.dimensions(),
                                    seg.dimensions(), kv.typed_data(), window);
   if (!bad.success()) return bad;
@@ -1767,23 +1810,24 @@ ffi::Error AttentionDenseImpl(ffi::ThreadPool xla,
   const size_t LL = static_cast<size_t>(L) * L;
   if (huge_pages) advise_huge(o, LL * B * n * sizeof(float));
   const int64_t nc = (L + kQ - 1) / kQ, Lp = nc * kQ;
-  const std::vector<float> kT = keys_by_block(k.typed_data(), B * KV, L, D);
+  const std::unique_ptr<float[]> kT = keys_by_block(xla, threads, k.typed_data(), B * KV, L, D);
   const int32_t* sg = seg.typed_data();
   const int64_t items = B * n * nc;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
   run_threads(xla, nt, [&](int64_t t0) {
-    std::vector<float> qs(kQ * D), S(kQ * Lp), tot(kQ);
+    std::vector<float> qs(kQ * D), S(kQ * Lp), tot(kQ), buf(stream ? L : 0);
     for (int64_t p = t0; p < items; p += nt) {
       const int64_t I = p % nc, h = (p / nc) % n, b = p / (nc * n);
       const int64_t I0 = I * kQ, rows = std::min(kQ, L - I0);
       const float* qh = q.typed_data() + (static_cast<size_t>(b) * n + h) * L * D;
-      const float* kt = kT.data() + (static_cast<size_t>(b) * KV + kv.typed_data()[h]) * D * Lp;
+      const float* kt = kT.get() + (static_cast<size_t>(b) * KV + kv.typed_data()[h]) * D * Lp;
       const int64_t J0 = attention_chunk(qh, qs.data(), kt, sg + static_cast<size_t>(b) * L, L, D, Lp, window, I,
                                          S.data(), tot.data());
       for (int64_t ii = 0; ii < rows; ++ii) {
         const int64_t i = I0 + ii;
         const float* s = S.data() + ii * Lp;
-        float* orow = o + ((static_cast<size_t>(b) * n + h) * L + i) * L;
+        StreamedRow row(o + ((static_cast<size_t>(b) * n + h) * L + i) * L, stream ? buf.data() : nullptr, L);
+        float* orow = row.data();
         const int64_t lo = J0 * kQ, width = std::min(L, (I + 1) * kQ);
         std::memset(orow, 0, sizeof(float) * lo);
         const float inv = 1.0f / tot[ii];  // a product per element: a division costs several times more
@@ -1798,6 +1842,7 @@ ffi::Error AttentionDenseImpl(ffi::ThreadPool xla,
         if (width < L) std::memset(orow + width, 0, sizeof(float) * (L - width));
       }
     }
+    if (stream) _mm_sfence();
   });
   return ffi::Error::Success();
 }
@@ -1824,7 +1869,7 @@ std::vector<float> distance_table(float rate, bool mul, int64_t L, int64_t Lp) {
 ffi::Error LasDenseImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                         ffi::Buffer<ffi::S32> heads, ffi::Buffer<ffi::F32> alpha, ffi::Buffer<ffi::F32> slope,
                         ffi::ResultBuffer<ffi::F32> out, int64_t has_alpha, int64_t has_slope, int64_t pool,
-                        int64_t lo, int64_t chunk, int64_t threads, int64_t huge_pages) {
+                        int64_t lo, int64_t chunk, int64_t threads, int64_t huge_pages, int64_t stream) {
   auto qd = q.dimensions(), kd = k.dimensions(), hd = heads.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || hd.size() != 1 || kd[0] != qd[0] || kd[2] != qd[2] || kd[3] != qd[3] ||
       hd[0] != qd[1] || alpha.dimensions().size() != 1 || alpha.dimensions()[0] != qd[1] ||
@@ -1841,14 +1886,17 @@ ffi::Error LasDenseImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> q, ffi::Buffe
   const size_t LL = static_cast<size_t>(L) * L;
   if (huge_pages) advise_huge(o, LL * B * n * sizeof(float));
   const int64_t nc = (L + kQ - 1) / kQ, Lp = nc * kQ, hi = lo + pool - 1;
-  const std::vector<float> kT = keys_by_block(k.typed_data(), B * H, L, D);
+  const std::unique_ptr<float[]> kT = keys_by_block(xla, threads, k.typed_data(), B * H, L, D);
   std::vector<int32_t> block(L);
   for (int64_t j = 0; j < L; ++j) block[j] = chunk ? static_cast<int32_t>(j / chunk) : 0;
   std::vector<std::vector<float>> muls(n), adds(n);
-  for (int64_t h = 0; h < n; ++h) {
-    if (has_alpha) muls[h] = distance_table(alpha.typed_data()[h], true, L, Lp);
-    if (has_slope) adds[h] = distance_table(slope.typed_data()[h], false, L, Lp);
-  }
+  const int64_t tables = std::max<int64_t>(1, std::min<int64_t>(threads, n));
+  run_threads(xla, tables, [&](int64_t t0) {  // a scalar exp per distance and head: in threads too
+    for (int64_t h = t0; h < n; h += tables) {
+      if (has_alpha) muls[h] = distance_table(alpha.typed_data()[h], true, L, Lp);
+      if (has_slope) adds[h] = distance_table(slope.typed_data()[h], false, L, Lp);
+    }
+  });
   const int64_t items = B * n * nc;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
   const float fp = static_cast<float>(pool);
@@ -1856,12 +1904,12 @@ ffi::Error LasDenseImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> q, ffi::Buffe
     // S's rows with a margin of at least pool zeros on both sides, whole vectors (aligned as
     // attention_dense's rows): the windows read past the keys attention_chunk wrote, where the row is 0
     const int64_t margin = pool == 1 ? 0 : (pool + kQ - 1) / kQ * kQ, stride = Lp + 2 * margin;
-    std::vector<float> qs(kQ * D), S(kQ * stride, 0.0f), tot(kQ);
+    std::vector<float> qs(kQ * D), S(kQ * stride, 0.0f), tot(kQ), buf(stream ? L : 0);
     for (int64_t p = t0; p < items; p += nt) {
       const int64_t I = p % nc, h = (p / nc) % n, b = p / (nc * n);
       const int64_t I0 = I * kQ, rows = std::min(kQ, L - I0);
       const float* qh = q.typed_data() + (static_cast<size_t>(b) * n + h) * L * D;
-      const float* kt = kT.data() + (static_cast<size_t>(b) * H + heads.typed_data()[h]) * D * Lp;
+      const float* kt = kT.get() + (static_cast<size_t>(b) * H + heads.typed_data()[h]) * D * Lp;
       // a window reaching the chunk's first block start from each of its rows: no key block before it
       const int64_t reach = chunk ? I0 + kQ - (I0 / chunk) * chunk : L;
       const int64_t J0 = attention_chunk(qh, qs.data(), kt, block.data(), L, D, stride, reach, I, S.data() + margin,
@@ -1870,7 +1918,8 @@ ffi::Error LasDenseImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> q, ffi::Buffe
       for (int64_t ii = 0; ii < rows; ++ii) {
         const int64_t i = I0 + ii, s0 = chunk ? (i / chunk) * chunk : 0;
         float* s = S.data() + margin + ii * stride;
-        float* orow = o + ((static_cast<size_t>(b) * n + h) * L + i) * L;
+        StreamedRow row(o + ((static_cast<size_t>(b) * n + h) * L + i) * L, stream ? buf.data() : nullptr, L);
+        float* orow = row.data();
         std::memset(orow, 0, sizeof(float) * s0);
         if (i + 1 < L) std::memset(orow + i + 1, 0, sizeof(float) * (L - i - 1));
         const float inv = 1.0f / tot[ii];
@@ -1902,6 +1951,7 @@ ffi::Error LasDenseImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> q, ffi::Buffe
         }
       }
     }
+    if (stream) _mm_sfence();
   });
   return ffi::Error::Success();
 }
@@ -1923,7 +1973,7 @@ ffi::Error AttentionForwardImpl(ffi::ThreadPool xla,
   const int64_t B = qd[0], n = qd[1], L = qd[2], D = qd[3], KV = kd[1], E = vd[3];
   if (L == 0 || n == 0 || B == 0 || E == 0) return ffi::Error::Success();
   const int64_t nc = (L + kQ - 1) / kQ, Lp = nc * kQ, Ep = (E + 2 * kQ - 1) / (2 * kQ) * (2 * kQ);
-  const std::vector<float> kT = keys_by_block(k.typed_data(), B * KV, L, D);
+  const std::unique_ptr<float[]> kT = keys_by_block(xla, threads, k.typed_data(), B * KV, L, D);
   std::vector<float> vp;  // values padded to Ep columns (only where E is not a multiple of 2 kQ)
   const float* vs = v.typed_data();
   if (Ep != E) {
@@ -1942,7 +1992,7 @@ ffi::Error AttentionForwardImpl(ffi::ThreadPool xla,
       const int64_t I0 = I * kQ, rows = std::min(kQ, L - I0);
       const float* qh = q.typed_data() + (static_cast<size_t>(b) * n + h) * L * D;
       const size_t head = static_cast<size_t>(b) * KV + kv.typed_data()[h];
-      const int64_t J0 = attention_chunk(qh, qs.data(), kT.data() + head * D * Lp, sg + static_cast<size_t>(b) * L, L,
+      const int64_t J0 = attention_chunk(qh, qs.data(), kT.get() + head * D * Lp, sg + static_cast<size_t>(b) * L, L,
                                          D, Lp, window, I, S.data(), tot.data());
       const int64_t lo = J0 * kQ, width = std::min(L, (I + 1) * kQ);
       if (rows < kQ)  // rows past L: no NaN from their unset sums reaches a stored row, but keep them finite
@@ -3403,7 +3453,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ret<ffi::Buffer<ffi::F32>>()   // out (B, n, L, L)
         .Attr<int64_t>("window")
         .Attr<int64_t>("threads")
-        .Attr<int64_t>("huge_pages"));
+        .Attr<int64_t>("huge_pages")
+        .Attr<int64_t>("stream"));
 #endif
 
 #if !IA_PARTIAL || IA_IaLasDense
@@ -3422,7 +3473,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int64_t>("lo")
         .Attr<int64_t>("chunk")
         .Attr<int64_t>("threads")
-        .Attr<int64_t>("huge_pages"));
+        .Attr<int64_t>("huge_pages")
+        .Attr<int64_t>("stream"));
 #endif
 
 #if !IA_PARTIAL || IA_IaAttentionForward
