@@ -12,7 +12,8 @@ import numpy as np
 from implicit_attn.families import (falcon_h1, griffin, kimi_linear, lfm2, mamba, mamba2, qwen3_next, rwkv, rwkv6,
                                     rwkv7, xlstm, zamba)
 from implicit_attn.models import las, vim
-from implicit_attn.operator import ImplicitOperator, OperatorCore, ScalarDecayCore, pytree_dataclass
+from implicit_attn.operator import (DocumentMaskedCore, ImplicitOperator, OperatorCore, ScalarDecayCore,
+                                    pytree_dataclass)
 
 B, L = 2, 37
 
@@ -191,9 +192,23 @@ def scalar_lowrank_op(L_=L, B=B):
     return ImplicitOperator(values=v, offset=jnp.zeros_like(v), output=v, core=core)
 
 
+def documents_op(L_=L, B=B):
+    """Mamba-2's operator with packed documents (the last batch row three, from L // 3 and L // 2):
+    a ``DocumentMaskedCore`` over a core whose kernel takes no document ids (no family builds one)."""
+    op = mamba2_op(L_, B)
+    seg = np.zeros((B, L_), np.int32)
+    seg[-1, L_ // 3:] = 1
+    seg[-1, L_ // 2:] = 2
+    masked = DocumentMaskedCore(inner=op.core, seg=jnp.asarray(seg))
+    return ImplicitOperator(values=op.values, offset=op.offset, output=op.output, core=masked)
+
+
 BUILDERS = {"mamba": mamba_op, "mamba2": mamba2_op, "griffin": griffin_op, "rwkv": rwkv_op,
             "scalar_lowrank": scalar_lowrank_op, "delta": delta_op, "kda": kda_op,
             "dplr": dplr_op, "dplr_before": dplr_before_op, "mlstm": mlstm_op, "attention": local_attention_op,
-            "short_conv": short_conv_op, "zamba": zamba_op, "falcon_h1": falcon_h1_op, "vim": vim_op, "las": las_op}
+            "short_conv": short_conv_op, "zamba": zamba_op, "falcon_h1": falcon_h1_op, "vim": vim_op, "las": las_op,
+            "documents": documents_op}
 # Builders whose operators are not causal (ViM reads both directions).
 NOT_CAUSAL = {"vim"}
+# Builders whose operators are not a model's (their output is not H v + offset).
+SYNTHETIC = {"scalar_lowrank", "documents"}

@@ -16,8 +16,8 @@ from implicit_attn import kernels
 from implicit_attn.families.xlstm.naive import naive_head_matrix
 from implicit_attn.kernels import cpu, pallas
 from implicit_attn.kernels.pallas import calls, plans
-from implicit_attn.operator import ImplicitOperator, ParallelCore, resolve_impl
-from kernel_cores import BUILDERS, NOT_CAUSAL, NoKernelCore, griffin_op, mamba2_op, scalar_lowrank_op
+from implicit_attn.operator import DocumentMaskedCore, ImplicitOperator, ParallelCore, resolve_impl
+from kernel_cores import BUILDERS, NOT_CAUSAL, SYNTHETIC, NoKernelCore, griffin_op, mamba2_op, scalar_lowrank_op
 
 B, L, TILE = 2, 37, 8  # the builders' default shapes; tile 8 gives 5 x 5 tiles
 HOWS = ("mean", "abs_mean", "pos_mean", "weighted")
@@ -56,7 +56,7 @@ def test_materialize_and_reduce_match_xla(ops, family):
     assert rel(out, ref) <= 1e-5, rel(out, ref)
     if family not in NOT_CAUSAL:
         assert np.all(np.triu(np.asarray(out), 1) == 0)  # exact zeros above the diagonal
-    if family != "scalar_lowrank":  # the model's own output, through the pallas operator
+    if family not in SYNTHETIC:  # the model's own output, through the pallas operator
         idx = jnp.asarray(chans)
         y = jnp.einsum("bcij,bcj...->bci...", out, op.values[:, idx]) + op.offset[:, idx]  # (attention: per head)
         assert rel(y, op.output[:, idx]) <= 1e-5
@@ -139,6 +139,20 @@ def test_document_mask_zeroes_cross_document_entries(ops):
     assert type(op.core).__name__ == "DocumentMaskedCore"
     H = np.asarray(op.materialize([0, 5], impl="pallas"))
     assert np.all(H[1, :, 20:, :20] == 0) and np.any(H[0, :, 20:, :20] != 0)
+
+
+def test_documents_over_mamba2_mask_its_kernels_output(ops):
+    """A ``DocumentMaskedCore`` over Mamba-2: its kernel's matrices with no entry across a document
+    start (exact zeros where XLA has them); over a core without a kernel the inner core is named."""
+    op = ops["documents"]
+    H, ref = np.asarray(op.materialize(impl="pallas")), np.asarray(op.materialize(impl="xla"))
+    assert not H[1, :, L // 2:, :L // 2].any() and H[1, :, L // 2:, L // 2:].any() and H[0, :, L // 2:, :L // 2].any()
+    np.testing.assert_array_equal(H == 0, ref == 0)
+    assert rel(H, ref) <= 1e-5 and rel(op.reduce("abs_mean", impl="pallas"), op.reduce("abs_mean", impl="xla")) <= 1e-5
+    masked = DocumentMaskedCore(inner=NoKernelCore(scale=jnp.ones((2,))), seg=jnp.zeros((1, 5), jnp.int32))
+    with pytest.raises(TypeError, match="its inner core has no kernel: no kernel for NoKernelCore"):
+        pallas.pallas_dense(masked, [0])
+    assert not pallas.trusted(op.core)  # Mamba-2's kernel is not verified anywhere: auto keeps XLA
 
 
 def test_length_one_and_single_tile():

@@ -146,9 +146,13 @@ class DocumentMaskedCore(OperatorCore):
         return self.inner.named_factors()
 
     def dense(self, idx):
-        H = self.inner.dense(idx)
+        return self.dense_by(idx, lambda inner, i: inner.dense(i))
+
+    def dense_by(self, idx, inner_dense):
+        """``dense(idx)`` with the inner core's matrices from ``inner_dense(inner, idx)`` (a kernel's,
+        where it has one): ``(B, len(idx), L, L)``."""
         same = self.seg[:, None, :, None] == self.seg[:, None, None, :]
-        return jnp.where(same, H, 0.0)
+        return jnp.where(same, inner_dense(self.inner, idx), 0.0)
 
 
 def head_weighted_sum(core, h, qw=None, kw=None):

@@ -694,8 +694,7 @@ def _reduce_by_blocks(dense):
 def _masked_call(core, idx):
     """``(B, n, L, L)`` of a ``DocumentMaskedCore`` over a core whose kernel takes no document ids: that
     kernel's channels ``idx`` with the entries between documents set to 0 (``DocumentMaskedCore.dense``)."""
-    same = core.seg[:, None, :, None] == core.seg[:, None, None, :]
-    return jnp.where(same, cpu_dense(core.inner, idx), 0.0)
+    return core.dense_by(idx, cpu_dense)
 
 
 _masked_dense, _ = with_xla_backward(_masked_call, None)

@@ -6,7 +6,9 @@ math, ``calls.py`` the ``pallas_call``s. The pure-jnp references are the cores' 
 ``dense`` methods and ``operator.blocked_reduce``.
 
 Cores with a kernel: every type registered in ``plans.PLANS`` (``StateDecayCore``,
-``ScalarDecayCore``, ``DocumentMaskedCore`` around a ``ScalarDecayCore``, ``Mamba2Core``,
+``ScalarDecayCore``, ``DocumentMaskedCore`` (around a ``ScalarDecayCore`` the scalar plan reads the
+document ids; around any other core with a kernel XLA zeroes that kernel's entries between
+documents, and its reduce is the XLA blocks of those), ``Mamba2Core``,
 ``RwkvCore``, ``AttentionCore``, ``LaSCore``, ``ShortConvCore``, and the head-matrix cores ``DeltaRuleCore``
 and ``DplrCore``, whose kernel is the chunk recurrence giving every head's ``M_h``, and
 ``MlstmCore``, whose ``M_h`` are the scalar tiles over its heads; channels and the channel
@@ -29,8 +31,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ...operator import (MODES, BidirectionalCore, KernelBackend, ParallelCore, blocked_reduce, block_size,
-                         default_platform, register_backend, register_core, with_xla_backward)
+from ...operator import (MODES, BidirectionalCore, DocumentMaskedCore, KernelBackend, ParallelCore, ScalarDecayCore,
+                         blocked_reduce, block_size, default_platform, register_backend, register_core,
+                         with_xla_backward)
 from ...operator.dispatch import blocked_reduce_by, blocked_reduce_jit, parallel_reduce
 from . import calls
 from .plans import PLANS, VERIFIED, make_plan
@@ -141,10 +144,25 @@ def _bidirectional_problem(core) -> str | None:
     return why and f"a direction has no kernel: {why}"
 
 
+def _masks_inner_output(core) -> bool:
+    """A ``DocumentMaskedCore`` whose inner core's plan takes no document ids (all but the scalar
+    cores'): its inner kernel runs, then XLA zeroes the entries between documents."""
+    return type(core) is DocumentMaskedCore and not isinstance(core.inner, ScalarDecayCore)
+
+
+def _document_masked_problem(core) -> str | None:
+    """A ``DocumentMaskedCore``: the scalar plan with document ids, or its inner core's kernel."""
+    if not _masks_inner_output(core):
+        return None
+    why = BACKEND.problem(core.inner)
+    return why and f"its inner core has no kernel: {why}"
+
+
 @functools.partial(jax.jit, static_argnums=(5, 6))
-def _bidirectional_reduce(core, idx, mode, qw, kw, tile: int, interpret: bool | None):
-    """The blocked reduce with each block formed by both directions' kernels (the matrices are not
-    causal, which the fused reduce's tiles assume)."""
+def _reduce_by_parts(core, idx, mode, qw, kw, tile: int, interpret: bool | None):
+    """The blocked reduce with each block formed by ``core.dense_by`` with its parts' kernels: both
+    directions of a ``BidirectionalCore`` (not causal, which the fused reduce's tiles assume), the
+    inner core of a document-masked one."""
     return blocked_reduce_by(core, idx, qw, kw, mode, _part_functions(tile, interpret)[0])
 
 
@@ -172,7 +190,7 @@ def pallas_dense(core, idx, tile: int | None = None, interpret: bool | None = No
     """
     BACKEND.check_core(core)
     tile, interpret = _check_tile(tile), None if interpret is None else bool(interpret)
-    if type(core) in (ParallelCore, BidirectionalCore):
+    if type(core) in (ParallelCore, BidirectionalCore) or _masks_inner_output(core):
         return core.dense_by(idx, _part_functions(tile, interpret)[0])
     dense, _ = _entry_points(tile, interpret)
     return dense(core, jnp.asarray(idx, jnp.int32))
@@ -202,9 +220,9 @@ def pallas_reduce(core, idx, how: str, qw, kw, tile: int | None = None, interpre
             return blocked_reduce_by(core, idx, qw, kw, how, part_dense)
         return parallel_reduce(core, idx, how, jnp.asarray(qw, jnp.float32), jnp.asarray(kw, jnp.float32),
                                part_dense, part_reduce)
-    if type(core) is BidirectionalCore:
-        return _bidirectional_reduce(core, jnp.asarray(idx, jnp.int32), jnp.asarray(MODES[how], jnp.int32),
-                                     jnp.asarray(qw, jnp.float32), jnp.asarray(kw, jnp.float32), tile, interpret)
+    if type(core) is BidirectionalCore or _masks_inner_output(core):
+        return _reduce_by_parts(core, jnp.asarray(idx, jnp.int32), jnp.asarray(MODES[how], jnp.int32),
+                                jnp.asarray(qw, jnp.float32), jnp.asarray(kw, jnp.float32), tile, interpret)
     _, reduce = _entry_points(tile, interpret)
     return reduce(core, jnp.asarray(idx, jnp.int32), jnp.asarray(MODES[how], jnp.int32),
                   jnp.asarray(qw, jnp.float32), jnp.asarray(kw, jnp.float32))
@@ -218,6 +236,8 @@ def trusted(core) -> bool:
         return all(trusted(p) for p in core.parts if has_kernel(p))
     if type(core) is BidirectionalCore:
         return trusted(core.forward) and trusted(core.backward)
+    if _masks_inner_output(core):
+        return trusted(core.inner)
     return default_platform() in VERIFIED.get(type(core), frozenset())
 
 
@@ -234,6 +254,7 @@ for _type, (_, _check) in PLANS.items():
     register_core("pallas", _type, _check)
 register_core("pallas", ParallelCore, _parallel_problem)
 register_core("pallas", BidirectionalCore, _bidirectional_problem)
+register_core("pallas", DocumentMaskedCore, _document_masked_problem)  # (the plans take the scalar ones)
 
 
 __all__ = ["pallas_dense", "pallas_reduce", "has_kernel", "trusted", "on_accelerator",

@@ -391,7 +391,7 @@ def plan_dplr(core, idx, T: int) -> HeadMatrixPlan:
 
 def _inner_scalar(core) -> str | None:
     if not isinstance(core.inner, ScalarDecayCore):
-        return f"documents are masked only around a ScalarDecayCore, not {type(core.inner).__name__}"
+        return f"the document plan takes only a ScalarDecayCore, not {type(core.inner).__name__}"
     return None
 
 
