@@ -438,14 +438,17 @@ void advise_huge(void* p, size_t bytes) {
 // A large output's rows are written with streaming stores (the dense kernels' stream attribute,
 // set by cpu/__init__.py from the output's size): a plain store first reads the cache line it
 // writes, which on an output larger than the caches doubles the memory traffic.
+
 // dst[0, n) = src[0, n), with streaming stores from the first 64-byte boundary of dst on.
 void stream_copy(float* dst, const float* src, int64_t n) {
   int64_t j = 0;
   for (; j < n && (reinterpret_cast<uintptr_t>(dst + j) & 63); ++j) dst[j] = src[j];
-#ifdef __AVX512F__
+#if defined(__AVX512F__)
   for (; j + 16 <= n; j += 16) _mm512_stream_ps(dst + j, _mm512_loadu_ps(src + j));
-#else
+#elif defined(__AVX__)
   for (; j + 8 <= n; j += 8) _mm256_stream_ps(dst + j, _mm256_loadu_ps(src + j));
+#else  // any x86-64 (a -march without AVX)
+  for (; j + 4 <= n; j += 4) _mm_stream_ps(dst + j, _mm_loadu_ps(src + j));
 #endif
   for (; j < n; ++j) dst[j] = src[j];
 }
@@ -2811,15 +2814,17 @@ inline float sum_squares(const float* x, int64_t n) {
 // 1 / x for x >= 1 (or +inf, or NaN): the hardware's reciprocal estimate and one Newton step,
 // within about 1 ulp; a divide costs several times more and SiLU takes one per element.
 inline vw recip_ge1(vw x) {
+#if defined(__AVX512F__) || defined(__AVX__)
 #if defined(__AVX512F__)
   const vw r = (vw)_mm512_rcp14_ps((__m512)x);
-#elif defined(__AVX__)
-  const vw r = (vw)_mm256_rcp_ps((__m256)x);
 #else
-  return splat<vw>(1.0f) / x;
+  const vw r = (vw)_mm256_rcp_ps((__m256)x);
 #endif
   const vw y = r * (splat<vw>(2.0f) - x * r);
   return x == splat<vw>(__builtin_inff()) ? splat<vw>(0.0f) : y;  // inf * 0 would be NaN
+#else  // no estimate instruction to start from (a -march without AVX)
+  return splat<vw>(1.0f) / x;
+#endif
 }
 
 // x sigmoid(x) = x / (1 + exp(-x)).
