@@ -192,14 +192,20 @@ def scalar_lowrank_op(L_=L, B=B):
     return ImplicitOperator(values=v, offset=jnp.zeros_like(v), output=v, core=core)
 
 
-def documents_op(L_=L, B=B):
-    """Mamba-2's operator with packed documents (the last batch row three, from L // 3 and L // 2):
-    a ``DocumentMaskedCore`` over a core whose kernel takes no document ids (no family builds one)."""
-    op = mamba2_op(L_, B)
-    seg = np.zeros((B, L_), np.int32)
+def document_ids(B_, L_):
+    """``(B_, L_)`` int32 document ids: the last batch row three documents (from ``L_ // 3`` and
+    ``L_ // 2``), the others one."""
+    seg = np.zeros((B_, L_), np.int32)
     seg[-1, L_ // 3:] = 1
     seg[-1, L_ // 2:] = 2
-    masked = DocumentMaskedCore(inner=op.core, seg=jnp.asarray(seg))
+    return jnp.asarray(seg)
+
+
+def documents_op(L_=L, B=B):
+    """Mamba-2's operator with packed documents (``document_ids``): a ``DocumentMaskedCore`` over a
+    core whose kernel takes no document ids (no family builds one)."""
+    op = mamba2_op(L_, B)
+    masked = DocumentMaskedCore(inner=op.core, seg=document_ids(B, L_))
     return ImplicitOperator(values=op.values, offset=op.offset, output=op.output, core=masked)
 
 

@@ -424,26 +424,18 @@ def test_low_rank_scalar_decay_kernel_gradients():
             assert rel(getattr(g[0], name), getattr(g[1], name)) <= 1e-5, name
 
 
-def _documents(L):
-    """``(B, L)`` document ids: batch row 0 one document, row 1 three (starts at L // 3 and L // 2)."""
-    seg = np.zeros((B, L), np.int32)
-    seg[1, L // 3:] = 1
-    seg[1, L // 2:] = 2
-    return jnp.asarray(seg)
-
-
 @pytest.mark.parametrize("inner", ["low_rank", "mamba2", "rwkv", "attention"])
 def test_documents_over_a_core_whose_kernel_reads_none(inner):
     """A ``DocumentMaskedCore`` over a core whose kernel takes no document ids: that kernel's matrices
     with the entries between documents set to 0, equal to XLA's (exact zeros where XLA has them), and
     the reduce of such blocks; gradients through XLA. (Before, the CPU backend claimed these and ran
     the rank-one kernel on them, which failed.)"""
-    from kernel_cores import local_attention_op, mamba2_op, rwkv_op
+    from kernel_cores import document_ids, local_attention_op, mamba2_op, rwkv_op
 
     L = 37
     core = {"low_rank": lambda: _low_rank_core(L), "mamba2": lambda: mamba2_op().core,
             "rwkv": lambda: rwkv_op().core, "attention": lambda: local_attention_op().core}[inner]()
-    masked = DocumentMaskedCore(inner=core, seg=_documents(L))
+    masked = DocumentMaskedCore(inner=core, seg=document_ids(B, L))
     assert cpu.has_kernel(masked) and resolve_impl("auto", masked) == "cpu"
     idx = jnp.array([2, 0, 1, 1])
     got, want = np.asarray(cpu.cpu_dense(masked, idx)), np.asarray(masked.dense(idx))

@@ -389,15 +389,10 @@ def plan_dplr(core, idx, T: int) -> HeadMatrixPlan:
     return HeadMatrixPlan(L, T, "dplr", rows, N(f.decay))
 
 
-def _inner_scalar(core) -> str | None:
-    if not isinstance(core.inner, ScalarDecayCore):
-        return f"the document plan takes only a ScalarDecayCore, not {type(core.inner).__name__}"
-    return None
-
-
-@plan_for(DocumentMaskedCore, _inner_scalar, verified=("cuda",))
+@plan_for(DocumentMaskedCore, verified=("cuda",))
 def plan_document_masked(core, idx, T: int) -> Plan:
-    """``DocumentMaskedCore(ScalarDecayCore)`` -> scalar plan with the document ids."""
+    """``DocumentMaskedCore(ScalarDecayCore)`` -> scalar plan with the document ids (the backend
+    takes one over any other core through that core's kernel, ``pallas._masks_inner_output``)."""
     return plan_scalar(core.inner, idx, T, seg=core.seg)
 
 
