@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import implicit_attn as ia
-from implicit_attn.kernels import cpu, pallas
+from implicit_attn.kernels import cpu, pallas, pallas_dense, pallas_reduce
+from implicit_attn.kernels.pallas import calls, tiles
 from implicit_attn.operator import base
 from implicit_attn.operator.base import relative_error
 from implicit_attn.registry import FAMILIES
@@ -146,6 +148,51 @@ def test_pallas_kernels_keep_nan_causal(model_type):
         np.testing.assert_allclose(H, Hx, atol=1e-5, err_msg=f"layer {i}")  # NaN where Hx has NaN
         r, r0 = (np.asarray(op.reduce("abs_mean", impl="pallas")) for op in (poisoned, clean))
         np.testing.assert_array_equal(r[:, :T], r0[:, :T], err_msg=f"layer {i}")
+    assert seen == PALLAS_CORES[model_type], seen
+
+
+class NumpyWithNanSkippingMax:
+    """``jax.numpy`` whose ``maximum``, ``minimum``, ``max`` and ``min`` skip NaN operands, as the
+    compiled GPU kernels' do: Pallas lowers them for Triton to ``maxnumf`` / ``minnumf``, where
+    XLA and interpret mode return NaN."""
+    maximum, minimum, max, min = (staticmethod(f) for f in (jnp.fmax, jnp.fmin, jnp.nanmax, jnp.nanmin))
+
+    def __getattr__(self, name):
+        return getattr(jnp, name)
+
+
+@pytest.mark.parametrize("model_type", sorted(PALLAS_CORES))
+def test_pallas_kernels_keep_nan_where_max_skips_nan(model_type, monkeypatch):
+    """The Pallas kernels with Triton's NaN-skipping ``max`` and ``min`` (``NumpyWithNanSkippingMax``
+    in the kernel modules, interpret mode, one tile of 64 over L = 40): NaN in the mixer input at ``T`` gives NaN
+    exactly where XLA has NaN, its values elsewhere, in ``materialize`` and ``reduce``. On an H200
+    (2026-12-04) Mamba-1's tiles had NaN where XLA has none (layer 0: 3,136 entries) and the RG-LRU's
+    none where XLA has NaN (4,320), because ``max(NaN, -1e30)`` in the in-tile segment sums gave
+    ``-1e30``; this emulation gave the same counts on a CPU (at the GPU's tiles of 32) until
+    ``tiles.maximum``."""
+    numpy = NumpyWithNanSkippingMax()
+    monkeypatch.setattr(tiles, "jnp", numpy)
+    monkeypatch.setattr(calls, "jnp", numpy)
+    _, model = tiny(model_type)
+    seen = set()
+    for i, clean, poisoned in operators_with_nan(model, 2):
+        core = poisoned.core
+        if not pallas.has_kernel(core):
+            continue
+        seen.add(type(core).__name__)
+        B, C, L, _ = poisoned.shape
+        idx = np.arange(C)
+        # interpret=True, tile 64: kernels traced here, under the patch (no other test compiles these)
+        H = np.asarray(pallas_dense(core, idx, tile=64, interpret=True))
+        Hx = np.asarray(poisoned.materialize(impl="xla"))
+        assert np.isnan(Hx).any(), f"layer {i}"
+        np.testing.assert_array_equal(np.isnan(H), np.isnan(Hx), err_msg=f"layer {i}")
+        np.testing.assert_allclose(H, Hx, atol=1e-5, err_msg=f"layer {i}")
+        qw, kw = jnp.full((B, C, L), 1.0 / C, jnp.float32), jnp.ones((B, C, L), jnp.float32)
+        r = np.asarray(pallas_reduce(core, idx, "abs_mean", qw, kw, tile=64, interpret=True))
+        rx = np.asarray(poisoned.reduce("abs_mean", impl="xla"))
+        np.testing.assert_array_equal(np.isnan(r), np.isnan(rx), err_msg=f"layer {i}")
+        np.testing.assert_allclose(r, rx, atol=1e-5, err_msg=f"layer {i}")
     assert seen == PALLAS_CORES[model_type], seen
 
 

@@ -463,7 +463,7 @@ def softmax_stats(plan: Plan, target: Target) -> Plan:
         def body(J, mz):
             m, z = mz
             lg = tiles.decay_rows_logits(k_ref[0, 0, pl.ds(J, 1), :], wc, uc, I * T, J * T, T)
-            m_new = jnp.maximum(m, jnp.max(lg, axis=1, keepdims=True))
+            m_new = tiles.maximum(m, tiles.row_max(lg))
             # A row whose entries so far are all -inf (w = -inf) keeps m = -inf: shift by 0.
             shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
             z = z * jnp.exp(m - shift) + jnp.sum(jnp.exp(lg - shift), axis=1, keepdims=True)
@@ -509,7 +509,7 @@ def attention_stats(plan: Plan, target: Target) -> Plan:
             lg, _ = tiles.attention_logits(qI, k_ref[0, 0, pl.ds(J * T, T), :], seg_col,
                                            seg_row_ref[0, pl.ds(J, 1), :], I * T, J * T, W,
                                            given.get("alpha"), given.get("slope"))
-            m_new = jnp.maximum(m, jnp.max(lg, axis=1, keepdims=True))
+            m_new = tiles.maximum(m, tiles.row_max(lg))
             # rows with nothing visible yet (window, documents) keep m = -inf: shift by 0
             shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
             z = z * jnp.exp(m - shift) + jnp.sum(jnp.exp(lg - shift), axis=1, keepdims=True)

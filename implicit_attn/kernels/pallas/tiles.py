@@ -53,6 +53,19 @@ def dot_t(a, b):
                                preferred_element_type=f32)
 
 
+def maximum(a, b):
+    """``jnp.maximum(a, b)`` with NaN where either is NaN, as XLA computes it. Pallas lowers
+    ``max`` for Triton to ``maxnumf``, which returns the other operand of a NaN: on an H200 the
+    compiled RG-LRU tiles were finite where XLA's are NaN."""
+    return jnp.where(jnp.isnan(a) | jnp.isnan(b), a + b, jnp.maximum(a, b))
+
+
+def row_max(x):
+    """Row maxima of ``x (R, C)``: ``(R, 1)``, NaN for a row holding one (see ``maximum``)."""
+    has_nan = jnp.sum(jnp.where(jnp.isnan(x), 1.0, 0.0), axis=1, keepdims=True) > 0
+    return jnp.where(has_nan, jnp.nan, jnp.max(x, axis=1, keepdims=True))
+
+
 def keep_lower(H, is_diag):
     """``H (T, T)`` with exact zeros above the diagonal on a diagonal tile (``is_diag``, traced
     bool): a zero decay times a later NaN factor is NaN there (``ops.keep_causal``)."""
@@ -84,7 +97,7 @@ def diag_segment(t_col, nan_safe: bool = False):
     one (``nan_matmul``)."""
     T = t_col.shape[0]
     lower = iota2((T, T), 1) <= iota2((T, T), 0)  # [i, k]: k <= i
-    after = jnp.where(iota2((T, T), 0) > iota2((T, T), 1), jnp.maximum(t_col, NEG_BIG), 0.0)  # [k, j]
+    after = jnp.where(iota2((T, T), 0) > iota2((T, T), 1), maximum(t_col, NEG_BIG), 0.0)  # [k, j]
     ones = jnp.where(lower, 1.0, 0.0)
     s = nan_matmul(ones, after, lower, 1) if nan_safe else dot(ones, after)
     return jnp.where(iota2((T, T), 0) >= iota2((T, T), 1), s, -jnp.inf)
