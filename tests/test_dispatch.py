@@ -15,6 +15,7 @@ import pytest
 from implicit_attn.families import mamba
 from implicit_attn.kernels import cpu, pallas
 from implicit_attn.operator import ParallelCore, dispatch, resolve_impl
+from traced import assert_full_float32_products
 from kernel_cores import (NoKernelCore, delta_op, dplr_op, falcon_h1_op, kda_op, las_op, local_attention_op, mlstm_op,
                           rwkv_op, scalar_lowrank_op, short_conv_op)
 
@@ -116,26 +117,9 @@ def test_a_failing_fused_reduce_under_auto_falls_back(op, on_accelerator, monkey
     np.testing.assert_allclose(np.asarray(R), np.asarray(op.reduce("mean", impl="xla")), rtol=1e-6)
 
 
-def dot_precisions(jaxpr) -> list:
-    """The ``precision`` of every dot_general in a jaxpr, nested ones (jit, scan, cond) included."""
-    out = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
-            out.append(eqn.params["precision"])
-        for v in eqn.params.values():
-            for sub in (v if isinstance(v, (list, tuple)) else [v]):
-                if hasattr(sub, "eqns"):
-                    out += dot_precisions(sub)
-                elif hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):
-                    out += dot_precisions(sub.jaxpr)
-    return out
-
-
 def test_entry_points_trace_full_float32_products(op):
     """GPUs run default float32 matmuls in TF32 (on an H100: logits 7e-4 off torch, Mamba-2
     operators 1.7e-4 from their block); the library's entry points ask for HIGHEST."""
-    import jax
-
     from implicit_attn.families import mamba2
 
     cfg = mamba2.Config(vocab_size=8, hidden_size=8, num_heads=2, head_dim=4, state_size=4, chunk_size=4)
@@ -145,10 +129,7 @@ def test_entry_points_trace_full_float32_products(op):
                lambda: mamba2.block.mixer_operator_jit(p["layers"][0]["mixer"], np.ones((1, 6, 8), np.float32),
                                                       cfg=cfg, variant="full").materialize(impl="xla"),
                lambda: op.reduce("abs_mean", impl="xla")):
-        precisions = dot_precisions(jax.make_jaxpr(fn)().jaxpr)
-        assert precisions, "no product traced"
-        highest = jax.lax.Precision.HIGHEST
-        assert all(pr is not None and all(x == highest for x in pr) for pr in precisions), precisions
+        assert_full_float32_products(fn)  # each traces products
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="impl=\"auto\" picks the CPU kernels on CPU only")

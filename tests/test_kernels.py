@@ -17,6 +17,7 @@ from implicit_attn.families.xlstm.naive import naive_head_matrix
 from implicit_attn.kernels import cpu, pallas
 from implicit_attn.kernels.pallas import calls, plans
 from implicit_attn.operator import DocumentMaskedCore, ImplicitOperator, ParallelCore, resolve_impl
+from traced import assert_full_float32_products
 from kernel_cores import BUILDERS, NOT_CAUSAL, SYNTHETIC, NoKernelCore, griffin_op, mamba2_op, scalar_lowrank_op
 
 B, L, TILE = 2, 37, 8  # the builders' default shapes; tile 8 gives 5 x 5 tiles
@@ -58,7 +59,7 @@ def test_materialize_and_reduce_match_xla(ops, family):
         assert np.all(np.triu(np.asarray(out), 1) == 0)  # exact zeros above the diagonal
     if family not in SYNTHETIC:  # the model's own output, through the pallas operator
         idx = jnp.asarray(chans)
-        y = jnp.einsum("bcij,bcj...->bci...", out, op.values[:, idx]) + op.offset[:, idx]  # (attention: per head)
+        y = jnp.einsum("bcij,bcj...->bci...", out, op.values[:, idx], precision="highest") + op.offset[:, idx]
         assert rel(y, op.output[:, idx]) <= 1e-5
     w = jax.random.normal(jax.random.PRNGKey(3), (B, C, L))
     kw = jax.random.normal(jax.random.PRNGKey(4), (B, C, L))
@@ -68,6 +69,21 @@ def test_materialize_and_reduce_match_xla(ops, family):
         b = op.reduce(how, impl="xla", **kwargs)
         assert a.shape == (B, L, L)
         assert rel(a, b) <= 1e-5, (how, rel(a, b))
+
+
+# (RWKV-4's and the short conv's entries are formed elementwise: no products to check)
+@pytest.mark.parametrize("family", [f for f in BUILDERS if f not in ("rwkv", "short_conv")])
+def test_kernel_paths_trace_full_float32_products(ops, family):
+    """``materialize``, ``reduce`` and ``reduce``'s gradient with ``impl="pallas"`` ask for HIGHEST in
+    every matrix product, the XLA steps around the kernels and the XLA backward pass included. On
+    an H200 (2026-12-04) the head-matrix cores' reduce was 1e-4 to 1e-3 off XLA: those steps, traced
+    outside the entry points' ``full_precision``, ran in TF32."""
+    op = ops[family]
+    C = op.shape[1]
+    w = jax.random.normal(jax.random.PRNGKey(5), (B, C, L))
+    loss = lambda w: jnp.sum(op.reduce("weighted", weights=w, impl="pallas") ** 2)
+    assert_full_float32_products(lambda: op.materialize([C - 1, 0], impl="pallas"),
+                                 lambda: op.reduce("mean", impl="pallas"), lambda: jax.grad(loss)(w))
 
 
 def mlstm_matrices64(core):

@@ -355,6 +355,7 @@ def with_xla_backward(dense_kernel: Callable, reduce_kernel: Callable):
     def dense_fwd(core, idx):
         return dense_kernel(core, idx), (core, idx)
 
+    @full_precision  # traced when the gradient is, outside the caller's full_precision
     def dense_bwd(res, g):
         core, idx = res
         _, vjp = jax.vjp(lambda c: c.dense(idx), core)
@@ -369,6 +370,7 @@ def with_xla_backward(dense_kernel: Callable, reduce_kernel: Callable):
     def reduce_fwd(core, idx, mode, qw, kw):
         return reduce_kernel(core, idx, mode, qw, kw), (core, idx, mode, qw, kw)
 
+    @full_precision
     def reduce_bwd(res, g):
         core, idx, mode, qw, kw = res
         B, n, L = qw.shape

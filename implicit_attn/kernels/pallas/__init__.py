@@ -35,6 +35,7 @@ from ...operator import (MODES, BidirectionalCore, DocumentMaskedCore, KernelBac
                          blocked_reduce, block_size, default_platform, register_backend, register_core,
                          with_xla_backward)
 from ...operator.dispatch import blocked_reduce_by, blocked_reduce_jit, parallel_reduce
+from ...ops import full_precision
 from . import calls
 from .plans import PLANS, VERIFIED, make_plan
 
@@ -173,6 +174,7 @@ def _parallel_problem(core) -> str | None:
     return f"none of its parts has a kernel (parts: {', '.join(type(p).__name__ for p in core.parts)})"
 
 
+@full_precision  # the XLA steps around the kernels (head matrices' channels, stats): no TF32
 def pallas_dense(core, idx, tile: int | None = None, interpret: bool | None = None):
     """``core.dense(idx)`` computed by the tiled Pallas kernel.
 
@@ -196,6 +198,7 @@ def pallas_dense(core, idx, tile: int | None = None, interpret: bool | None = No
     return dense(core, jnp.asarray(idx, jnp.int32))
 
 
+@full_precision
 def pallas_reduce(core, idx, how: str, qw, kw, tile: int | None = None, interpret: bool | None = None):
     """Fused channel reduction ``sum_c qw[b,c,i] f(H_c[b,i,j]) kw[b,c,j]`` (``(B, L, L)``).
 
