@@ -135,6 +135,7 @@ def machine() -> dict:
     return {"platform": platform.platform(), "cpu": cpu, "vector": " ".join(vector), "cores": os.cpu_count(),
             "jax": jax.__version__, "backend": jax.default_backend(),
             "devices": [str(d) for d in jax.devices()],
+            "device_kind": jax.devices()[0].device_kind,
             "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
 
 
@@ -161,7 +162,9 @@ def write_results(name: str, rows: list[dict], meta: dict | None = None, columns
     (RESULTS / f"{name}.json").write_text(json.dumps({"meta": info, "rows": rows}, indent=2))
     md = f"# {name}\n\nMachine: {info['machine']['cpu']} ({info['machine']['vector']}, " \
          f"{info['machine']['cores']} cores), " \
-         f"jax {info['machine']['jax']} on {info['machine']['backend']}, {info['machine']['date']} UTC\n\n"
+         f"jax {info['machine']['jax']} on {info['machine']['backend']}" \
+         f"{'' if info['machine']['backend'] == 'cpu' else ' (' + info['machine']['device_kind'] + ')'}, " \
+         f"{info['machine']['date']} UTC\n\n"
     md += markdown_table(rows, columns)
     (RESULTS / f"{name}.md").write_text(md)
     print(md)

@@ -5,8 +5,8 @@ measured write bandwidth.
     python -m benchmarks.gpu [--quick]        # or: python -m benchmarks.run --device gpu
 
 Every registered family is built at its forward-benchmark shape (``FamilySpec.bench``,
-random weights). For its first layer with a Pallas kernel (Griffin: the recurrent
-layer) it times, after a warm-up call:
+random weights). For the first layer of each core type with a Pallas kernel (Griffin: its
+recurrent and its local-attention layer) it times, after a warm-up call (median of 5):
 
 * ``materialize`` of ``n`` channels with ``impl="xla"`` and ``impl="pallas"``, and a
   jitted fill of an array of the same size (the time to only *write* the output: the
@@ -17,7 +17,8 @@ layer) it times, after a warm-up call:
   processes (HF runs its pure-torch path where no custom CUDA kernel is installed).
 
 Each Pallas result is checked against XLA (max relative difference in the table).
-Writes ``results/gpu.json`` / ``gpu.md`` (``gpu_quick`` with ``--quick``).
+Writes ``results/gpu_operators`` and ``gpu_forward`` (``.json`` / ``.md``; ``gpu_quick_*`` with
+``--quick``); the operator table is rewritten after each family.
 """
 from __future__ import annotations
 
@@ -40,18 +41,20 @@ def require_gpu():
         raise SystemExit(f"benchmarks.gpu needs a GPU; JAX's default backend here is {jax.default_backend()!r}")
 
 
-def first_kernel_layer(model, ids):
-    """The first layer whose operator has a Pallas kernel and that operator, or ``(None, cores)``
-    with the names of every layer's core type where none has one."""
+def kernel_layers(model, ids):
+    """``[(layer, operator)]``: the first layer of each core type with a Pallas kernel, in layer
+    order, and the sorted names of the core types without one."""
     from implicit_attn.kernels import pallas
 
-    cores = []
-    for i in range(len(model.layers)):
-        op = model.operators(ids, layers=[i])[0]
-        if pallas.has_kernel(op.core):
-            return i, op
-        cores.append(type(op.core).__name__)
-    return None, sorted(set(cores))
+    chosen, seen, without = [], set(), set()
+    for i, op in enumerate(model.operators(ids)):  # one forward for every layer's operator
+        name = type(op.core).__name__
+        if not pallas.has_kernel(op.core):
+            without.add(name)
+        elif name not in seen:
+            seen.add(name)
+            chosen.append((i, op))
+    return chosen, sorted(without - seen)
 
 
 def rel(a, b) -> float:
@@ -61,8 +64,9 @@ def rel(a, b) -> float:
 
 
 def operator_rows(model_type: str, L: int, n: int, quick: bool) -> list[dict]:
+    """The rows of ``core_rows`` for the first layer of each core type with a Pallas kernel in
+    ``model_type``'s benchmark-shape model (random weights, one ``(1, L)`` input)."""
     import jax
-    import jax.numpy as jnp
 
     from implicit_attn.registry import family
 
@@ -70,30 +74,42 @@ def operator_rows(model_type: str, L: int, n: int, quick: bool) -> list[dict]:
     cfg = spec.config(**bench_shape(model_type, quick))
     model = spec.lm(cfg, spec.init_params(cfg, jax.random.PRNGKey(0)))
     ids = random_ids(cfg.vocab_size, L)
-    layer, op = first_kernel_layer(model, ids)
-    if layer is None:  # e.g. a model of short convolutions alone
-        return [{"family": model_type, "case": f"no layer with a Pallas kernel ({', '.join(op)})",
+    chosen, without = kernel_layers(model, ids)
+    if not chosen:  # e.g. a model of short convolutions alone
+        return [{"family": model_type, "case": f"no layer with a Pallas kernel ({', '.join(without)})",
                  "note": "XLA on a GPU; nothing to compare"}]
+    rows = []
+    for layer, op in chosen:
+        rows += core_rows(model_type, layer, op, L, n)
+    return rows
+
+
+def core_rows(model_type: str, layer: int, op, L: int, n: int) -> list[dict]:
+    """``materialize`` of ``n`` channels and ``reduce("abs_mean")`` of all of ``op``'s channels,
+    Pallas against XLA (seconds, median of 5 after a warm-up; largest relative difference)."""
+    import jax
+    import jax.numpy as jnp
+
     B, C = op.shape[:2]
     n = min(n, C)
     chans = list(range(n))
     core = type(op.core).__name__
     rows = []
-    mat = {impl: timeit(lambda impl=impl: op.materialize(chans, impl=impl)) for impl in ("xla", "pallas")}
+    mat = {impl: timeit(lambda impl=impl: op.materialize(chans, impl=impl), repeat=5) for impl in ("xla", "pallas")}
     err = rel(op.materialize(chans, impl="pallas"), op.materialize(chans, impl="xla"))
     nbytes = B * n * L * L * 4
     fill = jax.jit(lambda x: jnp.broadcast_to(x, (B, n, L, L)) * 1.0)
     one = jnp.ones((), jnp.float32)
-    t_fill = timeit(lambda: fill(one))
+    t_fill = timeit(lambda: fill(one), repeat=5)
     rows.append({"family": model_type, "case": f"materialize {n} ch, L={L} (layer {layer}, {core})",
                  "xla_s": mat["xla"], "pallas_s": mat["pallas"], "pallas_speedup": mat["xla"] / mat["pallas"],
                  "max_rel_diff": err,
                  "note": f"output {nbytes / 2**30:.2f} GiB: pallas {nbytes / mat['pallas'] / 1e9:.0f} GB/s, "
                          f"xla {nbytes / mat['xla'] / 1e9:.0f} GB/s, fill {nbytes / t_fill / 1e9:.0f} GB/s "
                          f"(pallas at {t_fill / mat['pallas']:.0%} of write bandwidth)"})
-    red = {impl: timeit(lambda impl=impl: op.reduce("abs_mean", impl=impl)) for impl in ("xla", "pallas")}
+    red = {impl: timeit(lambda impl=impl: op.reduce("abs_mean", impl=impl), repeat=5) for impl in ("xla", "pallas")}
     err = rel(op.reduce("abs_mean", impl="pallas"), op.reduce("abs_mean", impl="xla"))
-    rows.append({"family": model_type, "case": f"reduce abs_mean, all {C} ch, L={L}",
+    rows.append({"family": model_type, "case": f"reduce abs_mean, all {C} ch, L={L} (layer {layer}, {core})",
                  "xla_s": red["xla"], "pallas_s": red["pallas"], "pallas_speedup": red["xla"] / red["pallas"],
                  "max_rel_diff": err, "note": f"{B * C * L * L / 2 / red['pallas'] / 1e9:.1f} G entries/s fused"})
     return rows
@@ -161,8 +177,9 @@ def main(quick: bool = False, only=None, parts=PARTS) -> list[dict]:
         for f in fams:
             print(f"operators: {f}", flush=True)
             op_rows += operator_rows(f, L, n, quick)
-        write_results(name + "_operators", op_rows,
-                      columns=["family", "case", "xla_s", "pallas_s", "pallas_speedup", "max_rel_diff", "note"])
+            # after each family, so a run cut short keeps what it measured
+            write_results(name + "_operators", op_rows,
+                          columns=["family", "case", "xla_s", "pallas_s", "pallas_speedup", "max_rel_diff", "note"])
         rows += op_rows
     if "forward" in parts:
         fw_rows = []
