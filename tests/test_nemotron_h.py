@@ -3,7 +3,7 @@
 head_dim 128 with 32 heads and 8 KV heads) and Nemotron-3-Nano (Mamba-2 / attention layers
 each followed by a mixture of experts with a shared expert, sigmoid routing scaled by
 2.5) scaled down; our layers are HF's token-mixing layers with the MLP / MoE layers after
-them; the ``time_step_min`` clamp is seen by the parity test; the router equals HF's; the attention layers' operator is HF's softmax attention; hub configs
+them; the ``time_step_limit`` clamp is seen by the parity test; the router equals HF's; the attention layers' operator is HF's softmax attention; hub configs
 (``hybrid_override_pattern``, legacy names) load; bad config values are named."""
 from __future__ import annotations
 
@@ -62,9 +62,10 @@ def test_layers_group_each_token_mixer_with_the_ffn_layers_after_it(tmp_path):
 
 
 def test_parity_sees_the_dt_clamp(tmp_path):
-    """The tiny model's first Mamba head has ``dt_bias = -12`` (``softplus`` far below
-    ``time_step_min``): our model without the clamp misses torch's logits by more than the
-    parity tolerance."""
+    """The tiny model's first Mamba head has ``dt_bias = -12`` (``softplus`` far below the tiny
+    config's ``time_step_limit`` of ``(1e-3, inf)``): our model without the clamp misses torch's
+    logits by more than the parity tolerance. (transformers 5.25 clamps to ``time_step_limit``;
+    5.24 clamped below at ``time_step_min`` and ignored ``time_step_limit``.)"""
     torch_or_skip()
     from implicit_attn.testing import build_hf_model, torch_forward
 
@@ -73,7 +74,8 @@ def test_parity_sees_the_dt_clamp(tmp_path):
     ids = np.random.default_rng(2).integers(0, 64, (2, 13))
     ref = torch_forward(tm, ids)[0]
     assert np.max(np.abs(np.asarray(model(ids)) - ref)) <= 1e-4
-    no_clamp = nemotron_h.LM(dataclasses.replace(model.config, time_step_min=0.0), model.params())
+    assert model.config.time_step_limit == (1e-3, float("inf"))
+    no_clamp = nemotron_h.LM(dataclasses.replace(model.config, time_step_limit=(0.0, float("inf"))), model.params())
     assert np.max(np.abs(np.asarray(no_clamp(ids)) - ref)) > 2e-4
 
 
@@ -127,9 +129,12 @@ def test_attention_layer_operator_is_the_softmax_attention(tmp_path):
 def test_hub_config_forms_load():
     """Hub ``config.json`` files give the layers as ``hybrid_override_pattern`` and may use
     HF's legacy names (``mamba_n_groups``, ``mamba_d_conv``, ``num_local_experts``, ...)."""
-    tiny = {k: v for k, v in nemotron_h.SPEC.tiny.items() if k not in ("n_groups", "conv_kernel", "n_routed_experts")}
-    cfg = nemotron_h.Config.from_hf({**tiny, "mamba_n_groups": 2, "mamba_d_conv": 3, "num_local_experts": 4})
+    tiny = {k: v for k, v in nemotron_h.SPEC.tiny.items() if k not in ("n_groups", "conv_kernel", "n_routed_experts",
+                                                                   "time_step_limit")}
+    cfg = nemotron_h.Config.from_hf({**tiny, "mamba_n_groups": 2, "mamba_d_conv": 3, "num_local_experts": 4,
+                                     "mamba_dt_limit": [0.01, 1.0]})
     assert (cfg.n_groups, cfg.conv_kernel, cfg.n_routed_experts) == (2, 3, 4)
+    assert cfg.time_step_limit == cfg.mixer_config.time_step_limit == (0.01, 1.0)
     listed = nemotron_h.Config.from_hf({**nemotron_h.SPEC.tiny, "hybrid_override_pattern": None,
                                         "layers_block_type": ["mamba", "mlp", "moe", "attention", "moe", "mamba"]})
     assert listed == nemotron_h.Config.from_hf(nemotron_h.SPEC.tiny)

@@ -169,6 +169,7 @@ def nemotron_h_configs(draw) -> dict:
             "conv_kernel": draw(st.integers(1, 4)), "chunk_size": draw(st.sampled_from([4, 8, 16])),
             "use_conv_bias": draw(st.booleans()), "use_bias": draw(st.booleans()), "mlp_bias": draw(st.booleans()),
             "time_step_min": draw(st.sampled_from([1e-4, 0.001, 0.05])),  # HF initialises dt from its log
+            "time_step_limit": [draw(st.sampled_from([0.0, 1e-3, 0.05])), draw(st.sampled_from([float("inf"), 5.0]))],
             "n_routed_experts": experts, "n_group": n_group, "topk_group": topk_group,
             "num_experts_per_tok": draw(st.integers(1, topk_group * experts // n_group)),
             "moe_intermediate_size": draw(st.sampled_from([4, 8])),

@@ -27,8 +27,8 @@ TOKEN_MIXING = ("linear_attention", "full_attention")
 def hf_setup(model, torch, seed: int = 0):
     """Tiny torch test model: perturbed, with every norm weight, the Mamba layers' D and conv
     bias away from their initial values, a random router correction bias (a buffer HF
-    starts at zero), and one head's ``dt_bias`` far below zero so the ``time_step_min``
-    clamp is active."""
+    starts at zero), and one head's ``dt_bias`` far below zero so the lower ``time_step_limit``
+    clamp (the tiny config's 1e-3) is active."""
     perturb_parameters(model, torch, seed=seed)
     layers = model.model.layers
     mixers = [l.mixer for l in layers if l.block_type == "linear_attention"]
@@ -70,7 +70,7 @@ SPEC = FamilySpec(
               num_key_value_heads=2, head_dim=8, intermediate_size=32, ssm_state_size=4, mamba_num_heads=4,
               mamba_head_dim=8, n_groups=2, conv_kernel=4, chunk_size=4, n_routed_experts=4, num_experts_per_tok=2,
               moe_intermediate_size=8, moe_shared_expert_intermediate_size=12, n_group=2, topk_group=1,
-              routed_scaling_factor=2.5, moe_latent_size=8),
+              routed_scaling_factor=2.5, moe_latent_size=8, time_step_limit=[1e-3, float("inf")]),
     hf_setup=hf_setup, hf_mixer="model.layers.{i}.mixer", hf_mixer_layers=hf_mixer_layers, has_heads=True,
     # Nemotron-H-8B's layout scaled down: Mamba-2 and MLP layers alternating, attention 1 in 4
     bench={"full": dict(vocab_size=1024, hidden_size=768, hybrid_override_pattern="M-M-M*-M-M-M*-",

@@ -1,7 +1,7 @@
 """Nemotron-H (HF ``NemotronHForCausalLM``): the block math as pure functions.
 
 Each HF layer is ``h + mixer(rms_norm(h))`` with one mixer: HF's Mamba-2 mixer
-(``mamba2.block`` with ``Config.mixer_config``; ``dt`` clamped below at ``time_step_min``),
+(``mamba2.block`` with ``Config.mixer_config``; ``dt`` clamped to ``time_step_limit``),
 full causal GQA attention without positional encoding (``nn.attention``), an MLP
 ``down(relu(up x)^2)``, or a mixture of such experts (sigmoid group-limited top-k routing,
 optional latent projections around the experts, plus a shared expert). Our layer ``k``

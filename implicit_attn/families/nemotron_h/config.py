@@ -16,6 +16,8 @@ from typing import ClassVar
 
 from ...nn import HFConfig
 from ...nn.attention import NoPositionFields
+from ...nn.config import float_to_json
+from ..bamba.config import Mamba2Fields
 from ..mamba2.config import MixerConfig, family_mixer_config
 
 # HF layer-type names (and the legacy ones HF remaps) -> ours.
@@ -28,10 +30,10 @@ TOKEN_MIXERS = ("mamba", "attention")
 DEFAULT_LAYERS = ("mamba", "moe", "attention", "mlp")  # HF's default layers_block_type
 # Legacy keyword names HF's config renames on load.
 LEGACY = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel", "mamba_dt_min": "time_step_min",
-          "mamba_conv_bias": "use_conv_bias", "mamba_chunk_size": "chunk_size", "num_local_experts": "n_routed_experts"}
+          "mamba_dt_limit": "time_step_limit", "mamba_conv_bias": "use_conv_bias", "mamba_chunk_size": "chunk_size", "num_local_experts": "n_routed_experts"}
 # Mamba-2 config fields -> the Nemotron-H fields they come from (for error messages).
 MAMBA_FIELDS = {"num_heads": "mamba_num_heads", "head_dim": "mamba_head_dim", "state_size": "ssm_state_size",
-                "hidden_act": "mamba_hidden_act", "time_step_limit": "time_step_min"}
+                "hidden_act": "mamba_hidden_act", "time_step_limit": "time_step_limit"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,8 +43,9 @@ class Config(NoPositionFields, HFConfig):
     ``layers_block_type`` holds HF's layer kinds, ``"mamba"`` / ``"attention"`` / ``"mlp"`` /
     ``"moe"`` per HF layer (read from ``layers_block_type``, ``layer_types`` or
     ``hybrid_override_pattern`` as HF does); it must start with a token-mixing layer. The
-    Mamba layers clamp ``dt`` below at ``time_step_min`` (HF's ``time_step_limit`` is not
-    used); attention has no positional encoding and no biases; the MLPs and experts are
+    Mamba layers clamp ``dt`` to ``time_step_limit`` (default ``(0, inf)``, as HF from transformers
+    5.25; 5.24 clamped it below at ``time_step_min``, which now only sets the initial ``dt_bias``);
+    attention has no positional encoding and no biases; the MLPs and experts are
     ``down(relu(up x)^2)``; the router is sigmoid group-limited top-k with a score correction
     bias, and every MoE adds a shared expert. HF never ties the output head.
     """
@@ -73,6 +76,7 @@ class Config(NoPositionFields, HFConfig):
     use_conv_bias: bool = True
     use_bias: bool = False
     time_step_min: float = 0.001
+    time_step_limit: tuple = (0.0, float("inf"))
     n_routed_experts: int = 8
     num_experts_per_tok: int = 2
     moe_intermediate_size: int = 7688
@@ -103,6 +107,8 @@ class Config(NoPositionFields, HFConfig):
             self.check_ints("moe_latent_size")
         self.check_floats("layer_norm_epsilon", low=0.0)
         self.check_floats("time_step_min", low=0.0)
+        if isinstance(self.time_step_limit, list):
+            object.__setattr__(self, "time_step_limit", tuple(self.time_step_limit))
         self.check_floats("routed_scaling_factor")
         self.check_bools("mlp_bias", "use_conv_bias", "use_bias", "norm_topk_prob")
         self.check_choice("mlp_hidden_act", ("relu2",), self.label)
@@ -154,13 +160,13 @@ class Config(NoPositionFields, HFConfig):
     @functools.cached_property  # built once per config (its fields are frozen)
     def mixer_config(self) -> MixerConfig:
         """The Mamba-2 config of the Mamba layers (HF ``NemotronHMamba2Mixer``: ``dt`` clamped
-        to ``[time_step_min, inf)``, gated-norm eps ``layer_norm_epsilon``)."""
+        to ``time_step_limit``, gated-norm eps ``layer_norm_epsilon``)."""
         return family_mixer_config(
             MixerConfig, self.label, MAMBA_FIELDS, vocab_size=self.vocab_size, hidden_size=self.hidden_size,
             num_heads=self.mamba_num_heads, head_dim=self.mamba_head_dim, state_size=self.ssm_state_size,
             n_groups=self.n_groups, conv_kernel=self.conv_kernel, chunk_size=self.chunk_size,
             layer_norm_epsilon=self.layer_norm_epsilon, use_bias=self.use_bias, use_conv_bias=self.use_conv_bias,
-            hidden_act=self.mamba_hidden_act, time_step_limit=(self.time_step_min, float("inf")))
+            hidden_act=self.mamba_hidden_act, time_step_limit=self.time_step_limit)
 
     @classmethod
     def read_hf(cls, d: dict, kw: dict) -> dict:
@@ -177,10 +183,11 @@ class Config(NoPositionFields, HFConfig):
                     raise ValueError(f"hybrid_override_pattern must be a string of {''.join(PATTERN)}, got "
                                      f"{pattern!r}")
                 kw["layers_block_type"] = [PATTERN[c] for c in pattern]
-        return kw
+        return Mamba2Fields.read_time_step_limit(kw)
 
     def write_hf(self, d: dict) -> dict:
         d["layers_block_type"] = [HF_LAYER_NAMES[t] for t in self.layers_block_type]
+        d["time_step_limit"] = [float_to_json(t) for t in self.time_step_limit]
         return d
 
 
