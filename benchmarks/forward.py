@@ -182,8 +182,18 @@ def hf_flops(model, ids) -> dict:
     aten = torch.ops.aten
     extra = {aten._grouped_mm: grouped_mm_flop, aten._scaled_dot_product_flash_attention_for_cpu: cpu_sdpa_flop}
     counter, log = FlopCounterMode(display=False, custom_mapping=extra), OpLog()
-    with torch.no_grad(), log, counter:
-        model(ids)
+    # The counter's module tracker hooks every module input that requires grad; a view of a
+    # parameter made under no_grad (transformers 5.25 passes Mamba's conv weight so) has neither a
+    # grad_fn nor an accumulator, and the hook fails. Counting needs no gradients.
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    for p in trainable:
+        p.requires_grad_(False)
+    try:
+        with torch.no_grad(), log, counter:
+            model(ids)
+    finally:
+        for p in trainable:
+            p.requires_grad_(True)
     by_op = {getattr(op, "__name__", str(op)): int(n) for op, n in counter.get_flop_counts()["Global"].items()}
     uncounted = sorted(op.__name__ for op in log.ops
                        if PRODUCT_OP.search(op.__name__) and op not in counter.flop_registry)

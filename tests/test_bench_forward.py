@@ -14,32 +14,44 @@ from implicit_attn.registry import model_types
 
 
 def test_hf_flops_counts_products_grouped_mm_and_cpu_attention():
+    """Against counts written out by hand. A module called with a view of a parameter made under
+    ``no_grad`` (as transformers 5.25's hub-kernel layers are, e.g. Mamba's conv weight) failed in
+    torch's module tracker ("Expected gradient function to be set") until ``hf_flops`` counted with
+    the parameters' ``requires_grad`` off."""
     torch, _ = torch_or_skip()
     from benchmarks.forward import hf_flops
 
     T, K, N, G, H, D = 12, 32, 16, 3, 2, 8
     offs = torch.tensor([3, 7, T], dtype=torch.int32)  # the rows each group (expert) takes
 
+    class Product(torch.nn.Module):
+        def forward(self, x, w):
+            return x @ w
+
     class Probe(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.lin = torch.nn.Linear(K, N, bias=False)
             self.experts = torch.nn.Parameter(torch.randn(G, K, N))
+            self.w = torch.nn.Parameter(torch.randn(K, N))
+            self.product = Product()
 
         def forward(self, x):
-            y = self.lin(x)                                               # 2 T K N
+            y = self.lin(x) + self.product(x, self.w.view(K, N))          # 2 x 2 T K N
             g = torch._grouped_mm(x, self.experts, offs=offs)             # 2 T K N (routed rows)
             q = y.reshape(1, T, H, D).transpose(1, 2)
             a = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)  # 4 H T T D
             v = torch.mv(x, torch.ones(K))                                # no formula: reported
             return y + g + a.transpose(1, 2).reshape(T, N) + v[:, None]
 
-    r = hf_flops(Probe().eval(), torch.randn(T, K))
-    want = {"mm": 2 * T * K * N, "_grouped_mm": 2 * T * K * N,
+    probe = Probe().eval()
+    r = hf_flops(probe, torch.randn(T, K))
+    want = {"mm": 4 * T * K * N, "_grouped_mm": 2 * T * K * N,
             "_scaled_dot_product_flash_attention_for_cpu": 4 * H * T * T * D}
     assert r["flops_by_op"] == want
     assert r["flops"] == sum(want.values())
     assert r["uncounted_ops"] == ["mv"]
+    assert all(p.requires_grad for p in probe.parameters())  # left as it was
 
 
 def test_mamba2_peer_logits_match_hf(tmp_path):
