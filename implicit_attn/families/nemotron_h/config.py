@@ -30,7 +30,8 @@ TOKEN_MIXERS = ("mamba", "attention")
 DEFAULT_LAYERS = ("mamba", "moe", "attention", "mlp")  # HF's default layers_block_type
 # Legacy keyword names HF's config renames on load.
 LEGACY = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel", "mamba_dt_min": "time_step_min",
-          "mamba_dt_limit": "time_step_limit", "mamba_conv_bias": "use_conv_bias", "mamba_chunk_size": "chunk_size", "num_local_experts": "n_routed_experts"}
+          "mamba_dt_limit": "time_step_limit", "mamba_conv_bias": "use_conv_bias", "mamba_chunk_size": "chunk_size",
+          "num_local_experts": "n_routed_experts"}
 # Mamba-2 config fields -> the Nemotron-H fields they come from (for error messages).
 MAMBA_FIELDS = {"num_heads": "mamba_num_heads", "head_dim": "mamba_head_dim", "state_size": "ssm_state_size",
                 "hidden_act": "mamba_hidden_act", "time_step_limit": "time_step_limit"}
