@@ -149,6 +149,8 @@ def profile_compiled(compiled, args: tuple, calls: int = 10) -> dict:
     median of ``calls`` untraced calls."""
     import jax
 
+    if calls < 1:
+        raise ValueError(f"calls must be at least 1, got {calls}")
     comps, entry = hlo_operations(compiled.as_text())
     block(compiled(*args))
     times = []

@@ -83,6 +83,8 @@ def test_a_traced_program_sums_its_products_and_their_time():
     assert products["ms"] > 0 and p["forward_s"] > 0
     assert p["traced_s"] == pytest.approx(sum(k["ms"] for k in p["kinds"].values()) / 1e3)
     assert p["overlap"] >= 1 - 1e-9
+    with pytest.raises(ValueError, match="calls must be at least 1"):
+        profile_compiled(jax.jit(f).lower(*args).compile(), args, calls=0)
 
 
 def test_a_mixture_of_experts_forward_profile_counts_the_routed_expert_work():
