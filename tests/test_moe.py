@@ -245,22 +245,23 @@ def to_tokens64(h, col, weights, owner, w):
     return out
 
 
-@pytest.mark.parametrize("K,R", [(70, 19), (1, 8), (128, 16), (33, 5), (16, 40), (48, 12)])
+@pytest.mark.parametrize("K,R", [(70, 19), (1, 8), (128, 16), (33, 5), (16, 40), (48, 12), (4096, 40)])
 def test_grouped_products_match_float64(K, R):
     """Both kernels and their XLA forms: row counts not a multiple of the kernels' 8, 12 or 16-row
-    blocks, inner sizes below, at and past whole vectors of 16, copies in unowned packs."""
+    blocks, inner sizes below, at and past whole vectors of 16, copies in unowned packs. At K = 4096
+    an expert's run of three packs is gathered two and one (1 MB of packs at a time), and each
+    16-row block of weights (256 KB) is a pass of its own over the expert's packs."""
     x, h, col, weights, owner, w = grouped_case(K, R, K + R)
+    grow = max(1.0, np.sqrt(K / 256))  # a float32 sum's rounding grows like the square root of its terms
     want = from_tokens64(x, np.asarray(col), np.asarray(owner), w)
-    scale = np.abs(want).max()
-    np.testing.assert_allclose(np.asarray(cpu.grouped_matmul_from_tokens(x, col, owner, w)), want, atol=2e-6 * scale)
+    tol = 2e-6 * grow * np.abs(want).max()
+    np.testing.assert_allclose(np.asarray(cpu.grouped_matmul_from_tokens(x, col, owner, w)), want, atol=tol)
     np.testing.assert_allclose(np.asarray(grouped_matmul_from_tokens(x, col, owner, w, cpu.GROUP_TILE)), want,
-                               atol=2e-6 * scale)
+                               atol=tol)
     want = to_tokens64(h, np.asarray(col), weights, np.asarray(owner), w)
-    scale = np.abs(want).max()
-    np.testing.assert_allclose(np.asarray(cpu.grouped_matmul_to_tokens(h, col, weights, owner, w)), want,
-                               atol=4e-6 * scale)
-    np.testing.assert_allclose(np.asarray(grouped_matmul_to_tokens(h, col, weights, owner, w)), want,
-                               atol=4e-6 * scale)
+    tol = 4e-6 * grow * np.abs(want).max()
+    np.testing.assert_allclose(np.asarray(cpu.grouped_matmul_to_tokens(h, col, weights, owner, w)), want, atol=tol)
+    np.testing.assert_allclose(np.asarray(grouped_matmul_to_tokens(h, col, weights, owner, w)), want, atol=tol)
 
 
 def half_pack_case(K, R, seed):
@@ -296,10 +297,12 @@ def test_grouped_products_of_half_packs_match_float64(K, R):
                                atol=4e-6 * np.abs(want).max())
 
 
-def test_grouped_products_threads_vmap_and_nan(monkeypatch):
-    """One thread and three give the same bits; under vmap each example equals its call alone;
-    a NaN token reaches only its copies' columns, a NaN pack column only its copy's token."""
-    x, h, col, weights, owner, w = grouped_case(40, 37, 9)
+@pytest.mark.parametrize("K,R", [(40, 37), (4096, 40)])
+def test_grouped_products_threads_vmap_and_nan(monkeypatch, K, R):
+    """One thread and three give the same bits (three threads split the packs inside an expert's
+    run); under vmap each example equals its call alone; a NaN token reaches only its copies'
+    columns, a NaN pack column only its copy's token."""
+    x, h, col, weights, owner, w = grouped_case(K, R, 9)
     calls = {"from": (cpu.grouped_matmul_from_tokens, (x, col, owner, w)),
              "to": (cpu.grouped_matmul_to_tokens, (h, col, weights, owner, w))}
     for f, args in calls.values():

@@ -2086,10 +2086,10 @@ constexpr int kTokenRows = 6;
 
 // out (Rb, kGroupTile) = a (Rb rows, row stride K) times one pack's columns xs (K, kGroupTile); only
 // the first kQ columns if half (a pack whose copies all sit there: an expert's last pack). Meanwhile
-// next_rows rows (of K) at next are prefetched into L2: the same rows of the next pack's expert.
-// An expert's weights are read from memory once per thread, and the hardware prefetchers follow Rb
-// interleaved 2 KB rows poorly: Qwen3-Next's benchmark layer after a 400 MB sweep took 3.2-3.4 ms
-// (from_tokens) and 2.3-2.4 ms (to_tokens) without, 2.9-3.0 and 2.05-2.1 ms with.
+// next_rows rows (of K) at next are prefetched into L2: the weight rows the caller's next pass
+// reads. A thread reads an expert's weights from memory once, and the hardware prefetchers follow
+// Rb interleaved 2 KB rows poorly: Qwen3-Next's benchmark layer after a 400 MB sweep took 3.2-3.4
+// ms (from_tokens) and 2.3-2.4 ms (to_tokens) without, 2.9-3.0 and 2.05-2.1 ms with.
 template <int Rb = 8>
 inline void pack_product(const float* a, int64_t K, const float* xs, float* out, bool half = false,
                          const float* next = nullptr, int64_t next_rows = 0) {
@@ -2126,9 +2126,40 @@ inline const float* weight_rows(const float* ws, int64_t e, int64_t R, int64_t K
   return ab.data();
 }
 
+// Bytes of gathered packs an expert's row blocks are multiplied against in one pass (kept in L2).
+constexpr int64_t kGatherBytes = 1 << 20;
+// Bytes of an expert's weight rows every one of its packs is multiplied by in one pass (kept in L2).
+constexpr int64_t kWeightBytes = 1 << 18;
+
+// Pack p's columns gathered as (K, kGroupTile) from the tokens' rows of x (T, K): each column its
+// copy's token (zeros where no copy is), the first width columns. 16 x 16 blocks are transposed in
+// registers.
+inline void gather_pack(const float* xs, int64_t K, int64_t k, const std::vector<int32_t>& copy, int64_t p,
+                        int64_t width, const float* zeros, float* pack) {
+  const float* src[kGroupTile];
+  for (int64_t c = 0; c < width; ++c) {
+    const int32_t i = copy[p * kGroupTile + c];
+    src[c] = i >= 0 ? xs + i / k * K : zeros;
+  }
+  int64_t j0 = 0;
+  for (; j0 + kQ <= K; j0 += kQ)
+    for (int64_t c0 = 0; c0 < width; c0 += kQ) {
+      v16 m[16];
+      for (int c = 0; c < 16; ++c) m[c] = load(src[c0 + c] + j0);
+      transpose16(m);
+      for (int j = 0; j < 16; ++j) store(pack + (j0 + j) * kGroupTile + c0, m[j]);
+    }
+  for (int64_t j = j0; j < K; ++j)
+    for (int64_t c = 0; c < width; ++c) pack[j * kGroupTile + c] = src[c][j];
+}
+
 // out[p] = W[owner[p]] x_p (P, R, kGroupTile), x_p (K, kGroupTile) the tokens of pack p's copies as
-// columns, gathered from x (T, K) (zero columns where no copy is); zeros where owner[p] is -1. One
-// work item per pack: its columns gathered once, then every row block of its expert.
+// columns, gathered from x (T, K) (zero columns where no copy is); zeros where owner[p] is -1. Each
+// thread takes a run of consecutive packs (equal shares of the columns to multiply) and goes
+// through it an expert at a time: up to kGatherBytes of the expert's packs gathered, then each of
+// its row blocks times all of them, so a thread reads an expert's weights from memory once, not
+// once per pack (a 2048-wide layer of 32 experts, 400 MB of weights: 42 ms when every pack read
+// them).
 ffi::Error GroupedFromTokensImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> col,
                                  ffi::Buffer<ffi::S32> owner, ffi::Buffer<ffi::F32> w,
                                  ffi::ResultBuffer<ffi::F32> out, int64_t threads) {
@@ -2145,42 +2176,55 @@ ffi::Error GroupedFromTokensImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> x, f
   const float* xs = x.typed_data();
   const float* ws = w.typed_data();
   float* o = out->typed_data();
+  std::vector<char> half(P);  // pack p's copies all in its first kQ columns: only those are multiplied
+  std::vector<int64_t> before(P + 1, 0);  // 16-column halves to multiply in the packs before p
+  for (int64_t p = 0; p < P; ++p) {
+    half[p] = half_pack(copy, p);
+    before[p + 1] = before[p] + (own[p] < 0 ? 0 : half[p] ? 1 : 2);
+  }
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, P));
-  run_threads(xla, nt, [&](int64_t t0) {
-    std::vector<float> ab(kPackRows * K, 0.0f), tile(kPackRows * kGroupTile), pack(K * kGroupTile), zeros(K, 0.0f);
-    for (int64_t p = t0; p < P; p += nt) {
+  std::vector<int64_t> first(nt + 1, P);  // thread t's packs: first[t] .. first[t + 1] - 1
+  for (int64_t t = 0, p = 0; t < nt; ++t) {
+    while (p < P && before[p] * nt < t * before[P]) ++p;
+    first[t] = p;
+  }
+  const int64_t G = std::max<int64_t>(1, kGatherBytes / static_cast<int64_t>(sizeof(float) * K * kGroupTile));
+  run_threads(xla, nt, [&](int64_t t) {
+    std::vector<float> ab(kPackRows * K, 0.0f), tile(kPackRows * kGroupTile), zeros(K, 0.0f);
+    std::vector<float> packs(std::min(G, first[t + 1] - first[t]) * K * kGroupTile);
+    for (int64_t p = first[t]; p < first[t + 1];) {
       const int64_t e = own[p];
-      const int64_t next = p + nt < P ? own[p + nt] : -1;  // this thread's next pack's expert
       if (e < 0) {
         std::memset(o + p * R * kGroupTile, 0, sizeof(float) * R * kGroupTile);
+        ++p;
         continue;
       }
-      const bool half = half_pack(copy, p);  // then only the first kQ columns are gathered and multiplied
-      const int64_t width = half ? kQ : kGroupTile;
-      const float* src[kGroupTile];  // each column's token row (zeros where no copy is)
-      for (int64_t c = 0; c < width; ++c) {
-        const int32_t i = copy[p * kGroupTile + c];
-        src[c] = i >= 0 ? xs + i / k * K : zeros.data();
-      }
-      int64_t j0 = 0;
-      for (; j0 + kQ <= K; j0 += kQ)  // 16 x 16 blocks, transposed in registers
-        for (int64_t c0 = 0; c0 < width; c0 += kQ) {
-          v16 m[16];
-          for (int c = 0; c < 16; ++c) m[c] = load(src[c0 + c] + j0);
-          transpose16(m);
-          for (int j = 0; j < 16; ++j) store(pack.data() + (j0 + j) * kGroupTile + c0, m[j]);
-        }
-      for (int64_t j = j0; j < K; ++j)
-        for (int64_t c = 0; c < width; ++c) pack[j * kGroupTile + c] = src[c][j];
+      int64_t q = p + 1;  // packs p .. q - 1: expert e's, multiplied together
+      while (q < first[t + 1] && q - p < G && own[q] == e) ++q;
+      for (int64_t i = p; i < q; ++i)
+        gather_pack(xs, K, k, copy, i, half[i] ? kQ : kGroupTile, zeros.data(), packs.data() + (i - p) * K * kGroupTile);
+      const int64_t next = q < first[t + 1] ? own[q] : -1;  // this thread's next expert
       for (int64_t r0 = 0; r0 < R; r0 += kPackRows) {
         const int64_t rows = std::min<int64_t>(kPackRows, R - r0);
-        float* dst = rows < kPackRows ? tile.data() : o + (p * R + r0) * kGroupTile;
-        pack_product<kPackRows>(weight_rows<kPackRows>(ws, e, R, K, r0, rows, ab), K, pack.data(), dst, half,
-                                next >= 0 && next != e ? ws + (next * R + r0) * K : nullptr, rows);
-        if (rows < kPackRows) std::copy(tile.begin(), tile.begin() + rows * kGroupTile, o + (p * R + r0) * kGroupTile);
+        const float* a = weight_rows<kPackRows>(ws, e, R, K, r0, rows, ab);
+        // while the first pack is multiplied, the weight rows after these come into L2: the next
+        // block's, or after the last the next expert's first block
+        const float* pf = r0 + kPackRows < R ? ws + (e * R + r0 + kPackRows) * K
+                          : next >= 0 && next != e ? ws + next * R * K : nullptr;
+        const int64_t pf_rows = r0 + kPackRows < R ? std::min<int64_t>(kPackRows, R - r0 - kPackRows)
+                                                   : std::min<int64_t>(kPackRows, R);
+        for (int64_t i = p; i < q; ++i) {
+          float* dst = rows < kPackRows ? tile.data() : o + (i * R + r0) * kGroupTile;
+          pack_product<kPackRows>(a, K, packs.data() + (i - p) * K * kGroupTile, dst, half[i],
+                                  i == p ? pf : nullptr, pf_rows);
+          if (rows < kPackRows)
+            std::copy(tile.begin(), tile.begin() + rows * kGroupTile, o + (i * R + r0) * kGroupTile);
+        }
       }
-      if (half)  // the empty columns' products are 0
-        for (int64_t r = 0; r < R; ++r) std::fill_n(o + (p * R + r) * kGroupTile + kQ, kGroupTile - kQ, 0.0f);
+      for (int64_t i = p; i < q; ++i)
+        if (half[i])  // the empty columns' products are 0
+          for (int64_t r = 0; r < R; ++r) std::fill_n(o + (i * R + r) * kGroupTile + kQ, kGroupTile - kQ, 0.0f);
+      p = q;
     }
   });
   return ffi::Error::Success();
@@ -2189,9 +2233,12 @@ ffi::Error GroupedFromTokensImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> x, f
 // out[t] = sum_j weights[t, j] (W[owner[p]] h_p)[:, c] over token t's copies, (p, c) copy t k + j's
 // column (T, R). One work item per thread: an equal share of the 16-row blocks, every pack for
 // each, so each output element is summed by one thread, in pack order (the same bits for any
-// thread count), and a pack stays in L1 over all its blocks (items of 2 blocks re-read every pack
-// from L3 once per item: 2.18 against 2.06 ms on one thread at Qwen3-Next's benchmark layer). A
-// pack's 16 x 32 products are transposed in registers, then added to 32 tokens' rows.
+// thread count). An expert's blocks go in chunks of kWeightBytes of weights, each chunk through
+// all the expert's packs, so the weights are read from memory once, and a pack stays in L1 over
+// a chunk's blocks (items of 2 blocks re-read every pack from L3 once per item: 2.18 against 2.06
+// ms on one thread at Qwen3-Next's benchmark layer; a 2048-wide layer of 32 experts took 21 ms
+// where every pack read all the weights, 16-17 ms in chunks). A pack's 16 x 32 products are
+// transposed in registers, then added to 32 tokens' rows.
 ffi::Error GroupedToTokensImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> h, ffi::Buffer<ffi::S32> col,
                                ffi::Buffer<ffi::F32> weights, ffi::Buffer<ffi::S32> owner,
                                ffi::Buffer<ffi::F32> w, ffi::ResultBuffer<ffi::F32> out, int64_t threads) {
@@ -2226,44 +2273,70 @@ ffi::Error GroupedToTokensImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> h, ffi
   const int64_t per_item = (blocks + std::max<int64_t>(threads, 1) - 1) / std::max<int64_t>(threads, 1);
   const int64_t items = (blocks + per_item - 1) / per_item;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  // Blocks per chunk: a chunk's weight rows stay in L2 while every pack of the expert goes through it.
+  const int64_t chunk = std::max<int64_t>(1, kWeightBytes / static_cast<int64_t>(sizeof(float) * 16 * K));
   run_threads(xla, nt, [&](int64_t t0) {
     std::vector<float> a8(kTokenRows * K, 0.0f), tile((16 + kTokenRows - 1) / kTokenRows * kTokenRows * kGroupTile);
     for (int64_t item = t0; item < items; item += nt) {
-      const int64_t b1 = std::min(blocks, (item + 1) * per_item);
-      for (int64_t p = 0; p < P; ++p) {
-        const int64_t e = own[p];
-        if (e < 0) continue;
-        const int64_t next = p + 1 < P ? own[p + 1] : -1;
-        const bool half = half_pack(copy, p);  // then only the first kQ columns have copies
-        for (int64_t b = item * per_item; b < b1; ++b) {
-          const int64_t r0 = b * 16, rows = std::min<int64_t>(16, R - r0);
-          for (int64_t part = 0; part * kTokenRows < 16; ++part) {
-            const int64_t rh = std::min<int64_t>(kTokenRows, rows - kTokenRows * part);
-            float* dst = tile.data() + part * kTokenRows * kGroupTile;
-            if (rh <= 0)
-              std::fill(dst, dst + kTokenRows * kGroupTile, 0.0f);
-            else
-              pack_product<kTokenRows>(
-                  weight_rows<kTokenRows>(ws, e, R, K, r0 + kTokenRows * part, rh, a8), K, hs + p * K * kGroupTile,
-                  dst, half, next >= 0 && next != e ? ws + (next * R + r0 + kTokenRows * part) * K : nullptr, rh);
-          }
-          for (int64_t c0 = 0; c0 < (half ? kQ : kGroupTile); c0 += kQ) {
-            v16 m[16];
-            for (int r = 0; r < 16; ++r) m[r] = load(tile.data() + r * kGroupTile + c0);
-            transpose16(m);  // m[c]: column c0 + c's 16 rows
-            for (int c = 0; c < 16; ++c) {
-              float* row = dst_row[p * kGroupTile + c0 + c];
-              if (!row) continue;
-              row += r0;
-              const float gi = col_w[p * kGroupTile + c0 + c];
-              if (rows == 16) {
-                store(row, load(row) + splat(gi) * m[c]);
-              } else {
-                for (int64_t r = 0; r < rows; ++r) row[r] += gi * m[c][r];
+      const int64_t b0 = item * per_item, b1 = std::min(blocks, (item + 1) * per_item);
+      for (int64_t p0 = 0; p0 < P;) {
+        const int64_t e = own[p0];
+        int64_t p1 = p0 + 1;  // packs p0 .. p1 - 1: expert e's
+        while (p1 < P && own[p1] == e) ++p1;
+        if (e < 0) {
+          p0 = p1;
+          continue;
+        }
+        const int64_t next = p1 < P ? own[p1] : -1;
+        for (int64_t c0 = b0; c0 < b1; c0 += chunk) {
+          const int64_t c1 = std::min(b1, c0 + chunk);
+          for (int64_t p = p0; p < p1; ++p) {
+            // with the expert's last pack, the rows the next chunk reads come into L2: the same rows
+            // of the expert's next chunk, or of the next expert's first
+            const float* pf = nullptr;
+            int64_t shift = 0;
+            if (p + 1 == p1 && c1 < b1) {
+              pf = ws + e * R * K;
+              shift = chunk;
+            } else if (p + 1 == p1 && next >= 0) {
+              pf = ws + next * R * K;
+              shift = b0 - c0;
+            }
+            const bool half = half_pack(copy, p);  // then only the first kQ columns have copies
+            for (int64_t b = c0; b < c1; ++b) {
+              const int64_t r0 = b * 16, rows = std::min<int64_t>(16, R - r0);
+              for (int64_t part = 0; part * kTokenRows < 16; ++part) {
+                const int64_t rh = std::min<int64_t>(kTokenRows, rows - kTokenRows * part);
+                float* dst = tile.data() + part * kTokenRows * kGroupTile;
+                const int64_t rn = r0 + 16 * shift + kTokenRows * part;  // the prefetched rows' first
+                const int64_t pf_rows = pf && rn < R ? std::min<int64_t>(kTokenRows, R - rn) : 0;
+                if (rh <= 0)
+                  std::fill(dst, dst + kTokenRows * kGroupTile, 0.0f);
+                else
+                  pack_product<kTokenRows>(weight_rows<kTokenRows>(ws, e, R, K, r0 + kTokenRows * part, rh, a8), K,
+                                           hs + p * K * kGroupTile, dst, half, pf_rows > 0 ? pf + rn * K : nullptr,
+                                           pf_rows);
+              }
+              for (int64_t h0 = 0; h0 < (half ? kQ : kGroupTile); h0 += kQ) {
+                v16 m[16];
+                for (int r = 0; r < 16; ++r) m[r] = load(tile.data() + r * kGroupTile + h0);
+                transpose16(m);  // m[c]: column h0 + c's 16 rows
+                for (int c = 0; c < 16; ++c) {
+                  float* row = dst_row[p * kGroupTile + h0 + c];
+                  if (!row) continue;
+                  row += r0;
+                  const float gi = col_w[p * kGroupTile + h0 + c];
+                  if (rows == 16) {
+                    store(row, load(row) + splat(gi) * m[c]);
+                  } else {
+                    for (int64_t r = 0; r < rows; ++r) row[r] += gi * m[c][r];
+                  }
+                }
               }
             }
           }
         }
+        p0 = p1;
       }
     }
   });
