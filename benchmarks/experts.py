@@ -148,6 +148,9 @@ def case_row(name: str, spec: tuple, rate: dict, bandwidth: dict, T: int = TOKEN
 
 
 def main(quick: bool = False, only=None) -> list[dict]:
+    """Every case (``quick``: the tiny one; ``only``: these names), the matmul rate and read
+    bandwidth first; writes ``results/experts[_quick].{json,md}`` and returns the rows. An unknown
+    name is a ``ValueError``."""
     cases = QUICK_CASES if quick else CASES
     chosen = list(cases) if only is None else list(only)
     unknown = sorted(set(chosen) - set(cases))

@@ -2107,11 +2107,14 @@ inline void pack_product(const float* a, int64_t K, const float* xs, float* out,
 #endif
 }
 
-// Whether pack p's copies all sit in its first kQ columns (copy: check_layout's).
-inline bool half_pack(const std::vector<int32_t>& copy, int64_t p) {
-  for (int64_t c = kQ; c < kGroupTile; ++c)
-    if (copy[p * kGroupTile + c] >= 0) return false;
-  return true;
+// For each of the P packs, whether its copies all sit in its first kQ columns (copy: check_layout's):
+// then only those columns are gathered and multiplied.
+inline std::vector<char> half_packs(const std::vector<int32_t>& copy, int64_t P) {
+  std::vector<char> half(P, 1);
+  for (int64_t p = 0; p < P; ++p)
+    for (int64_t c = kQ; c < kGroupTile; ++c)
+      if (copy[p * kGroupTile + c] >= 0) half[p] = 0;
+  return half;
 }
 
 // Rows r0 .. r0 + rows - 1 of expert e's weights as Rb rows of K: in place, or copied into ab
@@ -2176,12 +2179,9 @@ ffi::Error GroupedFromTokensImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> x, f
   const float* xs = x.typed_data();
   const float* ws = w.typed_data();
   float* o = out->typed_data();
-  std::vector<char> half(P);  // pack p's copies all in its first kQ columns: only those are multiplied
+  const std::vector<char> half = half_packs(copy, P);
   std::vector<int64_t> before(P + 1, 0);  // 16-column halves to multiply in the packs before p
-  for (int64_t p = 0; p < P; ++p) {
-    half[p] = half_pack(copy, p);
-    before[p + 1] = before[p] + (own[p] < 0 ? 0 : half[p] ? 1 : 2);
-  }
+  for (int64_t p = 0; p < P; ++p) before[p + 1] = before[p] + (own[p] < 0 ? 0 : half[p] ? 1 : 2);
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, P));
   std::vector<int64_t> first(nt + 1, P);  // thread t's packs: first[t] .. first[t + 1] - 1
   for (int64_t t = 0, p = 0; t < nt; ++t) {
@@ -2202,7 +2202,8 @@ ffi::Error GroupedFromTokensImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> x, f
       int64_t q = p + 1;  // packs p .. q - 1: expert e's, multiplied together
       while (q < first[t + 1] && q - p < G && own[q] == e) ++q;
       for (int64_t i = p; i < q; ++i)
-        gather_pack(xs, K, k, copy, i, half[i] ? kQ : kGroupTile, zeros.data(), packs.data() + (i - p) * K * kGroupTile);
+        gather_pack(xs, K, k, copy, i, half[i] ? kQ : kGroupTile, zeros.data(),
+                    packs.data() + (i - p) * K * kGroupTile);
       const int64_t next = q < first[t + 1] ? own[q] : -1;  // this thread's next expert
       for (int64_t r0 = 0; r0 < R; r0 += kPackRows) {
         const int64_t rows = std::min<int64_t>(kPackRows, R - r0);
@@ -2273,6 +2274,7 @@ ffi::Error GroupedToTokensImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> h, ffi
   const int64_t per_item = (blocks + std::max<int64_t>(threads, 1) - 1) / std::max<int64_t>(threads, 1);
   const int64_t items = (blocks + per_item - 1) / per_item;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  const std::vector<char> half = half_packs(copy, P);
   // Blocks per chunk: a chunk's weight rows stay in L2 while every pack of the expert goes through it.
   const int64_t chunk = std::max<int64_t>(1, kWeightBytes / static_cast<int64_t>(sizeof(float) * 16 * K));
   run_threads(xla, nt, [&](int64_t t0) {
@@ -2302,7 +2304,6 @@ ffi::Error GroupedToTokensImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> h, ffi
               pf = ws + next * R * K;
               shift = b0 - c0;
             }
-            const bool half = half_pack(copy, p);  // then only the first kQ columns have copies
             for (int64_t b = c0; b < c1; ++b) {
               const int64_t r0 = b * 16, rows = std::min<int64_t>(16, R - r0);
               for (int64_t part = 0; part * kTokenRows < 16; ++part) {
@@ -2314,10 +2315,10 @@ ffi::Error GroupedToTokensImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> h, ffi
                   std::fill(dst, dst + kTokenRows * kGroupTile, 0.0f);
                 else
                   pack_product<kTokenRows>(weight_rows<kTokenRows>(ws, e, R, K, r0 + kTokenRows * part, rh, a8), K,
-                                           hs + p * K * kGroupTile, dst, half, pf_rows > 0 ? pf + rn * K : nullptr,
+                                           hs + p * K * kGroupTile, dst, half[p], pf_rows > 0 ? pf + rn * K : nullptr,
                                            pf_rows);
               }
-              for (int64_t h0 = 0; h0 < (half ? kQ : kGroupTile); h0 += kQ) {
+              for (int64_t h0 = 0; h0 < (half[p] ? kQ : kGroupTile); h0 += kQ) {
                 v16 m[16];
                 for (int r = 0; r < 16; ++r) m[r] = load(tile.data() + r * kGroupTile + h0);
                 transpose16(m);  // m[c]: column h0 + c's 16 rows
