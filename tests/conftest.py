@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import gc
+import hashlib
 import importlib.util
 import os
+import platform
 import re
 import subprocess
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -27,7 +30,9 @@ import jax
 import numpy as np
 import pytest
 
-from implicit_attn.compile_cache import with_quick_flags
+from implicit_attn.compile_cache import OFF, enable_compile_cache, with_quick_flags
+from implicit_attn.kernels.cpu import CpuKernelUnavailable
+from implicit_attn.kernels.cpu.cache import cache_dir, cpu_model
 
 # Compiling dominates the suite (thousands of tiny XLA programs): the tests compile with the
 # command line's quick settings (compile_cache.QUICK_XLA_FLAGS: about 3x faster to compile a
@@ -35,6 +40,54 @@ from implicit_attn.compile_cache import with_quick_flags
 # differently (as at any setting), so tests compare them with tolerances. Benchmarks use
 # XLA's defaults. XLA reads the flags when JAX's backend starts, after this.
 os.environ.setdefault("XLA_FLAGS", with_quick_flags("--xla_force_host_platform_device_count=1"))
+
+# Most of the suite's time is tracing, lowering and compiling its programs, and a run compiles
+# the programs the last run compiled but for those the changes touch: each worker keeps what it
+# compiles in JAX's persistent compilation cache, per CPU (its model and feature flags), and
+# loads it from there in the next run (a program is still traced and lowered: JAX's key is the
+# lowered module, with the XLA flags and the jax and jaxlib versions). Set in this process
+# only: subprocesses (the command line's cache tests) keep their own settings.
+# $IMPLICIT_ATTN_TEST_COMPILE_CACHE: 0 (off, false, no) turns it off, a path puts it there.
+TEST_CACHE_ENV = "IMPLICIT_ATTN_TEST_COMPILE_CACHE"
+# Past this size the cache is cut to half of it when a run starts, the programs written longest
+# ago first (JAX's own size limit rescans the directory at every write: minutes per run).
+TEST_CACHE_MAX_BYTES = 2 * 2**30
+
+
+def suite_compile_cache_dir() -> Path | None:
+    """Where the tests keep compiled programs, or ``None`` when ``$IMPLICIT_ATTN_TEST_COMPILE_CACHE``
+    turns it off: ``<cache_dir("jax_tests")>/<CPU key>`` by default."""
+    raw = os.environ.get(TEST_CACHE_ENV, "").strip()
+    if raw.lower() in OFF:
+        return None
+    if raw:
+        return Path(os.path.expanduser(raw))
+    key = hashlib.sha256(b"\0".join([cpu_model().encode(), platform.machine().encode()])).hexdigest()[:16]
+    return cache_dir("jax_tests") / key
+
+
+def prune_cache(path: Path, max_bytes: int) -> int:
+    """If the files in ``path`` hold more than ``max_bytes``, remove the ones written longest ago
+    until at most half of it is left. Returns the bytes removed."""
+    files = sorted((f.stat().st_mtime, f.stat().st_size, f) for f in path.iterdir() if f.is_file())
+    total = sum(size for _, size, _ in files)
+    removed = 0
+    if total > max_bytes:
+        for _, size, f in files:
+            if total - removed <= max_bytes // 2:
+                break
+            f.unlink(missing_ok=True)
+            removed += size
+    return removed
+
+
+try:
+    if (suite_cache := suite_compile_cache_dir()) is not None:
+        enable_compile_cache(suite_cache)
+        if "PYTEST_XDIST_WORKER" not in os.environ:  # once per run, before the workers start
+            prune_cache(suite_cache, TEST_CACHE_MAX_BYTES)
+except (OSError, CpuKernelUnavailable) as e:
+    warnings.warn(f"the tests run without a compilation cache: {e}", stacklevel=1)
 
 
 def mapped_regions() -> int:
@@ -58,8 +111,13 @@ COMPILES_PER_COUNT = 100
 compiles_since_count = [0]
 
 
+# A program loaded from the compilation cache keeps mappings as a compiled one does.
+LOADED_PROGRAM_EVENTS = ("/jax/core/compile/backend_compile_duration",
+                         "/jax/compilation_cache/cache_retrieval_time_sec")
+
+
 def count_compile(event: str, duration_secs: float, **kwargs) -> None:
-    if event == "/jax/core/compile/backend_compile_duration":
+    if event in LOADED_PROGRAM_EVENTS:
         compiles_since_count[0] += 1
 
 

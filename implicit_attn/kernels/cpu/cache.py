@@ -154,8 +154,10 @@ def find_compiler() -> Compiler:
     raise CpuKernelUnavailable("no C++ compiler found (set CXX, or install g++)")
 
 
-def _cpu_model() -> str:
-    """The CPU's model and feature flags (the library is built with ``-march=native``)."""
+def cpu_model() -> str:
+    """The CPU's model and feature flags, as ``/proc/cpuinfo`` gives them (elsewhere
+    ``platform.processor()``): code built for this machine (``-march=native``) is kept under a
+    key that holds them."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
@@ -169,7 +171,7 @@ def library_path(source: Path, flags: list[str], compiler: Compiler, extra: tupl
     need not exist yet). ``extra``: further strings that must change the key (versions)."""
     key = hashlib.sha256(b"\0".join([
         Path(source).read_bytes(), compiler.identity.encode(), " ".join(compiler.command + tuple(flags)).encode(),
-        _cpu_model().encode(), platform.machine().encode(), *(x.encode() for x in extra)])).hexdigest()[:16]
+        cpu_model().encode(), platform.machine().encode(), *(x.encode() for x in extra)])).hexdigest()[:16]
     return cache_dir() / f"{_PREFIX}{key}.so"
 
 
@@ -355,5 +357,5 @@ def missing_symbols(lib: ctypes.CDLL, symbols: tuple[str, ...]) -> list[str]:
     return [s for s in symbols if not hasattr(lib, s)]
 
 
-__all__ = ["CpuKernelUnavailable", "Compiler", "cache_dir", "find_compiler", "library_path", "sidecar_path",
-           "verified_bytes", "build_library", "usable_cores", "load_library", "missing_symbols"]
+__all__ = ["CpuKernelUnavailable", "Compiler", "cache_dir", "cpu_model", "find_compiler", "library_path",
+           "sidecar_path", "verified_bytes", "build_library", "usable_cores", "load_library", "missing_symbols"]
