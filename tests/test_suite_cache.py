@@ -46,19 +46,27 @@ def test_a_program_compiled_again_is_loaded_from_the_cache():
     def listen(event, **kwargs):
         events[event] += 1
 
+    def timed(event, duration_secs, **kwargs):
+        events[event] += 1
+
     jax.monitoring.register_event_listener(listen)
+    jax.monitoring.register_event_duration_secs_listener(timed)
     try:
         c = float(secrets.randbelow(2**30))  # a program no run has compiled before
         x = jnp.arange(3.0)
         # a new function each time: JAX's in-memory caches miss, the program is the same
         compiled = lambda: jax.jit(lambda x: jnp.sin(x) * c).lower(x).compile()  # noqa: E731
         hits, misses = events["/jax/compilation_cache/cache_hits"], events["/jax/compilation_cache/cache_misses"]
+        compiles = events["/jax/core/compile/backend_compile_duration"]
         first = compiled()
         assert (events["/jax/compilation_cache/cache_hits"], events["/jax/compilation_cache/cache_misses"]) == (
             hits, misses + 1)
         second = compiled()
         assert (events["/jax/compilation_cache/cache_hits"], events["/jax/compilation_cache/cache_misses"]) == (
             hits + 1, misses + 1)
+        # the loaded program is timed as a compile too: conftest's memory-mapping guard counts it
+        assert events["/jax/core/compile/backend_compile_duration"] == compiles + 2
         assert (first(x) == second(x)).all() and float(second(x)[1]) == pytest.approx(c * 0.8414709848)
     finally:
         jax.monitoring.unregister_event_listener(listen)
+        jax.monitoring.unregister_event_duration_listener(timed)
