@@ -26,17 +26,21 @@ ENV = "IMPLICIT_ATTN_COMPILE_CACHE"
 OFF = ("0", "off", "false", "no")
 
 
-def compile_cache_dir() -> Path | None:
+def compile_cache_dir(env: str = ENV, sub: str = "jax") -> Path | None:
     """The directory the command line would cache compiled programs in, or ``None`` when
-    ``$IMPLICIT_ATTN_COMPILE_CACHE`` turns the cache off. Creates the directory."""
-    raw = os.environ.get(ENV, "").strip()
+    ``$IMPLICIT_ATTN_COMPILE_CACHE`` turns the cache off. Creates the directory.
+
+    ``env`` and ``sub`` name another switch and default directory (``cache_dir(sub)``; the
+    tests keep theirs under ``jax_tests/<CPU key>``): the variable's value 0, off, false or no
+    turns it off, any other value is the directory."""
+    raw = os.environ.get(env, "").strip()
     if raw.lower() in OFF:
         return None
     if raw:
         path = Path(os.path.expanduser(raw))
         path.mkdir(parents=True, exist_ok=True)
         return path
-    return cache_dir("jax")
+    return cache_dir(sub)
 
 
 def enable_compile_cache(path=None) -> Path | None:

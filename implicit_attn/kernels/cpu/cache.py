@@ -74,7 +74,7 @@ def _private_temp_dir(sub: str = "kernels") -> Path:
                 f"(mode {st.st_mode & 0o777:o}); refusing to load code from it. Remove it, or set "
                 "IMPLICIT_ATTN_CACHE to a directory of your own")
     path = base / sub
-    path.mkdir(exist_ok=True)
+    path.mkdir(parents=True, exist_ok=True)
     if not _usable(path):
         raise CpuKernelUnavailable(f"the fallback kernel cache {path} is not writable")
     return path
