@@ -149,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="implicit-attn", description=explain_cli.plain(__doc__), formatter_class=fmt)
     p.add_argument("--no-compile-cache", action="store_true",
                    help="compile everything afresh: do not read or write JAX's persistent compilation cache "
-                        "(default: on, in $IMPLICIT_ATTN_CACHE/jax or ~/.cache/implicit_attn/jax; "
+                        "(default: on, in $IMPLICIT_ATTN_CACHE/jax or ~/.cache/implicit_attn/jax, "
+                        "one subdirectory per CPU; "
                         "IMPLICIT_ATTN_COMPILE_CACHE=0 also turns it off, or names another directory)")
     p.add_argument("--compile", default="auto", choices=["auto", "quick", "optimized"],
                    help="how XLA compiles: 'quick' builds slower machine code in a fraction of the time "

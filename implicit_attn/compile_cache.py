@@ -4,10 +4,12 @@ and jaxlib and machine, loads them instead of compiling again), and XLA's quick-
 settings for small models (``quick_compile``).
 
 The command line turns it on by default; Python code opts in with ``enable_compile_cache()``.
-Where: ``$IMPLICIT_ATTN_CACHE/jax`` (default ``~/.cache/implicit_attn/jax``; a private per-user
-temp directory if that is not writable). ``IMPLICIT_ATTN_COMPILE_CACHE=0`` (or ``off``,
-``false``, ``no``) turns it off for the command line, as does ``implicit-attn
---no-compile-cache``; any other value is taken as the directory to use.
+Where: ``$IMPLICIT_ATTN_CACHE/jax/<CPU key>`` (default ``~/.cache/implicit_attn/jax/<CPU key>``;
+a private per-user temp directory if that is not writable). ``IMPLICIT_ATTN_COMPILE_CACHE=0``
+(or ``off``, ``false``, ``no``) turns it off for the command line, as does ``implicit-attn
+--no-compile-cache``; any other value is taken as the directory to use (its ``<CPU key>``
+subdirectory). The CPU key (``kernels.cpu.cache.cpu_key``) keeps one machine's programs from
+another CPU: XLA loads a program compiled for other CPU features with only a logged error.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from pathlib import Path
 import jax
 
 from .kernels.cpu import CpuKernelUnavailable, cache_dir
+from .kernels.cpu.cache import cpu_key
 
 ENV = "IMPLICIT_ATTN_COMPILE_CACHE"
 OFF = ("0", "off", "false", "no")
@@ -28,25 +31,27 @@ OFF = ("0", "off", "false", "no")
 
 def compile_cache_dir(env: str = ENV, sub: str = "jax") -> Path | None:
     """The directory the command line would cache compiled programs in, or ``None`` when
-    ``$IMPLICIT_ATTN_COMPILE_CACHE`` turns the cache off. Creates the directory.
+    ``$IMPLICIT_ATTN_COMPILE_CACHE`` turns the cache off: ``<root>/<cpu_key()>``, the root
+    being the variable's directory if it names one, else ``cache_dir(sub)``. Creates it.
 
-    ``env`` and ``sub`` name another switch and default directory (``cache_dir(sub)``; the
-    tests keep theirs under ``jax_tests/<CPU key>``): the variable's value 0, off, false or no
-    turns it off, any other value is the directory."""
+    Programs compiled on one CPU are never offered to another, even where machines share the
+    root (a home directory on a cluster's network file system): JAX's cache key may not tell
+    their CPU features apart, and XLA runs a program built for features the CPU lacks.
+    ``env`` and ``sub`` name another switch and default root (the tests use theirs,
+    ``jax_tests``): the variable's value 0, off, false or no turns it off."""
     raw = os.environ.get(env, "").strip()
     if raw.lower() in OFF:
         return None
-    if raw:
-        path = Path(os.path.expanduser(raw))
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-    return cache_dir(sub)
+    path = (Path(os.path.expanduser(raw)) if raw else cache_dir(sub)) / cpu_key()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def enable_compile_cache(path=None) -> Path | None:
-    """Keep every program JAX compiles from now on in ``path`` (default ``compile_cache_dir()``)
-    and load it from there next time. Every program is cached, however quick its compile
-    (JAX's default skips those under a second, which on our models is most of them).
+    """Keep every program JAX compiles from now on in ``path`` (default ``compile_cache_dir()``,
+    which is per CPU; a ``path`` given is used as it is) and load it from there next time.
+    Every program is cached, however quick its compile (JAX's default skips those under a
+    second, which on our models is most of them).
     Returns the directory, or ``None`` (cache off) when ``path`` is ``None`` and the
     environment turns it off, or when no cache directory can be made (a warning says why)."""
     try:

@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import gc
-import hashlib
 import importlib.util
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -32,7 +30,6 @@ import pytest
 
 from implicit_attn.compile_cache import compile_cache_dir, enable_compile_cache, with_quick_flags
 from implicit_attn.kernels.cpu import CpuKernelUnavailable
-from implicit_attn.kernels.cpu.cache import cpu_model
 
 # Compiling dominates the suite (thousands of tiny XLA programs): the tests compile with the
 # command line's quick settings (compile_cache.QUICK_XLA_FLAGS: about 3x faster to compile a
@@ -57,8 +54,7 @@ TEST_CACHE_MAX_BYTES = 2 * 2**30
 def suite_compile_cache_dir() -> Path | None:
     """Where the tests keep compiled programs, or ``None`` when ``$IMPLICIT_ATTN_TEST_COMPILE_CACHE``
     turns it off: ``<cache_dir("jax_tests")>/<CPU key>`` by default. Creates the directory."""
-    key = hashlib.sha256(b"\0".join([cpu_model().encode(), platform.machine().encode()])).hexdigest()[:16]
-    return compile_cache_dir(TEST_CACHE_ENV, f"jax_tests/{key}")
+    return compile_cache_dir(TEST_CACHE_ENV, "jax_tests")
 
 
 def prune_cache(path: Path, max_bytes: int) -> int:

@@ -12,6 +12,9 @@ import pytest
 import implicit_attn as ia
 from implicit_attn.cli import main
 from implicit_attn.families import mamba
+from implicit_attn.compile_cache import ENV, compile_cache_dir
+from implicit_attn.kernels.cpu import cache
+from implicit_attn.kernels.cpu.cache import cpu_key
 
 
 def test_demo_runs_with_no_required_arguments(tmp_path, capsys):
@@ -122,6 +125,25 @@ def test_quick_compile_for_small_checkpoints_only(tmp_path, monkeypatch):
     assert "XLA_FLAGS" not in os.environ
 
 
+def test_the_command_lines_compile_cache_is_kept_per_cpu(tmp_path, monkeypatch):
+    """Programs go under the CPU's key, in the default directory and in one the environment
+    names: XLA runs a cached program compiled for CPU features this CPU lacks."""
+    monkeypatch.setenv("IMPLICIT_ATTN_CACHE", str(tmp_path / "root"))
+    monkeypatch.delenv(ENV, raising=False)  # the tests turn it off
+    key = cache.cpu_key()
+    assert len(key) == 16 and int(key, 16) >= 0
+    assert compile_cache_dir() == tmp_path / "root" / "jax" / key and compile_cache_dir().is_dir()
+    monkeypatch.setenv(ENV, str(tmp_path / "mine"))
+    assert compile_cache_dir() == tmp_path / "mine" / key
+    monkeypatch.setattr(cache, "cpu_model", lambda: "AMD EPYC 7B13\nflags\t\t: fpu avx2 fma")
+    other = cache.cpu_key()
+    assert other != key and compile_cache_dir() == tmp_path / "mine" / other
+    monkeypatch.setattr(cache.platform, "machine", lambda: "aarch64")
+    assert cache.cpu_key() != other
+    monkeypatch.setenv(ENV, "off")
+    assert compile_cache_dir() is None
+
+
 COUNT_COMPILES = """
 import collections, sys
 import jax.monitoring
@@ -158,7 +180,8 @@ def test_second_cli_run_compiles_nothing(tmp_path):
 
     cache = tmp_path / "cache"
     requests, hits = run(cache)
-    assert requests > 0 and hits < requests and any(cache.iterdir())
+    assert requests > 0 and hits < requests and [p.name for p in cache.iterdir()] == [cpu_key()]
+    assert any((cache / cpu_key()).iterdir())  # every program under this CPU's key
     assert run(cache) == (requests, requests)  # every program from the cache
     off = tmp_path / "off"
     assert run(off, "--no-compile-cache")[1] == 0 and not off.exists()

@@ -10,20 +10,23 @@ import jax.numpy as jnp
 import pytest
 
 import conftest
-from implicit_attn.kernels.cpu.cache import cache_dir
+from implicit_attn import compile_cache
+from implicit_attn.kernels.cpu.cache import cpu_key
 
 
 def test_the_cache_directory_follows_the_environment_and_the_cpu(monkeypatch, tmp_path):
+    monkeypatch.setenv("IMPLICIT_ATTN_CACHE", str(tmp_path / "root"))  # nothing made in the user's cache
     for off in ("0", "off", "False", " no "):
         monkeypatch.setenv(conftest.TEST_CACHE_ENV, off)
         assert conftest.suite_compile_cache_dir() is None
     monkeypatch.setenv(conftest.TEST_CACHE_ENV, str(tmp_path / "mine"))
-    assert conftest.suite_compile_cache_dir() == tmp_path / "mine"
+    key = cpu_key()
+    assert conftest.suite_compile_cache_dir() == tmp_path / "mine" / key
     monkeypatch.delenv(conftest.TEST_CACHE_ENV)
     here = conftest.suite_compile_cache_dir()
-    assert here.parent == cache_dir("jax_tests") and len(here.name) == 16
-    monkeypatch.setattr(conftest, "cpu_model", lambda: "another CPU\nflags: sse2")
-    assert conftest.suite_compile_cache_dir() != here  # programs built for one CPU stay under its key
+    assert here == tmp_path / "root" / "jax_tests" / key and here.is_dir() and len(key) == 16
+    monkeypatch.setattr(compile_cache, "cpu_key", lambda: "another-cpu")
+    assert conftest.suite_compile_cache_dir() == tmp_path / "root" / "jax_tests" / "another-cpu"
 
 
 def test_a_cache_past_its_size_keeps_the_programs_written_last(tmp_path):

@@ -166,6 +166,14 @@ def cpu_model() -> str:
     return first("model name") + "\n" + first("flags")
 
 
+def cpu_key() -> str:
+    """16 hex digits naming this CPU: a hash of ``cpu_model()`` and the architecture. JAX's
+    compilation caches keep their programs under it (``compile_cache.compile_cache_dir``): XLA
+    loads a program compiled for another CPU with only a logged error, and the program may then
+    use instructions this CPU lacks (SIGILL), as where one home directory serves several machines."""
+    return hashlib.sha256(b"\0".join([cpu_model().encode(), platform.machine().encode()])).hexdigest()[:16]
+
+
 def library_path(source: Path, flags: list[str], compiler: Compiler, extra: tuple[str, ...] = ()) -> Path:
     """Where the library built from ``source`` with ``compiler`` and ``flags`` is cached (it
     need not exist yet). ``extra``: further strings that must change the key (versions)."""
@@ -357,5 +365,5 @@ def missing_symbols(lib: ctypes.CDLL, symbols: tuple[str, ...]) -> list[str]:
     return [s for s in symbols if not hasattr(lib, s)]
 
 
-__all__ = ["CpuKernelUnavailable", "Compiler", "cache_dir", "cpu_model", "find_compiler", "library_path",
+__all__ = ["CpuKernelUnavailable", "Compiler", "cache_dir", "cpu_key", "cpu_model", "find_compiler", "library_path",
            "sidecar_path", "verified_bytes", "build_library", "usable_cores", "load_library", "missing_symbols"]
