@@ -158,8 +158,12 @@ def profile_compiled(compiled, args: tuple, calls: int = 10) -> dict:
         t = time.perf_counter()
         block(compiled(*args))
         times.append(time.perf_counter() - t)
+    # XLA's operations only: without the HLO of every program alive in the process (which made
+    # the first trace in a long-lived process take seconds) and without Python's calls.
+    options = jax.profiler.ProfileOptions()
+    options.enable_hlo_proto, options.python_tracer_level = False, 0
     with tempfile.TemporaryDirectory() as d:
-        with jax.profiler.trace(d, create_perfetto_trace=True):
+        with jax.profiler.trace(d, create_perfetto_trace=True, profiler_options=options):
             for _ in range(calls):
                 block(compiled(*args))
         (path,) = glob.glob(f"{d}/**/*.trace.json.gz", recursive=True)
