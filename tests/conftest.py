@@ -90,11 +90,23 @@ def mapped_regions() -> int:
         return 0
 
 
-# Every compiled XLA CPU program keeps memory mappings; a worker that compiles a few thousand
-# of them (the deep tier) nears the kernel's limit (vm.max_map_count, 65530 by default), and
-# then a compile fails inside LLVM with a segfault or abort. Past this many mappings the
-# compiled programs are dropped (later tests recompile what they need).
-MAX_MAPPED_REGIONS = 30000
+def mapping_limit() -> int:
+    """The kernel's limit on a process's memory mappings (``vm.max_map_count``; Linux's default
+    where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/vm/max_map_count").read_text())
+    except (OSError, ValueError):
+        return 65530
+
+
+# Every compiled XLA CPU program keeps memory mappings (about 5); a worker that compiles a few
+# thousand of them (the deep tier) nears the kernel's limit, and then a compile fails inside
+# LLVM with a segfault or abort. Within this many mappings of the limit (or past half of it)
+# the compiled programs are dropped (later tests recompile what they need). Dropping them costs
+# seconds (5.3 s at 30,000 mappings, and the reloads after it): a default-tier worker reaches
+# about 35,000, so at the default limit it never has to.
+MAPPINGS_LEFT = 20000
+MAX_MAPPED_REGIONS = max(mapping_limit() - MAPPINGS_LEFT, mapping_limit() // 2)
 # Reading /proc/self/maps takes milliseconds once a worker holds thousands of mappings, and
 # the mappings come with compiled programs (about 5 per compile in test_conformance): they
 # are counted again only after this many compiles, a few hundred mappings at most.
