@@ -106,7 +106,8 @@ def mapping_limit() -> int:
 # seconds (5.3 s at 30,000 mappings, and the reloads after it): a default-tier worker reaches
 # about 35,000, so at the default limit it never has to.
 MAPPINGS_LEFT = 20000
-MAX_MAPPED_REGIONS = max(mapping_limit() - MAPPINGS_LEFT, mapping_limit() // 2)
+MAPPING_LIMIT = mapping_limit()
+MAX_MAPPED_REGIONS = max(MAPPING_LIMIT - MAPPINGS_LEFT, MAPPING_LIMIT // 2)
 # Reading /proc/self/maps takes milliseconds once a worker holds thousands of mappings, and
 # the mappings come with compiled programs (about 5 per compile in test_conformance): they
 # are counted again only after this many compiles, a few hundred mappings at most.
