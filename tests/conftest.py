@@ -103,8 +103,8 @@ def mapping_limit() -> int:
 # thousand of them (the deep tier) nears the kernel's limit, and then a compile fails inside
 # LLVM with a segfault or abort. Within this many mappings of the limit (or past half of it)
 # the compiled programs are dropped (later tests recompile what they need). Dropping them costs
-# seconds (5.3 s at 30,000 mappings, and the reloads after it): a default-tier worker reaches
-# about 35,000, so at the default limit it never has to.
+# seconds (5.3 s at 30,000 mappings, and the reloads after it): default-tier workers end with
+# about 25,000-32,000 and deep-tier ones reach about 41,000, so at the default limit neither has to.
 MAPPINGS_LEFT = 20000
 MAPPING_LIMIT = mapping_limit()
 MAX_MAPPED_REGIONS = max(MAPPING_LIMIT - MAPPINGS_LEFT, MAPPING_LIMIT // 2)
