@@ -95,8 +95,8 @@ def test_gradients_match_a_dense_float64_formula(impl, block, granule):
                                        gated_act(jax.nn.silu), block=block, granule=granule, impl=impl) * c)
 
     with jax.enable_x64():
-        want = jax.grad(dense, argnums=(0, 1, 2))(x, wi, wo)
-    got = jax.grad(ours, argnums=(0, 1, 2))(*(jnp.asarray(a, jnp.float32) for a in (x, wi, wo)))
+        want = jax.jit(jax.grad(dense, argnums=(0, 1, 2)))(x, wi, wo)
+    got = jax.jit(jax.grad(ours, argnums=(0, 1, 2)))(*(jnp.asarray(a, jnp.float32) for a in (x, wi, wo)))
     for g_, w_ in zip(got, want):
         np.testing.assert_allclose(np.asarray(g_), np.asarray(w_), rtol=1e-4, atol=1e-4)
 
@@ -256,12 +256,13 @@ def test_grouped_products_match_float64(K, R):
     want = from_tokens64(x, np.asarray(col), np.asarray(owner), w)
     tol = 2e-6 * grow * np.abs(want).max()
     np.testing.assert_allclose(np.asarray(cpu.grouped_matmul_from_tokens(x, col, owner, w)), want, atol=tol)
-    np.testing.assert_allclose(np.asarray(grouped_matmul_from_tokens(x, col, owner, w, cpu.GROUP_TILE)), want,
-                               atol=tol)
+    xla_from = jax.jit(grouped_matmul_from_tokens, static_argnums=4)
+    np.testing.assert_allclose(np.asarray(xla_from(x, col, owner, w, cpu.GROUP_TILE)), want, atol=tol)
     want = to_tokens64(h, np.asarray(col), weights, np.asarray(owner), w)
     tol = 4e-6 * grow * np.abs(want).max()
     np.testing.assert_allclose(np.asarray(cpu.grouped_matmul_to_tokens(h, col, weights, owner, w)), want, atol=tol)
-    np.testing.assert_allclose(np.asarray(grouped_matmul_to_tokens(h, col, weights, owner, w)), want, atol=tol)
+    np.testing.assert_allclose(np.asarray(jax.jit(grouped_matmul_to_tokens)(h, col, weights, owner, w)), want,
+                               atol=tol)
 
 
 def half_pack_case(K, R, seed):
