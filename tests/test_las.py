@@ -401,11 +401,11 @@ def test_cpu_reduce_forms_its_blocks_by_the_kernel(how):
     assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
     R = jax.random.normal(jax.random.PRNGKey(2), (2, 3, 23, 23))
     dense = lambda c, impl: cpu.cpu_dense(c, np.arange(3)) if impl == "cpu" else c.dense(jnp.arange(3))
-    grads = [jax.grad(lambda c: jnp.sum(dense(c, impl) * R), allow_int=True)(core) for impl in ("cpu", "xla")]
+    grads = [jax.jit(jax.grad(lambda c: jnp.sum(dense(c, impl) * R), allow_int=True))(core) for impl in ("cpu", "xla")]
     np.testing.assert_allclose(grads[0].q, grads[1].q, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(grads[0].k, grads[1].k, rtol=1e-5, atol=1e-6)
     loss = lambda d: (lambda c: jnp.sum(blocked_reduce(c, jnp.arange(3), qw, kw, how, 2, dense=d) ** 2))
-    grads = [jax.grad(loss(d), allow_int=True)(core) for d in (cpu.cpu_dense, None)]
+    grads = [jax.jit(jax.grad(loss(d), allow_int=True))(core) for d in (cpu.cpu_dense, None)]
     np.testing.assert_allclose(grads[0].q, grads[1].q, rtol=1e-5, atol=1e-6)
 
 
