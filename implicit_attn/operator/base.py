@@ -20,11 +20,12 @@ from ..ops import any_in_batch
 
 # Elements of one block's dense output in ``reduce`` and in blocked ``materialize``.
 BLOCK_BUDGET = 1 << 24
-# Elements of the dense operator ``apply`` holds at once (256 MiB of float32): larger
-# selections are applied in blocks of channels. 1 GiB blocks doubled the peak memory
-# (RWKV-6, 16 channels at L = 4096: 1.42 against 0.66 GB) and, where fresh memory is slow to
-# touch (a VM), made a first call seconds longer (2.8-5.1 s against 0.4 s); later calls ran alike.
-APPLY_BUDGET = 1 << 26
+# Elements of the dense operator ``apply`` holds at once (1 GiB of float32): larger
+# selections are applied in blocks of channels. Smaller blocks halve the peak memory and
+# shorten a first call where fresh memory is slow to touch (a VM), but a head's matrix is then
+# formed once per block: Mamba-2, 1536 channels at L = 2048, took 33.5 s with 256 MiB blocks
+# against 15.2 s.
+APPLY_BUDGET = 1 << 28
 REDUCTIONS = ("mean", "abs_mean", "pos_mean", "weighted")
 # how -> the elementwise map f of a reduction: 0 identity, 1 abs, 2 positive part.
 MODES = {"mean": 0, "weighted": 0, "abs_mean": 1, "pos_mean": 2}
