@@ -4,6 +4,8 @@ windows, grouped heads, documents, chunks of 16 queries with a short last one, v
 whole vectors, large logits, threads, vmap, derivatives, exports, bad operands."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -71,7 +73,7 @@ def test_attention_values_takes_the_kernel_on_cpu_and_differentiates_through_xla
     ref = lambda q, k, v: attention_output(q, k, v, seg, window)
     np.testing.assert_allclose(np.asarray(f(q, k, v)), np.asarray(ref(q, k, v)), rtol=1e-5, atol=1e-5)
     t = tuple(jnp.asarray(np.random.default_rng(3).standard_normal(a.shape), jnp.float32) for a in (q, k, v))
-    (_, d1), (_, d2) = (jax.jit(lambda a, t, fn=fn: jax.jvp(fn, a, t))((q, k, v), t) for fn in (f, ref))
+    (_, d1), (_, d2) = (jax.jit(functools.partial(jax.jvp, fn))((q, k, v), t) for fn in (f, ref))
     np.testing.assert_allclose(np.asarray(d1), np.asarray(d2), rtol=1e-5, atol=1e-5)
     loss = lambda fn: (lambda q, k, v: jnp.sum(jnp.sin(fn(q, k, v))))
     grad = lambda fn: jax.jit(jax.grad(loss(fn), (0, 1, 2)))(q, k, v)

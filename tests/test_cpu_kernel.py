@@ -6,6 +6,7 @@ not a multiple of the kernel's 16-wide vectors. Lengths 1, 16, 17, 37 and 100 co
 one partial chunk, exactly one chunk, a ragged last chunk and many chunks.
 """
 import dataclasses
+import functools
 import os
 import subprocess
 import sys
@@ -505,7 +506,7 @@ def check_forward_kernel(kernel, reference, args, in_axes, monkeypatch):
     for a, b in zip(grad(kernel), grad(reference)):
         assert rel(a, b) <= 1e-5
     tangents = tuple(jnp.ones_like(a) * 0.1 for a in args)
-    fwd, ref = (jax.jit(lambda a, t, f=f: jax.jvp(f, a, t))(args, tangents) for f in (kernel, reference))
+    fwd, ref = (jax.jit(functools.partial(jax.jvp, f))(args, tangents) for f in (kernel, reference))
     assert rel(fwd[0], ref[0]) <= 1e-5 and rel(fwd[1], ref[1]) <= 1e-5
     stacked = jax.vmap(kernel, in_axes=in_axes)(*(x if ax is None else jnp.stack([x, 2 * x])
                                                   for x, ax in zip(args, in_axes)))
