@@ -22,7 +22,7 @@ from flax import nnx
 import implicit_attn as ia
 from implicit_attn.families.mamba.block import rms_norm
 from implicit_attn.kernels import pallas
-from implicit_attn.operator import AttentionOperator, ImplicitOperator, Mamba2Operator
+from implicit_attn.operator import AttentionOperator, HeadMatrixCore, ImplicitOperator, Mamba2Core, Mamba2Operator
 from implicit_attn.registry import FAMILIES
 from weights_convert import CheckpointError, convert, read_hf_dir, write_hf_dir
 
@@ -453,3 +453,7 @@ def test_info_and_registry_entry(fam):
         B, C, Lq, Lk = op.shape
         assert op.values.shape[:3] == op.output.shape[:3] == op.offset.shape[:3] == (B, C, Lq)
         assert isinstance(op, (ImplicitOperator, AttentionOperator))
+        for core in getattr(op.core, "parts", (op.core,)):  # the head layout channel_heads relies on
+            if isinstance(core, (Mamba2Core, HeadMatrixCore)):
+                C, H = core.num_channels, core.num_heads
+                assert C % H == 0 and np.array_equal(np.asarray(core.head), np.arange(C) // (C // H))

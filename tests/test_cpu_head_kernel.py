@@ -148,6 +148,46 @@ def test_traced_channels_and_threads(monkeypatch):
     np.testing.assert_array_equal(one, np.asarray(cpu.cpu_dense(op.core, np.arange(C))))
 
 
+@pytest.mark.parametrize("family", ["mamba2", "qwen3_next"])  # tiny configs with at least 3 heads
+def test_channels_form_only_the_heads_they_touch(monkeypatch, family):
+    """The kernel forms the matrices of the heads the channels touch, not all ``H``: concrete
+    channels of a traced core (``materialize``'s one compiled program, the fused reduce; before,
+    every head), and traced channels spanning a contiguous range (``apply``'s blocks: the span's
+    heads, with every head in the other branch of a ``cond`` for a scattered selection). The
+    numbers equal XLA's (the reduce: float64 of XLA's matrices)."""
+    op = op_of(family, 37)
+    H, C = op.core.num_heads, op.shape[1]
+    P = C // H
+    assert H >= 3
+    formed, head_matrices = [], cpu.head_matrices
+    monkeypatch.setattr(cpu, "head_matrices", lambda core, hs: formed.append(hs.shape[0]) or head_matrices(core, hs))
+    want = np.asarray(op.materialize(impl="xla"))
+    for chans, heads in (([P + 1], 1), ([2 * P, 1, 0], 2)):
+        formed.clear()
+        got = jax.jit(lambda c: cpu.cpu_dense(c, chans))(op.core)
+        assert formed == [heads], (chans, formed)
+        assert rel(got, want[:, chans]) <= 1e-5
+    assert rel(op.materialize([2 * P, 1, 0]), want[:, [2 * P, 1, 0]]) <= 1e-5
+    chans = [P + 2, P + 1]  # the fused reduce over one head's channels (a per-head map's)
+    w = jax.random.uniform(jax.random.PRNGKey(3), (B, 2, 37))
+    formed.clear()
+    got = cpu.cpu_reduce(op.core, chans, "abs_mean", w, w)
+    assert formed == [1], formed
+    red = np.einsum("bci,bcij,bcj->bij", np.asarray(w, np.float64), np.abs(want[:, chans]), np.asarray(w, np.float64))
+    assert rel(got, red) <= 1e-5
+    span = jax.jit(lambda c, s, n: cpu.cpu_dense(c, s + jnp.arange(n)), static_argnums=2)
+    for start, n in ((P // 2, P), (0, 1), (1, 2 * P - 2)):
+        formed.clear()
+        got = span(op.core, start, n)
+        assert rel(got, want[:, start:start + n]) <= 1e-5
+        most = min(n, (n - 2) // P + 2)  # heads n contiguous channels can touch, wherever they start
+        assert min(formed) == most < H and max(formed) in (most, H), (start, n, formed)
+    scattered = jnp.asarray([0, P, 2 * P])  # three heads where contiguous channels would span two
+    formed.clear()
+    got = jax.jit(lambda c, i: cpu.cpu_dense(c, i))(op.core, scattered)
+    assert rel(got, want[:, [0, P, 2 * P]]) <= 1e-5 and max(formed) == H
+
+
 def test_attention_materialize_equals_the_float64_reference():
     """RecurrentGemma's local attention layer (window 5, one key head for four query heads)."""
     model, mixer, x = layer_and_input("recurrent_gemma", 37, layer=2)

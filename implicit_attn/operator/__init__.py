@@ -10,7 +10,7 @@ from .base import (BLOCK_BUDGET, MODES, REDUCTIONS, OperatorCore, apply_mode, bl
                    channel_weights, pytree_dataclass)
 from .cores import (AttentionCore, BidirectionalCore, DeltaRuleCore, DocumentMaskedCore, DplrCore, HeadMatrixCore,
                     LaSCore, Mamba2Core, MlstmCore, ParallelCore, RwkvCore, ScalarDecayCore, ShortConvCore,
-                    StateDecayCore)
+                    StateDecayCore, channel_heads, span_heads)
 from .dispatch import (KernelBackend, blocked_reduce, default_platform, impls, register_backend, register_core,
                        resolve_impl, with_xla_backward)
 from .implicit import HEAD_MATRICES, ImplicitOperator, Mamba2Operator
@@ -20,4 +20,4 @@ __all__ = ["ImplicitOperator", "Mamba2Operator", "AttentionOperator", "OperatorC
            "MlstmCore", "RwkvCore", "ShortConvCore", "AttentionCore", "LaSCore", "ParallelCore", "BidirectionalCore",
            "KernelBackend", "default_platform", "register_backend", "register_core", "resolve_impl", "impls",
            "blocked_reduce", "with_xla_backward", "pytree_dataclass", "channel_index", "channel_weights", "block_size",
-           "apply_mode", "MODES", "REDUCTIONS", "BLOCK_BUDGET", "HEAD_MATRICES"]
+           "apply_mode", "MODES", "REDUCTIONS", "BLOCK_BUDGET", "HEAD_MATRICES", "channel_heads", "span_heads"]

@@ -16,7 +16,8 @@ from typing import Any
 
 
 from ..ops import full_precision
-from .base import applied_block, channel_index, in_channel_blocks, pytree_dataclass, relative_error
+from .base import channel_index, pytree_dataclass, relative_error
+from .dispatch import apply_in_blocks
 from .html import operator_html
 from .implicit import ImplicitOperator
 
@@ -63,12 +64,8 @@ class AttentionOperator:
     def apply(self, channels=None):
         """``H @ values + offset`` for the selected heads: ``(B, H', L, head_dim)`` (the
         probabilities formed in blocks of heads, as ``ImplicitOperator.apply``)."""
-        B, _, L, _ = self.shape
-
-        def block(sel):
-            return applied_block("bhij,bhjd->bhid", self.materialize(sel), self.values, self.offset, sel)
-
-        return in_channel_blocks(block, channel_index(channels, self.values.shape[1]), B, L)
+        return apply_in_blocks("bhij,bhjd->bhid", self.core, self.values, self.offset,
+                               channel_index(channels, self.values.shape[1]))
 
     def relative_error(self) -> float:
         """``max |apply() - output| / max |output|`` over all heads: the exactness self-check

@@ -20,12 +20,6 @@ from ..ops import any_in_batch
 
 # Elements of one block's dense output in ``reduce`` and in blocked ``materialize``.
 BLOCK_BUDGET = 1 << 24
-# Elements of the dense operator ``apply`` holds at once (1 GiB of float32): larger
-# selections are applied in blocks of channels. Smaller blocks halve the peak memory and
-# shorten a first call where fresh memory is slow to touch (a VM), but a head's matrix is then
-# formed once per block: Mamba-2, 1536 channels at L = 2048, took 33.5 s with 256 MiB blocks
-# against 15.2 s.
-APPLY_BUDGET = 1 << 28
 REDUCTIONS = ("mean", "abs_mean", "pos_mean", "weighted")
 # how -> the elementwise map f of a reduction: 0 identity, 1 abs, 2 positive part.
 MODES = {"mean": 0, "weighted": 0, "abs_mean": 1, "pos_mean": 2}
@@ -104,17 +98,6 @@ def applied_block(spec: str, H, values, offset, sel):
     """
     v = jnp.take(values, sel, axis=1).astype(jnp.float32)
     return sparse_product(spec, H, v) + jnp.take(offset, sel, axis=1)
-
-
-def in_channel_blocks(apply_block, idx, B: int, L: int):
-    """``apply_block(sel)`` for consecutive blocks ``sel`` of the channels ``idx (n,)``, each
-    block's dense ``(B, len(sel), L, L)`` operator at most ``APPLY_BUDGET`` elements,
-    concatenated on axis 1 (one call when the whole selection fits)."""
-    step = max(1, APPLY_BUDGET // max(1, B * L * L))
-    n = idx.shape[0]
-    if step >= n:
-        return apply_block(idx)
-    return jnp.concatenate([apply_block(idx[s:s + step]) for s in range(0, n, step)], axis=1)
 
 
 def relative_error(applied, output) -> float:
@@ -230,5 +213,4 @@ def diag_embed(d):
 
 
 __all__ = ["OperatorCore", "pytree_dataclass", "take", "sparse_product", "applied_block", "channel_index", "block_size", "channel_weights",
-           "apply_mode", "diag_embed", "BLOCK_BUDGET", "APPLY_BUDGET", "REDUCTIONS", "MODES",
-           "in_channel_blocks"]
+           "apply_mode", "diag_embed", "BLOCK_BUDGET", "REDUCTIONS", "MODES"]

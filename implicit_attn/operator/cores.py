@@ -155,6 +155,33 @@ class DocumentMaskedCore(OperatorCore):
         return jnp.where(same, inner_dense(self.inner, idx), 0.0)
 
 
+def channel_heads(core, idx):
+    """The head of each channel in ``idx (n,)`` of a core whose head ``h`` holds the channels ``h P ...
+    (h + 1) P - 1`` (``P = C / H``; ``Mamba2Core``, the ``HeadMatrixCore``s): ``idx // P`` as numpy when
+    ``idx`` is concrete, even where the core's arrays are traced (a jitted ``materialize`` of a few
+    channels then forms only their heads' matrices, not all ``H``); ``head[idx]`` when ``idx`` is traced."""
+    if isinstance(idx, jax.core.Tracer):
+        return jnp.take(core.head, idx)
+    return np.asarray(idx) // (core.num_channels // core.num_heads)
+
+
+def span_heads(heads, P: int, H: int):
+    """The distinct heads of traced ``heads (n,)`` whose channels span a contiguous range (a block of
+    ``reduce``'s or ``apply``'s), with static size: such channels touch at most ``k = (n - 2) // P + 2``
+    heads (``P`` channels per head, ``H`` heads). Returns ``(k, uniq (k,), inv (n,), found)``: the
+    sorted distinct heads padded with the largest, each channel's place in ``uniq``, and a traced bool,
+    False where the channels touch more than ``k`` heads (a scattered selection: use every head then).
+    Where ``k >= min(n, H)`` only ``k`` is meaningful: the others are None."""
+    n = heads.shape[0]
+    k = min(n, H, (n - 2) // P + 2)
+    if k >= min(n, H):
+        return k, None, None, None
+    # Padding with the largest head keeps ``uniq`` sorted for ``searchsorted``.
+    uniq = jnp.unique(heads, size=k, fill_value=jnp.max(heads))
+    inv = jnp.minimum(jnp.searchsorted(uniq, heads, method="compare_all"), k - 1)
+    return k, uniq, inv, jnp.all(uniq[inv] == heads)
+
+
 def head_weighted_sum(core, h, qw=None, kw=None):
     """``sum_c qw[b,c,i] H_c[b,i,j] kw[b,c,j]`` over head ``h``'s channels (``h P ... (h + 1) P - 1``)
     of ``H_c = diag(l_c) alpha_h diag(r_c) Conv_c``, for a core with ``alpha(heads)``, ``left``,
@@ -280,24 +307,20 @@ class Mamba2Core(OperatorCore):
         touches more (an arbitrary, scattered ``idx``), a ``lax.cond`` falls back to one
         ``alpha`` per channel. Same numbers either way.
         """
-        heads = self.head[idx]
+        heads = channel_heads(self, idx)
         n, H = heads.shape[0], self.num_heads
         if not isinstance(heads, jax.core.Tracer):
             uniq, inv = np.unique(np.asarray(heads), return_inverse=True)
             if uniq.shape[0] == n:
                 return self.alpha(heads)
             return jnp.take(self._alpha_each(jnp.asarray(uniq)), jnp.asarray(inv.reshape(-1)), axis=1)
-        P = max(1, self.num_channels // H)
-        k = min(n, H, (n - 2) // P + 2)
+        k, uniq, inv, found = span_heads(heads, max(1, self.num_channels // H), H)
         if k >= n:
             return self.alpha(heads)
-        # Padding with the largest head keeps ``uniq`` sorted for ``searchsorted``.
-        uniq = jnp.unique(heads, size=k, fill_value=jnp.max(heads))
-        inv = jnp.minimum(jnp.searchsorted(uniq, heads, method="compare_all"), k - 1)
-        gathered = lambda: jnp.take(self._alpha_each(uniq), inv, axis=1)
         if k >= H:  # every head fits: always exact
-            return gathered()
-        return jax.lax.cond(jnp.all(uniq[inv] == heads), gathered, lambda: self.alpha(heads))
+            return jnp.take(self._alpha_each(jnp.arange(H)), heads, axis=1)
+        return jax.lax.cond(found, lambda: jnp.take(self._alpha_each(uniq), inv, axis=1),
+                            lambda: self.alpha(heads))
 
     def named_factors(self) -> dict:
         """``gate = left (B, C, L)``, ``log_decay = log_a (B, H, L)`` per head."""
@@ -391,7 +414,7 @@ class HeadMatrixCore(OperatorCore):
                          take(self.conv_w, idx, 0))
 
     def dense(self, idx):
-        heads = self.head[idx]
+        heads = channel_heads(self, idx)
         if isinstance(heads, jax.core.Tracer):
             M = jnp.take(self.head_matrix(jnp.arange(self.num_heads)), heads, axis=1)
         else:
@@ -743,5 +766,6 @@ class BidirectionalCore(OperatorCore):
         return jnp.asarray(self.scale, f32) * (part_dense(self.forward, idx) + Hb)
 
 
-__all__ = ["BidirectionalCore", "head_weighted_sum", "heads_weighted_sum", "StateDecayCore", "ScalarDecayCore", "DocumentMaskedCore", "Mamba2Core", "HeadMatrixCore", "DplrCore",
+__all__ = ["BidirectionalCore", "channel_heads", "span_heads", "head_weighted_sum", "heads_weighted_sum",
+           "StateDecayCore", "ScalarDecayCore", "DocumentMaskedCore", "Mamba2Core", "HeadMatrixCore", "DplrCore",
            "DeltaRuleCore", "RwkvCore", "ShortConvCore", "AttentionCore", "LaSCore", "ParallelCore"]

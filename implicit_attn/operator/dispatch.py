@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..ops import full_precision
-from .base import MODES, apply_mode, block_size
+from .base import MODES, apply_mode, applied_block, block_size
 
 
 @dataclasses.dataclass
@@ -208,6 +208,56 @@ materialize_jit = jax.jit(
     static_argnums=(1, 2, 3, 4, 5))
 
 
+# Elements of the dense operator ``apply`` holds at once (1 GiB of float32): larger selections are
+# applied in blocks of channels.
+APPLY_BUDGET = 1 << 28
+
+
+def applied_blocks(spec: str, core, values, offset, idx, step: int, impl: str):
+    """``H @ values + offset`` for the channels ``idx (n,)`` (``applied_block``), ``H`` formed by a
+    resolved ``impl`` ``step`` channels at a time in one loop (the last block shifted back to end at
+    ``n``): ``(B, n, L)``, or ``(B, n, L, d)`` for ``values (B, H, L, d)``."""
+    n = idx.shape[0]
+    if step < n and impl == "xla":
+        core = core.precompute()
+    dense = dense_fn(core, impl)
+    block = lambda sel: applied_block(spec, dense(sel), values, offset, sel)
+    if step >= n:
+        return block(idx)
+    nb = -(-n // step)
+    starts = jnp.minimum(jnp.arange(nb) * step, n - step)
+
+    def body(k, out):
+        s = starts[k]
+        return jax.lax.dynamic_update_slice_in_dim(out, block(jax.lax.dynamic_slice_in_dim(idx, s, step)), s, axis=1)
+
+    out = jax.eval_shape(block, idx[:step])
+    return jax.lax.fori_loop(0, nb, body, jnp.zeros(out.shape[:1] + (n,) + out.shape[2:], out.dtype))
+
+
+# One compilation per (core structure, number of channels, block size, impl): the blocks' channels are traced.
+applied_blocks_jit = jax.jit(full_precision(applied_blocks), static_argnums=(0, 5, 6))
+
+
+def apply_in_blocks(spec: str, core, values, offset, idx):
+    """``H @ values + offset`` for the channels ``idx (n,)`` by ``impl="auto"`` (a kernel, falling
+    back to XLA as ``with_fallback`` does), the dense ``H`` held at most ``APPLY_BUDGET`` elements
+    at a time, in one compiled program.
+
+    Args:
+      spec: ``applied_block``'s product; core: the operator's core; values, offset: ``(B, C, L)``
+        (or ``(B, H, L, d)``); idx: ``(n,)`` int channels (or heads), concrete or traced.
+    Returns:
+      ``(B, n, L)`` (``(B, n, L, d)``).
+    """
+    B, L = values.shape[0], values.shape[2]
+    step = max(1, APPLY_BUDGET // max(1, B * L * L))
+    idx = jnp.asarray(idx)
+    impl = resolve_impl("auto", core)
+    run = lambda impl: applied_blocks_jit(spec, core, values, offset, idx, step, impl)
+    return with_fallback("auto", impl, core, lambda: run(impl), lambda: run("xla"))
+
+
 def sum_over_channels(x):
     """``x.sum(axis=1)`` for ``x (B, c, ...)``, as halves added pairwise (an odd last channel first
     added to channel 0): XLA:CPU reduces over a non-minor axis one strided element at a time
@@ -337,6 +387,11 @@ def _float0(x):
     return np.zeros(np.shape(x), jax.dtypes.float0)
 
 
+def channel_key(idx) -> tuple[int, ...]:
+    """Concrete channels ``idx (n,)`` (numpy, a list or a concrete array) as a hashable tuple of ints."""
+    return tuple(int(i) for i in np.asarray(idx).reshape(-1))
+
+
 def with_xla_backward(dense_kernel: Callable, reduce_kernel: Callable):
     """Wrap a kernel's forward passes so that gradients flow through the XLA reference.
 
@@ -346,44 +401,88 @@ def with_xla_backward(dense_kernel: Callable, reduce_kernel: Callable):
         array (``MODES``; traced, so one compilation serves every reduction).
     Returns:
       ``(dense, reduce)`` with the same signatures and a ``custom_vjp`` whose backward pass
-      is ``jax.vjp`` of ``core.dense`` / of ``blocked_reduce``.
+      is ``jax.vjp`` of ``core.dense`` / of ``blocked_reduce``. Both pass concrete channels to
+      the kernel as a numpy array even inside ``jit`` (a static argument of the ``custom_vjp``),
+      so a kernel can see which heads they touch while tracing.
     """
     @jax.custom_vjp
-    def dense(core, idx):
+    def traced_dense(core, idx):
         return dense_kernel(core, idx)
 
-    def dense_fwd(core, idx):
+    def traced_fwd(core, idx):
         return dense_kernel(core, idx), (core, idx)
 
     @full_precision  # traced when the gradient is, outside the caller's full_precision
-    def dense_bwd(res, g):
+    def traced_bwd(res, g):
         core, idx = res
         _, vjp = jax.vjp(lambda c: c.dense(idx), core)
         return vjp(g)[0], _float0(idx)
 
-    dense.defvjp(dense_fwd, dense_bwd)
+    traced_dense.defvjp(traced_fwd, traced_bwd)
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+    def static_dense(core, key):
+        return dense_kernel(core, np.asarray(key, np.int32))
+
+    def static_fwd(core, key):
+        return dense_kernel(core, np.asarray(key, np.int32)), core
+
+    @full_precision
+    def static_bwd(key, core, g):
+        _, vjp = jax.vjp(lambda c: c.dense(np.asarray(key, np.int32)), core)
+        return vjp(g)
+
+    static_dense.defvjp(static_fwd, static_bwd)
+
+    def dense(core, idx):
+        if isinstance(idx, jax.core.Tracer):
+            return traced_dense(core, idx)
+        return static_dense(core, channel_key(idx))
 
     @jax.custom_vjp
-    def reduce(core, idx, mode, qw, kw):
+    def traced_reduce(core, idx, mode, qw, kw):
         return reduce_kernel(core, idx, mode, qw, kw)
 
-    def reduce_fwd(core, idx, mode, qw, kw):
+    def traced_reduce_fwd(core, idx, mode, qw, kw):
         return reduce_kernel(core, idx, mode, qw, kw), (core, idx, mode, qw, kw)
 
     @full_precision
-    def reduce_bwd(res, g):
-        core, idx, mode, qw, kw = res
+    def reduce_vjp(core, idx, mode, qw, kw, g):
         B, n, L = qw.shape
         bc = block_size(n, B, L, None)
         _, vjp = jax.vjp(lambda c, a, b: blocked_reduce(c, idx, a, b, mode, bc), core, qw, kw)
-        dc, dq, dk = vjp(g)
-        return dc, _float0(idx), _float0(mode), dq, dk
+        return vjp(g)
 
-    reduce.defvjp(reduce_fwd, reduce_bwd)
+    def traced_reduce_bwd(res, g):
+        dc, dq, dk = reduce_vjp(*res, g)
+        return dc, _float0(res[1]), _float0(res[2]), dq, dk
+
+    traced_reduce.defvjp(traced_reduce_fwd, traced_reduce_bwd)
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+    def static_reduce(core, key, mode, qw, kw):
+        return reduce_kernel(core, np.asarray(key, np.int32), mode, qw, kw)
+
+    def static_reduce_fwd(core, key, mode, qw, kw):
+        return reduce_kernel(core, np.asarray(key, np.int32), mode, qw, kw), (core, mode, qw, kw)
+
+    def static_reduce_bwd(key, res, g):
+        core, mode, qw, kw = res
+        dc, dq, dk = reduce_vjp(core, np.asarray(key, np.int32), mode, qw, kw, g)
+        return dc, _float0(mode), dq, dk
+
+    static_reduce.defvjp(static_reduce_fwd, static_reduce_bwd)
+
+    def reduce(core, idx, mode, qw, kw):
+        if isinstance(idx, jax.core.Tracer):
+            return traced_reduce(core, idx, mode, qw, kw)
+        return static_reduce(core, channel_key(idx), mode, qw, kw)
+
     return dense, reduce
 
 
-__all__ = ["KernelBackend", "register_backend", "register_core", "backend", "impls", "resolve_impl", "default_platform", "with_fallback", "failed_kernels", "clear_failed_kernels",
-           "dense_fn", "materialize_blocks", "materialize_jit", "blocked_reduce", "blocked_reduce_jit", "sum_over_channels",
-           "blocked_reduce_by", "repeated_reduce", "repeated_reduce_jit", "parallel_reduce",
-           "with_xla_backward"]
+__all__ = ["APPLY_BUDGET", "KernelBackend", "register_backend", "register_core", "backend", "impls", "resolve_impl",
+           "default_platform", "with_fallback", "failed_kernels", "clear_failed_kernels", "dense_fn",
+           "materialize_blocks", "materialize_jit", "applied_blocks", "applied_blocks_jit", "apply_in_blocks",
+           "blocked_reduce", "blocked_reduce_jit", "sum_over_channels", "blocked_reduce_by", "repeated_reduce",
+           "repeated_reduce_jit", "parallel_reduce", "with_xla_backward", "channel_key"]

@@ -14,11 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..ops import full_precision
-from .base import (REDUCTIONS, applied_block, block_size, channel_index, channel_weights, in_channel_blocks,
-                   pytree_dataclass, relative_error)
+from .base import REDUCTIONS, block_size, channel_index, channel_weights, pytree_dataclass, relative_error
 from .cores import heads_weighted_sum
-from .dispatch import (backend, blocked_reduce_jit, materialize_blocks, materialize_jit, resolve_impl,
-                       with_fallback)
+from .dispatch import (apply_in_blocks, backend, blocked_reduce_jit, channel_key, materialize_blocks,
+                       materialize_jit, resolve_impl, with_fallback)
 from .html import operator_html
 
 HEAD_MATRICES = ("alpha", "mean")
@@ -71,7 +70,7 @@ class ImplicitOperator:
             return with_fallback(requested, impl, self.core,
                                  lambda: materialize_blocks(self.core, idx, bc, impl, B, L),
                                  lambda: materialize_blocks(self.core, idx, bc, "xla", B, L))
-        key = tuple(int(i) for i in idx)
+        key = channel_key(idx)
         return with_fallback(requested, impl, self.core,
                              lambda: materialize_jit(self.core, key, bc, impl, B, L),
                              lambda: materialize_jit(self.core, key, bc, "xla", B, L))
@@ -127,9 +126,10 @@ class ImplicitOperator:
                 if fused is not None:
                     return fused
             return xla()
-        # One fused kernel over all selected channels: only (B, L, L) is written.
+        # One fused kernel over all selected channels: only (B, L, L) is written. Concrete channels
+        # go in as numpy, so a head kernel forms only their heads' matrices.
         return with_fallback(requested, impl, self.core,
-                             lambda: backend(impl).reduce(self.core, idx, how, qw, kw), xla)
+                             lambda: backend(impl).reduce(self.core, chosen, how, qw, kw), xla)
 
     def linear_sum(self, idx, qw, kw):
         """``sum_c qw[b,c,i] H_c[b,i,j] kw[b,c,j]`` over the distinct channels ``idx (n,)`` (numpy)
@@ -142,14 +142,11 @@ class ImplicitOperator:
         """``H @ values + offset`` for the selected channels: ``(B, C', L)``.
 
         Equals ``output`` for an exact (``variant="full"``) operator. The dense ``H`` is
-        formed in blocks of channels of at most ``APPLY_BUDGET`` elements.
+        formed as ``materialize(impl="auto")`` forms it, in blocks of channels of at most
+        ``APPLY_BUDGET`` elements, in one compiled program (``dispatch.apply_in_blocks``).
         """
-        B, C, L, _ = self.shape
-
-        def block(sel):
-            return applied_block("bcij,bcj->bci", self.materialize(sel), self.values, self.offset, sel)
-
-        return in_channel_blocks(block, channel_index(channels, C), B, L)
+        return apply_in_blocks("bcij,bcj->bci", self.core, self.values, self.offset,
+                               channel_index(channels, self.shape[1]))
 
     def relative_error(self) -> float:
         """``max |apply() - output| / max |output|`` over all channels: the exactness self-check

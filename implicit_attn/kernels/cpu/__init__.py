@@ -66,9 +66,9 @@ import numpy as np
 
 from ...operator import (MODES, AttentionCore, BidirectionalCore, DeltaRuleCore, DocumentMaskedCore, DplrCore,
                          HeadMatrixCore, KernelBackend, LaSCore, Mamba2Core, MlstmCore, ParallelCore, RwkvCore,
-                         ScalarDecayCore, ShortConvCore, StateDecayCore, apply_mode, block_size, register_backend,
-                         register_core, with_xla_backward)
-from ...operator.dispatch import blocked_reduce, blocked_reduce_by, blocked_reduce_jit, parallel_reduce
+                         ScalarDecayCore, ShortConvCore, StateDecayCore, apply_mode, block_size, channel_heads,
+                         register_backend, register_core, span_heads, with_xla_backward)
+from ...operator.dispatch import blocked_reduce, blocked_reduce_by, blocked_reduce_jit, channel_key, parallel_reduce
 from ...ops import (attention_output, delta_rule, dplr_rule, full_precision, grouped, mlstm_rule, pool_window,
                    scalar_decay_kernel, selective_scan_sequential, ssd_chunked, wkv_chunked)
 from . import cache
@@ -461,37 +461,42 @@ def head_matrices(core, heads):
 
 
 def _shared_matrices(core):
-    """A core whose channels share matrices, as ``(channel -> matrix (C,) int, number of matrices,
-    matrices(ids) -> (B, k, L, L) float32, per-channel diagonal (B, C, L) or None)``: a head-matrix
-    core's heads (``head_matrices``), or a low-rank ``ScalarDecayCore``'s groups (``K_g``, formed by
-    XLA as in ``ScalarDecayCore.dense``, once per group)."""
+    """A core whose channels share matrices, as ``(matrix_of(idx) -> (n,) int: each channel's matrix,
+    number of matrices, matrices(ids) -> (B, k, L, L) float32, per-channel diagonal (B, C, L) or
+    None)``: a head-matrix core's heads (``head_matrices``; ``channel_heads``, numpy for concrete
+    channels), or a low-rank ``ScalarDecayCore``'s groups (``K_g``, formed by XLA as in
+    ``ScalarDecayCore.dense``, once per group)."""
     if type(core) is ScalarDecayCore:
         g = lambda x, ids: jnp.take(x, ids, axis=1)
-        return (core.group, core.log_a.shape[1],
+        return (lambda idx: jnp.take(core.group, idx), core.log_a.shape[1],
                 lambda ids: scalar_decay_kernel(g(core.log_a, ids), g(core.q, ids), g(core.k, ids)), core.diag)
     diagonal = core.diagonal() if isinstance(core, HeadMatrixCore) else None  # (Mamba2Core: none)
-    return core.head, core.num_heads, functools.partial(head_matrices, core), diagonal
+    return functools.partial(channel_heads, core), core.num_heads, functools.partial(head_matrices, core), diagonal
 
 
 def _head_call(core, idx, total=None):
     """``(B, n, L, L)`` of the channels ``idx`` of a core whose channels share matrices
     (``_shared_matrices``: a head-matrix core, a low-rank ``ScalarDecayCore``): each distinct matrix
-    once (all of them if ``idx`` is traced), then the kernel sandwiches and convolves every
-    channel, writing each element once. ``total``: an output of ``total >= n`` channels, the first
-    ``n`` written (a ``ParallelCore``'s other parts go after them)."""
-    channel_matrix, count, matrices, diagonal = _shared_matrices(core)
-    heads = jnp.take(channel_matrix, idx)
-    if isinstance(heads, jax.core.Tracer):
-        M, hmap = matrices(jnp.arange(count)), heads
-    else:
-        uniq, inv = np.unique(np.asarray(heads), return_inverse=True)
-        M, hmap = matrices(jnp.asarray(uniq)), jnp.asarray(inv.reshape(-1))
+    once, then the kernel sandwiches and convolves every channel, writing each element once. Traced
+    ``idx`` spanning a contiguous range (a block of ``apply``'s) forms the few matrices it touches
+    (``span_heads``), a scattered one all of them. ``total``: an output of ``total >= n`` channels,
+    the first ``n`` written (a ``ParallelCore``'s other parts go after them)."""
+    matrix_of, count, matrices, diagonal = _shared_matrices(core)
+    heads = matrix_of(idx)
     left, right, diag, w, attrs = _head_factors(core, idx, diagonal)
-    B, _, L, _ = M.shape
+    B, L = core.q.shape[0], core.q.shape[2]
     call = jax.ffi.ffi_call(_HEAD_TARGET, jax.ShapeDtypeStruct((B, total or idx.shape[0], L, L), jnp.float32),
                             vmap_method="sequential")
-    return call(M.astype(jnp.float32), hmap.astype(jnp.int32), left, right, diag, w, **attrs,
-                huge_pages=np.int64(huge_pages()), offset=np.int64(0))
+    run = lambda ids, hmap: call(matrices(ids).astype(jnp.float32), hmap.astype(jnp.int32), left, right, diag, w,
+                                 **attrs, huge_pages=np.int64(huge_pages()), offset=np.int64(0))
+    if not isinstance(heads, jax.core.Tracer):
+        uniq, inv = np.unique(np.asarray(heads), return_inverse=True)
+        return run(jnp.asarray(uniq), jnp.asarray(inv.reshape(-1)))
+    every = lambda: run(jnp.arange(count), heads)
+    k, uniq, inv, found = span_heads(heads, max(1, core.num_channels // count), count)
+    if uniq is None:  # one matrix per channel is no more than k; else every matrix is
+        return every() if k >= count else run(heads, jnp.arange(heads.shape[0]))
+    return jax.lax.cond(found, lambda: run(uniq, inv), every)
 
 
 # Bytes of head matrices the fused reduce forms per step: a few heads at a time stay in cache
@@ -513,8 +518,8 @@ def _head_blocks(count: int, heads, B: int, L: int):
 def _head_reduce_call(core, idx, mode, qw, kw):
     """``(B, L, L)``: a scan over blocks of heads (or groups), each block's matrices formed once
     (``_shared_matrices``), the kernel adding its channels' weighted terms into the running sum (in place)."""
-    channel_matrix, count, matrices, diagonal = _shared_matrices(core)
-    heads = jnp.take(channel_matrix, idx)
+    matrix_of, count, matrices, diagonal = _shared_matrices(core)
+    heads = matrix_of(idx)
     left, right, diag, w, attrs = _head_factors(core, idx, diagonal)
     B, _, L = qw.shape
     call = jax.ffi.ffi_call(_HEAD_REDUCE_TARGET, jax.ShapeDtypeStruct((B, L, L), jnp.float32),
@@ -522,7 +527,7 @@ def _head_reduce_call(core, idx, mode, qw, kw):
     qw, kw = qw.astype(jnp.float32), kw.astype(jnp.float32)
 
     def step(acc, block):
-        eq = heads[:, None] == block[None, :]  # a padded repeat matches only its first copy
+        eq = jnp.asarray(heads)[:, None] == block[None, :]  # a padded repeat matches only its first copy
         hmap = jnp.where(eq.any(1), jnp.argmax(eq, 1), -1).astype(jnp.int32)
         M = matrices(block).astype(jnp.float32)
         return _by_mode(call, mode, (M, hmap, left, right, diag, w, qw, kw, acc), attrs), None
@@ -708,7 +713,25 @@ def _either(use_first, first, second):
 # core type -> (dense, reduce). ``reduce`` calls the kernels eagerly: jitted, one compilation per
 # shape serves every call (eager, the scans and mode switches around them compile on each call).
 _state_decay = (_dense, jax.jit(full_precision(_reduce)))
-_head = (_head_dense, jax.jit(full_precision(_head_reduce)))
+_head_reduce_traced = jax.jit(full_precision(_head_reduce))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+@full_precision
+def _head_reduce_static(core, key, mode, qw, kw):
+    """``_head_reduce`` of the channels ``key`` (a tuple: static), so the scan forms only their
+    heads' matrices (each per-head map of ``explain.head_maps`` formed every head's before); one
+    compilation per selection."""
+    return _head_reduce(core, np.asarray(key, np.int32), mode, qw, kw)
+
+
+def _head_reduce_by_channels(core, idx, mode, qw, kw):
+    if isinstance(idx, jax.core.Tracer):
+        return _head_reduce_traced(core, idx, mode, qw, kw)
+    return _head_reduce_static(core, channel_key(idx), mode, qw, kw)
+
+
+_head = (_head_dense, _head_reduce_by_channels)
 # A low-rank ScalarDecayCore's channels share its groups' matrices, as a head-matrix core's its heads'.
 _scalar_decay = tuple(_either(_low_rank, *pair) for pair in zip(_head, _state_decay))
 _reads_own_documents = lambda core: _reads_documents(core.inner)
@@ -722,6 +745,12 @@ _KERNELS = {StateDecayCore: _state_decay, ScalarDecayCore: _scalar_decay, Docume
             BidirectionalCore: (_bidirectional_dense, jax.jit(full_precision(_bidirectional_reduce)))}
 
 
+def _channels(idx):
+    """int32 channels: numpy where concrete (``with_xla_backward`` hands them to the kernel as they
+    are, so a head kernel forms only their heads' matrices), else the traced array."""
+    return jnp.asarray(idx, jnp.int32) if isinstance(idx, jax.core.Tracer) else np.asarray(idx, np.int32)
+
+
 def cpu_dense(core, idx):
     """``core.dense(idx)`` by the fused CPU kernel.
 
@@ -731,9 +760,11 @@ def cpu_dense(core, idx):
       ``(B, n, L, L)`` float32, equal to ``core.dense(idx)`` to float32 rounding.
     """
     check_core(core)
+    # concrete channels stay numpy (with_xla_backward): a head kernel forms only their heads' matrices
+    idx = _channels(idx)
     if type(core) is ParallelCore:
-        return _parallel_dense(core, jnp.asarray(idx, jnp.int32)) if _parallel_fast(core, idx) else core.dense(idx)
-    return _KERNELS[type(core)][0](core, jnp.asarray(idx, jnp.int32))
+        return _parallel_dense(core, idx) if _parallel_fast(core, idx) else core.dense(idx)
+    return _KERNELS[type(core)][0](core, idx)
 
 
 def cpu_reduce(core, idx, how: str, qw, kw):
@@ -757,8 +788,9 @@ def cpu_reduce(core, idx, how: str, qw, kw):
             return blocked_reduce_jit(core, idx, qw, kw, how, block_size(qw.shape[1], qw.shape[0], qw.shape[2], None))
         return parallel_reduce(core, idx, how, qw, kw, _part_dense, _part_reduce)
     reduce = _KERNELS[type(core)][1]
-    return reduce(core, jnp.asarray(idx, jnp.int32), jnp.asarray(MODES[how], jnp.int32),
-                  jnp.asarray(qw, jnp.float32), jnp.asarray(kw, jnp.float32))
+    idx = _channels(idx)
+    return reduce(core, idx, jnp.asarray(MODES[how], jnp.int32), jnp.asarray(qw, jnp.float32),
+                  jnp.asarray(kw, jnp.float32))
 
 
 def _require():
