@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from implicit_attn.kernels import cpu
-from implicit_attn.operator import AttentionCore, ImplicitOperator, RwkvCore, resolve_impl
+from implicit_attn.operator import AttentionCore, ImplicitOperator, Mamba2Core, RwkvCore, resolve_impl
 from implicit_attn.operator.dispatch import blocked_reduce, sum_over_channels
 from implicit_attn.registry import FAMILIES
 
@@ -182,6 +182,11 @@ def test_channels_form_only_the_heads_they_touch(monkeypatch, family):
         assert rel(got, want[:, start:start + n]) <= 1e-5
         most = min(n, (n - 2) // P + 2)  # heads n contiguous channels can touch, wherever they start
         assert min(formed) == most < H and max(formed) in (most, H), (start, n, formed)
+    # XLA's materialize (what impl="auto" runs where no kernel is trusted, as on a GPU) likewise
+    name = "alpha" if isinstance(op.core, Mamba2Core) else "compute_head_matrix"
+    xla_formed, compute = [], getattr(type(op.core), name)
+    monkeypatch.setattr(type(op.core), name, lambda core, hs: xla_formed.append(len(hs)) or compute(core, hs))
+    assert rel(op.materialize([P + 3], impl="xla"), want[:, [P + 3]]) <= 1e-5 and xla_formed == [1], xla_formed
     scattered = jnp.asarray([0, P, 2 * P])  # three heads where contiguous channels would span two
     formed.clear()
     got = jax.jit(lambda c, i: cpu.cpu_dense(c, i))(op.core, scattered)

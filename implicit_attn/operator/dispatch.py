@@ -185,11 +185,11 @@ def materialize_blocks(core, idx, bc: int, impl: str, B: int, L: int):
     is shifted back to end at ``n`` so every block is full and written in place)."""
     dense = dense_fn(core, impl)
     n = idx.shape[0]
-    if impl != "xla":  # kernels write their output directly; concrete channels stay numpy for them
+    # Kernels write their output directly. Concrete channels stay numpy: a head core then forms only
+    # their heads' matrices (``channel_heads``).
+    if impl != "xla" or bc >= n:
         return dense(idx)
     idx = jnp.asarray(idx)
-    if bc >= n:
-        return dense(idx)
     dense = dense_fn(core.precompute(), impl)
     nb = -(-n // bc)
     starts = jnp.minimum(jnp.arange(nb) * bc, n - bc)
