@@ -189,17 +189,22 @@ def materialize_blocks(core, idx, bc: int, impl: str, B: int, L: int):
     # their heads' matrices (``channel_heads``).
     if impl != "xla" or bc >= n:
         return dense(idx)
-    idx = jnp.asarray(idx)
-    dense = dense_fn(core.precompute(), impl)
-    nb = -(-n // bc)
-    starts = jnp.minimum(jnp.arange(nb) * bc, n - bc)
+    return over_blocks(dense_fn(core.precompute(), impl), jnp.asarray(idx), bc, jnp.zeros((B, n, L, L), jnp.float32))
+
+
+def over_blocks(block, idx, step: int, out):
+    """``out (B, n, ...)`` with ``block(sel)`` written at the place of each block ``sel`` of ``step``
+    consecutive channels of ``idx (n,)``, in one ``fori_loop`` (the last block shifted back to end
+    at ``n``, so every block is full and written in place)."""
+    n = idx.shape[0]
+    nb = -(-n // step)
+    starts = jnp.minimum(jnp.arange(nb) * step, n - step)
 
     def body(k, out):
         s = starts[k]
-        block = dense(jax.lax.dynamic_slice_in_dim(idx, s, bc))
-        return jax.lax.dynamic_update_slice_in_dim(out, block, s, axis=1)
+        return jax.lax.dynamic_update_slice_in_dim(out, block(jax.lax.dynamic_slice_in_dim(idx, s, step)), s, axis=1)
 
-    return jax.lax.fori_loop(0, nb, body, jnp.zeros((B, n, L, L), jnp.float32))
+    return jax.lax.fori_loop(0, nb, body, out)
 
 
 # Compiled once per (core structure, channels, block size, impl): eager calls reuse it.
@@ -224,15 +229,8 @@ def applied_blocks(spec: str, core, values, offset, idx, step: int, impl: str):
     block = lambda sel: applied_block(spec, dense(sel), values, offset, sel)
     if step >= n:
         return block(idx)
-    nb = -(-n // step)
-    starts = jnp.minimum(jnp.arange(nb) * step, n - step)
-
-    def body(k, out):
-        s = starts[k]
-        return jax.lax.dynamic_update_slice_in_dim(out, block(jax.lax.dynamic_slice_in_dim(idx, s, step)), s, axis=1)
-
     out = jax.eval_shape(block, idx[:step])
-    return jax.lax.fori_loop(0, nb, body, jnp.zeros(out.shape[:1] + (n,) + out.shape[2:], out.dtype))
+    return over_blocks(block, idx, step, jnp.zeros(out.shape[:1] + (n,) + out.shape[2:], out.dtype))
 
 
 # One compilation per (core structure, number of channels, block size, impl): the blocks' channels are traced.
@@ -483,6 +481,6 @@ def with_xla_backward(dense_kernel: Callable, reduce_kernel: Callable):
 
 __all__ = ["APPLY_BUDGET", "KernelBackend", "register_backend", "register_core", "backend", "impls", "resolve_impl",
            "default_platform", "with_fallback", "failed_kernels", "clear_failed_kernels", "dense_fn",
-           "materialize_blocks", "materialize_jit", "applied_blocks", "applied_blocks_jit", "apply_in_blocks",
-           "blocked_reduce", "blocked_reduce_jit", "sum_over_channels", "blocked_reduce_by", "repeated_reduce",
-           "repeated_reduce_jit", "parallel_reduce", "with_xla_backward", "channel_key"]
+           "materialize_blocks", "over_blocks", "materialize_jit", "applied_blocks", "applied_blocks_jit",
+           "apply_in_blocks", "blocked_reduce", "blocked_reduce_jit", "sum_over_channels", "blocked_reduce_by",
+           "repeated_reduce", "repeated_reduce_jit", "parallel_reduce", "with_xla_backward", "channel_key"]
