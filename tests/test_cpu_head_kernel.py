@@ -187,6 +187,19 @@ def test_channels_form_only_the_heads_they_touch(monkeypatch, family):
     xla_formed, compute = [], getattr(type(op.core), name)
     monkeypatch.setattr(type(op.core), name, lambda core, hs: xla_formed.append(len(hs)) or compute(core, hs))
     assert rel(op.materialize([P + 3], impl="xla"), want[:, [P + 3]]) <= 1e-5 and xla_formed == [1], xla_formed
+    if not isinstance(op.core, Mamba2Core):  # HeadMatrixCores precompute the heads a blocked loop reads
+        xla_formed.clear()
+        got = op.materialize(chans, impl="xla", block_channels=1)
+        assert rel(got, want[:, chans]) <= 1e-5 and xla_formed == [1], xla_formed
+        xla_formed.clear()
+        got = op.reduce("weighted", weights=w, key_weights=w, channels=chans, impl="xla", block_channels=1)
+        assert rel(got, np.einsum("bci,bcij,bcj->bij", np.asarray(w, np.float64), want[:, chans],
+                                  np.asarray(w, np.float64))) <= 1e-5 and xla_formed == [1], xla_formed
+        xla_formed.clear()
+        got = op.reduce("abs_mean", channels=[1, 2 * P + 1, 2], impl="xla", block_channels=2)
+        assert rel(got, np.abs(want[:, [1, 2 * P + 1, 2]]).mean(axis=1)) <= 1e-5 and xla_formed == [2], xla_formed
+        with pytest.raises(ValueError, match=r"heads \[0\] were not precomputed"):
+            op.core.precompute(np.asarray([1, 2])).dense(np.asarray([0]))
     scattered = jnp.asarray([0, P, 2 * P])  # three heads where contiguous channels would span two
     formed.clear()
     got = jax.jit(lambda c, i: cpu.cpu_dense(c, i))(op.core, scattered)

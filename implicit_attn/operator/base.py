@@ -54,9 +54,15 @@ class OperatorCore(abc.ABC):
     def dense(self, idx):
         """``(B, len(idx), L, L)`` float32 operators of channels ``idx``."""
 
-    def precompute(self) -> "OperatorCore":
-        """This core with the parts every block of channels shares computed once (a
-        blocked ``materialize`` / ``reduce`` calls it before its loop); by default itself."""
+    def heads_to_precompute(self, idx):
+        """The heads ``precompute(heads)`` needs for a loop over blocks of the concrete channels ``idx
+        (n,)`` (numpy ``(k,)``), or None: every head, or a core without per-head parts (the default)."""
+        return None
+
+    def precompute(self, heads=None) -> "OperatorCore":
+        """This core with the parts every block of channels shares computed once (a blocked
+        ``materialize`` / ``reduce`` calls it before its loop); by default itself. ``heads``: the
+        ``heads_to_precompute`` of the loop's channels (only their parts are computed), or None."""
         return self
 
     def named_factors(self) -> dict:

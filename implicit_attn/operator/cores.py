@@ -355,8 +355,9 @@ class HeadMatrixCore(OperatorCore):
     for channel ``c`` of head ``h = head[c]`` (a head's channels are ``h P ... (h + 1) P - 1``).
 
     Subclasses are ``pytree_dataclass``es with the fields ``q (B, ., L, .)``, ``head (C,)`` int,
-    ``left, right (B, C, L)`` or None (ones), ``conv_w (C, K)`` or None (no conv) and ``matrices
-    (B, H, L, L)`` (every ``M_h`` when already computed, else None), and define ``num_heads`` and
+    ``left, right (B, C, L)`` or None (ones), ``conv_w (C, K)`` or None (no conv), ``matrices
+    (B, k, L, L)`` (the ``M_h`` already computed, else None) and ``matrix_heads (k,)`` int (the
+    heads ``matrices`` holds, ascending; None: all ``H``, ``k = H``), and define ``num_heads`` and
     ``compute_head_matrix(heads)``.
     """
 
@@ -379,19 +380,37 @@ class HeadMatrixCore(OperatorCore):
         B, L = self.q.shape[0], self.q.shape[2]
         if M.shape != (B, self.num_heads, L, L):
             raise ValueError(f"head matrices must have shape {(B, self.num_heads, L, L)}, got {M.shape}")
-        return dataclasses.replace(self, matrices=M)
+        return dataclasses.replace(self, matrices=M, matrix_heads=None)
 
-    def precompute(self) -> "HeadMatrixCore":
-        """Every ``M_h`` computed once (``(B, H, L, L)``), for loops over blocks of channels."""
+    def heads_to_precompute(self, idx):
+        """The distinct heads of the concrete channels ``idx (n,)``, ascending (numpy ``(k,)``): a loop
+        over blocks of these channels needs only their ``M_h`` (``precompute(heads)``)."""
+        return np.unique(channel_heads(self, idx))
+
+    def precompute(self, heads=None) -> "HeadMatrixCore":
+        """The ``M_h`` of ``heads`` (``(k,)`` int, ascending, may be traced; None: every head)
+        computed once (``(B, k, L, L)``), for loops over blocks of channels. The result's ``dense``
+        then serves only channels of those heads (a traced channel of another head reads a wrong
+        matrix; a concrete one raises)."""
         if self.matrices is not None:
             return self
-        return self.with_head_matrices(self.head_matrix(jnp.arange(self.num_heads)))
+        if heads is None:
+            return self.with_head_matrices(self.head_matrix(jnp.arange(self.num_heads)))
+        heads = jnp.asarray(heads, jnp.int32)
+        return dataclasses.replace(self, matrices=self.compute_head_matrix(heads), matrix_heads=heads)
 
     def head_matrix(self, heads):
         """``(B, len(heads), L, L)`` float32 ``M_h`` of the heads ``heads``."""
-        if self.matrices is not None:
+        if self.matrices is None:
+            return self.compute_head_matrix(heads)
+        if self.matrix_heads is None:
             return jnp.take(self.matrices, heads, axis=1)
-        return self.compute_head_matrix(heads)
+        if not isinstance(heads, jax.core.Tracer) and not isinstance(self.matrix_heads, jax.core.Tracer):
+            missing = np.setdiff1d(np.asarray(heads), np.asarray(self.matrix_heads))
+            if missing.size:
+                raise ValueError(f"heads {missing.tolist()} were not precomputed (this core holds the matrices "
+                                 f"of heads {np.asarray(self.matrix_heads).tolist()})")
+        return jnp.take(self.matrices, jnp.searchsorted(self.matrix_heads, heads, method="compare_all"), axis=1)
 
     def alpha(self, heads):
         """``M_h`` of ``heads`` (``Mamba2Operator.head_matrices(how="alpha")``): ``(B, k, L, L)``."""
@@ -416,7 +435,9 @@ class HeadMatrixCore(OperatorCore):
     def dense(self, idx):
         heads = channel_heads(self, idx)
         if isinstance(heads, jax.core.Tracer):
-            M = jnp.take(self.head_matrix(jnp.arange(self.num_heads)), heads, axis=1)
+            # Without precomputed matrices each distinct head is formed once, then gathered per channel.
+            M = (self.head_matrix(heads) if self.matrices is not None
+                 else jnp.take(self.head_matrix(jnp.arange(self.num_heads)), heads, axis=1))
         else:
             uniq, inv = np.unique(np.asarray(heads), return_inverse=True)
             M = jnp.take(self.head_matrix(jnp.asarray(uniq)), jnp.asarray(inv.reshape(-1)), axis=1)
@@ -434,7 +455,8 @@ class DeltaRuleCore(HeadMatrixCore):
     Shapes: ``q, k (B, G, L, d_k)``, ``log_a (B, H, L)`` (one decay per head) or ``(B, H, L, d_k)``
     (per key dimension, Kimi Delta Attention), ``beta (B, H, L)``, ``head (C,)`` int, ``left, right
     (B, C, L)`` or None (ones), ``conv_w (C, K)`` or None (no conv), ``matrices (B, H, L, L)`` every
-    ``M_h`` when already computed (``precompute``, the Pallas kernel), else None.
+    ``M_h`` when already computed (``precompute``, the Pallas kernel), else None (``matrix_heads``:
+    ``HeadMatrixCore``).
     """
 
     q: Any
@@ -449,6 +471,7 @@ class DeltaRuleCore(HeadMatrixCore):
     delta: bool = True
     chunk: int = 64
     matrices: Any = None
+    matrix_heads: Any = None
 
     @property
     def num_heads(self) -> int:
@@ -492,6 +515,7 @@ class DplrCore(HeadMatrixCore):
     after: bool = True
     chunk: int = 16  # RWKV-5/6 at L = 512: 16 the fastest (sub-blocked pairs; 8 and 32 slower by 6% and 19%)
     matrices: Any = None
+    matrix_heads: Any = None
     diag: Any = None
     decay_floor: Any = None
 
@@ -535,6 +559,7 @@ class MlstmCore(HeadMatrixCore):
     right: Any = None
     conv_w: Any = None
     matrices: Any = None
+    matrix_heads: Any = None
 
     @property
     def num_heads(self) -> int:
@@ -752,8 +777,11 @@ class BidirectionalCore(OperatorCore):
     def num_channels(self) -> int:
         return self.forward.num_channels
 
-    def precompute(self) -> "BidirectionalCore":
-        return dataclasses.replace(self, forward=self.forward.precompute(), backward=self.backward.precompute())
+    def heads_to_precompute(self, idx):
+        return self.forward.heads_to_precompute(idx)
+
+    def precompute(self, heads=None) -> "BidirectionalCore":
+        return dataclasses.replace(self, forward=self.forward.precompute(heads), backward=self.backward.precompute(heads))
 
     def dense(self, idx):
         """``(B, len(idx), L, L)`` float32: ``scale (H_f + flip(H_b))`` with both position axes flipped."""

@@ -189,7 +189,9 @@ def materialize_blocks(core, idx, bc: int, impl: str, B: int, L: int):
     # their heads' matrices (``channel_heads``).
     if impl != "xla" or bc >= n:
         return dense(idx)
-    return over_blocks(dense_fn(core.precompute(), impl), jnp.asarray(idx), bc, jnp.zeros((B, n, L, L), jnp.float32))
+    heads = None if isinstance(idx, jax.core.Tracer) else core.heads_to_precompute(idx)
+    return over_blocks(dense_fn(core.precompute(heads), impl), jnp.asarray(idx), bc,
+                       jnp.zeros((B, n, L, L), jnp.float32))
 
 
 def over_blocks(block, idx, step: int, out):
@@ -269,7 +271,7 @@ def sum_over_channels(x):
     return x[:, 0]
 
 
-def blocked_reduce(core, idx, qw, kw, how, bc: int, dense=None):
+def blocked_reduce(core, idx, qw, kw, how, bc: int, dense=None, heads=None):
     """``sum_c qw[b,c,i] f(H[b,c,i,j]) kw[b,c,j]`` over ``idx`` in blocks of ``bc`` channels.
 
     The reference reduction (and the backward pass of every fused kernel): a ``lax.scan``
@@ -282,19 +284,24 @@ def blocked_reduce(core, idx, qw, kw, how, bc: int, dense=None):
       qw, kw: ``(B, n, L)`` float32 query / key weights (``1/n`` in ``qw`` for the means);
       bc: channels per block;
       dense: ``dense(core, block_idx) -> (B, bc, L, L)``, each block's matrices (a CPU
-        kernel's); None: ``core.dense``.
+        kernel's); None: ``core.dense``;
+      heads: ``core.heads_to_precompute(idx)`` (may be traced): only these heads' shared parts
+        are computed before the loop; None: those of concrete ``idx``'s heads, or every head's.
     Returns:
       ``(B, L, L)`` float32.
     """
     B, n, L = qw.shape
     nb = -(-n // bc)
     pad = nb * bc - n
-    # Padded channels carry zero weight, so they add nothing.
-    idx_b = jnp.pad(jnp.asarray(idx), (0, pad)).reshape(nb, bc)
+    # Padded channels carry zero weight, so they add nothing; they repeat the last channel, whose
+    # head's parts are computed.
+    idx_b = jnp.pad(jnp.asarray(idx), (0, pad), mode="edge").reshape(nb, bc)
     qw_b = jnp.moveaxis(jnp.pad(qw, ((0, 0), (0, pad), (0, 0))).reshape(B, nb, bc, L), 1, 0)
     kw_b = jnp.moveaxis(jnp.pad(kw, ((0, 0), (0, pad), (0, 0))).reshape(B, nb, bc, L), 1, 0)
     mode = MODES[how] if isinstance(how, str) else how
-    core = core.precompute()
+    if heads is None and not isinstance(idx, jax.core.Tracer):
+        heads = core.heads_to_precompute(np.asarray(idx))
+    core = core.precompute(heads)
     form = core.dense if dense is None else functools.partial(dense, core)
 
     def body(acc, xs):

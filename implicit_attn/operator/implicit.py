@@ -119,7 +119,10 @@ class ImplicitOperator:
             qw = jnp.full((B, n, L), 1.0 / n, jnp.float32)
             kw = jnp.ones((B, n, L), jnp.float32)
         bc = block_size(n, B, L, block_channels)
-        xla = lambda: blocked_reduce_jit(self.core, idx, qw, kw, how, bc)
+        # Concrete channels: only their heads' matrices are formed before the loop (one compilation
+        # per number of heads, the heads traced).
+        heads = None if isinstance(chosen, jax.core.Tracer) else self.core.heads_to_precompute(chosen)
+        xla = lambda: blocked_reduce_jit(self.core, idx, qw, kw, how, bc, None, heads)
         if impl == "xla":
             if how in LINEAR and not isinstance(chosen, jax.core.Tracer) and len(set(chosen.tolist())) == n:
                 fused = self.linear_sum(chosen, qw, kw)
