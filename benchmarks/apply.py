@@ -15,7 +15,11 @@ fresh process:
   before 2026-12-05, written with public calls. (``materialize`` itself forms only the touched
   heads now, so this baseline is faster than the code before that day was.)
 * **one channel**: ``op.materialize([C // 2])``, first call and steady state, and its peak memory
-  (before 2026-12-05 the CPU kernel formed every head's matrix for it).
+  (before 2026-12-05 the CPU kernel formed every head's matrix for it);
+* **one head's XLA reduce** (the cores with per-head matrices, ``HeadMatrixCore``): ``op.reduce(
+  "abs_mean", channels=<head H // 2's>, impl="xla")``, what ``explain.head_maps`` runs per head
+  where no kernel is trusted (a GPU), against the same ``dispatch.blocked_reduce_jit`` with every
+  head's matrix computed before its loop (how it ran before 2026-12-05); steady state of each.
 
     python -m benchmarks.apply [--quick]
 """
@@ -57,20 +61,44 @@ def case(model_type: str, layer: int, L: int, what: str, quick: bool = False) ->
     import time
 
     from benchmarks.cores import layer_operator, steady_seconds
-    from implicit_attn.operator import resolve_impl
+    from implicit_attn.operator import HeadMatrixCore, resolve_impl
     from implicit_attn.operator.base import relative_error
 
     op = layer_operator(model_type, layer, L, quick)
     C = op.shape[1]
-    fn = {"ours": lambda: op.relative_error(), "baseline": lambda: relative_error(blockwise_apply(op), op.output),
-          "one_channel": lambda: op.materialize([C // 2])}[what]
+    if what.startswith("head_reduce"):
+        if not isinstance(op.core, HeadMatrixCore):
+            return {}
+        fn = head_reduce(op, what == "head_reduce_baseline")
+    else:
+        fn = {"ours": lambda: op.relative_error(), "one_channel": lambda: op.materialize([C // 2]),
+              "baseline": lambda: relative_error(blockwise_apply(op), op.output)}[what]
     t = time.perf_counter()
     peak = peak_mb_of(fn)
     first = time.perf_counter() - t
     out = fn()
     return {"first_s": first, "seconds": steady_seconds(fn, 3), "peak_mb": peak, "channels": C,
-            "error": float(out) if what != "one_channel" else None, "core": type(op.core).__name__,
+            "error": float(out) if what in ("ours", "baseline") else None, "core": type(op.core).__name__,
             "impl": resolve_impl("auto", op.core)}
+
+
+def head_reduce(op, every_head: bool):
+    """``() -> (B, L, L)``: the channel mean of ``|H|`` over head ``H // 2``'s channels by XLA, as
+    ``op.reduce("abs_mean", channels=..., impl="xla")`` runs it, or (``every_head``) with every
+    head's matrix computed before the loop (``heads=None`` for traced channels)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from implicit_attn.operator import block_size, dispatch
+
+    B, C, L, _ = op.shape
+    P = C // op.core.num_heads
+    chans = np.arange(P * (op.core.num_heads // 2), P * (op.core.num_heads // 2 + 1))
+    if not every_head:
+        return lambda: op.reduce("abs_mean", channels=chans, impl="xla").block_until_ready()
+    qw, kw = jnp.full((B, P, L), 1.0 / P, jnp.float32), jnp.ones((B, P, L), jnp.float32)
+    bc = block_size(P, B, L, None)
+    return lambda: dispatch.blocked_reduce_jit(op.core, jnp.asarray(chans), qw, kw, "abs_mean", bc).block_until_ready()
 
 
 def main(quick: bool = False) -> list[dict]:
@@ -78,20 +106,24 @@ def main(quick: bool = False) -> list[dict]:
     rows = []
     for label, fam, layer in CASES:
         r = {w: isolated("benchmarks.apply:case", model_type=fam, layer=layer, L=L, what=w, quick=quick)
-             for w in ("ours", "baseline", "one_channel")}
+             for w in ("ours", "baseline", "one_channel", "head_reduce", "head_reduce_baseline")}
         ours, base, one = r["ours"], r["baseline"], r["one_channel"]
+        head, head_base = r["head_reduce"], r["head_reduce_baseline"]
         rows.append({"case": label, "channels": ours["channels"], "impl": ours["impl"], "L": L,
                      "ours_first_s": ours["first_s"], "ours_s": ours["seconds"], "ours_peak_mb": ours["peak_mb"],
                      "baseline_first_s": base["first_s"], "baseline_s": base["seconds"],
                      "baseline_peak_mb": base["peak_mb"], "first_speedup": base["first_s"] / ours["first_s"],
                      "speedup": base["seconds"] / ours["seconds"], "relative_error": ours["error"],
                      "baseline_error": base["error"], "one_channel_first_s": one["first_s"],
-                     "one_channel_s": one["seconds"], "one_channel_peak_mb": one["peak_mb"]})
+                     "one_channel_s": one["seconds"], "one_channel_peak_mb": one["peak_mb"],
+                     "head_reduce_xla_s": head.get("seconds"), "head_reduce_every_head_s": head_base.get("seconds"),
+                     "head_reduce_speedup": head and head_base["seconds"] / head["seconds"] or None})
     write_results("apply_quick" if quick else "apply", rows,
                   columns=["case", "channels", "impl", "L", "ours_first_s", "ours_s", "ours_peak_mb",
                            "baseline_first_s", "baseline_s", "baseline_peak_mb", "first_speedup", "speedup",
                            "relative_error", "baseline_error", "one_channel_first_s", "one_channel_s",
-                           "one_channel_peak_mb"])
+                           "one_channel_peak_mb", "head_reduce_xla_s", "head_reduce_every_head_s",
+                           "head_reduce_speedup"])
     return rows
 
 

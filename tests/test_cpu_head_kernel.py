@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from implicit_attn.explain import head_maps
 from implicit_attn.kernels import cpu
 from implicit_attn.operator import AttentionCore, ImplicitOperator, Mamba2Core, RwkvCore, resolve_impl
 from implicit_attn.operator.dispatch import blocked_reduce, sum_over_channels
@@ -204,6 +205,25 @@ def test_channels_form_only_the_heads_they_touch(monkeypatch, family):
     formed.clear()
     got = jax.jit(lambda c, i: cpu.cpu_dense(c, i))(op.core, scattered)
     assert rel(got, want[:, [0, P, 2 * P]]) <= 1e-5 and max(formed) == H
+
+
+@pytest.mark.parametrize("how", ["mean", "abs_mean"])
+def test_head_maps_in_xla_form_the_head_matrices_once(monkeypatch, how):
+    """Where the reductions run in XLA (no kernel trusted, as on a GPU), ``head_maps`` forms its heads'
+    matrices once for all its maps, in one batched call (before: once per map, so the compiled
+    program held the head recurrence once per head); the maps equal float64 means of XLA's ``H``."""
+    L = 29  # a shape no other test traces head_maps at: the trace is new, with XLA's reductions
+    op = op_of("qwen3_next", L)
+    H, C = op.core.num_heads, op.shape[1]
+    want = np.asarray(op.materialize(impl="xla"), np.float64).reshape(B, H, C // H, L, L)
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 1 << 62)
+    assert resolve_impl("auto", op.core) == "xla"
+    formed, compute = [], type(op.core).compute_head_matrix
+    monkeypatch.setattr(type(op.core), "compute_head_matrix", lambda core, hs: formed.append(len(hs)) or compute(core, hs))
+    got = head_maps(op, heads=[2, 0], how=how)
+    assert formed == [2], formed
+    f = np.abs if how == "abs_mean" else (lambda a: a)
+    assert rel(got, f(want[:, [2, 0]]).mean(axis=2)) <= 1e-5
 
 
 def test_attention_materialize_equals_the_float64_reference():

@@ -405,12 +405,14 @@ class HeadMatrixCore(OperatorCore):
             return self.compute_head_matrix(heads)
         if self.matrix_heads is None:
             return jnp.take(self.matrices, heads, axis=1)
-        if not isinstance(heads, jax.core.Tracer) and not isinstance(self.matrix_heads, jax.core.Tracer):
-            missing = np.setdiff1d(np.asarray(heads), np.asarray(self.matrix_heads))
-            if missing.size:
-                raise ValueError(f"heads {missing.tolist()} were not precomputed (this core holds the matrices "
-                                 f"of heads {np.asarray(self.matrix_heads).tolist()})")
-        return jnp.take(self.matrices, jnp.searchsorted(self.matrix_heads, heads, method="compare_all"), axis=1)
+        if isinstance(heads, jax.core.Tracer) or isinstance(self.matrix_heads, jax.core.Tracer):
+            return jnp.take(self.matrices, jnp.searchsorted(self.matrix_heads, heads, method="compare_all"), axis=1)
+        held = np.asarray(self.matrix_heads)
+        missing = np.setdiff1d(np.asarray(heads), held)
+        if missing.size:
+            raise ValueError(f"heads {missing.tolist()} were not precomputed (this core holds the matrices "
+                             f"of heads {held.tolist()})")
+        return jnp.take(self.matrices, np.searchsorted(held, np.asarray(heads)), axis=1)
 
     def alpha(self, heads):
         """``M_h`` of ``heads`` (``Mamba2Operator.head_matrices(how="alpha")``): ``(B, k, L, L)``."""
