@@ -384,8 +384,10 @@ class HeadMatrixCore(OperatorCore):
 
     def heads_to_precompute(self, idx):
         """The distinct heads of the concrete channels ``idx (n,)``, ascending (numpy ``(k,)``): a loop
-        over blocks of these channels needs only their ``M_h`` (``precompute(heads)``)."""
-        return np.unique(channel_heads(self, idx))
+        over blocks of these channels needs only their ``M_h`` (``precompute(heads)``); None where
+        that is every head."""
+        heads = np.unique(channel_heads(self, idx))
+        return None if heads.size == self.num_heads else heads
 
     def precompute(self, heads=None) -> "HeadMatrixCore":
         """The ``M_h`` of ``heads`` (``(k,)`` int, ascending, may be traced; None: every head)
