@@ -219,7 +219,8 @@ def test_head_maps_in_xla_form_the_head_matrices_once(monkeypatch, how):
     monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 1 << 62)
     assert resolve_impl("auto", op.core) == "xla"
     formed, compute = [], type(op.core).compute_head_matrix
-    monkeypatch.setattr(type(op.core), "compute_head_matrix", lambda core, hs: formed.append(len(hs)) or compute(core, hs))
+    monkeypatch.setattr(type(op.core), "compute_head_matrix",
+                        lambda core, hs: formed.append(len(hs)) or compute(core, hs))
     got = head_maps(op, heads=[2, 0], how=how)
     assert formed == [2], formed
     f = np.abs if how == "abs_mean" else (lambda a: a)

@@ -785,7 +785,8 @@ class BidirectionalCore(OperatorCore):
         return self.forward.heads_to_precompute(idx)
 
     def precompute(self, heads=None) -> "BidirectionalCore":
-        return dataclasses.replace(self, forward=self.forward.precompute(heads), backward=self.backward.precompute(heads))
+        return dataclasses.replace(self, forward=self.forward.precompute(heads),
+                                   backward=self.backward.precompute(heads))
 
     def dense(self, idx):
         """``(B, len(idx), L, L)`` float32: ``scale (H_f + flip(H_b))`` with both position axes flipped."""
