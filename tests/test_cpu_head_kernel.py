@@ -221,10 +221,12 @@ def test_head_maps_in_xla_form_the_head_matrices_once(monkeypatch, how):
     formed, compute = [], type(op.core).compute_head_matrix
     monkeypatch.setattr(type(op.core), "compute_head_matrix",
                         lambda core, hs: formed.append(len(hs)) or compute(core, hs))
-    got = head_maps(op, heads=[2, 0], how=how)
-    assert formed == [2], formed
     f = np.abs if how == "abs_mean" else (lambda a: a)
-    assert rel(got, f(want[:, [2, 0]]).mean(axis=2)) <= 1e-5
+    for heads, formed_once in (([2, 0], [2]), (None, [H])):
+        formed.clear()
+        got = head_maps(op, heads=heads, how=how)
+        assert formed == formed_once, (heads, formed)
+        assert rel(got, f(want[:, [2, 0] if heads else slice(None)]).mean(axis=2)) <= 1e-5
 
 
 def test_attention_materialize_equals_the_float64_reference():

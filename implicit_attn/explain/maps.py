@@ -162,8 +162,8 @@ def with_shared_parts(op, channels):
     compile of ``head_maps(how="mean")`` 10.7-11.3 s). Otherwise ``op`` itself."""
     if isinstance(op, AttentionOperator) or resolve_impl("auto", op.core) != "xla":
         return op
-    heads = op.core.heads_to_precompute(np.asarray(channels))
-    return op if heads is None else dataclasses.replace(op, core=op.core.precompute(heads))
+    # heads None: every head (or a core without per-head parts, whose precompute is itself)
+    return dataclasses.replace(op, core=op.core.precompute(op.core.heads_to_precompute(np.asarray(channels))))
 
 
 _head_maps = jax.jit(full_precision(_head_maps_impl), static_argnums=(1, 2, 3, 4))
