@@ -159,10 +159,11 @@ def with_shared_parts(op, channels):
     core's matrices of those channels' heads, ``(B, k, L, L)``. Maps over several groups of channels
     (``head_maps``) then read them instead of each forming its own, and the compiled program holds
     the head recurrence once, not once per map (Qwen3-Next's layer, 16 heads, L = 1024: XLA's
-    compile of ``head_maps(how="mean")`` 10.7-11.3 s). Otherwise ``op`` itself."""
-    if isinstance(op, AttentionOperator) or resolve_impl("auto", op.core) != "xla":
+    compile of ``head_maps(how="mean")`` 10.7-11.3 s). Otherwise ``op`` itself (a core without
+    per-head parts, an attention layer's among them, precomputes nothing)."""
+    if resolve_impl("auto", op.core) != "xla":
         return op
-    # heads None: every head (or a core without per-head parts, whose precompute is itself)
+    # heads None: every head
     return dataclasses.replace(op, core=op.core.precompute(op.core.heads_to_precompute(np.asarray(channels))))
 
 
