@@ -137,10 +137,11 @@ def delta_parts(p: dict, h, cfg: Config) -> dict:
                 v=zero_nan(vh), log_a=zero_nan(log_a), beta=zero_nan(beta), state_bad=state_bad, read_bad=read_bad)
 
 
-def delta_inner(p: dict, h, cfg: Config, parts=None):
+def delta_inner(p: dict, h, cfg: Config, parts=None, method: str = "auto"):
     """``(o (B, L, C) float32 before the norm, left (B, L, C) float32)``: the delta rule's output and
     the norm-and-gate factor ``w gate / rms_h(o)`` (so the block's pre-``out_proj`` output is
-    ``left * o``). ``parts``: ``delta_parts``' dict (computed if None)."""
+    ``left * o``). ``parts``: ``delta_parts``' dict (computed if None). ``method``: ``nn.run_scan``'s
+    (``"sequential"`` where the caller runs on CPU: no branch for the other platforms to trace)."""
     q = parts or delta_parts(p, h, cfg)
     B, L, _ = h.shape
     Hv, dv = cfg.linear_num_value_heads, cfg.linear_value_head_dim
@@ -148,7 +149,7 @@ def delta_inner(p: dict, h, cfg: Config, parts=None):
     qk = jnp.repeat(q["q"], rep, axis=1), jnp.repeat(q["k"], rep, axis=1)
     # on CPU the fused kernel's recurrence where it pays off; the chunked form elsewhere (nn.run_scan)
     rule = cpu_kernels.delta_scan if cpu_kernels.recurrence_pays_off(qk[1], q["v"]) else delta_rule
-    o = run_scan("auto", rule, delta_rule, *qk, q["v"], q["log_a"], q["beta"])
+    o = run_scan(method, rule, delta_rule, *qk, q["v"], q["log_a"], q["beta"])
     o = mark_nan(o, (q["state_bad"] | q["read_bad"])[..., None])  # (B, Hv, L, dv)
     inv = jax.lax.rsqrt(jnp.mean(o * o, axis=-1, keepdims=True) + cfg.delta_norm_eps)  # (B, Hv, L, 1)
     o = jnp.swapaxes(o, 1, 2).reshape(B, L, Hv * dv)
@@ -157,17 +158,19 @@ def delta_inner(p: dict, h, cfg: Config, parts=None):
     return o, left
 
 
-def delta_output(p: dict, h, cfg: Config, parts_fn=delta_parts):
+def delta_output(p: dict, h, cfg: Config, parts_fn=delta_parts, method: str = "auto"):
     """The Gated DeltaNet's output before ``out_proj``, ``(B, L, C)`` float32 (``left * o`` of
-    ``delta_inner``), by XLA (its recurrence by the CPU kernel where ``delta_inner`` takes it)."""
-    o, left = delta_inner(p, h, cfg, parts_fn(p, h, cfg))
+    ``delta_inner``), by XLA (its recurrence by the CPU kernel where ``delta_inner`` takes it;
+    ``method`` as there)."""
+    o, left = delta_inner(p, h, cfg, parts_fn(p, h, cfg), method)
     return left * o
 
 
 def delta_output_kernel(p: dict, h, cfg: Config):
     """``delta_output``'s numbers (to float32 rounding) by the fused CPU kernel
     (``kernels.cpu.gated_delta_net``: everything between the projections in one pass), its
-    derivatives ``delta_output``'s. Float32 parameters and input only."""
+    derivatives ``delta_output``'s (its recurrence the CPU's: the kernel runs on CPU only). Float32
+    parameters and input only."""
     def fast(p, h):
         x, xcols, z, zcols, b, a = delta_projections(p, h, cfg)
         beta, log_a = delta_gates(p, b, a, cfg)
@@ -175,7 +178,7 @@ def delta_output_kernel(p: dict, h, cfg: Config):
                                            log_a, beta, p[cfg.delta_norm_name], cfg.linear_num_key_heads,
                                            cfg.delta_norm_eps)
 
-    return cpu_kernels.with_reference_derivatives(fast, lambda p, h: delta_output(p, h, cfg))(p, h)
+    return cpu_kernels.with_reference_derivatives(fast, lambda p, h: delta_output(p, h, cfg, method="sequential"))(p, h)
 
 
 def delta_kernel_pays_off(p: dict, h, cfg: Config) -> bool:
@@ -193,7 +196,7 @@ def delta_forward(p: dict, h, cfg: Config, hook=None, parts_fn=delta_parts):
     fused kernel where ``delta_kernel_pays_off`` (``parts_fn`` this module's), XLA elsewhere."""
     if parts_fn is delta_parts and delta_kernel_pays_off(p, h, cfg):
         y = jax.lax.platform_dependent(p, h, cpu=lambda p, h: delta_output_kernel(p, h, cfg),
-                                       default=lambda p, h: delta_output(p, h, cfg))
+                                       default=lambda p, h: delta_output(p, h, cfg, method="parallel"))
     else:
         y = delta_output(p, h, cfg, parts_fn)
     y = apply_out_hook(y, hook).astype(h.dtype)

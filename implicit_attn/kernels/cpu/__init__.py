@@ -44,7 +44,9 @@ taken by ``qwen3_next.block.delta_forward`` where ``delta_net_pays_off``), RWKV-
 attention applied to the values (``attention_forward``, taken by ``nn.attention.attention_values`` where
 ``attention_pays_off``) and the mixture-of-experts products (``grouped_matmul_from_tokens`` and
 ``grouped_matmul_to_tokens``, taken by ``nn.moe.experts_forward`` where ``grouped_pays_off``),
-differentiated in both modes through their XLA forms (a ``custom_jvp``).
+differentiated in both modes through their XLA forms (a ``custom_jvp``), except the DPLR
+recurrence's reverse mode (``dplr_scan`` and ``delta_scan``), which has a kernel of its own
+(``with_kernel_reverse_mode``).
 
 A call's parts run on XLA's intra-op thread pool (the FFI's ``ThreadPool``; threads of their own
 where XLA gives none): its workers spin a while after the XLA operations before a call, and
@@ -63,6 +65,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
 
 from ...operator import (MODES, AttentionCore, BidirectionalCore, DeltaRuleCore, DocumentMaskedCore, DplrCore,
                          HeadMatrixCore, KernelBackend, LaSCore, Mamba2Core, MlstmCore, ParallelCore, RwkvCore,
@@ -88,6 +92,7 @@ _LAS_TARGET = "implicit_attn_las_dense"
 _SCAN_TARGET = "implicit_attn_selective_scan"
 _SSD_TARGET = "implicit_attn_ssd_scan"
 _DPLR_TARGET = "implicit_attn_dplr_scan"
+_DPLR_VJP_TARGET = "implicit_attn_dplr_scan_vjp"
 _WKV_TARGET = "implicit_attn_wkv_scan"
 _DECAY_TARGET = "implicit_attn_decay_matrix"
 _LOWRANK_TARGET = "implicit_attn_lowrank_matrix"
@@ -102,7 +107,8 @@ _TARGETS = {"IaStateDecayDense": _TARGET, "IaStateDecayReduce": _REDUCE_TARGET, 
             "IaRwkvReduce": _RWKV_REDUCE_TARGET, "IaShortConvDense": _CONV_TARGET,
             "IaPlaceChannels": _PLACE_TARGET, "IaAttentionDense": _ATTENTION_TARGET, "IaLasDense": _LAS_TARGET,
             "IaSelectiveScan": _SCAN_TARGET, "IaSsdScan": _SSD_TARGET,
-            "IaDplrScan": _DPLR_TARGET, "IaWkvScan": _WKV_TARGET, "IaDecayMatrix": _DECAY_TARGET,
+            "IaDplrScan": _DPLR_TARGET, "IaDplrScanVjp": _DPLR_VJP_TARGET, "IaWkvScan": _WKV_TARGET,
+            "IaDecayMatrix": _DECAY_TARGET,
             "IaLowRankMatrix": _LOWRANK_TARGET, "IaAttentionForward": _ATTENTION_FORWARD_TARGET,
             "IaGroupedFromTokens": _FROM_TOKENS_TARGET, "IaGroupedToTokens": _TO_TOKENS_TARGET,
             "IaGatedDeltaNet": _DELTA_NET_TARGET, "IaCopy": _COPY_TARGET,
@@ -133,7 +139,8 @@ def library_path() -> Path:
 # The handlers, heaviest to compile first (seconds of g++ -O3 for each alone, on the Xeon: 4.6 for
 # IaHeadMatrixReduce down to 0.9 for IaCopy, over 2.5 for the headers).
 _BUILD_ORDER = ("IaHeadMatrixReduce", "IaDecayMatrix", "IaGatedDeltaNet", "IaStateDecayDense", "IaDplrScan",
-                "IaStateDecayReduce", "IaAttentionForward", "IaRwkvReduce", "IaShortConvDense", "IaFill",
+                "IaStateDecayReduce", "IaDplrScanVjp", "IaAttentionForward", "IaRwkvReduce", "IaShortConvDense",
+                "IaFill",
                 "IaLowRankMatrix", "IaGroupedToTokens", "IaHeadMatrixDense", "IaGroupedFromTokens",
                 "IaAttentionDense", "IaLasDense", "IaSsdScan", "IaSelectiveScan", "IaPlaceChannels", "IaRwkvDense",
                 "IaWkvScan", "IaCopy")
@@ -829,21 +836,36 @@ def pays_off(core) -> bool:
     return sum(int(x.size) for x in jax.tree.leaves(core) if hasattr(x, "size")) >= AUTO_MIN_FACTOR_ELEMENTS
 
 
-def _forward_kernel(target: str, reference, prepare=lambda *a: a, out=lambda *a: a[0].shape, **attrs):
+def _forward_kernel(target: str, reference, prepare=lambda *a: a, out=lambda *a: a[0].shape, vjp_target=None,
+                    **attrs):
     """A forward computation by the library's FFI handler ``target`` (its output float32 of shape
     ``out(*args)``, by default the first operand's; the operands ``prepare(*args)``; ``attrs`` its
     integer attributes besides ``threads``), differentiated in both modes through
-    ``reference(*args)``, XLA's form of the same numbers.
+    ``reference(*args)``, XLA's form of the same numbers; or, given ``vjp_target`` (a handler
+    taking ``target``'s operands and attributes and the output's cotangent, returning one
+    cotangent per operand), reverse mode by that kernel (``with_kernel_reverse_mode``).
 
     A custom JVP (not VJP): forward-mode derivatives of a model (``jax.jvp`` through its taps)
-    need one, and reverse mode transposes the reference's linear tangent map.
+    need one, and reverse mode transposes the linear tangent map.
     """
+    static = lambda: dict(threads=np.int64(num_threads()), **{k: np.int64(v) for k, v in attrs.items()})
+
     def call(*args):
         load()
         run = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(out(*args), jnp.float32), vmap_method="sequential")
-        return run(*prepare(*args), threads=np.int64(num_threads()), **{k: np.int64(v) for k, v in attrs.items()})
+        return run(*prepare(*args), **static())
 
-    return with_reference_derivatives(call, reference)
+    if vjp_target is None:
+        return with_reference_derivatives(call, reference)
+
+    def backward(args, ct):
+        load()
+        operands, pull = jax.vjp(prepare, *args)
+        run = jax.ffi.ffi_call(vjp_target, [jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in operands],
+                               vmap_method="sequential")
+        return pull(tuple(run(*operands, ct.astype(jnp.float32), **static())))
+
+    return with_kernel_reverse_mode(call, reference, backward, target)
 
 
 def with_reference_derivatives(fast, reference):
@@ -853,6 +875,75 @@ def with_reference_derivatives(fast, reference):
     must be differentiable, as ``jax.custom_jvp`` wants."""
     run = jax.custom_jvp(fast)
     run.defjvp(lambda primals, tangents: (fast(*primals), jax.jvp(reference, primals, tangents)[1]))
+    return run
+
+
+KERNEL_REVERSE_ENV = "IMPLICIT_ATTN_KERNEL_REVERSE"
+
+
+def kernel_reverse_mode() -> bool:
+    """Whether the kernels that have a reverse-mode kernel use it (``with_kernel_reverse_mode``);
+    ``$IMPLICIT_ATTN_KERNEL_REVERSE=0`` makes them transpose their XLA reference instead, as before
+    (read when a gradient is traced)."""
+    return os.environ.get(KERNEL_REVERSE_ENV, "1") not in ("0", "false", "no", "")
+
+
+def with_kernel_reverse_mode(fast, reference, backward, name: str):
+    """``fast(*args)``'s values with forward-mode derivatives through ``reference(*args)`` (XLA's
+    JVP, as ``with_reference_derivatives``) and reverse mode by ``backward(args, cotangent) ->
+    (one cotangent per argument)``, a kernel, instead of the transpose of the reference's tangent
+    map (whose XLA program took most of a gradient's compile and run time). ``kernel_reverse_mode()``
+    false: the reference's transpose, as ``with_reference_derivatives``.
+
+    The tangent map is a primitive of its own (``<name>_tangent``): evaluated (and lowered, on
+    any platform) as the reference's JVP, transposed by ``backward``, and batched by folding the
+    mapped axis into every operand's leading axis (which must be a batch axis the reference
+    maps independently). Second derivatives are not taken (nor were they before: ``fast`` is a
+    kernel call without derivatives of its own).
+
+    Args:
+      fast, reference: as ``with_reference_derivatives``; arguments are float arrays.
+      backward: ``(args tuple, cotangent of the output) -> tuple of cotangents`` shaped as ``args``.
+      name: the primitive's name prefix.
+    """
+    tangent_p = Primitive(f"{name}_tangent")
+
+    def tangent_map(*args, n, shape=None, dtype=None):
+        return jax.jvp(reference, args[:n], args[n:])[1]
+
+    tangent_jit = jax.jit(tangent_map, static_argnames=("n", "shape", "dtype"))
+
+    def transpose(ct, *args, n, shape, dtype):
+        primals, tangents = args[:n], args[n:]
+        if any(ad.is_undefined_primal(x) for x in primals):
+            raise ValueError(f"{name}: the tangent map is linear in its tangents only")
+        if type(ct) is ad.Zero:
+            return [None] * len(args)
+        cts = backward(primals, ct)
+        return [None] * n + [c if ad.is_undefined_primal(t) else None for t, c in zip(tangents, cts)]
+
+    def batch(args, dims, n, shape, dtype):
+        size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
+        lead = [jnp.broadcast_to(x, (size,) + x.shape) if d is None else jnp.moveaxis(x, d, 0)
+                for x, d in zip(args, dims)]
+        y = tangent_p.bind(*(x.reshape((-1,) + x.shape[2:]) for x in lead), n=n,
+                           shape=(size * shape[0],) + shape[1:], dtype=dtype)
+        return y.reshape((size,) + shape), 0
+
+    def rule(primals, tangents):
+        y = fast(*primals)
+        if not kernel_reverse_mode():
+            return y, jax.jvp(reference, primals, tangents)[1]
+        return y, tangent_p.bind(*primals, *tangents, n=len(primals), shape=tuple(y.shape), dtype=y.dtype)
+
+    tangent_p.def_impl(lambda *args, **params: tangent_jit(*args, **params))
+    tangent_p.def_abstract_eval(lambda *avals, n, shape, dtype: jax.core.ShapedArray(shape, dtype))
+    mlir.register_lowering(tangent_p, mlir.lower_fun(tangent_map, multiple_results=False))
+    ad.primitive_transposes[tangent_p] = transpose
+    batching.primitive_batchers[tangent_p] = batch
+
+    run = jax.custom_jvp(fast)
+    run.defjvp(rule)
     return run
 
 
@@ -947,7 +1038,7 @@ def _dplr_kernel(low_rank: bool, bonus: bool, after: bool):
         return q, k, v, log_w, *(empty if x is None else x for x in (a, b, bo))
 
     return _forward_kernel(_DPLR_TARGET, reference, prepare, out=lambda q, k, v, *rest: v.shape,
-                           has_ab=int(low_rank), has_bonus=int(bonus), after=int(after))
+                           vjp_target=_DPLR_VJP_TARGET, has_ab=int(low_rank), has_bonus=int(bonus), after=int(after))
 
 
 _dplr = {key: _dplr_kernel(*key) for key in itertools.product((False, True), repeat=3)}
@@ -993,7 +1084,8 @@ def _delta_as_dplr(q, k, v, log_a, beta, erase: bool):
 
 _delta = {erase: _forward_kernel(_DPLR_TARGET, functools.partial(delta_rule, erase=erase),
                                  functools.partial(_delta_as_dplr, erase=erase),
-                                 out=lambda q, k, v, log_a, beta: v.shape, has_ab=int(erase), has_bonus=0, after=1)
+                                 out=lambda q, k, v, log_a, beta: v.shape, vjp_target=_DPLR_VJP_TARGET,
+                                 has_ab=int(erase), has_bonus=0, after=1)
           for erase in (True, False)}
 
 

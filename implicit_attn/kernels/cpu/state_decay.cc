@@ -2836,6 +2836,159 @@ ffi::Error DplrScanImpl(ffi::ThreadPool xla,
   return ffi::Error::Success();
 }
 
+// Positions between the stored states of dplr_scan_vjp's forward sweep: the reverse sweep runs the
+// recurrence again from each stored state over its chunk, so it keeps (L / kVjpChunk + kVjpChunk)
+// states per head instead of L.
+constexpr int64_t kVjpChunk = 32;
+
+// One step of the DPLR recurrence on the transposed state ST (dk rows of dv values), in place:
+// ST[i] <- w[i] ST[i] + b[i] x + k[i] v with x = sum_i a[i] ST[i] (the state before the step; x
+// scratch of dv floats, unused without the low-rank term).
+inline void dplr_state_step(float* ST, int64_t dk, int64_t dv, const float* w, const float* k, const float* a,
+                            const float* b, const float* v, float* x) {
+  if (a) {
+    std::fill(x, x + dv, 0.0f);
+    for (int64_t i = 0; i < dk; ++i)
+      for (int64_t j = 0; j < dv; ++j) x[j] += a[i] * ST[i * dv + j];
+  }
+  for (int64_t i = 0; i < dk; ++i) {
+    float* row = ST + i * dv;
+    const float wi = w[i], ki = k[i], bi = a ? b[i] : 0.0f;
+    if (a)
+      for (int64_t j = 0; j < dv; ++j) row[j] = wi * row[j] + bi * x[j] + ki * v[j];
+    else
+      for (int64_t j = 0; j < dv; ++j) row[j] = wi * row[j] + ki * v[j];
+  }
+}
+
+// sum_j x[j] y[j] in 16 running sums (a sum in order would not vectorize).
+inline float dot_n(const float* x, const float* y, int64_t n) {
+  float acc[16] = {};
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16)
+    for (int l = 0; l < 16; ++l) acc[l] += x[j + l] * y[j + l];
+  float s = 0.0f;
+  for (; j < n; ++j) s += x[j] * y[j];
+  for (int l = 0; l < 16; ++l) s += acc[l];
+  return s;
+}
+
+// Reverse mode of dplr_scan for one (batch, head) item: given do_ (L, dv), the cotangents of q, k, v,
+// log_w (and a, b, bonus where present). With A the adjoint of S_t (transposed as the state is),
+// from the last position back: A += q_t do_t^T where o_t reads S_t; then dv_t = A k_t (+ bonus_t
+// do_t), dk_t = A^T v_t, dlog_w_t = w_t * diag(S_{t-1}^T A), da_t = S_{t-1}^T (A b_t), db_t = A^T
+// (S_{t-1} a_t); A <- A M_t^T (M_t = Diag(w_t) + a_t b_t^T); A += q_t do_t^T where o_t reads S_{t-1}.
+// S_{t-1} comes from the states stored every kVjpChunk positions, run forward over the chunk.
+void dplr_vjp_item(bool after, bool low_rank, bool has_bonus, int64_t L, int64_t dk, int64_t dv, const float* q,
+                   const float* k, const float* v, const float* w, const float* a, const float* b,
+                   const float* bonus, const float* do_, float* dq, float* dk_, float* dv_, float* dlw, float* da,
+                   float* db, float* dbonus, std::vector<float>& stored, std::vector<float>& run,
+                   std::vector<float>& adj, std::vector<float>& x, std::vector<float>& y) {
+  const int64_t S = dk * dv, chunks = (L + kVjpChunk - 1) / kVjpChunk;
+  stored.assign(chunks * S, 0.0f);
+  run.resize((kVjpChunk + 1) * S);
+  adj.assign(S, 0.0f);
+  x.resize(dv);
+  y.resize(dv);
+  const float* no = nullptr;
+  std::vector<float> state(S, 0.0f);
+  for (int64_t t = 0; t < L; ++t) {  // the state entering each chunk
+    if (t % kVjpChunk == 0) std::copy(state.begin(), state.end(), stored.begin() + t / kVjpChunk * S);
+    dplr_state_step(state.data(), dk, dv, w + t * dk, k + t * dk, low_rank ? a + t * dk : no,
+                    low_rank ? b + t * dk : no, v + t * dv, x.data());
+  }
+  float* A = adj.data();
+  for (int64_t c = chunks - 1; c >= 0; --c) {
+    const int64_t t0 = c * kVjpChunk, t1 = std::min(L, t0 + kVjpChunk);
+    std::copy(stored.begin() + c * S, stored.begin() + (c + 1) * S, run.begin());
+    for (int64_t t = t0; t < t1; ++t) {  // run[t - t0 + 1]: S_t
+      float* next = run.data() + (t - t0 + 1) * S;
+      std::copy(next - S, next, next);
+      dplr_state_step(next, dk, dv, w + t * dk, k + t * dk, low_rank ? a + t * dk : no, low_rank ? b + t * dk : no,
+                      v + t * dv, x.data());
+    }
+    for (int64_t t = t1 - 1; t >= t0; --t) {
+      const float* prev = run.data() + (t - t0) * S;  // S_{t-1}
+      const float* read = after ? prev + S : prev;    // the state o_t reads
+      const float *qt = q + t * dk, *kt = k + t * dk, *vt = v + t * dv, *wt = w + t * dk, *dot_ = do_ + t * dv;
+      for (int64_t i = 0; i < dk; ++i) dq[t * dk + i] = dot_n(read + i * dv, dot_, dv);
+      if (after)
+        for (int64_t i = 0; i < dk; ++i)
+          for (int64_t j = 0; j < dv; ++j) A[i * dv + j] += qt[i] * dot_[j];
+      float* dvt = dv_ + t * dv;
+      for (int64_t j = 0; j < dv; ++j) dvt[j] = has_bonus ? bonus[t] * dot_[j] : 0.0f;
+      for (int64_t i = 0; i < dk; ++i) {
+        const float* Ai = A + i * dv;
+        for (int64_t j = 0; j < dv; ++j) dvt[j] += kt[i] * Ai[j];
+        dk_[t * dk + i] = dot_n(Ai, vt, dv);
+        dlw[t * dk + i] = wt[i] * dot_n(prev + i * dv, Ai, dv);
+      }
+      if (has_bonus) dbonus[t] = dot_n(dot_, vt, dv);
+      if (low_rank) {
+        const float *at = a + t * dk, *bt = b + t * dk;
+        std::fill(x.begin(), x.end(), 0.0f);
+        std::fill(y.begin(), y.end(), 0.0f);
+        for (int64_t i = 0; i < dk; ++i)
+          for (int64_t j = 0; j < dv; ++j) {
+            x[j] += at[i] * prev[i * dv + j];
+            y[j] += bt[i] * A[i * dv + j];
+          }
+        for (int64_t i = 0; i < dk; ++i) {
+          da[t * dk + i] = dot_n(prev + i * dv, y.data(), dv);
+          db[t * dk + i] = dot_n(A + i * dv, x.data(), dv);
+        }
+        for (int64_t i = 0; i < dk; ++i)
+          for (int64_t j = 0; j < dv; ++j) A[i * dv + j] = wt[i] * A[i * dv + j] + at[i] * y[j];
+      } else {
+        for (int64_t i = 0; i < dk; ++i)
+          for (int64_t j = 0; j < dv; ++j) A[i * dv + j] *= wt[i];
+      }
+      if (!after)
+        for (int64_t i = 0; i < dk; ++i)
+          for (int64_t j = 0; j < dv; ++j) A[i * dv + j] += qt[i] * dot_[j];
+    }
+  }
+}
+
+// Reverse mode of dplr_scan (same operands and attributes, plus the outputs' cotangents do_): the
+// cotangents of q, k, v, log_w, a, b and bonus, each shaped as its operand (the absent ones' as
+// given). Heads over the threads.
+ffi::Error DplrScanVjpImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                           ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> log_w, ffi::Buffer<ffi::F32> a,
+                           ffi::Buffer<ffi::F32> b, ffi::Buffer<ffi::F32> bonus, ffi::Buffer<ffi::F32> dout,
+                           ffi::ResultBuffer<ffi::F32> dq, ffi::ResultBuffer<ffi::F32> dk_,
+                           ffi::ResultBuffer<ffi::F32> dv_, ffi::ResultBuffer<ffi::F32> dlw,
+                           ffi::ResultBuffer<ffi::F32> da, ffi::ResultBuffer<ffi::F32> db,
+                           ffi::ResultBuffer<ffi::F32> dbonus, int64_t threads, int64_t has_ab, int64_t has_bonus,
+                           int64_t after) {
+  auto qd = q.dimensions(), vd = v.dimensions(), od = dout.dimensions();
+  if (!dplr_operands(q, k, log_w, a, b, bonus, has_ab, has_bonus) || vd.size() != 4 || vd[0] != qd[0] ||
+      vd[1] != qd[1] || vd[2] != qd[2] || od.size() != 4 || !std::equal(od.begin(), od.end(), vd.begin()))
+    return ffi::Error::InvalidArgument("dplr_scan_vjp: inconsistent shapes (q, k, log_w, a, b (B, H, L, dk); "
+                                       "v and the cotangent (B, H, L, dv); bonus (B, H, L))");
+  const int64_t B = qd[0], H = qd[1], L = qd[2], dk = qd[3], dv = vd[3];
+  const int64_t items = B * H;
+  if (items == 0 || L == 0) return ffi::Error::Success();
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  const float *pq = q.typed_data(), *pk = k.typed_data(), *pv = v.typed_data(), *pl = log_w.typed_data();
+  const float *pa = a.typed_data(), *pb = b.typed_data(), *pbo = bonus.typed_data(), *pdo = dout.typed_data();
+  float *gq = dq->typed_data(), *gk = dk_->typed_data(), *gv = dv_->typed_data(), *gl = dlw->typed_data();
+  float *ga = da->typed_data(), *gb = db->typed_data(), *gbo = dbonus->typed_data();
+  run_threads(xla, nt, [&](int64_t t0) {
+    std::vector<float> w(L * dk), stored, run, adj, x, y;
+    for (int64_t item = t0; item < items; item += nt) {
+      const size_t base = static_cast<size_t>(item) * L;
+      for (int64_t i = 0; i < L * dk; ++i) w[i] = std::exp(pl[base * dk + i]);
+      const size_t kb = base * dk, vb = base * dv;
+      dplr_vjp_item(after, has_ab, has_bonus, L, dk, dv, pq + kb, pk + kb, pv + vb, w.data(),
+                    has_ab ? pa + kb : nullptr, has_ab ? pb + kb : nullptr, has_bonus ? pbo + base : nullptr,
+                    pdo + vb, gq + kb, gk + kb, gv + vb, gl + kb, has_ab ? ga + kb : nullptr,
+                    has_ab ? gb + kb : nullptr, has_bonus ? gbo + base : nullptr, stored, run, adj, x, y);
+    }
+  });
+  return ffi::Error::Success();
+}
+
 // The gated DeltaNet mixer between its projections (Qwen3-Next's, Qwen3.5's, OLMo-Hybrid's;
 // ops in the family's delta_parts and delta_inner), per batch b and value head h (key head g =
 // h / (Hv / Hk); one work item per batch and key head):
@@ -3651,22 +3804,35 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int64_t>("threads"));
 #endif
 
+// The DPLR recurrence's operands: q, k (B, H, L, dk), v (B, H, L, dv), the log decays (B, H, L, dk),
+// a, b (B, H, L, dk; read if has_ab), bonus (B, H, L; read if has_bonus).
+#define IA_DPLR_ARGS                                                                                           \
+  Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>()                        \
+      .Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>()                   \
+      .Arg<ffi::Buffer<ffi::F32>>()
+#define IA_DPLR_ATTRS Attr<int64_t>("threads").Attr<int64_t>("has_ab").Attr<int64_t>("has_bonus").Attr<int64_t>("after")
+
 #if !IA_PARTIAL || IA_IaDplrScan
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaDplrScan, DplrScanImpl,
-    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
-        .Arg<ffi::Buffer<ffi::F32>>()   // q (B, H, L, dk)
-        .Arg<ffi::Buffer<ffi::F32>>()   // k (B, H, L, dk)
-        .Arg<ffi::Buffer<ffi::F32>>()   // v (B, H, L, dv)
-        .Arg<ffi::Buffer<ffi::F32>>()   // log decays (B, H, L, dk)
-        .Arg<ffi::Buffer<ffi::F32>>()   // a (B, H, L, dk), if has_ab
-        .Arg<ffi::Buffer<ffi::F32>>()   // b (B, H, L, dk), if has_ab
-        .Arg<ffi::Buffer<ffi::F32>>()   // bonus (B, H, L), if has_bonus
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().IA_DPLR_ARGS
         .Ret<ffi::Buffer<ffi::F32>>()   // o (B, H, L, dv)
-        .Attr<int64_t>("threads")
-        .Attr<int64_t>("has_ab")
-        .Attr<int64_t>("has_bonus")
-        .Attr<int64_t>("after"));
+        .IA_DPLR_ATTRS);
+#endif
+
+#if !IA_PARTIAL || IA_IaDplrScanVjp
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaDplrScanVjp, DplrScanVjpImpl,
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().IA_DPLR_ARGS
+        .Arg<ffi::Buffer<ffi::F32>>()   // the outputs' cotangent (B, H, L, dv)
+        .Ret<ffi::Buffer<ffi::F32>>()   // dq
+        .Ret<ffi::Buffer<ffi::F32>>()   // dk
+        .Ret<ffi::Buffer<ffi::F32>>()   // dv
+        .Ret<ffi::Buffer<ffi::F32>>()   // dlog_w
+        .Ret<ffi::Buffer<ffi::F32>>()   // da (as a)
+        .Ret<ffi::Buffer<ffi::F32>>()   // db (as b)
+        .Ret<ffi::Buffer<ffi::F32>>()   // dbonus (as bonus)
+        .IA_DPLR_ATTRS);
 #endif
 
 #if !IA_PARTIAL || IA_IaWkvScan
