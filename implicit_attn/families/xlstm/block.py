@@ -120,7 +120,7 @@ def recurrence(q: dict, cfg: Config):
     args = (q["q"], q["k"], q["v"], q["log_f"], q["log_i"], q["m"])
     chunked = functools.partial(mlstm_rule, eps=cfg.eps, chunk=cfg.chunk_size)
     if cpu_kernels.recurrence_pays_off(q["k"], q["v"]):
-        h, norm = run_scan("auto", functools.partial(cpu_kernels.mlstm_scan, eps=cfg.eps, chunk=cfg.chunk_size),
+        h, norm = run_scan("auto", functools.partial(cpu_kernels.mlstm_scan, eps=cfg.eps),
                            chunked, *args)
     else:
         h, norm = chunked(*args)

@@ -73,7 +73,7 @@ from ...operator import (MODES, AttentionCore, BidirectionalCore, DeltaRuleCore,
                          ScalarDecayCore, ShortConvCore, StateDecayCore, apply_mode, block_size, channel_heads,
                          register_backend, register_core, span_heads, with_xla_backward)
 from ...operator.dispatch import blocked_reduce, blocked_reduce_by, blocked_reduce_jit, channel_key, parallel_reduce
-from ...ops import (attention_output, delta_rule, dplr_rule, full_precision, grouped, mlstm_rule, pool_window,
+from ...ops import (attention_output, delta_rule, dplr_rule, full_precision, grouped, pool_window,
                    scalar_decay_kernel, selective_scan_sequential, ssd_chunked, wkv_chunked)
 from . import cache
 from .cache import CpuKernelUnavailable, cache_dir
@@ -1120,20 +1120,19 @@ def _mlstm_as_delta(q, k, v, log_f, log_i, m):
     return q, k, jnp.concatenate([v, ones], axis=-1), log_f + m_before - m, jnp.exp(log_i - m)
 
 
-def mlstm_scan(q, k, v, log_f, log_i, m, eps: float, chunk: int = 64):
+def mlstm_scan(q, k, v, log_f, log_i, m, eps: float):
     """The mLSTM read-out by the fused CPU kernel, ``ops.mlstm_rule``'s numbers (to float32
     rounding; float32): per head the stabilised state ``C_t = e^{f_t + m_{t-1} - m_t} C_{t-1} +
     e^{i_t - m_t} v_t k_t^T`` and ``n_t`` likewise with ``1``, run by the non-erasing delta rule's
     recurrence (``delta_scan(..., erase=False)`` with a column of ones after ``v``), one step per
     position; ``h_t = C_t q_t / (max(|n_t . q_t|, e^{-m_t}) + eps)``. With the model's stabiliser
     (``ops.mlstm_stabiliser``: ``m_t >= f_t + m_{t-1}`` and ``m_t >= i_t``) every factor is at most 1,
-    as in ``mlstm_rule``. Derivatives (forward and reverse mode) go through ``ops.mlstm_rule`` with
-    chunks of ``chunk``.
+    as in ``mlstm_rule``. Derivatives are those of this composition: the delta rule's (``delta_scan``:
+    reverse mode by its kernel, forward mode through ``ops.delta_rule``) and XLA's for the rest.
 
     Args:
       q, k: ``(B, H, L, d_k)`` (``q`` already scaled); v: ``(B, H, L, d_v)``; log_f, log_i, m:
-        ``(B, H, L)`` log forget gates, log input gates, the stabiliser; eps: added to the normaliser;
-        chunk: the chunk length of the derivatives' form.
+        ``(B, H, L)`` log forget gates, log input gates, the stabiliser; eps: added to the normaliser.
     Returns:
       ``(h (B, H, L, d_v), norm (B, H, L))`` float32, ``norm`` the normaliser ``max(|n_t . q_t|,
       e^{-m_t}) + eps``.
@@ -1149,8 +1148,7 @@ def mlstm_scan(q, k, v, log_f, log_i, m, eps: float, chunk: int = 64):
         norm = jnp.maximum(jnp.abs(o[..., -1]), jnp.exp(-m)) + jnp.asarray(eps, jnp.float32)
         return o[..., :-1] / norm[..., None], norm
 
-    run = with_reference_derivatives(fast, functools.partial(mlstm_rule, eps=eps, chunk=chunk))
-    return run(*(jnp.asarray(a, jnp.float32) for a in (q, k, v, log_f, log_i, m)))
+    return fast(*(jnp.asarray(a, jnp.float32) for a in (q, k, v, log_f, log_i, m)))
 
 def recurrence_pays_off(k, v) -> bool:
     """Whether a CPU forward runs a recurrence with a ``(d_v, d_k)`` state per head (the delta rule,

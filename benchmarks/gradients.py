@@ -1,0 +1,105 @@
+"""``explain(method="attribution")`` on the families whose recurrence is the DPLR kernel's (RWKV-5/6/7,
+the gated delta rule): its gradients' reverse mode by the recurrence's own backward kernel (the
+default) against the transpose of its XLA reference (``$IMPLICIT_ATTN_KERNEL_REVERSE=0``, the
+library before the kernel), each in a fresh process.
+
+Per family and mode: the first call (tracing and compiling included), the steady state (median of
+``--repeat`` later calls) and the XLA compile seconds of the first call (JAX's
+``backend_compile`` events); the model is ``benchmarks.forward``'s (the family's ``bench`` shape,
+random weights written and loaded as a checkpoint), one example of ``L`` tokens. The two modes'
+relevance must agree (``max_rel_diff``: the largest difference of the per-layer maps over their
+largest entry), and the processes alternate (kernel, reference, kernel, ...) so a machine whose speed
+drifts slows both alike.
+
+    python -m benchmarks.gradients [--quick] [--only rwkv6,qwen3_next] [--L 512] [--repeat 3]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import tempfile
+import time
+
+import numpy as np
+
+from benchmarks.common import block, isolated, timeit, write_results
+
+COLUMNS = ["family", "L", "kernel_first_s", "reference_first_s", "first_speedup", "kernel_compile_s",
+           "reference_compile_s", "kernel_s", "reference_s", "speedup", "max_rel_diff"]
+DEFAULT_FAMILIES = ("rwkv5", "rwkv6", "rwkv7", "qwen3_next", "kimi_linear")
+MODE_ENV = "IMPLICIT_ATTN_KERNEL_REVERSE"
+
+
+def explain_times(family: str, quick: bool, L: int, repeat: int, maps_path: str) -> dict:
+    """In this (fresh) process: the first ``explain(method="attribution")`` on ``family``'s benchmark
+    model and the median of ``repeat`` more; its per-layer maps saved to ``maps_path`` (``.npy``)."""
+    import jax
+    import jax.monitoring
+
+    import implicit_attn as ia
+    from benchmarks.forward import random_ids, write_checkpoint
+    from implicit_attn.explain.methods import explain
+
+    compile_s = collections.Counter()
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, seconds, **_: compile_s.update({event: seconds}))
+    with tempfile.TemporaryDirectory() as d:
+        write_checkpoint(family, d, quick)
+        model = ia.load(d)
+    ids = random_ids(model.config.vocab_size, L)
+    run = lambda: explain(model, ids, method="attribution")
+    t = time.perf_counter()
+    first = block(run())
+    first_s = time.perf_counter() - t
+    compiled = compile_s["/jax/core/compile/backend_compile_duration"]
+    np.save(maps_path, np.asarray(first.layer_maps, np.float64))
+    return {"first_s": first_s, "compile_s": compiled, "steady_s": timeit(run, repeat=repeat, warmup=0)}
+
+
+def family_row(family: str, quick: bool, L: int, repeat: int) -> dict:
+    """One family's row: both modes in fresh processes, alternating."""
+    out, maps = {}, {}
+    with tempfile.TemporaryDirectory() as d:
+        for mode, flag in (("kernel", "1"), ("reference", "0")):
+            os.environ[MODE_ENV] = flag
+            try:
+                path = f"{d}/{mode}.npy"
+                out[mode] = isolated("benchmarks.gradients:explain_times", family=family, quick=quick, L=L,
+                                     repeat=repeat, maps_path=path)
+                maps[mode] = np.load(path)
+            finally:
+                os.environ.pop(MODE_ENV, None)
+    k, r = out["kernel"], out["reference"]
+    return {"family": family, "L": L, "kernel_first_s": k["first_s"], "reference_first_s": r["first_s"],
+            "first_speedup": r["first_s"] / k["first_s"], "kernel_compile_s": k["compile_s"],
+            "reference_compile_s": r["compile_s"], "kernel_s": k["steady_s"], "reference_s": r["steady_s"],
+            "speedup": r["steady_s"] / k["steady_s"],
+            "max_rel_diff": float(np.abs(maps["kernel"] - maps["reference"]).max() / np.abs(maps["reference"]).max())}
+
+
+def main(quick: bool = False, only=None, L: int | None = None, repeat: int = 3) -> list[dict]:
+    from implicit_attn.registry import family as spec_of
+
+    families = only or (DEFAULT_FAMILIES[1:2] + DEFAULT_FAMILIES[3:4] if quick else DEFAULT_FAMILIES)
+    for f in families:
+        spec_of(f)  # ValueError naming the supported model_types
+    L = L or (128 if quick else 512)
+    rows = []
+    for i, f in enumerate(families):
+        print(f"[{i + 1}/{len(families)}] {f}", flush=True)
+        rows.append(family_row(f, quick, L, repeat))
+        print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
+    write_results("gradients_quick" if quick else "gradients", rows, columns=COLUMNS)
+    return rows
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="the families' quick shapes, L = 128, RWKV-6 and Qwen3-Next")
+    ap.add_argument("--only", default="", help="comma-separated model_types (default: " +
+                    ", ".join(DEFAULT_FAMILIES) + ")")
+    ap.add_argument("--L", type=int, default=None, help="tokens (default 512; 128 with --quick)")
+    ap.add_argument("--repeat", type=int, default=3, help="steady-state calls timed (default 3)")
+    a = ap.parse_args()
+    main(a.quick, [s for s in a.only.split(",") if s] or None, a.L, a.repeat)
