@@ -1,5 +1,5 @@
 """``explain(method="attribution")`` on the families whose recurrence is the DPLR kernel's (RWKV-5/6/7,
-the gated delta rule): its gradients' reverse mode by the recurrence's own backward kernel (the
+the gated delta rule, the mLSTM): its gradients' reverse mode by the recurrence's own backward kernel (the
 default) against the transpose of its XLA reference (``$IMPLICIT_ATTN_KERNEL_REVERSE=0``, the
 library before the kernel), each in a fresh process.
 
@@ -7,8 +7,9 @@ Per family and mode: the first call (tracing and compiling included), the steady
 ``--repeat`` later calls) and the XLA compile seconds of the first call (JAX's
 ``backend_compile`` events); the model is ``benchmarks.forward``'s (the family's ``bench`` shape,
 random weights written and loaded as a checkpoint), one example of ``L`` tokens. The two modes'
-relevance must agree (``max_rel_diff``: the largest difference of the per-layer maps over their
-largest entry), and the processes alternate (kernel, reference, kernel, ...) so a machine whose speed
+gradients must agree (``max_rel_diff``: the largest difference of the logit's gradients at the
+layers' mixer outputs, the weights of the attribution maps, over their largest entry), and the
+processes alternate (kernel, reference, kernel, ...) so a machine whose speed
 drifts slows both alike.
 
     python -m benchmarks.gradients [--quick] [--only rwkv6,qwen3_next] [--L 512] [--repeat 3]
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import subprocess
 import tempfile
 import time
 
@@ -26,20 +28,23 @@ import numpy as np
 from benchmarks.common import block, isolated, timeit, write_results
 
 COLUMNS = ["family", "L", "kernel_first_s", "reference_first_s", "first_speedup", "kernel_compile_s",
-           "reference_compile_s", "kernel_s", "reference_s", "speedup", "max_rel_diff"]
-DEFAULT_FAMILIES = ("rwkv5", "rwkv6", "rwkv7", "qwen3_next", "kimi_linear")
+           "reference_compile_s", "kernel_s", "reference_s", "speedup", "max_rel_diff", "note"]
+# A mode's process past this many seconds is stopped and its columns left empty (a note says so).
+TIMEOUT_S = 300
+DEFAULT_FAMILIES = ("rwkv5", "rwkv6", "rwkv7", "qwen3_next", "kimi_linear", "xlstm")
 MODE_ENV = "IMPLICIT_ATTN_KERNEL_REVERSE"
 
 
-def explain_times(family: str, quick: bool, L: int, repeat: int, maps_path: str) -> dict:
+def explain_times(family: str, quick: bool, L: int, repeat: int, grads_path: str) -> dict:
     """In this (fresh) process: the first ``explain(method="attribution")`` on ``family``'s benchmark
-    model and the median of ``repeat`` more; its per-layer maps saved to ``maps_path`` (``.npy``)."""
+    model and the median of ``repeat`` more; then the logit's gradients at every layer's mixer output
+    (``explain.methods.output_gradients``), flattened into ``grads_path`` (``.npy``)."""
     import jax
     import jax.monitoring
 
     import implicit_attn as ia
     from benchmarks.forward import random_ids, write_checkpoint
-    from implicit_attn.explain.methods import explain
+    from implicit_attn.explain.methods import explain, output_gradients
 
     compile_s = collections.Counter()
     jax.monitoring.register_event_duration_secs_listener(
@@ -50,32 +55,40 @@ def explain_times(family: str, quick: bool, L: int, repeat: int, maps_path: str)
     ids = random_ids(model.config.vocab_size, L)
     run = lambda: explain(model, ids, method="attribution")
     t = time.perf_counter()
-    first = block(run())
+    block(run())
     first_s = time.perf_counter() - t
     compiled = compile_s["/jax/core/compile/backend_compile_duration"]
-    np.save(maps_path, np.asarray(first.layer_maps, np.float64))
-    return {"first_s": first_s, "compile_s": compiled, "steady_s": timeit(run, repeat=repeat, warmup=0)}
+    steady_s = timeit(run, repeat=repeat, warmup=0)
+    grads, _, _ = output_gradients(model, ids)  # what the maps are weighted by (they are normalised)
+    np.save(grads_path, np.concatenate([np.asarray(grads[l], np.float64).ravel() for l in sorted(grads)]))
+    return {"first_s": first_s, "compile_s": compiled, "steady_s": steady_s}
 
 
-def family_row(family: str, quick: bool, L: int, repeat: int) -> dict:
-    """One family's row: both modes in fresh processes, alternating."""
-    out, maps = {}, {}
+def family_row(family: str, quick: bool, L: int, repeat: int, timeout: float = TIMEOUT_S) -> dict:
+    """One family's row: both modes in fresh processes, alternating; a mode whose process runs past
+    ``timeout`` seconds is stopped and left out (``note``)."""
+    out, grads, notes = {}, {}, []
     with tempfile.TemporaryDirectory() as d:
         for mode, flag in (("kernel", "1"), ("reference", "0")):
             os.environ[MODE_ENV] = flag
             try:
                 path = f"{d}/{mode}.npy"
-                out[mode] = isolated("benchmarks.gradients:explain_times", family=family, quick=quick, L=L,
-                                     repeat=repeat, maps_path=path)
-                maps[mode] = np.load(path)
+                out[mode] = isolated("benchmarks.gradients:explain_times", timeout=timeout, family=family,
+                                     quick=quick, L=L, repeat=repeat, grads_path=path)
+                grads[mode] = np.load(path)
+            except subprocess.TimeoutExpired:
+                out[mode] = {"first_s": None, "compile_s": None, "steady_s": None}
+                notes.append(f"{mode} mode stopped after {timeout:.0f} s")
             finally:
                 os.environ.pop(MODE_ENV, None)
     k, r = out["kernel"], out["reference"]
+    ratio = lambda a, b: a / b if a is not None and b is not None else None
+    diff = (float(np.abs(grads["kernel"] - grads["reference"]).max() / np.abs(grads["reference"]).max())
+            if len(grads) == 2 else None)
     return {"family": family, "L": L, "kernel_first_s": k["first_s"], "reference_first_s": r["first_s"],
-            "first_speedup": r["first_s"] / k["first_s"], "kernel_compile_s": k["compile_s"],
+            "first_speedup": ratio(r["first_s"], k["first_s"]), "kernel_compile_s": k["compile_s"],
             "reference_compile_s": r["compile_s"], "kernel_s": k["steady_s"], "reference_s": r["steady_s"],
-            "speedup": r["steady_s"] / k["steady_s"],
-            "max_rel_diff": float(np.abs(maps["kernel"] - maps["reference"]).max() / np.abs(maps["reference"]).max())}
+            "speedup": ratio(r["steady_s"], k["steady_s"]), "max_rel_diff": diff, "note": "; ".join(notes)}
 
 
 def main(quick: bool = False, only=None, L: int | None = None, repeat: int = 3) -> list[dict]:

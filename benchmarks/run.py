@@ -19,8 +19,8 @@ from pathlib import Path
 
 from benchmarks.common import RESULTS, machine
 
-SUITES = ["forward", "experts", "cli_startup", "suite", "cores", "apply", "mamba", "mamba2", "griffin", "rwkv",
-          "delta_rule", "rwkv_official"]
+SUITES = ["forward", "experts", "cli_startup", "gradients", "suite", "cores", "apply", "mamba", "mamba2", "griffin",
+          "rwkv", "delta_rule", "rwkv_official"]
 
 
 def main(argv=None) -> int:
