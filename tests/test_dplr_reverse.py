@@ -3,7 +3,7 @@ gradients of ``dplr_scan`` (RWKV-5/6/7) and ``delta_scan`` (the gated delta rule
 library's own backward pass, not from XLA's transpose of the chunked reference. Checked against
 torch's float64 autograd of the recurrence written step by step (an independent reference), with
 the compositions a model's gradients meet: ``vmap`` either side of ``grad``, forward mode,
-threads, causality, and an export for an accelerator (no kernel in it).
+threads, causality, and exports for accelerators (no kernel in them).
 """
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ def test_reverse_kernel_composes_with_vmap_threads_and_export(monkeypatch):
     (the same bits); one thread and three the same bits; cotangents only up to ``t = p`` give
     gradients exactly 0 after ``p``; forward mode goes through the reference's derivatives (equal to
     the reference's own); ``$IMPLICIT_ATTN_KERNEL_REVERSE=0`` transposes the
-    reference instead; RWKV's recurrence exported for CUDA holds neither kernel."""
+    reference instead; RWKV's recurrence exported for CUDA or TPU holds neither kernel."""
     from implicit_attn.families.rwkv6.block import dplr_outputs
 
     q, k, v, log_w, a, b, bo, ct = inputs(1, 2, 40, 8, 5, seed=3)
@@ -159,5 +159,6 @@ def test_reverse_kernel_composes_with_vmap_threads_and_export(monkeypatch):
     monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", 1)
     model = lambda q: jnp.sum(ct * dplr_outputs(q, k, v, log_w, a, b, bo, after=True, chunk=8))
     assert VJP in jax.jit(jax.grad(model)).lower(q).as_text()
-    cuda = jax.export.export(jax.jit(jax.grad(model)), platforms=["cuda"])(q).mlir_module()
-    assert VJP not in cuda and "implicit_attn_dplr_scan" not in cuda
+    for platform in ("cuda", "tpu"):
+        module = jax.export.export(jax.jit(jax.grad(model)), platforms=[platform])(q).mlir_module()
+        assert VJP not in module and "implicit_attn_dplr_scan" not in module, platform
