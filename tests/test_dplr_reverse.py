@@ -114,6 +114,28 @@ def test_delta_gradients_are_the_kernels_and_match_float64(erase, per_dim):
         assert rel(g, w) <= 2e-5, (name, rel(g, w))
 
 
+@pytest.mark.parametrize("where", ["q", "v", "log_w", "a"])
+def test_dplr_gradients_with_a_nan_input_have_torchs_nan_pattern(where):
+    """One NaN input entry (head 1, ``t = 40``): the kernel's gradients are NaN exactly where
+    torch's float64 autograd's are (the adjoint carries it to earlier positions and other
+    operands, never to the other head), and equal elsewhere."""
+    args = list(inputs(1, 2, 70, 8, 5, seed=5))
+    ct = args.pop()
+    i = ("q", "k", "v", "log_w", "a").index(where)
+    args[i] = args[i].at[0, 1, 40, 3].set(jnp.nan)
+    got = jax.jit(jax.grad(lambda *xs: jnp.sum(ct * cpu.dplr_scan(*xs, after=True)), argnums=tuple(range(7))))(*args)
+    want = torch_grads(lambda *xs: torch_dplr(*xs, True), args, ct)
+    reached = 0
+    for name, g, w in zip(("q", "k", "v", "log_w", "a", "b", "bonus"), got, want):
+        g = np.asarray(g, np.float64)
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=name)
+        assert not np.isnan(g[0, 0]).any(), name
+        ok = ~np.isnan(w)
+        assert np.abs(g[ok] - w[ok]).max() <= 2e-5 * np.abs(w[ok]).max(), name
+        reached += int(np.isnan(w).sum())
+    assert reached > 200  # the NaN did reach the gradients
+
+
 def test_reverse_kernel_composes_with_vmap_threads_and_export(monkeypatch):
     """``vmap`` of the gradient and the gradient of a ``vmap`` give each example's gradient alone
     (the same bits); one thread and three the same bits; cotangents only up to ``t = p`` give
