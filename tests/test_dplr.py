@@ -8,6 +8,10 @@ low-rank term of RWKV-7's shape, ragged chunks, long inputs."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +20,7 @@ import pytest
 
 from implicit_attn.kernels.pallas import calls, plans
 from implicit_attn.operator import DplrCore, Mamba2Operator
-from implicit_attn.ops import dplr_matrix, dplr_rule
+from implicit_attn.ops import delta_rule, dplr_matrix, dplr_rule
 
 
 def recurrence(q, k, v, log_w, a=None, b=None, after=True):
@@ -156,6 +160,55 @@ def test_a_nan_key_stays_out_of_earlier_rows():
     M = np.asarray(dplr_matrix(*f32(q, k, log_w), chunk=16, after=False))
     assert np.isfinite(o[0, 0, :22]).all() and np.isfinite(M[0, 0, :22]).all() and np.isfinite(o[0, 1]).all()
     assert np.isnan(o[0, 0, 22]).all() and np.isnan(M[0, 0, 22, 21])
+
+
+def test_chunked_forms_and_their_gradients_call_no_lapack():
+    """The chunks' triangular systems are solved by matmuls (``ops.unit_lower_inverse``), never by
+    jax's triangular solve: on CPU that is LAPACK's ``trsm`` behind an FFI call that splits its batch
+    over XLA's thread pool and waits for it inside a pool thread, so two such calls at once on a
+    two-thread pool wait for each other forever (a gradient through five layers of the chunked form
+    did, below)."""
+    g = np.random.default_rng(1)
+    q, k, v, a = (jnp.asarray(g.standard_normal((1, 2, 40, 8)), jnp.float32) for _ in range(4))
+    log_w = -jnp.exp(q)
+    beta = jax.nn.sigmoid(v[..., 0])
+    programs = {
+        "dplr": lambda q: dplr_rule(q, k, v, log_w, -a, 0.5 * a, chunk=16),
+        "delta": lambda q: delta_rule(q, k, v, log_w[..., 0], beta, chunk=16),
+        "kda": lambda q: delta_rule(q, k, v, log_w, beta, chunk=8),
+    }
+    for name, f in programs.items():
+        for program in (f, jax.grad(lambda q, f=f: jnp.sum(f(q) ** 2))):
+            text = jax.jit(program).lower(q).as_text()
+            assert "custom_call" not in text and "lapack" not in text, name
+
+
+HANG_SCRIPT = textwrap.dedent("""
+    import jax, jax.numpy as jnp, numpy as np
+    from implicit_attn.ops import dplr_rule
+    g = np.random.default_rng(0)
+    x = lambda: jnp.asarray(0.3 * g.standard_normal((1, 12, 256, 64)), jnp.float32)
+    q, k, v, kk = x(), x(), x(), x()
+    log_w, kk = -jnp.exp(x()), kk / jnp.linalg.norm(kk, axis=-1, keepdims=True)
+    def loss(*xs):
+        q, rest = xs[0], xs[1:]
+        for _ in range(5):
+            q = jnp.tanh(dplr_rule(q, rest[0], rest[1] + q, *rest[2:]))
+        return jnp.sum(q ** 2)
+    grads = jax.jit(jax.grad(loss, argnums=tuple(range(6))))(q, k, v, log_w, -kk, 0.5 * kk)
+    print(max(float(jnp.abs(t).max()) for t in grads))
+""")
+
+
+@pytest.mark.deep
+def test_gradient_through_five_chunked_layers_finishes():
+    """The program that hung with the triangular solves in it (RWKV-7's shapes, L = 256, the
+    gradient in every operand, XLA's default flags; on the 2-core CPU it never ended, idle, both
+    pool threads in LAPACK's wait): it ends, with a finite gradient, in a fresh process."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    run = subprocess.run([sys.executable, "-c", HANG_SCRIPT], env=env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert np.isfinite(float(run.stdout.split()[-1]))
 
 
 @pytest.mark.parametrize("sequential", [False, True], ids=["loop", "sequential_grid"])

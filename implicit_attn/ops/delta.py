@@ -220,10 +220,7 @@ def delta_rule(q, k, v, log_a, beta, chunk: int | None = None, erase: bool = Tru
         *parts, vc = xs
         f = chunk_parts(*parts, erase=erase)
         W = vc - jnp.einsum("bhid,bhvd->bhiv", f.k_in, S) if erase else vc  # (B, H, C, d_v)
-        if vc.shape[-1] > C:  # wide values (the matrix: the identity): solve against diag(b)
-            U = f.solved() @ W
-        else:
-            U = jax.scipy.linalg.solve_triangular(f.system, f.beta[..., :, None] * W, lower=True, unit_diagonal=True)
+        U = f.solved() @ W  # not jax's triangular solve: see dplr_step
         O = jnp.einsum("bhid,bhvd->bhiv", f.q_in, S) + f.qk @ U
         S = f.decay[:, :, None, :] * S + jnp.einsum("bhtv,bhtd->bhvd", U, f.k_out)
         return S, O

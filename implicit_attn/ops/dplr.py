@@ -184,7 +184,9 @@ def dplr_step(f: DplrChunks, S, vc):
     S_next = f.decay[:, :, None, :] * S + jnp.einsum("bhtv,bhtd->bhvd", vc, f.k_out)
     if f.system is not None:
         rhs = jnp.einsum("bhtd,bhvd->bhtv", f.a_in, S) + f.ak @ vc
-        X = jax.scipy.linalg.solve_triangular(f.system, rhs, lower=True, unit_diagonal=True)  # rows x_t
+        # rows x_t; by matmuls, not jax's triangular solve: on CPU its LAPACK call waits on XLA's pool
+        # inside a pool thread, and two at once on a two-thread pool never finish
+        X = f.solved() @ rhs
         O = O + f.qb @ X
         S_next = S_next + jnp.einsum("bhtv,bhtd->bhvd", X, f.b_out)
     return O, S_next
