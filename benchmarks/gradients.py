@@ -102,7 +102,7 @@ def main(quick: bool = False, only=None, L: int | None = None, repeat: int = 3) 
     for i, f in enumerate(families):
         print(f"[{i + 1}/{len(families)}] {f}", flush=True)
         rows.append(family_row(f, quick, L, repeat))
-        print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
+        print({k: (float(f"{v:.4g}") if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
     write_results("gradients_quick" if quick else "gradients", rows, columns=COLUMNS)
     return rows
 
