@@ -5,6 +5,7 @@ resident size just before the measured call), so cases do not pollute each other
 """
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import os
@@ -169,6 +170,40 @@ def write_results(name: str, rows: list[dict], meta: dict | None = None, columns
     (RESULTS / f"{name}.md").write_text(md)
     print(md)
     return RESULTS / f"{name}.json"
+
+
+def family_parser(doc: str, default_families, quick_help: str) -> argparse.ArgumentParser:
+    """The command line of a benchmark run per model family: ``--quick`` (``quick_help`` says what
+    it changes) and ``--only`` (comma-separated model_types, default ``default_families``); add the
+    benchmark's own options to it."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    ap.add_argument("--only", default="", help="comma-separated model_types (default: " +
+                    ", ".join(default_families) + ")")
+    return ap
+
+
+def only_families(only: str) -> list[str] | None:
+    """``--only``'s model_types as a list, or ``None`` where it names none."""
+    return [s for s in only.split(",") if s] or None
+
+
+def rows_over_families(families, rows_of) -> list[dict]:
+    """``rows_of(family)`` (a list of rows) for each family in turn, after checking every name
+    against the registry (a ``ValueError`` naming the supported model_types before anything runs);
+    a progress line per family and each new row printed (floats to 4 significant digits)."""
+    from implicit_attn.registry import family as spec_of
+
+    for f in families:
+        spec_of(f)
+    rows = []
+    for i, f in enumerate(families):
+        print(f"[{i + 1}/{len(families)}] {f}", flush=True)
+        new = rows_of(f)
+        for row in new:
+            print({k: (float(f"{v:.4g}") if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+        rows += new
+    return rows
 
 
 def import_case(target: str):

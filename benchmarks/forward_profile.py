@@ -27,7 +27,6 @@ one at a time); a kind's ``gflops`` is its FLOPs over its share of the time.
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import glob
 import gzip
@@ -38,7 +37,7 @@ import statistics
 import tempfile
 import time
 
-from benchmarks.common import block, write_results
+from benchmarks.common import block, family_parser, only_families, rows_over_families, write_results
 
 COLUMNS = ["family", "kind", "ms", "ops", "share", "gflop", "gflops", "forward_s", "traced_s", "overlap"]
 # The families issue 23's forward target misses where HF's products leave room for 3x
@@ -210,24 +209,13 @@ def family_rows(family: str, quick: bool = False, calls: int = 10) -> list[dict]
 
 
 def main(quick: bool = False, only=None, calls: int = 10) -> list[dict]:
-    from implicit_attn.registry import family as spec_of
-
-    families = only or DEFAULT_FAMILIES
-    for f in families:
-        spec_of(f)  # ValueError naming the supported model_types
-    rows = []
-    for i, f in enumerate(families):
-        print(f"[{i + 1}/{len(families)}] {f}", flush=True)
-        rows += family_rows(f, quick, calls)
+    rows = rows_over_families(only or DEFAULT_FAMILIES, lambda f: family_rows(f, quick, calls))
     write_results("forward_profile_quick" if quick else "forward_profile", rows, columns=COLUMNS)
     return rows
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="the families' quick benchmark shapes, L = 128")
-    ap.add_argument("--only", default="", help="comma-separated model_types (default: " +
-                    ", ".join(DEFAULT_FAMILIES) + ")")
+    ap = family_parser(__doc__, DEFAULT_FAMILIES, "the families' quick benchmark shapes, L = 128")
     ap.add_argument("--calls", type=int, default=10, help="calls timed and traced (default 10)")
     a = ap.parse_args()
-    main(a.quick, [s for s in a.only.split(",") if s] or None, a.calls)
+    main(a.quick, only_families(a.only), a.calls)

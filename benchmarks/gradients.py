@@ -16,7 +16,6 @@ drifts slows both alike.
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import os
 import subprocess
@@ -25,7 +24,7 @@ import time
 
 import numpy as np
 
-from benchmarks.common import block, isolated, timeit, write_results
+from benchmarks.common import block, family_parser, isolated, only_families, rows_over_families, timeit, write_results
 
 COLUMNS = ["family", "L", "kernel_first_s", "reference_first_s", "first_speedup", "kernel_compile_s",
            "reference_compile_s", "kernel_s", "reference_s", "speedup", "max_rel_diff", "note"]
@@ -92,27 +91,16 @@ def family_row(family: str, quick: bool, L: int, repeat: int, timeout: float = T
 
 
 def main(quick: bool = False, only=None, L: int | None = None, repeat: int = 3) -> list[dict]:
-    from implicit_attn.registry import family as spec_of
-
     families = only or (DEFAULT_FAMILIES[1:2] + DEFAULT_FAMILIES[3:4] if quick else DEFAULT_FAMILIES)
-    for f in families:
-        spec_of(f)  # ValueError naming the supported model_types
     L = L or (128 if quick else 512)
-    rows = []
-    for i, f in enumerate(families):
-        print(f"[{i + 1}/{len(families)}] {f}", flush=True)
-        rows.append(family_row(f, quick, L, repeat))
-        print({k: (float(f"{v:.4g}") if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
+    rows = rows_over_families(families, lambda f: [family_row(f, quick, L, repeat)])
     write_results("gradients_quick" if quick else "gradients", rows, columns=COLUMNS)
     return rows
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="the families' quick shapes, L = 128, RWKV-6 and Qwen3-Next")
-    ap.add_argument("--only", default="", help="comma-separated model_types (default: " +
-                    ", ".join(DEFAULT_FAMILIES) + ")")
+    ap = family_parser(__doc__, DEFAULT_FAMILIES, "the families' quick shapes, L = 128, RWKV-6 and Qwen3-Next")
     ap.add_argument("--L", type=int, default=None, help="tokens (default 512; 128 with --quick)")
     ap.add_argument("--repeat", type=int, default=3, help="steady-state calls timed (default 3)")
     a = ap.parse_args()
-    main(a.quick, [s for s in a.only.split(",") if s] or None, a.L, a.repeat)
+    main(a.quick, only_families(a.only), a.L, a.repeat)
