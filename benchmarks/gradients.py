@@ -1,7 +1,8 @@
 """``explain(method="attribution")`` on the families whose recurrence is the DPLR kernel's (RWKV-5/6/7,
 the gated delta rule, the mLSTM): its gradients' reverse mode by the recurrence's own backward kernel (the
-default) against the transpose of its XLA reference (``$IMPLICIT_ATTN_KERNEL_REVERSE=0``, the
-library before the kernel), each in a fresh process.
+default, with the residual stream's cotangent formed once per layer boundary:
+``nn.hooks.between_layers``) against the transpose of its XLA reference with XLA's own backward
+(``$IMPLICIT_ATTN_KERNEL_REVERSE=0``, the library before both), each in a fresh process.
 
 Per family and mode: the first call (tracing and compiling included), the steady state (median of
 ``--repeat`` later calls) and the XLA compile seconds of the first call (JAX's

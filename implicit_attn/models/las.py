@@ -41,7 +41,7 @@ from ..families.rwkv.block import layer_norm  # nn.LayerNorm (float32 statistics
 from ..nn import LanguageModel, Mixer, Weights, check_tensors, fan_in_normal, held, random_tensors
 from ..nn.checkpoint import CheckpointError, read_hf_dir, write_hf_dir
 from ..nn.config import HFConfig
-from ..nn.hooks import MID_POINTS, ForwardHooks, no_hook, out_hook
+from ..nn.hooks import MID_POINTS, ForwardHooks, between_layers, no_hook, out_hook
 from ..operator import AttentionOperator, LaSCore
 from ..ops import (POOL_ALIGNS, alibi_slopes, block_start, check_chunk, check_pool, embed, full_precision, las_alphas,
                    las_softmax, linear, mark_nan, pooled_apply, zero_nan)
@@ -260,7 +260,7 @@ def stack_forward(layers: list, h, cfg: Config, hooks=None):
     inputs that are not token ids (real-valued sequences: put your own projection in front and
     your own head after). ``hooks``: an optional ``nn.hooks.ForwardHooks``."""
     for i, layer in enumerate(layers):
-        h = layer_forward(layer, h, cfg, None if hooks is None else hooks.layer(i))
+        h = between_layers(layer_forward(layer, h, cfg, None if hooks is None else hooks.layer(i)))
     return h
 
 

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 from typing import Callable
 
+import jax
 import jax.numpy as jnp
+
+from ..kernels import cpu as cpu_kernels
 
 RESIDUAL_POINTS = ("hook_resid_pre", "mixer.hook_in", "mixer.hook_out", "hook_resid_post")
 MID_POINTS = ("hook_resid_pre", "mixer.hook_in", "mixer.hook_out", "hook_resid_mid", "hook_resid_post")
@@ -102,7 +105,16 @@ class ForwardHooks:
         """
         for i, lp in enumerate(layers):
             carry = layer_fn(carry, i, {k: lp[k] for k in keys}, self.layer(i))
+            carry = between_layers(carry)
         return carry
+
+
+def between_layers(carry):
+    """``carry`` (what one layer passes the next: the residual stream ``(B, L, D)``, or a pytree of
+    such arrays) itself, with its cotangent in reverse mode formed once at this boundary
+    (``kernels.cpu.cotangent_computed_once``) instead of inside every consumer from the last layer
+    down. Every model's layer loop calls it after each layer."""
+    return jax.tree_util.tree_map(cpu_kernels.cotangent_computed_once, carry)
 
 
 def hook_names(num_layers: int, points) -> list[str]:
@@ -119,5 +131,5 @@ def parse_name(name: str) -> tuple[int | None, str]:
     return None, name
 
 
-__all__ = ["RESIDUAL_POINTS", "MID_POINTS", "OPERATOR_POINTS", "no_hook", "out_hook", "layer_tap", "apply_out_hook",
+__all__ = ["between_layers", "RESIDUAL_POINTS", "MID_POINTS", "OPERATOR_POINTS", "no_hook", "out_hook", "layer_tap", "apply_out_hook",
            "block_name", "ForwardHooks", "hook_names", "parse_name"]

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from ...nn.attention import attention_forward, attention_operator
-from ...nn.hooks import ForwardHooks, layer_tap, no_hook, out_hook
+from ...nn.hooks import ForwardHooks, between_layers, layer_tap, no_hook, out_hook
 from ...ops import embed, full_precision, linear, rounded
 from ..mamba.block import rms_norm
 from ..mamba2 import VARIANTS
@@ -108,7 +108,7 @@ def hybrid_lm(params: dict, ids, cfg, layer_fn, capture=(), adds=None, sets=None
     if embedding_scale is not None:
         h = rounded(h * jnp.asarray(embedding_scale, h.dtype))  # HF's is a stored tensor
     for i, (kind, layer) in enumerate(zip(cfg.layer_types, params["layers"])):
-        h, _ = layer_fn(layer, h, cfg, kind, hooks.layer(i))
+        h = between_layers(layer_fn(layer, h, cfg, kind, hooks.layer(i))[0])
     h = rms_norm(h, params["final_layernorm"], cfg.rms_norm_eps, cfg.norm_weight_in_float32)
     head = emb if params.get("lm_head") is None else params["lm_head"]
     logits = h.astype(head.dtype) @ head.T

@@ -27,7 +27,7 @@ import numpy as np
 from ...nn import run_scan
 from ...nn.attention import (attention_forward, attention_inner, attention_operator, attention_parts, repeat_kv,
                              rotary, segment_ids)
-from ...nn.hooks import ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
+from ...nn.hooks import ForwardHooks, between_layers, apply_out_hook, layer_tap, no_hook, out_hook
 from ...operator import DocumentMaskedCore, ImplicitOperator, ScalarDecayCore
 from ...ops import causal_conv, embed, full_precision, linear, linear_scan, rounded
 from .config import Config
@@ -263,7 +263,7 @@ def lm_forward(params: dict, ids, pos, cfg: Config, capture: tuple[str, ...] = (
     emb = params["embed_tokens"]
     h = rounded(hooks("hook_embed", embed(emb, ids)) * embed_scale(cfg, emb.dtype))  # HF's is a stored tensor
     for i, (kind, layer) in enumerate(zip(cfg.layer_types, params["layers"])):
-        h, _ = decoder_layer(layer, h, pos, cfg, kind, hooks.layer(i))
+        h = between_layers(decoder_layer(layer, h, pos, cfg, kind, hooks.layer(i))[0])
     h = rms_norm(h, params["final_norm"], cfg.rms_norm_eps)
     head = emb if params.get("lm_head") is None else params["lm_head"]
     logits = h.astype(head.dtype) @ head.T

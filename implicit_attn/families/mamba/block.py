@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from ...kernels import cpu as cpu_kernels
 from ...nn import run_scan
-from ...nn.hooks import ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
+from ...nn.hooks import ForwardHooks, between_layers, apply_out_hook, layer_tap, no_hook, out_hook
 from ...operator import ImplicitOperator, StateDecayCore
 from ...ops import causal_conv, embed, full_precision, linear, linear_scan, selective_scan_sequential
 from .config import Config
@@ -194,7 +194,7 @@ def residual_lm(params: dict, ids, cfg, mixer_forward, capture: tuple[str, ...] 
     hooks = ForwardHooks(capture, adds, sets)
     h = hooks("hook_embed", embed(params["embeddings"], ids))
     for i, layer in enumerate(params["layers"]):
-        h, _ = residual_block(layer, h, cfg, mixer_forward, hooks.layer(i))
+        h = between_layers(residual_block(layer, h, cfg, mixer_forward, hooks.layer(i))[0])
     h = rms_norm(h, params["norm_f"], cfg.layer_norm_epsilon)
     head = params["embeddings"] if params.get("lm_head") is None else params["lm_head"]
     logits = (h.astype(head.dtype) @ head.T).astype(f32)

@@ -30,7 +30,7 @@ import numpy as np
 from ...kernels import cpu as cpu_kernels
 from ...nn import run_scan
 from ...nn.attention import attend, operator_of_parts, rotary, segment_ids
-from ...nn.hooks import ForwardHooks, apply_out_hook, layer_tap, no_hook, out_hook
+from ...nn.hooks import ForwardHooks, between_layers, apply_out_hook, layer_tap, no_hook, out_hook
 from ...nn.moe import experts_forward, gated_act, softmax_then_topk
 from ...operator import AttentionOperator, DeltaRuleCore, Mamba2Operator
 from ...ops import causal_conv, delta_rule, embed, from_first, full_precision, linear, mark_nan, nan_rows, zero_nan
@@ -328,7 +328,7 @@ def lm_forward(params: dict, ids, cfg: Config, capture: tuple[str, ...] = (), ad
     hooks = ForwardHooks(capture, adds, sets)
     h = hooks("hook_embed", embed(params["embed_tokens"], ids))
     for i, (kind, layer) in enumerate(zip(cfg.layer_types, params["layers"])):
-        h, _ = decoder_layer(layer, h, cfg, kind, hooks.layer(i))
+        h = between_layers(decoder_layer(layer, h, cfg, kind, hooks.layer(i))[0])
     h = zc_rms_norm(h, params["final_layernorm"], cfg.rms_norm_eps)
     head = params["embed_tokens"] if params.get("lm_head") is None else params["lm_head"]
     return (h.astype(head.dtype) @ head.T).astype(f32), hooks.captured

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from ...nn.attention import projection
-from ...nn.hooks import ForwardHooks, layer_tap, no_hook, out_hook
+from ...nn.hooks import ForwardHooks, between_layers, layer_tap, no_hook, out_hook
 from ...ops import embed, full_precision, linear
 from ..bamba.block import hybrid_mixers
 from ..mamba.block import rms_norm
@@ -115,6 +115,7 @@ def zamba_functions(mixer_forward, mixer_operator, mlp_fn=mlp_forward) -> Simple
             else:
                 h, _ = mamba_layer(layer, h, shared, cfg, hooks.layer(i))
                 shared = None
+            h, shared = between_layers((h, shared))
         h = rms_norm(h, params["final_layernorm"], cfg.rms_norm_eps)
         head = params["embed_tokens"] if params.get("lm_head") is None else params["lm_head"]
         return (h.astype(head.dtype) @ head.T).astype(f32), hooks.captured
