@@ -909,8 +909,9 @@ def test_cotangent_computed_once_keeps_values_and_bounds_the_backward_fusions(mo
     derivatives the identity's; reverse mode the same gradients, with one library copy of the
     cotangent per layer boundary, so the widest backward fusion no longer grows with depth (without
     it XLA formed each boundary's cotangent inside every consumer from the last layer down: 66
-    operands at 8 layers of this tower against 10 with it, on jax 0.10.2); bfloat16, the switch off
-    and an export for CUDA pass the cotangent through untouched."""
+    operands at 8 layers of this tower against 10 with it, on jax 0.10.2); bfloat16, arrays below
+    the kernels' size threshold, the switch off and an export for CUDA pass the cotangent through
+    untouched."""
     g = np.random.default_rng(0)
     x = jnp.asarray(g.standard_normal((1, 64, 32)), jnp.float32)
     ws = [jnp.asarray(g.standard_normal((32, 32)) * 0.2, jnp.float32) for _ in range(8)]
@@ -932,6 +933,9 @@ def test_cotangent_computed_once_keeps_values_and_bounds_the_backward_fusions(mo
     assert "implicit_attn_copy" not in jax.jit(half).lower(x.astype(jnp.bfloat16)).as_text()
     exported = jax.export.export(grad(between_layers, 8), platforms=["cuda"])(x, ws)
     assert "implicit_attn_copy" not in exported.mlir_module()
+    monkeypatch.setattr(cpu, "AUTO_MIN_FACTOR_ELEMENTS", x.size + 1)  # small: no library build for it
+    assert "implicit_attn_copy" not in grad(between_layers, 8).lower(x, ws).as_text()
+    monkeypatch.undo()
     monkeypatch.setenv(cpu.KERNEL_REVERSE_ENV, "0")
     assert "implicit_attn_copy" not in grad(between_layers, 8).lower(x, ws).as_text()
 

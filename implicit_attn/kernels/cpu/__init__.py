@@ -1325,10 +1325,12 @@ def cotangent_computed_once(x):
     XLA:CPU formed each layer's cotangent inside every consumer, from the last layer's down
     (fusions of up to 1,500 operations over 354 inputs; 2.2 s of RWKV-6's 2.9 s logit gradients
     at L = 512). Forward values and forward-mode derivatives are the identity's; elsewhere
-    (another backend, another dtype, no kernel library here, ``kernel_reverse_mode()`` off) the
-    identity throughout. Any shape with a leading batch axis."""
+    (another backend, another dtype, fewer than ``AUTO_MIN_FACTOR_ELEMENTS`` elements, where a first
+    call would otherwise wait for the kernel library to compile, no kernel library here,
+    ``kernel_reverse_mode()`` off) the identity throughout. Any shape with a leading batch axis."""
     x = jnp.asarray(x)
-    if x.dtype != jnp.float32 or x.ndim == 0 or jax.default_backend() != "cpu" or not available():
+    if (x.dtype != jnp.float32 or x.ndim == 0 or x.size < AUTO_MIN_FACTOR_ELEMENTS
+            or jax.default_backend() != "cpu" or not available()):
         return x
     # a branch of its own per call: JAX caches a branch's traced derivatives by the function, which
     # would keep the first trace's kernel_reverse_mode()
