@@ -1,5 +1,6 @@
-"""``explain(method="attribution")`` on the families whose recurrence is the DPLR kernel's (RWKV-5/6/7,
-the gated delta rule, the mLSTM): its gradients' reverse mode by the recurrence's own backward kernel (the
+"""``explain(method="attribution")`` on the families whose recurrence has a reverse-mode kernel (the DPLR
+kernel's: RWKV-5/6/7, the gated delta rule, the mLSTM; Mamba-1's selective scan: Mamba, Jamba): its
+gradients' reverse mode by the recurrence's own backward kernel (the
 default, with the residual stream's cotangent formed once per layer boundary:
 ``nn.hooks.between_layers``) against the transpose of its XLA reference with XLA's own backward
 (``$IMPLICIT_ATTN_KERNEL_REVERSE=0``, the library before both), each in a fresh process.
@@ -31,7 +32,7 @@ COLUMNS = ["family", "L", "kernel_first_s", "reference_first_s", "first_speedup"
            "reference_compile_s", "kernel_s", "reference_s", "speedup", "max_rel_diff", "note"]
 # A mode's process past this many seconds is stopped and its columns left empty (a note says so).
 TIMEOUT_S = 300
-DEFAULT_FAMILIES = ("rwkv5", "rwkv6", "rwkv7", "qwen3_next", "kimi_linear", "xlstm")
+DEFAULT_FAMILIES = ("rwkv5", "rwkv6", "rwkv7", "qwen3_next", "kimi_linear", "xlstm", "mamba", "jamba")
 MODE_ENV = "IMPLICIT_ATTN_KERNEL_REVERSE"
 
 

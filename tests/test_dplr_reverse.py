@@ -17,6 +17,7 @@ import torch
 
 from implicit_attn.kernels import cpu
 from implicit_attn.ops import dplr_rule
+from reverse_checks import assert_nan_pattern, assert_vmap_either_side, torch_grads
 
 VJP = "implicit_attn_dplr_scan_vjp"
 rel = lambda a, b: float(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)).max() / np.abs(b).max())
@@ -51,13 +52,6 @@ def torch_dplr(q, k, v, log_w, a, b, bonus, after):
         o = ((S if after else prev) @ q[:, :, t, :, None])[..., 0]
         out.append(o if bonus is None else o + bonus[:, :, t, None] * v[:, :, t])
     return torch.stack(out, 2)
-
-
-def torch_grads(fn, args, ct):
-    """float64 gradients of ``sum(ct * fn(*args))`` (``None`` arguments passed through)."""
-    ts = [None if x is None else torch.tensor(np.asarray(x, np.float64), requires_grad=True) for x in args]
-    (torch.tensor(np.asarray(ct, np.float64)) * fn(*ts)).sum().backward()
-    return [t.grad.numpy() for t in ts if t is not None]
 
 
 @pytest.mark.parametrize("low_rank, bonus, after", list(itertools.product((False, True), repeat=3)))
@@ -125,15 +119,8 @@ def test_dplr_gradients_with_a_nan_input_have_torchs_nan_pattern(where):
     args[i] = args[i].at[0, 1, 40, 3].set(jnp.nan)
     got = jax.jit(jax.grad(lambda *xs: jnp.sum(ct * cpu.dplr_scan(*xs, after=True)), argnums=tuple(range(7))))(*args)
     want = torch_grads(lambda *xs: torch_dplr(*xs, True), args, ct)
-    reached = 0
-    for name, g, w in zip(("q", "k", "v", "log_w", "a", "b", "bonus"), got, want):
-        g = np.asarray(g, np.float64)
-        np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=name)
-        assert not np.isnan(g[0, 0]).any(), name
-        ok = ~np.isnan(w)
-        assert np.abs(g[ok] - w[ok]).max() <= 2e-5 * np.abs(w[ok]).max(), name
-        reached += int(np.isnan(w).sum())
-    assert reached > 200  # the NaN did reach the gradients
+    names = ("q", "k", "v", "log_w", "a", "b", "bonus")
+    assert assert_nan_pattern(names, got, want, lambda name, g: g[0, 0]) > 200  # the NaN did reach them
 
 
 def test_reverse_kernel_composes_with_vmap_threads_and_export(monkeypatch):
@@ -146,16 +133,7 @@ def test_reverse_kernel_composes_with_vmap_threads_and_export(monkeypatch):
 
     q, k, v, log_w, a, b, bo, ct = inputs(1, 2, 40, 8, 5, seed=3)
     run = lambda q, k: cpu.dplr_scan(q, k, v, log_w, a, b, bo, after=True)
-    grad = jax.jit(jax.grad(lambda q, k, c: jnp.sum(c * run(q, k)), argnums=(0, 1)))
-    one = grad(q, k, ct)
-    twice = jax.vmap(grad, in_axes=(0, None, None))(jnp.stack([q, 2 * q]), k, ct)
-    doubled = grad(2 * q, k, ct)
-    for i in range(2):
-        np.testing.assert_array_equal(twice[i][0], one[i])
-        np.testing.assert_array_equal(twice[i][1], doubled[i])
-    outer = jax.grad(lambda qs: jnp.sum(ct * jax.vmap(run, in_axes=(0, None))(qs, k)))(jnp.stack([q, 2 * q]))
-    np.testing.assert_array_equal(outer[0], one[0])
-    np.testing.assert_array_equal(outer[1], doubled[0])
+    grad, one, _ = assert_vmap_either_side(run, q, k, ct)
     monkeypatch.setattr(cpu, "num_threads", lambda: 1)
     single = jax.jit(jax.grad(lambda q, k, c: jnp.sum(c * run(q, k)), argnums=(0, 1)))(q, k, ct)  # traced anew
     for x, y in zip(single, one):

@@ -45,7 +45,8 @@ def selective_scan_sequential(u, dt, A, Bm, Cm):
     ``(B, C, N)`` state (decay and input formed inside the step).
 
     Args:
-      u, dt: ``(B, L, C)`` float32 inputs and step sizes; A: ``(C, N)``; Bm, Cm: ``(B, L, N)``.
+      u, dt: ``(B, L, C)`` float32 inputs and step sizes; A: ``(C, N)`` or, per batch row,
+        ``(B, C, N)``; Bm, Cm: ``(B, L, N)``.
     Returns:
       ``(B, L, C)`` float32.
     """
@@ -55,5 +56,5 @@ def selective_scan_sequential(u, dt, A, Bm, Cm):
         return h, jnp.einsum("bcn,bn->bc", h, cc)
 
     xs = tuple(jnp.moveaxis(v, 1, 0) for v in (dt, u, Bm, Cm))
-    h0 = jnp.zeros((u.shape[0], u.shape[2], A.shape[1]), jnp.float32)
+    h0 = jnp.zeros((u.shape[0], u.shape[2], A.shape[-1]), jnp.float32)
     return jnp.moveaxis(jax.lax.scan(step, h0, xs)[1], 0, 1)

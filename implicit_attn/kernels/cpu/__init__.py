@@ -90,6 +90,7 @@ _PLACE_TARGET = "implicit_attn_place_channels"
 _ATTENTION_TARGET = "implicit_attn_attention_dense"
 _LAS_TARGET = "implicit_attn_las_dense"
 _SCAN_TARGET = "implicit_attn_selective_scan"
+_SCAN_VJP_TARGET = "implicit_attn_selective_scan_vjp"
 _SSD_TARGET = "implicit_attn_ssd_scan"
 _DPLR_TARGET = "implicit_attn_dplr_scan"
 _DPLR_VJP_TARGET = "implicit_attn_dplr_scan_vjp"
@@ -106,7 +107,8 @@ _TARGETS = {"IaStateDecayDense": _TARGET, "IaStateDecayReduce": _REDUCE_TARGET, 
             "IaHeadMatrixReduce": _HEAD_REDUCE_TARGET, "IaRwkvDense": _RWKV_TARGET,
             "IaRwkvReduce": _RWKV_REDUCE_TARGET, "IaShortConvDense": _CONV_TARGET,
             "IaPlaceChannels": _PLACE_TARGET, "IaAttentionDense": _ATTENTION_TARGET, "IaLasDense": _LAS_TARGET,
-            "IaSelectiveScan": _SCAN_TARGET, "IaSsdScan": _SSD_TARGET,
+            "IaSelectiveScan": _SCAN_TARGET, "IaSelectiveScanVjp": _SCAN_VJP_TARGET,
+            "IaSsdScan": _SSD_TARGET,
             "IaDplrScan": _DPLR_TARGET, "IaDplrScanVjp": _DPLR_VJP_TARGET, "IaWkvScan": _WKV_TARGET,
             "IaDecayMatrix": _DECAY_TARGET,
             "IaLowRankMatrix": _LOWRANK_TARGET, "IaAttentionForward": _ATTENTION_FORWARD_TARGET,
@@ -139,7 +141,7 @@ def library_path() -> Path:
 # The handlers, heaviest to compile first (seconds of g++ -O3 for each alone, on the Xeon: 4.6 for
 # IaHeadMatrixReduce down to 0.9 for IaCopy, over 2.5 for the headers).
 _BUILD_ORDER = ("IaHeadMatrixReduce", "IaDecayMatrix", "IaGatedDeltaNet", "IaStateDecayDense", "IaDplrScan",
-                "IaStateDecayReduce", "IaDplrScanVjp", "IaAttentionForward", "IaRwkvReduce", "IaShortConvDense",
+                "IaStateDecayReduce", "IaDplrScanVjp", "IaSelectiveScanVjp", "IaAttentionForward", "IaRwkvReduce", "IaShortConvDense",
                 "IaFill",
                 "IaLowRankMatrix", "IaGroupedToTokens", "IaHeadMatrixDense", "IaGroupedFromTokens",
                 "IaAttentionDense", "IaLasDense", "IaSsdScan", "IaSelectiveScan", "IaPlaceChannels", "IaRwkvDense",
@@ -948,16 +950,19 @@ def with_kernel_reverse_mode(fast, reference, backward, name: str):
     return run
 
 
+# A per batch row (B, C, N), so the reverse-mode primitive can batch by the leading axis.
 _scan = _forward_kernel(_SCAN_TARGET, selective_scan_sequential,
-                       lambda u, dt, A, Bm, Cm: (u, dt, jnp.swapaxes(A, 0, 1), Bm, Cm))
+                       lambda u, dt, A, Bm, Cm: (u, dt, jnp.swapaxes(A, 1, 2), Bm, Cm), vjp_target=_SCAN_VJP_TARGET)
 
 
 def selective_scan(u, dt, A, Bm, Cm):
     """Mamba-1's selective scan by the fused CPU kernel: ``ops.selective_scan_sequential``'s
     numbers (to float32 rounding: the kernel's ``exp`` is its own), a machine vector of
     channels per work item (16 with AVX-512, 8 without), the channel blocks spread over
-    ``num_threads()`` threads. Derivatives (forward and reverse mode) go through
-    ``ops.selective_scan_sequential``.
+    ``num_threads()`` threads. Forward-mode derivatives go through ``ops.selective_scan_sequential``;
+    reverse mode is the kernel's own backward pass (``with_kernel_reverse_mode``: states kept every
+    32 positions and formed again chunk by chunk), or the reference's transpose with
+    ``$IMPLICIT_ATTN_KERNEL_REVERSE=0``.
 
     Args:
       u, dt: ``(B, L, C)``; A: ``(C, N)`` with ``N <= MAX_STATE``; Bm, Cm: ``(B, L, N)``
@@ -968,6 +973,7 @@ def selective_scan(u, dt, A, Bm, Cm):
     N = A.shape[-1]
     if N > MAX_STATE:
         raise ValueError(f"the selective-scan kernel keeps at most {MAX_STATE} states per channel, got {N}")
+    A = jnp.broadcast_to(jnp.asarray(A, jnp.float32), (u.shape[0],) + A.shape)
     return _scan(*(jnp.asarray(x, jnp.float32) for x in (u, dt, A, Bm, Cm)))
 
 

@@ -2402,22 +2402,32 @@ ffi::Error FillImpl(ffi::ThreadPool xla, ffi::ResultBuffer<ffi::F32> out, float 
   return ffi::Error::Success();
 }
 
+// Whether the selective scan's operands fit together: u, dt (B, L, C); A^T (B, N, C); Bm, Cm (B, L, N);
+// N <= kMaxState.
+bool scan_operands(ffi::Buffer<ffi::F32>& u, ffi::Buffer<ffi::F32>& dt, ffi::Buffer<ffi::F32>& At,
+                   ffi::Buffer<ffi::F32>& Bm, ffi::Buffer<ffi::F32>& Cm) {
+  auto ud = u.dimensions(), dd = dt.dimensions(), ad = At.dimensions(), bd = Bm.dimensions(), cd = Cm.dimensions();
+  return ud.size() == 3 && dd.size() == 3 && ad.size() == 3 && bd.size() == 3 && cd.size() == 3 &&
+         std::equal(ud.begin(), ud.end(), dd.begin()) && std::equal(bd.begin(), bd.end(), cd.begin()) &&
+         bd[0] == ud[0] && bd[1] == ud[1] && ad[0] == ud[0] && ad[2] == ud[2] && bd[2] == ad[1] &&
+         ad[1] <= kMaxState;
+}
+
 // Mamba-1's selective scan (the block's forward, not its operator): per channel c and state n,
 //   h[n] = exp(dt[t,c] A[c,n]) h[n] + dt[t,c] u[t,c] Bm[t,n],   y[t,c] = sum_n h[n] Cm[t,n],
 // the arithmetic of the XLA sequential scan in the same order. A machine vector's channels
 // share it (the state of each n is one vw), so no lane sums are needed; a last block of fewer
-// channels runs on zero lanes that are not written back.
+// channels runs on zero lanes that are not written back. A comes per batch row (the reverse-mode
+// primitive batches by folding a mapped axis into the leading one).
 ffi::Error SelectiveScanImpl(ffi::ThreadPool xla,
                              ffi::Buffer<ffi::F32> u, ffi::Buffer<ffi::F32> dt, ffi::Buffer<ffi::F32> At,
                              ffi::Buffer<ffi::F32> Bm, ffi::Buffer<ffi::F32> Cm,
                              ffi::ResultBuffer<ffi::F32> y, int64_t threads) {
-  auto ud = u.dimensions(), dd = dt.dimensions(), ad = At.dimensions(), bd = Bm.dimensions(), cd = Cm.dimensions();
-  if (ud.size() != 3 || dd.size() != 3 || ad.size() != 2 || bd.size() != 3 || cd.size() != 3 ||
-      !std::equal(ud.begin(), ud.end(), dd.begin()) || !std::equal(bd.begin(), bd.end(), cd.begin()) ||
-      bd[0] != ud[0] || bd[1] != ud[1] || ad[1] != ud[2] || bd[2] != ad[0] || ad[0] > kMaxState)
-    return ffi::Error::InvalidArgument("selective_scan: inconsistent shapes (u, dt (B, L, C); A^T (N, C); "
+  if (!scan_operands(u, dt, At, Bm, Cm))
+    return ffi::Error::InvalidArgument("selective_scan: inconsistent shapes (u, dt (B, L, C); A^T (B, N, C); "
                                        "Bm, Cm (B, L, N); N <= 64)");
-  const int64_t B = ud[0], L = ud[1], C = ud[2], N = ad[0];
+  auto ud = u.dimensions();
+  const int64_t B = ud[0], L = ud[1], C = ud[2], N = At.dimensions()[1];
   // kW channels per work item, every value a machine vector: with v16s an AVX2 build kept the
   // output sum on the stack (AMD EPYC, Jamba's layer of 1536 channels, 16 states, L = 512: 4.5-5.1
   // against 8.0-8.3 ms, fastest of 100 calls).
@@ -2439,7 +2449,7 @@ ffi::Error SelectiveScanImpl(ffi::ThreadPool xla,
       };
       for (int64_t n = 0; n < N; ++n) {
         h[n] = splat<vw>(0.0f);
-        a[n] = part(pa + n * C + c0);
+        a[n] = part(pa + (b * N + n) * C + c0);
       }
       for (int64_t t = 0; t < L; ++t) {
         const size_t row = (static_cast<size_t>(b) * L + t) * C + c0;
@@ -2460,6 +2470,136 @@ ffi::Error SelectiveScanImpl(ffi::ThreadPool xla,
       }
     }
   });
+  return ffi::Error::Success();
+}
+
+// Reverse mode of selective_scan (its operands and the outputs' cotangent dy): the cotangents of u,
+// dt, A^T, Bm and Cm. Per work item (a batch row, a vector of channels) a forward pass keeps the
+// state at every kScanVjpChunk-th position; then, from the last chunk back, a chunk's decays and
+// states are formed again and the state's cotangent g runs backwards:
+//   g_t = a_{t+1} g_{t+1} + Cm_t dy_t,   dCm_t += dy_t h_t,   dBm_t += dt_t u_t g_t,
+//   x_t = sum_n Bm_t g_t:  du_t = dt_t x_t,  ddt_t = u_t x_t + sum_n A a_t g_t h_{t-1},
+//   dA += dt_t a_t g_t h_{t-1}   (a_t = exp(dt_t A), h_{-1} = 0).
+// dBm and dCm sum over the channels: a thread adds its items' vectors lane by lane while they are of
+// one batch row, sums the lanes when the row changes, and the threads' sums are added at the end.
+constexpr int64_t kScanVjpChunk = 32;
+
+ffi::Error SelectiveScanVjpImpl(ffi::ThreadPool xla,
+                                ffi::Buffer<ffi::F32> u, ffi::Buffer<ffi::F32> dt, ffi::Buffer<ffi::F32> At,
+                                ffi::Buffer<ffi::F32> Bm, ffi::Buffer<ffi::F32> Cm, ffi::Buffer<ffi::F32> dy,
+                                ffi::ResultBuffer<ffi::F32> du_, ffi::ResultBuffer<ffi::F32> ddt_,
+                                ffi::ResultBuffer<ffi::F32> dAt_, ffi::ResultBuffer<ffi::F32> dBm_,
+                                ffi::ResultBuffer<ffi::F32> dCm_, int64_t threads) {
+  auto ud = u.dimensions(), yd = dy.dimensions();
+  if (!scan_operands(u, dt, At, Bm, Cm) || !std::equal(ud.begin(), ud.end(), yd.begin(), yd.end()))
+    return ffi::Error::InvalidArgument("selective_scan_vjp: inconsistent shapes (u, dt and the cotangent "
+                                       "(B, L, C); A^T (B, N, C); Bm, Cm (B, L, N); N <= 64)");
+  const int64_t B = ud[0], L = ud[1], C = ud[2], N = At.dimensions()[1];
+  const float *pu = u.typed_data(), *pd = dt.typed_data(), *pa = At.typed_data();
+  const float *pb = Bm.typed_data(), *pc = Cm.typed_data(), *py = dy.typed_data();
+  float *gu = du_->typed_data(), *gd = ddt_->typed_data(), *ga = dAt_->typed_data();
+  float *gb = dBm_->typed_data(), *gc = dCm_->typed_data();
+  const size_t row_states = static_cast<size_t>(L) * N;
+  std::fill(gb, gb + B * row_states, 0.0f);
+  std::fill(gc, gc + B * row_states, 0.0f);
+  const int64_t blocks = (C + kW - 1) / kW, items = B * blocks;
+  if (items == 0 || L == 0) {
+    std::fill(ga, ga + B * N * C, 0.0f);
+    return ffi::Error::Success();
+  }
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  const int64_t chunks = (L + kScanVjpChunk - 1) / kScanVjpChunk;
+  std::vector<float> sums(static_cast<size_t>(nt) * B * row_states * 2, 0.0f);  // per thread: dBm, dCm
+  run_threads(xla, nt, [&](int64_t t0) {
+    std::vector<vw> saved(chunks * N), hs((kScanVjpChunk + 1) * N), as(kScanVjpChunk * N);
+    std::vector<vw> laneB(row_states, splat<vw>(0.0f)), laneC(row_states, splat<vw>(0.0f));
+    vw a[kMaxState], g[kMaxState], dA[kMaxState];
+    float lane[kW];
+    int64_t row = -1;
+    const auto flush = [&] {  // this thread's lane sums of batch row `row`
+      if (row < 0) return;
+      float* sb = sums.data() + (static_cast<size_t>(t0) * B + row) * row_states * 2;
+      for (size_t i = 0; i < row_states; ++i) {
+        store(lane, laneB[i]);
+        for (int64_t l = 0; l < kW; ++l) sb[i] += lane[l];
+        store(lane, laneC[i]);
+        for (int64_t l = 0; l < kW; ++l) sb[row_states + i] += lane[l];
+        laneB[i] = laneC[i] = splat<vw>(0.0f);
+      }
+    };
+    for (int64_t p = t0; p < items; p += nt) {
+      const int64_t b = p / blocks, c0 = (p % blocks) * kW, w = std::min<int64_t>(kW, C - c0);
+      if (b != row) {
+        flush();
+        row = b;
+      }
+      const auto part = [&](const float* src) {  // kW channels from c0, zeros past C
+        if (w == kW) return load<vw>(src);
+        std::fill(lane, lane + kW, 0.0f);
+        std::memcpy(lane, src, sizeof(float) * w);
+        return load<vw>(lane);
+      };
+      const auto put = [&](float* dst, vw v) {
+        if (w == kW) return store(dst, v);
+        store(lane, v);
+        std::memcpy(dst, lane, sizeof(float) * w);
+      };
+      const auto at = [&](int64_t t) { return (static_cast<size_t>(b) * L + t) * C + c0; };
+      const float* bb = pb + static_cast<size_t>(b) * row_states;
+      const float* cb = pc + static_cast<size_t>(b) * row_states;
+      for (int64_t n = 0; n < N; ++n) {
+        a[n] = part(pa + (b * N + n) * C + c0);
+        hs[n] = g[n] = dA[n] = splat<vw>(0.0f);
+      }
+      for (int64_t t = 0; t < L; ++t) {  // hs[0..N): the running state
+        if (t % kScanVjpChunk == 0) std::copy(hs.begin(), hs.begin() + N, saved.begin() + (t / kScanVjpChunk) * N);
+        const vw d = part(pd + at(t)), x = d * part(pu + at(t));
+        for (int64_t n = 0; n < N; ++n) hs[n] = vexp_lanes<vw, vwi>(d * a[n]) * hs[n] + x * splat<vw>(bb[t * N + n]);
+      }
+      for (int64_t k = chunks - 1; k >= 0; --k) {
+        const int64_t s = k * kScanVjpChunk, e = std::min(L, s + kScanVjpChunk);
+        std::copy(saved.begin() + k * N, saved.begin() + (k + 1) * N, hs.begin());
+        for (int64_t t = s; t < e; ++t) {  // hs[(t - s + 1) N + n]: h_t; as[(t - s) N + n]: a_t
+          const int64_t j = t - s;
+          const vw d = part(pd + at(t)), x = d * part(pu + at(t)), yt = part(py + at(t));
+          for (int64_t n = 0; n < N; ++n) {
+            const vw decay = vexp_lanes<vw, vwi>(d * a[n]);
+            const vw h = decay * hs[j * N + n] + x * splat<vw>(bb[t * N + n]);
+            as[j * N + n] = decay;
+            hs[(j + 1) * N + n] = h;
+            laneC[t * N + n] += yt * h;
+          }
+        }
+        for (int64_t t = e - 1; t >= s; --t) {
+          const int64_t j = t - s;
+          const vw d = part(pd + at(t)), uu = part(pu + at(t)), yt = part(py + at(t)), x = d * uu;
+          vw dx = splat<vw>(0.0f), dd = splat<vw>(0.0f);
+          for (int64_t n = 0; n < N; ++n) {
+            const vw gn = g[n] + splat<vw>(cb[t * N + n]) * yt;
+            laneB[t * N + n] += x * gn;
+            dx += splat<vw>(bb[t * N + n]) * gn;
+            const vw q = gn * hs[j * N + n] * as[j * N + n];
+            dd += a[n] * q;
+            dA[n] += d * q;
+            g[n] = as[j * N + n] * gn;
+          }
+          put(gu + at(t), d * dx);
+          put(gd + at(t), uu * dx + dd);
+        }
+      }
+      for (int64_t n = 0; n < N; ++n) put(ga + (b * N + n) * C + c0, dA[n]);
+    }
+    flush();
+  });
+  for (int64_t t = 0; t < nt; ++t)
+    for (int64_t b = 0; b < B; ++b) {
+      const float* sb = sums.data() + (static_cast<size_t>(t) * B + b) * row_states * 2;
+      float *ob = gb + b * row_states, *oc = gc + b * row_states;
+      for (size_t i = 0; i < row_states; ++i) {
+        ob[i] += sb[i];
+        oc[i] += sb[row_states + i];
+      }
+    }
   return ffi::Error::Success();
 }
 
@@ -3778,16 +3918,29 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ret<ffi::Buffer<ffi::F32>>());  // out, x's shape
 #endif
 
+// The selective scan's operands: u, dt (B, L, C), A transposed per batch row (B, N, C), Bm, Cm (B, L, N).
+#define IA_SCAN_ARGS                                                                                           \
+  Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>()                        \
+      .Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>()
+
 #if !IA_PARTIAL || IA_IaSelectiveScan
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaSelectiveScan, SelectiveScanImpl,
-    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
-        .Arg<ffi::Buffer<ffi::F32>>()   // u (B, L, C)
-        .Arg<ffi::Buffer<ffi::F32>>()   // dt (B, L, C)
-        .Arg<ffi::Buffer<ffi::F32>>()   // A transposed (N, C)
-        .Arg<ffi::Buffer<ffi::F32>>()   // Bm (B, L, N)
-        .Arg<ffi::Buffer<ffi::F32>>()   // Cm (B, L, N)
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().IA_SCAN_ARGS
         .Ret<ffi::Buffer<ffi::F32>>()   // y (B, L, C)
+        .Attr<int64_t>("threads"));
+#endif
+
+#if !IA_PARTIAL || IA_IaSelectiveScanVjp
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaSelectiveScanVjp, SelectiveScanVjpImpl,
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().IA_SCAN_ARGS
+        .Arg<ffi::Buffer<ffi::F32>>()   // the outputs' cotangent (B, L, C)
+        .Ret<ffi::Buffer<ffi::F32>>()   // du
+        .Ret<ffi::Buffer<ffi::F32>>()   // ddt
+        .Ret<ffi::Buffer<ffi::F32>>()   // dA^T (B, N, C)
+        .Ret<ffi::Buffer<ffi::F32>>()   // dBm
+        .Ret<ffi::Buffer<ffi::F32>>()   // dCm
         .Attr<int64_t>("threads"));
 #endif
 
