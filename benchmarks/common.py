@@ -172,6 +172,20 @@ def write_results(name: str, rows: list[dict], meta: dict | None = None, columns
     return RESULTS / f"{name}.json"
 
 
+def replace_rows(name: str, rows: list[dict], key=lambda r: r["family"]) -> list[dict]:
+    """``rows`` in place of the rows of ``results/<name>.json`` with the same ``key`` (what ``--only``
+    re-runs): the other rows kept in their order, each with the ``date`` of the run that wrote it,
+    new keys after them; ``rows`` alone where there is no such file."""
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        return rows
+    new = {key(r): r for r in rows}
+    old = json.loads(path.read_text())
+    for r in old["rows"]:  # rows written before rows carried their own date
+        r.setdefault("date", old["meta"]["machine"]["date"])
+    return [new.pop(key(r), r) for r in old["rows"]] + list(new.values())
+
+
 def family_parser(doc: str, default_families, quick_help: str) -> argparse.ArgumentParser:
     """The command line of a benchmark run per model family: ``--quick`` (``quick_help`` says what
     it changes) and ``--only`` (comma-separated model_types, default ``default_families``); add the

@@ -46,14 +46,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
-import json
 import math
 import re
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS, block, isolated, timeit, write_results
+from benchmarks.common import block, isolated, replace_rows, timeit, write_results
 
 COLUMNS = ["case", "ours_s", "ours_first_s", "compile_s", "baseline", "baseline_s", "baseline_first_s",
            "speedup", "hf_gflop", "floor_s", "max_speedup", "ours_floor_frac", "note", "date"]
@@ -309,13 +308,8 @@ def main(quick: bool = False, only=None) -> list[dict]:
     name = "forward_quick" if quick else "forward"
     rate = isolated("benchmarks.forward:case_matmul_rate")
     rows = [r for f in (only or families()) for r in forward_rows(f, L, quick, rate)]
-    if only and (RESULTS / f"{name}.json").exists():
-        new = {r["family"]: r for r in rows}
-        old = json.loads((RESULTS / f"{name}.json").read_text())
-        for r in old["rows"]:  # rows written before rows carried their own date
-            r.setdefault("date", old["meta"]["machine"]["date"])
-        kept = [new.pop(r.get("family", r["case"].split()[0]), r) for r in old["rows"]]
-        rows = kept + list(new.values())
+    if only:
+        rows = replace_rows(name, rows, key=lambda r: r.get("family", r["case"].split()[0]))
     write_results(name, rows, meta={"matmul": rate}, columns=COLUMNS)
     return rows
 

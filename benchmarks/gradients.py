@@ -1,5 +1,6 @@
 """``explain(method="attribution")`` on the families whose recurrence has a reverse-mode kernel (the DPLR
-kernel's: RWKV-5/6/7, the gated delta rule, the mLSTM; Mamba-1's selective scan: Mamba, Jamba): its
+kernel's: RWKV-5/6/7, the gated delta rule, the mLSTM; Mamba-1's selective scan: Mamba, Jamba; Mamba-2's
+SSD: Mamba-2, Bamba): its
 gradients' reverse mode by the recurrence's own backward kernel (the
 default, with the residual stream's cotangent formed once per layer boundary:
 ``nn.hooks.between_layers``) against the transpose of its XLA reference with XLA's own backward
@@ -26,13 +27,15 @@ import time
 
 import numpy as np
 
-from benchmarks.common import block, family_parser, isolated, only_families, rows_over_families, timeit, write_results
+from benchmarks.common import (block, family_parser, isolated, only_families, replace_rows, rows_over_families,
+                               timeit, write_results)
 
 COLUMNS = ["family", "L", "kernel_first_s", "reference_first_s", "first_speedup", "kernel_compile_s",
-           "reference_compile_s", "kernel_s", "reference_s", "speedup", "max_rel_diff", "note"]
+           "reference_compile_s", "kernel_s", "reference_s", "speedup", "max_rel_diff", "note", "date"]
 # A mode's process past this many seconds is stopped and its columns left empty (a note says so).
 TIMEOUT_S = 300
-DEFAULT_FAMILIES = ("rwkv5", "rwkv6", "rwkv7", "qwen3_next", "kimi_linear", "xlstm", "mamba", "jamba")
+DEFAULT_FAMILIES = ("rwkv5", "rwkv6", "rwkv7", "qwen3_next", "kimi_linear", "xlstm", "mamba", "jamba", "mamba2",
+                    "bamba")
 MODE_ENV = "IMPLICIT_ATTN_KERNEL_REVERSE"
 
 
@@ -89,13 +92,16 @@ def family_row(family: str, quick: bool, L: int, repeat: int, timeout: float = T
     return {"family": family, "L": L, "kernel_first_s": k["first_s"], "reference_first_s": r["first_s"],
             "first_speedup": ratio(r["first_s"], k["first_s"]), "kernel_compile_s": k["compile_s"],
             "reference_compile_s": r["compile_s"], "kernel_s": k["steady_s"], "reference_s": r["steady_s"],
-            "speedup": ratio(r["steady_s"], k["steady_s"]), "max_rel_diff": diff, "note": "; ".join(notes)}
+            "speedup": ratio(r["steady_s"], k["steady_s"]), "max_rel_diff": diff, "note": "; ".join(notes),
+            "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}
 
 
 def main(quick: bool = False, only=None, L: int | None = None, repeat: int = 3) -> list[dict]:
     families = only or (DEFAULT_FAMILIES[1:2] + DEFAULT_FAMILIES[3:4] if quick else DEFAULT_FAMILIES)
     L = L or (128 if quick else 512)
     rows = rows_over_families(families, lambda f: [family_row(f, quick, L, repeat)])
+    if only:  # the other families' rows kept
+        rows = replace_rows("gradients_quick" if quick else "gradients", rows)
     write_results("gradients_quick" if quick else "gradients", rows, columns=COLUMNS)
     return rows
 

@@ -25,7 +25,8 @@ def ssd_chunked(x, dt, A, Bm, Cm, chunk: int = 64):
     ``B``, ``C`` may be inf.
 
     Args:
-      x: ``(B, L, H, P)`` head inputs; dt: ``(B, L, H)`` step sizes; A: ``(H,)`` (negative);
+      x: ``(B, L, H, P)`` head inputs; dt: ``(B, L, H)`` step sizes; A: ``(H,)`` (negative), or
+        per batch row ``(B, 1, H)``;
       Bm, Cm: ``(B, L, G, N)`` with ``H % G == 0`` (head ``h`` reads group ``h // (H / G)``);
       chunk: chunk length (a performance knob).
     Returns:

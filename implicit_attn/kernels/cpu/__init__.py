@@ -92,6 +92,7 @@ _LAS_TARGET = "implicit_attn_las_dense"
 _SCAN_TARGET = "implicit_attn_selective_scan"
 _SCAN_VJP_TARGET = "implicit_attn_selective_scan_vjp"
 _SSD_TARGET = "implicit_attn_ssd_scan"
+_SSD_VJP_TARGET = "implicit_attn_ssd_scan_vjp"
 _DPLR_TARGET = "implicit_attn_dplr_scan"
 _DPLR_VJP_TARGET = "implicit_attn_dplr_scan_vjp"
 _WKV_TARGET = "implicit_attn_wkv_scan"
@@ -108,7 +109,7 @@ _TARGETS = {"IaStateDecayDense": _TARGET, "IaStateDecayReduce": _REDUCE_TARGET, 
             "IaRwkvReduce": _RWKV_REDUCE_TARGET, "IaShortConvDense": _CONV_TARGET,
             "IaPlaceChannels": _PLACE_TARGET, "IaAttentionDense": _ATTENTION_TARGET, "IaLasDense": _LAS_TARGET,
             "IaSelectiveScan": _SCAN_TARGET, "IaSelectiveScanVjp": _SCAN_VJP_TARGET,
-            "IaSsdScan": _SSD_TARGET,
+            "IaSsdScan": _SSD_TARGET, "IaSsdScanVjp": _SSD_VJP_TARGET,
             "IaDplrScan": _DPLR_TARGET, "IaDplrScanVjp": _DPLR_VJP_TARGET, "IaWkvScan": _WKV_TARGET,
             "IaDecayMatrix": _DECAY_TARGET,
             "IaLowRankMatrix": _LOWRANK_TARGET, "IaAttentionForward": _ATTENTION_FORWARD_TARGET,
@@ -141,7 +142,8 @@ def library_path() -> Path:
 # The handlers, heaviest to compile first (seconds of g++ -O3 for each alone, on the Xeon: 4.6 for
 # IaHeadMatrixReduce down to 0.9 for IaCopy, over 2.5 for the headers).
 _BUILD_ORDER = ("IaHeadMatrixReduce", "IaDecayMatrix", "IaGatedDeltaNet", "IaStateDecayDense", "IaDplrScan",
-                "IaStateDecayReduce", "IaDplrScanVjp", "IaSelectiveScanVjp", "IaAttentionForward", "IaRwkvReduce", "IaShortConvDense",
+                "IaStateDecayReduce", "IaDplrScanVjp", "IaSelectiveScanVjp", "IaSsdScanVjp", "IaAttentionForward",
+                "IaRwkvReduce", "IaShortConvDense",
                 "IaFill",
                 "IaLowRankMatrix", "IaGroupedToTokens", "IaHeadMatrixDense", "IaGroupedFromTokens",
                 "IaAttentionDense", "IaLasDense", "IaSsdScan", "IaSelectiveScan", "IaPlaceChannels", "IaRwkvDense",
@@ -999,14 +1001,17 @@ def _updates_pay_off(updates: int) -> bool:
             and available())
 
 
-_ssd = _forward_kernel(_SSD_TARGET, ssd_chunked)
+# A per batch row (B, 1, H), so the reverse-mode primitive can batch by the leading axis.
+_ssd = _forward_kernel(_SSD_TARGET, ssd_chunked, vjp_target=_SSD_VJP_TARGET)
 
 
 def ssd_scan(x, dt, A, Bm, Cm):
     """Mamba-2's SSD by the fused CPU kernel, one step per position: per head ``S_t =
     exp(dt_t A_h) S_{t-1} + (dt_t x_t) B_t^T``, ``y_t = S_t C_t`` (``ops.ssd_chunked``'s numbers to
     float32 rounding), a head's channels in vectors, the heads spread over ``num_threads()``
-    threads. Derivatives (forward and reverse mode) go through ``ops.ssd_chunked``.
+    threads. Forward-mode derivatives go through ``ops.ssd_chunked``; reverse mode is the kernel's own
+    backward pass (``with_kernel_reverse_mode``: each head's state rows stored every 16 positions and
+    formed again chunk by chunk), or the chunked form's transpose with ``$IMPLICIT_ATTN_KERNEL_REVERSE=0``.
 
     Args:
       x: ``(B, L, H, P)``; dt: ``(B, L, H)``; A: ``(H,)``; Bm, Cm: ``(B, L, G, N)`` with ``H % G
@@ -1017,6 +1022,7 @@ def ssd_scan(x, dt, A, Bm, Cm):
     if x.ndim != 4 or Bm.ndim != 4 or Bm.shape[2] < 1 or x.shape[2] % Bm.shape[2]:
         raise ValueError(f"ssd_scan: x must be (B, L, H, P) and Bm (B, L, G, N) with H a multiple of G, "
                          f"got {x.shape} and {Bm.shape}")
+    A = jnp.broadcast_to(jnp.asarray(A, jnp.float32), (x.shape[0], 1) + A.shape)
     return _ssd(*(jnp.asarray(a, jnp.float32) for a in (x, dt, A, Bm, Cm)))
 
 

@@ -2670,17 +2670,26 @@ void ssd_pass_vectors(int nv, float* state, int64_t stride, int64_t N, float dec
 // vectors (a row S[n, :] is P floats), so y accumulates in registers with no lane sums; heads
 // are spread over the threads. P is padded to whole vectors in scratch; padded lanes are never
 // written out.
+// Whether the SSD's operands fit together: x (B, L, H, P); dt (B, L, H); A per batch row (B, 1, H);
+// Bm, Cm (B, L, G, N) with H a multiple of G.
+bool ssd_operands(ffi::Buffer<ffi::F32>& x, ffi::Buffer<ffi::F32>& dt, ffi::Buffer<ffi::F32>& A,
+                  ffi::Buffer<ffi::F32>& Bm, ffi::Buffer<ffi::F32>& Cm) {
+  auto xd = x.dimensions(), dd = dt.dimensions(), ad = A.dimensions(), bd = Bm.dimensions(), cd = Cm.dimensions();
+  return xd.size() == 4 && dd.size() == 3 && ad.size() == 3 && bd.size() == 4 && cd.size() == 4 &&
+         std::equal(bd.begin(), bd.end(), cd.begin()) && dd[0] == xd[0] && dd[1] == xd[1] && dd[2] == xd[2] &&
+         ad[0] == xd[0] && ad[1] == 1 && ad[2] == xd[2] && bd[0] == xd[0] && bd[1] == xd[1] && bd[2] >= 1 &&
+         xd[2] % bd[2] == 0;
+}
+
 ffi::Error SsdScanImpl(ffi::ThreadPool xla,
                        ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> dt, ffi::Buffer<ffi::F32> A,
                        ffi::Buffer<ffi::F32> Bm, ffi::Buffer<ffi::F32> Cm,
                        ffi::ResultBuffer<ffi::F32> y, int64_t threads) {
-  auto xd = x.dimensions(), dd = dt.dimensions(), ad = A.dimensions(), bd = Bm.dimensions(), cd = Cm.dimensions();
-  if (xd.size() != 4 || dd.size() != 3 || ad.size() != 1 || bd.size() != 4 || cd.size() != 4 ||
-      !std::equal(bd.begin(), bd.end(), cd.begin()) || dd[0] != xd[0] || dd[1] != xd[1] || dd[2] != xd[2] ||
-      ad[0] != xd[2] || bd[0] != xd[0] || bd[1] != xd[1] || bd[2] < 1 || xd[2] % bd[2] != 0)
-    return ffi::Error::InvalidArgument("ssd_scan: inconsistent shapes (x (B, L, H, P); dt (B, L, H); A (H,); "
+  if (!ssd_operands(x, dt, A, Bm, Cm))
+    return ffi::Error::InvalidArgument("ssd_scan: inconsistent shapes (x (B, L, H, P); dt (B, L, H); A (B, 1, H); "
                                        "Bm, Cm (B, L, G, N) with H a multiple of G)");
-  const int64_t B = xd[0], L = xd[1], H = xd[2], P = xd[3], G = bd[2], N = bd[3];
+  auto xd = x.dimensions();
+  const int64_t B = xd[0], L = xd[1], H = xd[2], P = xd[3], G = Bm.dimensions()[2], N = Bm.dimensions()[3];
   if (B == 0 || L == 0 || H == 0 || P == 0) return ffi::Error::Success();
   constexpr int K = kSsdSteps;
   const int64_t pv = (P + kW - 1) / kW, Pp = pv * kW, items = B * H;
@@ -2701,7 +2710,7 @@ ffi::Error SsdScanImpl(ffi::ThreadPool xla,
         for (int j = 0; j < k; ++j) {
           const size_t bt = static_cast<size_t>(b) * L + t + j;
           const float d = pd[bt * H + h];
-          a[j] = std::exp(d * pa[h]);
+          a[j] = std::exp(d * pa[b * H + h]);
           const float* xt = px + (bt * H + h) * P;
           for (int64_t p = 0; p < P; ++p) dx[j * Pp + p] = d * xt[p];
           bs[j] = pb + (bt * G + g) * N;
@@ -2744,6 +2753,189 @@ ffi::Error SsdScanImpl(ffi::ThreadPool xla,
       }
     }
   });
+  return ffi::Error::Success();
+}
+
+// Reverse mode of ssd_scan (its operands and the outputs' cotangent dy): the cotangents of x, dt, A,
+// Bm and Cm. A work item is a batch row, a head and kSsdVjpRows of its channels p (the rows S[p, :]
+// of the state evolve independently given a_t, B_t), with vectors along the states n. A forward
+// sweep stores the rows every kSsdVjpChunk positions; then, from the last chunk back, a chunk's
+// states are formed again and the rows' cotangent G runs backwards:
+//   G_t = a_{t+1} G_{t+1} + dy_t C_t^T,   dC_t += sum_p dy_t[p] S_t[p, :],   dB_t += sum_p dt_t x_t[p] G_t[p, :],
+//   e_t[p] = G_t[p, :] . B_t:  dx_t[p] = dt_t e_t[p],  ddt_t += sum_p x_t[p] e_t[p] + A a_t (G_t . S_{t-1}),
+//   dA += dt_t a_t (G_t . S_{t-1})   (a_t = exp(dt_t A), S_{-1} = 0).
+// The sums over channels, heads of a group and row blocks go to per-thread arrays, added at the end.
+constexpr int64_t kSsdVjpChunk = 16;
+constexpr int64_t kSsdVjpRows = 16;
+
+// The sum of a vw's lanes, halving the vector.
+inline float lane_total(vw v) {
+  typedef float v8 __attribute__((vector_size(32)));
+  typedef float v4 __attribute__((vector_size(16)));
+  v8 h;
+  if constexpr (kW == 16) {
+    h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+        __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  } else {
+    std::memcpy(&h, &v, sizeof(h));  // vw is v8 here (the branch above is compiled for both)
+  }
+  const v4 q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
+  return (q[0] + q[2]) + (q[1] + q[3]);
+}
+
+ffi::Error SsdScanVjpImpl(ffi::ThreadPool xla,
+                          ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> dt, ffi::Buffer<ffi::F32> A,
+                          ffi::Buffer<ffi::F32> Bm, ffi::Buffer<ffi::F32> Cm, ffi::Buffer<ffi::F32> dy,
+                          ffi::ResultBuffer<ffi::F32> dx_, ffi::ResultBuffer<ffi::F32> ddt_,
+                          ffi::ResultBuffer<ffi::F32> dA_, ffi::ResultBuffer<ffi::F32> dB_,
+                          ffi::ResultBuffer<ffi::F32> dC_, int64_t threads) {
+  auto xd = x.dimensions(), yd = dy.dimensions();
+  if (!ssd_operands(x, dt, A, Bm, Cm) || !std::equal(xd.begin(), xd.end(), yd.begin(), yd.end()))
+    return ffi::Error::InvalidArgument("ssd_scan_vjp: inconsistent shapes (x and the cotangent (B, L, H, P); "
+                                       "dt (B, L, H); A (B, 1, H); Bm, Cm (B, L, G, N) with H a multiple of G)");
+  const int64_t B = xd[0], L = xd[1], H = xd[2], P = xd[3], G = Bm.dimensions()[2], N = Bm.dimensions()[3];
+  const float *px = x.typed_data(), *pd = dt.typed_data(), *pa = A.typed_data();
+  const float *pb = Bm.typed_data(), *pc = Cm.typed_data(), *py = dy.typed_data();
+  float *gx = dx_->typed_data(), *gd = ddt_->typed_data(), *ga = dA_->typed_data();
+  float *gb = dB_->typed_data(), *gc = dC_->typed_data();
+  const size_t groups = static_cast<size_t>(B) * L * G * N, steps = static_cast<size_t>(B) * L * H;
+  std::fill(gx, gx + steps * P, 0.0f);
+  std::fill(gd, gd + steps, 0.0f);
+  std::fill(ga, ga + B * H, 0.0f);
+  std::fill(gb, gb + groups, 0.0f);
+  std::fill(gc, gc + groups, 0.0f);
+  const int64_t R = kSsdVjpRows, blocks = (P + R - 1) / R, items = B * H * blocks;
+  if (items == 0 || L == 0 || N == 0) return ffi::Error::Success();
+  const int64_t nvec = (N + kW - 1) / kW, Npad = nvec * kW, hg = H / G;
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  const int64_t chunks = (L + kSsdVjpChunk - 1) / kSsdVjpChunk;
+  const size_t padded = static_cast<size_t>(B) * L * G * Npad;
+  // per thread: dB, dC (B, L, G, Np), ddt (B, L, H), dA (B, H)
+  const size_t per_thread = 2 * padded + steps + B * H;
+  std::vector<float> sums(static_cast<size_t>(nt) * per_thread, 0.0f);
+  run_threads(xla, nt, [&](int64_t t0) {
+    float* sb = sums.data() + static_cast<size_t>(t0) * per_thread;
+    float *sc = sb + padded, *sd = sc + padded, *sa = sd + steps;
+    const int64_t Np = Npad, nv = nvec;  // locals: the compiler keeps them in registers past the stores
+    const size_t rows = static_cast<size_t>(R) * Np;
+    std::vector<float> bpad(static_cast<size_t>(L) * Np, 0.0f), cpad(static_cast<size_t>(L) * Np, 0.0f);
+    std::vector<float> saved(chunks * rows), hs((kSsdVjpChunk + 1) * rows), adj(rows), decay(L);
+    vw ev[kSsdVjpRows], gsv[kSsdVjpRows];
+    int64_t cached = -1;  // the (b, g) whose Bm, Cm rows bpad, cpad hold
+    for (int64_t item = t0; item < items; item += nt) {
+      const int64_t b = item / (H * blocks), h = (item / blocks) % H, r0 = (item % blocks) * R;
+      const int64_t w = std::min<int64_t>(R, P - r0), g = h / hg;
+      if (b * G + g != cached) {
+        cached = b * G + g;
+        for (int64_t t = 0; t < L; ++t) {
+          const size_t src = ((static_cast<size_t>(b) * L + t) * G + g) * N;
+          std::copy(pb + src, pb + src + N, bpad.begin() + t * Np);
+          std::copy(pc + src, pc + src + N, cpad.begin() + t * Np);
+        }
+      }
+      const float Ah = pa[b * H + h];
+      const size_t base = static_cast<size_t>(b) * L * H + h;  // step t of this head: base + t H
+      const size_t gbase = (static_cast<size_t>(b) * L * G + g) * Np;  // (b, t, g) of dB, dC: gbase + t G Np
+      for (int64_t t = 0; t < L; ++t) decay[t] = std::exp(pd[base + t * H] * Ah);
+      // this step's x, dt x and dy over the block's rows, zeros past w (those rows stay 0 throughout)
+      float xr[R], xv[R], yr[R];
+      const auto rows_at = [&](int64_t t) {
+        const float d = pd[base + t * H];
+        const float *xt = px + (base + t * H) * P + r0, *yt = py + (base + t * H) * P + r0;
+        for (int64_t p = 0; p < R; ++p) {
+          xv[p] = p < w ? xt[p] : 0.0f;
+          xr[p] = d * xv[p];
+          yr[p] = p < w ? yt[p] : 0.0f;
+        }
+      };
+      std::fill(hs.begin(), hs.begin() + rows, 0.0f);
+      for (int64_t t = 0; t < L; ++t) {  // hs[0, rows): the running rows
+        if (t % kSsdVjpChunk == 0) std::copy(hs.begin(), hs.begin() + rows, saved.begin() + (t / kSsdVjpChunk) * rows);
+        rows_at(t);
+        const vw av = splat<vw>(decay[t]);
+        const float* bt = bpad.data() + t * Np;
+        for (int64_t p = 0; p < R; ++p) {
+          float* row = hs.data() + p * Np;
+          const vw dx = splat<vw>(xr[p]);
+          for (int64_t v = 0; v < nv; ++v)
+            store(row + v * kW, av * load<vw>(row + v * kW) + dx * load<vw>(bt + v * kW));
+        }
+      }
+      std::fill(adj.begin(), adj.end(), 0.0f);
+      float dA = 0.0f;
+      for (int64_t k = chunks - 1; k >= 0; --k) {
+        const int64_t s = k * kSsdVjpChunk, e = std::min(L, s + kSsdVjpChunk);
+        std::copy(saved.begin() + k * rows, saved.begin() + (k + 1) * rows, hs.begin());
+        for (int64_t t = s; t < e; ++t) {  // hs[(t - s + 1) rows ...]: S_t's rows; dC_t
+          const float* prev = hs.data() + (t - s) * rows;
+          float* next = hs.data() + (t - s + 1) * rows;
+          rows_at(t);
+          const vw av = splat<vw>(decay[t]);
+          const float* bt = bpad.data() + t * Np;
+          float* out = sc + gbase + t * G * Np;
+          for (int64_t v = 0; v < nv; ++v) {  // a vector of states at a time, four partial sums over rows
+            const vw bv = load<vw>(bt + v * kW);
+            vw acc[4] = {};
+            for (int64_t p = 0; p < R; p += 4)
+              for (int64_t q = 0; q < 4; ++q) {
+                const int64_t o = (p + q) * Np + v * kW;
+                const vw hv = av * load<vw>(prev + o) + splat<vw>(xr[p + q]) * bv;
+                store(next + o, hv);
+                acc[q] += splat<vw>(yr[p + q]) * hv;
+              }
+            store(out + v * kW, load<vw>(out + v * kW) + ((acc[0] + acc[1]) + (acc[2] + acc[3])));
+          }
+        }
+        for (int64_t t = e - 1; t >= s; --t) {
+          const float* prev = hs.data() + (t - s) * rows;  // S_{t-1}'s rows
+          const float d = pd[base + t * H], a = decay[t];
+          rows_at(t);
+          const float *bt = bpad.data() + t * Np, *ct = cpad.data() + t * Np;
+          float* out = sb + gbase + t * G * Np;
+          const vw av = splat<vw>(a);
+          for (int64_t p = 0; p < R; ++p) ev[p] = gsv[p] = splat<vw>(0.0f);
+          for (int64_t v = 0; v < nv; ++v) {  // as above; each row's sums over states in lanes, summed after
+            const vw bv = load<vw>(bt + v * kW), cv = load<vw>(ct + v * kW);
+            vw acc[4] = {};
+            for (int64_t p = 0; p < R; p += 4)
+              for (int64_t q = 0; q < 4; ++q) {
+                const int64_t o = (p + q) * Np + v * kW;
+                const vw gv = load<vw>(adj.data() + o) + splat<vw>(yr[p + q]) * cv;
+                acc[q] += splat<vw>(xr[p + q]) * gv;
+                ev[p + q] += gv * bv;
+                gsv[p + q] += gv * load<vw>(prev + o);
+                store(adj.data() + o, av * gv);
+              }
+            store(out + v * kW, load<vw>(out + v * kW) + ((acc[0] + acc[1]) + (acc[2] + acc[3])));
+          }
+          float dd = 0.0f;
+          vw gs = splat<vw>(0.0f);
+          float* dxt = gx + (base + t * H) * P + r0;
+          for (int64_t p = 0; p < w; ++p) {
+            const float et = lane_total(ev[p]);
+            dxt[p] = d * et;
+            dd += xv[p] * et;
+            gs += gsv[p];
+          }
+          const float q = a * lane_total(gs);
+          sd[base + t * H] += dd + Ah * q;
+          dA += d * q;
+        }
+      }
+      sa[b * H + h] += dA;
+    }
+  });
+  for (int64_t t = 0; t < nt; ++t) {
+    const float* sb = sums.data() + static_cast<size_t>(t) * per_thread;
+    const float *sc = sb + padded, *sd = sc + padded, *sa = sd + steps;
+    for (size_t r = 0; r < static_cast<size_t>(B) * L * G; ++r)
+      for (int64_t n = 0; n < N; ++n) {
+        gb[r * N + n] += sb[r * Npad + n];
+        gc[r * N + n] += sc[r * Npad + n];
+      }
+    for (size_t i = 0; i < steps; ++i) gd[i] += sd[i];
+    for (int64_t i = 0; i < B * H; ++i) ga[i] += sa[i];
+  }
   return ffi::Error::Success();
 }
 
@@ -3944,16 +4136,30 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int64_t>("threads"));
 #endif
 
+// The SSD's operands: x (B, L, H, P), dt (B, L, H), A per batch row (B, 1, H), Bm, Cm (B, L, G, N).
+#define IA_SSD_ARGS                                                                                            \
+  Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>()                        \
+      .Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>()
+
 #if !IA_PARTIAL || IA_IaSsdScan
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     IaSsdScan, SsdScanImpl,
     ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
-        .Arg<ffi::Buffer<ffi::F32>>()   // x (B, L, H, P)
-        .Arg<ffi::Buffer<ffi::F32>>()   // dt (B, L, H)
-        .Arg<ffi::Buffer<ffi::F32>>()   // A (H,)
-        .Arg<ffi::Buffer<ffi::F32>>()   // Bm (B, L, G, N)
-        .Arg<ffi::Buffer<ffi::F32>>()   // Cm (B, L, G, N)
+        .IA_SSD_ARGS
         .Ret<ffi::Buffer<ffi::F32>>()   // y (B, L, H, P)
+        .Attr<int64_t>("threads"));
+#endif
+
+#if !IA_PARTIAL || IA_IaSsdScanVjp
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    IaSsdScanVjp, SsdScanVjpImpl,
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().IA_SSD_ARGS
+        .Arg<ffi::Buffer<ffi::F32>>()   // the outputs' cotangent (B, L, H, P)
+        .Ret<ffi::Buffer<ffi::F32>>()   // dx
+        .Ret<ffi::Buffer<ffi::F32>>()   // ddt
+        .Ret<ffi::Buffer<ffi::F32>>()   // dA (B, 1, H)
+        .Ret<ffi::Buffer<ffi::F32>>()   // dBm
+        .Ret<ffi::Buffer<ffi::F32>>()   // dCm
         .Attr<int64_t>("threads"));
 #endif
 
