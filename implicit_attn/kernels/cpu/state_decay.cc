@@ -2473,6 +2473,21 @@ ffi::Error SelectiveScanImpl(ffi::ThreadPool xla,
   return ffi::Error::Success();
 }
 
+// The sum of a vw's lanes, halving the vector (lane j + lane j + kW/2, and so on down to one).
+inline float lane_total(vw v) {
+  typedef float v8 __attribute__((vector_size(32)));
+  typedef float v4 __attribute__((vector_size(16)));
+  v8 h;
+  if constexpr (kW == 16) {
+    h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+        __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  } else {
+    std::memcpy(&h, &v, sizeof(h));  // vw is v8 here (the branch above is compiled for both)
+  }
+  const v4 q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
+  return (q[0] + q[2]) + (q[1] + q[3]);
+}
+
 // Reverse mode of selective_scan (its operands and the outputs' cotangent dy): the cotangents of u,
 // dt, A^T, Bm and Cm. Per work item (a batch row, a vector of channels) a forward pass keeps the
 // state at every kScanVjpChunk-th position; then, from the last chunk back, a chunk's decays and
@@ -2520,10 +2535,8 @@ ffi::Error SelectiveScanVjpImpl(ffi::ThreadPool xla,
       if (row < 0) return;
       float* sb = sums.data() + (static_cast<size_t>(t0) * B + row) * row_states * 2;
       for (size_t i = 0; i < row_states; ++i) {
-        store(lane, laneB[i]);
-        for (int64_t l = 0; l < kW; ++l) sb[i] += lane[l];
-        store(lane, laneC[i]);
-        for (int64_t l = 0; l < kW; ++l) sb[row_states + i] += lane[l];
+        sb[i] += lane_total(laneB[i]);
+        sb[row_states + i] += lane_total(laneC[i]);
         laneB[i] = laneC[i] = splat<vw>(0.0f);
       }
     };
@@ -2767,21 +2780,6 @@ ffi::Error SsdScanImpl(ffi::ThreadPool xla,
 // The sums over channels, heads of a group and row blocks go to per-thread arrays, added at the end.
 constexpr int64_t kSsdVjpChunk = 16;
 constexpr int64_t kSsdVjpRows = 16;
-
-// The sum of a vw's lanes, halving the vector.
-inline float lane_total(vw v) {
-  typedef float v8 __attribute__((vector_size(32)));
-  typedef float v4 __attribute__((vector_size(16)));
-  v8 h;
-  if constexpr (kW == 16) {
-    h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-        __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  } else {
-    std::memcpy(&h, &v, sizeof(h));  // vw is v8 here (the branch above is compiled for both)
-  }
-  const v4 q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
-  return (q[0] + q[2]) + (q[1] + q[3]);
-}
 
 ffi::Error SsdScanVjpImpl(ffi::ThreadPool xla,
                           ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> dt, ffi::Buffer<ffi::F32> A,
@@ -3361,11 +3359,7 @@ inline float sum_squares(const float* x, int64_t n) {
     const vw xi = load<vw>(x + i);
     acc += xi * xi;
   }
-  float lane[kW];  // the lanes summed pairwise: log2(kW) dependent adds, not kW
-  store(lane, acc);
-  for (int64_t w = kW / 2; w > 0; w /= 2)
-    for (int64_t j = 0; j < w; ++j) lane[j] += lane[j + w];
-  float s = lane[0];
+  float s = lane_total(acc);  // the lanes summed pairwise: log2(kW) dependent adds, not kW
   for (; i < n; ++i) s += x[i] * x[i];
   return s;
 }
