@@ -295,6 +295,37 @@ def test_fused_reduce_several_channel_blocks():
     assert rel(op.reduce("pos_mean", impl="cpu"), op.reduce("pos_mean", impl="xla", block_channels=16)) <= 1e-5
 
 
+def test_reduce_left_of_the_diagonal_folds_the_conv_and_keeps_nan_and_restarts():
+    """Chunks two or more left of a row's own the reduce takes through conv columns (the conv folded
+    into the key factors, the decay of the chunk after split off): every mode against XLA, with a
+    NaN step (batch row 0, chunk 2) and a +inf step (a restart, batch row 1, chunk 4) whose decays
+    reach those chunks; N = 20 (not a multiple of 16), every optional factor, two column tiles.
+    NaN exactly where XLA has it, its values elsewhere; rows before the NaN as without it."""
+    L = 300
+    core = _bare_core(L, N=20, C=5, seed=3)
+    dt = np.array(core.dt)
+    dt[0, :, 40] = np.nan
+    dt[1, :, 70] = np.inf
+    poisoned = dataclasses.replace(core, dt=jnp.asarray(dt))
+    r = np.random.default_rng(4)
+    w, kw = (jnp.asarray(r.standard_normal((B, 5, L)), jnp.float32) for _ in range(2))
+    idx = jnp.arange(5)
+    for how in ("weighted", "abs_mean", "pos_mean", "mean"):
+        args = dict(weights=w, key_weights=kw) if how == "weighted" else {}
+        got, want = (np.asarray(ImplicitOperator(w, w, w, poisoned).reduce(how, **args, impl=impl))
+                     for impl in ("cpu", "xla"))
+        clean = np.asarray(ImplicitOperator(w, w, w, core).reduce(how, **args, impl="cpu"))
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=how)
+        assert np.isnan(got[0, 60:, :30]).all() and not np.isnan(got[1]).any(), how
+        scale = np.max(np.abs(want[np.isfinite(want)]))
+        np.testing.assert_allclose(got, want, atol=1e-5 * scale, rtol=0, err_msg=how)
+        np.testing.assert_allclose(got[0, :40], clean[0, :40], atol=1e-5 * scale, rtol=0, err_msg=how)
+        assert np.abs(got[1, 100:, :60]).max() <= 1e-6 * scale, how  # the restart: nothing across it
+        assert rel(clean, ImplicitOperator(w, w, w, core).reduce(how, **args, impl="xla")) <= 1e-5, how
+    one = np.asarray(cpu.cpu_reduce(poisoned, idx, "weighted", w, kw))
+    assert np.isnan(one).any()
+
+
 def _rank_one_core(L, C=10, K=4, seed=0):
     """A bare rank-one decay (Griffin's RG-LRU without documents), which the kernel's linear reduce
     factorises left of each band of rows: in batch row 0 strong decays (some exp(-30), near 0) and

@@ -296,12 +296,18 @@ void prepare(const Channel& ch, const Dims& d, Scratch& s) {
     const v16 dtj = load(dtv);
     for (int64_t n = 0; n < N; ++n) store(dAT + (J * N + n) * kQ, vexp_rt(splat(ch.A[n]), dtj));
     for (int64_t t = J0; t < J0 + kQ; ++t) {
-      const bool in = t < L;
-      const float lt = in ? (ch.left ? ch.left[t] : 1.0f) : 0.0f;
-      const float rt = in ? (ch.right ? ch.right[t] : 1.0f) : 0.0f;
-      for (int64_t n = 0; n < N; ++n) {
-        qp[t * N + n] = in ? ch.q[t * N + n] * lt : 0.0f;
-        kp[t * N + n] = in ? ch.k[t * N + n] * rt : 0.0f;
+      float* __restrict__ qo = qp + t * N;
+      float* __restrict__ ko = kp + t * N;
+      if (t >= L) {
+        std::fill(qo, qo + N, 0.0f);
+        std::fill(ko, ko + N, 0.0f);
+        continue;
+      }
+      const float lt = ch.left ? ch.left[t] : 1.0f, rt = ch.right ? ch.right[t] : 1.0f;
+      const float *qi = ch.q + t * N, *ki = ch.k + t * N;
+      for (int64_t n = 0; n < N; ++n) {  // vectorised (the conditions above kept it scalar)
+        qo[n] = qi[n] * lt;
+        ko[n] = ki[n] * rt;
       }
     }
     running_products(J, N, dAT + J * N * kQ, 1, kQ, qp, kp, qd, kdT, nullptr);
@@ -343,15 +349,26 @@ void diagonal_block(const Channel& ch, int64_t I, const Dims& d, const Scratch& 
       // Column j = i starts its product (a select: a store into one lane of G[n] in memory
       // stalls the vector load that follows).
       const auto start = lane == splat<vw>(static_cast<float>(ii - h));
-      vw acc = splat<vw>(0.0f);
-      for (int64_t n = 0; n < N; ++n) {
+      const auto state = [&](int64_t n, vw& sum) {
         G[n] = start ? splat<vw>(s.kp[i * N + n]) : G[n] * splat<vw>(s.dAT[(I * N + n) * kQ + ii]);
-        acc += splat<vw>(s.qp[i * N + n]) * G[n];
+        sum += splat<vw>(s.qp[i * N + n]) * G[n];
+      };
+      // Four sums over the states: one was a chain of N dependent adds per row.
+      vw a0 = splat<vw>(0.0f), a1 = a0, a2 = a0, a3 = a0;
+      int64_t n = 0;
+      for (; n + 4 <= N; n += 4) {
+        state(n, a0);
+        state(n + 1, a1);
+        state(n + 2, a2);
+        state(n + 3, a3);
       }
+      for (; n < N; ++n) state(n, a0);
+      vw acc = (a0 + a1) + (a2 + a3);
       // Lanes right of the diagonal hold 0 * dA products, NaN after a NaN step; the conv
       // reads them, so they must be exact zeros.
       acc = lane <= splat<vw>(static_cast<float>(ii - h)) ? acc : splat<vw>(0.0f);
-      if (ch.diag && i < d.L && ii >= h && ii < h + kW) acc[ii - h] += ch.diag[i];
+      // (a select, not acc[ii - h] +=: a store into one lane and the vector load after it stall)
+      if (ch.diag && i < d.L) acc = start ? acc + splat<vw>(ch.diag[i]) : acc;
       store(c.D.data() + ii * kQ + h, acc);
     }
   }
@@ -645,17 +662,16 @@ ffi::Error StateDecayDenseImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> q, ffi
 constexpr int64_t kProdTile = 128;
 static_assert(kProdTile / kQ <= kQ, "a tile's chunk decays fit one vector");
 
-// out[r][v] (row stride os) = sum_c a[c][r] col[c][v] for R rows and V vectors of kQ, over n terms c
-// (strides: a[c][r] at c ac + r ar, col[c][v] at c cc + v cv): the R V sums stay in registers. The
-// products over channels of the linear reduces, and the attention logits (c: the head dimension).
-// Scaled: col[c][v] times sc[c scs + v] (RWKV-4's chunk-pair factors). Step c < pf_lines also
-// prefetches (into L2) the cache line at pf + 16 c: the next expert's weights in the grouped products.
-template <int V, bool Scaled = false, int R = 8>
-inline void product8(const float* a, int64_t ac, int64_t ar, const float* col, int64_t cc, int64_t cv, int64_t n,
-                     float* out, int64_t os, const float* sc = nullptr, int64_t scs = 0,
-                     const float* pf = nullptr, int64_t pf_lines = 0) {
-  constexpr int H = kQ / kW;  // machine vectors per vector of kQ: the sums are carried in vw
-  vw acc[R][V * H];
+// acc[r][v] = sum_c a[c][r] col[c][v] for R rows and V vectors of kQ, over n terms c (strides: a[c][r]
+// at c ac + r ar, col[c][v] at c cc + v cv), kept in registers. Scaled: col[c][v] times sc[c scs + v svs].
+// Step c < pf_lines also prefetches (into L2) the cache line at pf + 16 c.
+constexpr int kVecsPerChunk = kQ / kW;  // machine vectors per vector of kQ: the sums are carried in vw
+
+template <int V, bool Scaled, int R>
+inline void product_sums(vw (&acc)[R][V * kVecsPerChunk], const float* a, int64_t ac, int64_t ar, const float* col,
+                         int64_t cc, int64_t cv, int64_t n, const float* sc, int64_t scs, int64_t svs, const float* pf,
+                         int64_t pf_lines) {
+  constexpr int H = kVecsPerChunk;
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
@@ -666,7 +682,7 @@ inline void product8(const float* a, int64_t ac, int64_t ar, const float* col, i
 #pragma GCC unroll 4
     for (int v = 0; v < V * H; ++v) {
       cvec[v] = load<vw>(col + c * cc + v / H * cv + v % H * kW);
-      if constexpr (Scaled) cvec[v] *= splat<vw>(sc[c * scs + v / H]);
+      if constexpr (Scaled) cvec[v] *= splat<vw>(sc[c * scs + v / H * svs]);
     }
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
@@ -675,6 +691,18 @@ inline void product8(const float* a, int64_t ac, int64_t ar, const float* col, i
       for (int v = 0; v < V * H; ++v) acc[r][v] += x * cvec[v];
     }
   }
+}
+
+// out[r][v] (row stride os) = product_sums: the products over channels of the linear reduces, and the
+// attention logits (c: the head dimension). Scaled by sc[c scs + v] (RWKV-4's chunk-pair factors);
+// prefetching the next expert's weights in the grouped products.
+template <int V, bool Scaled = false, int R = 8>
+inline void product8(const float* a, int64_t ac, int64_t ar, const float* col, int64_t cc, int64_t cv, int64_t n,
+                     float* out, int64_t os, const float* sc = nullptr, int64_t scs = 0,
+                     const float* pf = nullptr, int64_t pf_lines = 0) {
+  constexpr int H = kVecsPerChunk;
+  vw acc[R][V * H];
+  product_sums<V, Scaled, R>(acc, a, ac, ar, col, cc, cv, n, sc, scs, 1, pf, pf_lines);
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
@@ -750,6 +778,87 @@ void band_columns(const Channel& ch, const Dims& d, const Scratch& s, const floa
     const v16 m = vexp_rt(splat(s.Ap[0]), load(gap));
     for (int64_t J = J0; J < T - 1; ++J) store(tiled + J * kQ, splat(m[J - J0]) * load(full + J * kQ));
   }
+}
+
+// The general reduce's column factors left of the diagonal, the conv folded in (no documents). Row i of
+// chunk I >= J + 2 before the conv reads, at columns j' of chunks J and J + 1, qd[i] mid c[j'] summed over
+// states, mid the decay over chunks J+2 .. I-1 and c kdT_J times chunk J+1's decay, then kdT_{J+1}: the
+// conv's taps of a column of chunk J stay within these two chunks, so
+//   conv[(J N + n) kQ + jj] = sum_t w[K-1-t] c_n[jj + t]   (t < K <= kQ; J + 1 < nc),
+// and the row after the conv is a product over states (folded_rows). pair: (nc - 1) N 2 kQ + kQ floats.
+void conv_columns(const Channel& ch, const Dims& d, const Scratch& s, float* pair, float* conv) {
+  const int64_t N = d.N, nc = (d.L + kQ - 1) / kQ;
+  for (int64_t J = 0; J + 1 < nc; ++J)
+    for (int64_t n = 0; n < N; ++n) {
+      const float* a = s.dAT.data() + ((J + 1) * N + n) * kQ;
+      float tot = 1.0f;
+      for (int64_t jj = 0; jj < kQ; ++jj) tot *= a[jj];
+      if (s.bad[J + 2] > s.bad[J + 1]) tot = NAN;  // a NaN or -inf dt: NaN, as chunk_gap gives
+      float* c = pair + (J * N + n) * 2 * kQ;
+      store(c, load(s.kdT.data() + (J * N + n) * kQ) * splat(tot));
+      store(c + kQ, load(s.kdT.data() + ((J + 1) * N + n) * kQ));
+    }
+  std::fill(pair + (nc - 1) * N * 2 * kQ, pair + (nc - 1) * N * 2 * kQ + kQ, 0.0f);
+  for (int64_t J = 0; J + 1 < nc; ++J)  // every pair stored before any is read (no store forwarding)
+    for (int64_t n = 0; n < N; ++n) {
+      const float* c = pair + (J * N + n) * 2 * kQ;
+      v16 y = splat(0.0f);
+      for (int64_t t = 0; t < d.K; ++t) y += splat(ch.w[d.K - 1 - t]) * load(c + t);
+      store(conv + (J * N + n) * kQ, y);
+    }
+}
+
+// R rows of a row chunk against V column chunks left of the diagonal (conv_columns):
+//   sum[r kTile + v kQ + jj] += qw[r] mode(y_v[r][jj]) kw[v kQ + jj],
+//   y_v[r] = sum_n qd[r N + n] m[v Np + n] conv[v N kQ + n kQ ..],
+// mode 0 as is, 1 abs, 2 relu (as accumulate_row). The R V sums stay in registers (product_sums) and
+// the row is weighted straight from them.
+template <int V, int R, int MODE>
+inline void folded_rows(const float* qd, int64_t N, const float* conv, const float* m, int64_t Np, const float* qw,
+                        const float* kw, float* sum) {
+  constexpr int H = kVecsPerChunk;
+  vw acc[R][V * H];
+  product_sums<V, true, R>(acc, qd, 1, N, conv, kQ, N * kQ, N, m, 1, Np, nullptr, 0);
+#pragma GCC unroll 4
+  for (int v = 0; v < V * H; ++v) {
+    const vw kv = load<vw>(kw + v / H * kQ + v % H * kW);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      vw a = acc[r][v];
+      if constexpr (MODE == 1) a = a < 0.0f ? -a : a;
+      if constexpr (MODE == 2) a = a < 0.0f ? splat<vw>(0.0f) : a;
+      float* s = sum + r * kTile + v / H * kQ + v % H * kW;
+      store(s, load<vw>(s) + splat<vw>(qw[r]) * a * kv);
+    }
+  }
+}
+
+// folded_rows over the kQ rows of a row chunk and `chunks` column chunks (from conv, m and kw, and
+// sum's column 0): with AVX-512 8 rows by 2 chunks (16 sums), else 6, 6 and 4 rows by one chunk (two
+// machine vectors each: 12 sums within the 16 registers).
+template <int MODE>
+void folded_chunks(const float* qd, int64_t N, const float* conv, const float* m, int64_t Np, const float* qw,
+                   const float* kw, int64_t chunks, float* sum) {
+  const int64_t cs = N * kQ;
+#ifdef __AVX512F__
+  for (int64_t r0 = 0; r0 < kQ; r0 += 8) {
+    int64_t v = 0;
+    for (; v + 2 <= chunks; v += 2)
+      folded_rows<2, 8, MODE>(qd + r0 * N, N, conv + v * cs, m + v * Np, Np, qw + r0, kw + v * kQ,
+                              sum + r0 * kTile + v * kQ);
+    if (v < chunks)
+      folded_rows<1, 8, MODE>(qd + r0 * N, N, conv + v * cs, m + v * Np, Np, qw + r0, kw + v * kQ,
+                              sum + r0 * kTile + v * kQ);
+  }
+#else
+  for (int64_t v = 0; v < chunks; ++v) {
+    const float *c = conv + v * cs, *mv = m + v * Np, *kv = kw + v * kQ;
+    float* sv = sum + v * kQ;
+    folded_rows<1, 6, MODE>(qd, N, c, mv, Np, qw, kv, sv);
+    folded_rows<1, 6, MODE>(qd + 6 * N, N, c, mv, Np, qw + 6, kv, sv + 6 * kTile);
+    folded_rows<1, 4, MODE>(qd + 12 * N, N, c, mv, Np, qw + 12, kv, sv + 12 * kTile);
+  }
+#endif
 }
 
 struct BandBuffers {
@@ -877,12 +986,15 @@ ffi::Error StateDecayReduceImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> q, ff
   const int64_t L = d.L, nc = (L + kQ - 1) / kQ, Lp = nc * kQ;
   if (L == 0 || d.B == 0) return ffi::Error::Success();
   Factors f{q, k, A, dt, left, right, diag, w, seg, has_left, has_right, has_diag, has_seg};
-  // Channels per block: their factors (about 5 L N floats each) within ~128 MiB, so that the
+  // Channels per block: their factors (about 6 L N floats each) within ~128 MiB, so that the
   // output's traffic per block is small next to the block's arithmetic.
-  const int64_t per = 5 * Lp * std::max<int64_t>(d.N, 1) * 4;
+  const int64_t per = 6 * Lp * std::max<int64_t>(d.N, 1) * 4;
   const int64_t cb = std::max<int64_t>(1, std::min<int64_t>({64, d.C, (128 << 20) / per}));
   const bool banded = d.N == 1 && mode == 0 && !has_seg;  // scalar_band's factorised path
+  const bool folded = !banded && !has_seg;  // chunks left of I - 1 through conv_columns
   std::vector<float> full(banded ? cb * Lp : 0), trunc(full.size()), tiled(full.size());
+  const int64_t fs = (nc - 1) * d.N * kQ;  // a channel's conv_columns
+  std::vector<float> conv(folded ? cb * fs : 0);
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(threads, nc));
   constexpr int64_t ts = kTile + kQ;  // a tile's rows of H, and the chunk the conv reads past it
   std::vector<Scratch> s;
@@ -893,8 +1005,10 @@ ffi::Error StateDecayReduceImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> q, ff
     for (int64_t c0 = 0; c0 < d.C; c0 += cb) {
       const int64_t nb = std::min(cb, d.C - c0);
       run_threads(xla, std::min(nt, nb), [&](int64_t t0) {
+        std::vector<float> pair(folded ? (nc - 1) * d.N * 2 * kQ + kQ : 0);
         for (int64_t c = t0; c < nb; c += std::min(nt, nb)) {
           prepare(f.at(d, b, c0 + c), d, s[c]);
+          if (folded) conv_columns(f.at(d, b, c0 + c), d, s[c], pair.data(), conv.data() + c * fs);
           if (banded)
             band_columns(f.at(d, b, c0 + c), d, s[c], kw.typed_data() + (static_cast<size_t>(b) * d.C + c0 + c) * L,
                          full.data() + c * Lp, trunc.data() + c * Lp, tiled.data() + c * Lp);
@@ -913,6 +1027,8 @@ ffi::Error StateDecayReduceImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> q, ff
       run_threads(xla, nt, [&](int64_t t0) {
         ChunkState cs(d, kTile / kQ + 1);
         std::vector<float> t(kQ * ts), y(kTile), sum(kQ * kTile), kwt(kTile);
+        const int64_t Np = (d.N + kQ - 1) / kQ * kQ;
+        float qwr[kQ];
         for (int64_t j0 = 0; j0 < L; j0 += kTile) {
           const int64_t J0 = j0 / kQ;
           // Row chunk I belongs to thread I % nt, in every tile.
@@ -920,19 +1036,32 @@ ffi::Error StateDecayReduceImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> q, ff
             const int64_t I0 = I * kQ, rows = std::min(kQ, L - I0);
             const int64_t j1 = std::min(j0 + kTile, I0 + kQ), cols = std::min(j1, L) - j0;
             const int64_t J1 = j1 / kQ + 1;  // one chunk past the tile: the conv reads it
+            // The tile's chunks [J0, Jf) through conv_columns, [Jf, J1 - 1) element by element.
+            const int64_t Jf = folded ? std::max(J0, std::min(J1 - 1, I - 1)) : J0, jf = Jf * kQ;
             std::fill(sum.begin(), sum.end(), 0.0f);
             for (int64_t c = 0; c < nb; ++c) {
               const Channel ch = f.at(d, b, c0 + c);
               const size_t cl = (static_cast<size_t>(b) * d.C + c0 + c) * L;
               load_tile(kw.typed_data() + cl + j0, cols, kwt);
-              chunk_decays(I, J0, J1, d, s[c], cs);
+              if (Jf > J0) {
+                for (int64_t ii = 0; ii < kQ; ++ii) qwr[ii] = ii < rows ? qw.typed_data()[cl + I0 + ii] : 0.0f;
+                chunk_decays(I, J0, Jf + 1, d, s[c], cs);  // folded chunk J reads the decay after J + 1
+                const float* qd = s[c].qd.data() + I0 * d.N;
+                const float* cv = conv.data() + c * fs + J0 * d.N * kQ;
+                const float* m = cs.mid.data() + Np;
+                if (mode == 0) folded_chunks<0>(qd, d.N, cv, m, Np, qwr, kwt.data(), Jf - J0, sum.data());
+                if (mode == 1) folded_chunks<1>(qd, d.N, cv, m, Np, qwr, kwt.data(), Jf - J0, sum.data());
+                if (mode == 2) folded_chunks<2>(qd, d.N, cv, m, Np, qwr, kwt.data(), Jf - J0, sum.data());
+              }
+              if (Jf == J1 - 1) continue;
+              chunk_decays(I, Jf, J1, d, s[c], cs);
               if (J1 > I) diagonal_block(ch, I, d, s[c], cs);
-              chunk_rows(I, J0, J1, d, s[c], cs, t.data(), ts);
+              chunk_rows(I, Jf, J1, d, s[c], cs, t.data(), ts);
               for (int64_t ii = 0; ii < rows; ++ii) {
-                head_conv(ch.w, d.K, t.data() + ii * ts, j0, j1, y.data());
-                if (ch.seg) mask_document(s[c], I0 + ii, j0, j1 - j0, y.data());
-                accumulate_row(sum.data() + ii * kTile, y.data(), 1.0f,
-                               qw.typed_data()[cl + I0 + ii], kwt.data(), j1 - j0, mode);
+                head_conv(ch.w, d.K, t.data() + ii * ts, jf, j1, y.data());
+                if (ch.seg) mask_document(s[c], I0 + ii, jf, j1 - jf, y.data());
+                accumulate_row(sum.data() + ii * kTile + jf - j0, y.data(), 1.0f,
+                               qw.typed_data()[cl + I0 + ii], kwt.data() + jf - j0, j1 - jf, mode);
               }
             }
             add_tile(sum.data(), rows, cols, ob + I0 * L + j0, L);
