@@ -327,6 +327,20 @@ def test_reduce_left_of_the_diagonal_folds_the_conv_and_keeps_nan_and_restarts()
     assert np.isnan(one).any()
 
 
+@pytest.mark.parametrize("K,N,L", [(1, 3, 100), (16, 20, 100), (16, 64, 70), (7, 1, 90)])
+def test_reduce_folds_every_conv_width_and_state_size(K, N, L):
+    """Conv widths 1 to 16 (a tap of the last column reaching through the whole next chunk), 1 to 64
+    states: every mode equals XLA's."""
+    core = _bare_core(L, N=N, C=4, seed=5)
+    conv_w = jnp.asarray(np.random.default_rng(1).standard_normal((4, K)), jnp.float32)
+    core = dataclasses.replace(core, conv_w=conv_w)
+    w = jnp.asarray(np.random.default_rng(2).standard_normal((B, 4, L)), jnp.float32)
+    op = ImplicitOperator(w, w, w, core)
+    for how in ("abs_mean", "pos_mean", "mean", "weighted"):
+        args = dict(weights=w, key_weights=w) if how == "weighted" else {}
+        assert rel(op.reduce(how, **args, impl="cpu"), op.reduce(how, **args, impl="xla")) <= 1e-5, how
+
+
 def _rank_one_core(L, C=10, K=4, seed=0):
     """A bare rank-one decay (Griffin's RG-LRU without documents), which the kernel's linear reduce
     factorises left of each band of rows: in batch row 0 strong decays (some exp(-30), near 0) and
