@@ -785,7 +785,7 @@ void band_columns(const Channel& ch, const Dims& d, const Scratch& s, const floa
 // states, mid the decay over chunks J+2 .. I-1 and c kdT_J times chunk J+1's decay, then kdT_{J+1}: the
 // conv's taps of a column of chunk J stay within these two chunks, so
 //   conv[(J N + n) kQ + jj] = sum_t w[K-1-t] c_n[jj + t]   (t < K <= kQ; J + 1 < nc),
-// and the row after the conv is a product over states (folded_rows). pair: (nc - 1) N 2 kQ + kQ floats.
+// and the row after the conv is a product over states (folded_rows). pair: (nc - 1) N 2 kQ floats.
 void conv_columns(const Channel& ch, const Dims& d, const Scratch& s, float* pair, float* conv) {
   const int64_t N = d.N, nc = (d.L + kQ - 1) / kQ;
   for (int64_t J = 0; J + 1 < nc; ++J)
@@ -798,7 +798,6 @@ void conv_columns(const Channel& ch, const Dims& d, const Scratch& s, float* pai
       store(c, load(s.kdT.data() + (J * N + n) * kQ) * splat(tot));
       store(c + kQ, load(s.kdT.data() + ((J + 1) * N + n) * kQ));
     }
-  std::fill(pair + (nc - 1) * N * 2 * kQ, pair + (nc - 1) * N * 2 * kQ + kQ, 0.0f);
   for (int64_t J = 0; J + 1 < nc; ++J)  // every pair stored before any is read (no store forwarding)
     for (int64_t n = 0; n < N; ++n) {
       const float* c = pair + (J * N + n) * 2 * kQ;
@@ -1005,7 +1004,7 @@ ffi::Error StateDecayReduceImpl(ffi::ThreadPool xla, ffi::Buffer<ffi::F32> q, ff
     for (int64_t c0 = 0; c0 < d.C; c0 += cb) {
       const int64_t nb = std::min(cb, d.C - c0);
       run_threads(xla, std::min(nt, nb), [&](int64_t t0) {
-        std::vector<float> pair(folded ? (nc - 1) * d.N * 2 * kQ + kQ : 0);
+        std::vector<float> pair(folded ? (nc - 1) * d.N * 2 * kQ : 0);
         for (int64_t c = t0; c < nb; c += std::min(nt, nb)) {
           prepare(f.at(d, b, c0 + c), d, s[c]);
           if (folded) conv_columns(f.at(d, b, c0 + c), d, s[c], pair.data(), conv.data() + c * fs);
